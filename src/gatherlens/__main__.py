@@ -1,0 +1,3 @@
+from gatherlens.cli import main
+
+main()

@@ -1,0 +1,28 @@
+"""`gatherlens bench embedding|attention|decode`: each suite lives in gatherlens.bench.<name>."""
+from __future__ import annotations
+
+import importlib
+
+import click
+
+SUITES = {
+    "embedding": "gatherlens.bench.embedding:command",
+    "attention": "gatherlens.bench.attention:command",
+    "decode": "gatherlens.bench.decode:command",
+}
+
+
+class _Suites(click.Group):
+    def list_commands(self, ctx):
+        return sorted(SUITES)
+
+    def get_command(self, ctx, name):
+        if name not in SUITES:
+            return None
+        module, attr = SUITES[name].split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=_Suites)
+def bench():
+    """Benchmarks that print ratios against a baseline measured in the same run."""

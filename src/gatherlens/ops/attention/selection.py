@@ -1,0 +1,64 @@
+"""What top-k attention picked, as plain data.
+
+    >>> out, sel = topk_attention(q, k, v, top_k=4, is_causal=True, return_selection=True)
+    >>> sel.indices[0, 0, 5]        # the keys query 5 of head 0 gathered, best first, -1 = none
+    >>> sel.to_svg()                # drawn by gatherlens.render (imported on call)
+
+This module holds data only. The drawing methods are thin doors into `gatherlens.trace` and
+`gatherlens.render`, imported when called, so `ops/` never imports them at load time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class AttentionSelection:
+    """Per query, the keys that top-k attention gathered.
+
+    indices: (B, H, Q, k) int64 key positions, best first; -1 where fewer than k keys were allowed.
+             Ties are broken by the lower key index.
+    weights: (B, H, Q, k) softmax weights over the selected keys (0 where indices == -1).
+    scores:  (B, H, Q, k) the selected (scaled, masked) logits; -inf where indices == -1.
+    lse:     (B, H, Q) log-sum-exp of each row's selected logits (-inf for a row with no keys),
+             so partial results over shards of the keys can be merged exactly.
+    key_len: L, the number of keys scored.
+    top_k:   the k asked for (indices.shape[-1] may be smaller when k > L).
+    is_causal, share_selection: how the selection was made.
+    kv_heads: number of KV heads (H // kv_heads query heads share one KV head under GQA).
+    """
+
+    indices: torch.Tensor
+    weights: torch.Tensor
+    scores: torch.Tensor
+    lse: torch.Tensor
+    key_len: int
+    top_k: int
+    is_causal: bool = False
+    share_selection: bool = False
+    kv_heads: int | None = None
+    meta: dict = field(default_factory=dict)
+
+    # -- pictures (lazy doors into trace/ and render/) --------------------------------------
+    def to_record(self, batch: int = 0, head: int = 0, query: int | None = None, labels=None):
+        """The selection of one (batch, head) as a gather record, ready to draw."""
+        from gatherlens.trace.builders import record_attention_selection
+
+        return record_attention_selection(self, batch=batch, head=head, query=query, labels=labels)
+
+    def to_svg(self, **kw) -> str:
+        return self.to_record().to_svg(**kw)
+
+    def to_html(self, **kw) -> str:
+        return self.to_record().to_html(**kw)
+
+    def to_png(self, path, **kw):
+        return self.to_record().to_png(path, **kw)
+
+    def _repr_svg_(self) -> str:
+        return self.to_svg()
+
+    def _repr_html_(self) -> str:
+        return self.to_record()._repr_html_()
