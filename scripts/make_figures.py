@@ -1,0 +1,124 @@
+"""Regenerate every figure of docs/guide.md, docs/guide.zh.md and the README with one command.
+
+    .venv/bin/python scripts/make_figures.py            # writes docs/figures/*.svg
+    .venv/bin/python scripts/make_figures.py --png      # also a PNG beside each SVG
+
+Every figure is drawn by gatherlens from a record of a real call; nothing is drawn by hand.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from gatherlens.render.examples import EXAMPLES, toy_selection
+from gatherlens.render.mistakes import mistakes_svg, toy_table
+from gatherlens.render.png import svg_to_png
+from gatherlens.trace import (
+    record_attention_selection,
+    record_embedding,
+    record_gather,
+    record_index_select,
+)
+
+OUT = Path(__file__).resolve().parent.parent / "docs" / "figures"
+TOKENS = ["I", "like", "tea"]
+IDS = torch.tensor([[5, 2, 7]])  # (B, S) = (1, 3)
+
+
+def embedding(lang):
+    return record_embedding(IDS, toy_table(), labels=TOKENS, lang=lang)
+
+
+def formulation_gather(lang):
+    W = toy_table()  # (V, d)
+    d = W.shape[1]
+    index = IDS.reshape(-1, 1).expand(-1, d)  # (B*S, d): every column of a row holds the same id
+    return record_gather(W, 0, index, name="W", index_name="ids.reshape(-1, 1).expand(-1, d)",
+                         call="W.gather(0, ids.reshape(-1, 1).expand(-1, d))"
+                              "  # then .view(B, S, d)",
+                         lang=lang)
+
+
+def formulation_index_select(lang):
+    return record_index_select(toy_table(), 0, IDS.reshape(-1), name="W",
+                               index_name="ids.reshape(-1)",
+                               call="torch.index_select(W, 0, ids.reshape(-1))"
+                                    "  # then .view(B, S, d)",
+                               lang=lang)
+
+
+def silent_mistake(lang):
+    rec = record_gather(toy_table(), 0, IDS, name="W", index_name="ids",
+                        call="W.gather(0, ids)  # wrong: one scalar per token", lang=lang)
+    return rec
+
+
+def topk_selection():
+    """A real top-k attention call on a fixed toy input (6 tokens, 1 head, k = 3)."""
+    try:
+        from gatherlens.ops.attention import topk_attention
+    except ImportError:  # the op is not built yet: the hand-made selection (torch.topk)
+        return toy_selection(), None
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 1, 6, 4, generator=g) for _ in range(3))  # (B, H, L, D)
+    v = torch.arange(6).view(1, 1, 6, 1) + torch.arange(4).view(1, 1, 1, 4) / 10  # (B, H, L, D)
+    _, sel = topk_attention(q, k, v, 3, is_causal=True, return_selection=True)
+    return sel, v
+
+
+def topk_scores(lang):
+    sel, _ = topk_selection()
+    return record_attention_selection(sel, labels=["The", "cat", "sat", "on", "the", "mat"],
+                                      lang=lang)
+
+
+def topk_values(lang):
+    sel, v = topk_selection()
+    if v is None:
+        v = torch.arange(6).view(1, 1, 6, 1) + torch.arange(4).view(1, 1, 1, 4) / 10
+    q = 5
+    keys = sel.indices[0, 0, q]  # (k,) best first
+    keys = keys[keys >= 0]
+    rec = record_index_select(v[0, 0], 0, keys, name="V", index_name=f"topk_idx[{q}]",
+                              call=f"V.index_select(0, topk_idx[{q}])  # value rows of query {q}",
+                              lang=lang)
+    toks = ["The", "cat", "sat", "on", "the", "mat"]
+    rec.source_row_labels = toks
+    rec.output_row_labels = [toks[i] for i in keys.tolist()]
+    rec.source_axes, rec.index_axes, rec.output_axes = ("L", "D"), ("k",), ("k", "D")
+    return rec
+
+
+FIGURES = {
+    "embedding": embedding,
+    "gather_dim0": EXAMPLES["gather_dim0"],
+    "gather_dim1": EXAMPLES["gather_dim1"],
+    "formulation_gather": formulation_gather,
+    "formulation_index_select": formulation_index_select,
+    "silent_mistake": silent_mistake,
+    "embedding_large": EXAMPLES["embedding_large"],
+    "topk_scores": topk_scores,
+    "topk_values": topk_values,
+}
+
+
+def main(png: bool = False) -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    written = []
+    for lang in ("en", "zh"):
+        for name, make in FIGURES.items():
+            written.append((OUT / f"{name}.{lang}.svg", make(lang).to_svg(lang=lang)))
+        written.append((OUT / f"mistakes.{lang}.svg", mistakes_svg(lang)))
+    written.append((OUT / "readme_embedding.svg", embedding("en").to_svg()))
+    for path, svg in written:
+        path.write_text(svg, encoding="utf-8")
+        if png:
+            svg_to_png(svg, path.with_suffix(".png"))
+    print(f"wrote {len(written)} figures to {OUT}" + (" (+ PNG)" if png else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(png="--png" in sys.argv[1:]))

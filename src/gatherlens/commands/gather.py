@@ -1,0 +1,206 @@
+"""`gatherlens gather`: draw one toy gather from the command line.
+
+    gatherlens gather --shape 4,5 --dim 0 --index "[[0,2,1,3,0]]"          # torch.gather, terminal
+    gatherlens gather --shape 4,5 --op index_select --dim 1 --index 3,0 -o pick.svg
+    gatherlens gather --values "[[10,30,20]]" --op take_along_dim --dim 1 --index "[[0,2,1]]"
+    gatherlens gather --op embedding --ids 3,1,4 --vocab 10 --dim 6 --labels The,cat,sat -o emb.html
+    gatherlens gather --mistakes --lang zh -o mistakes.png                # the article's mistakes
+
+The output format follows the file's extension (.svg, .html, .png); without -o the picture is
+printed to the terminal. An existing file is never overwritten without --force.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import click
+
+FORMATS = (".svg", ".html", ".htm", ".png")
+
+
+def _parse_nested(value: str, what: str):
+    """'[[0,2],[1,0]]' or '2,0,3' or '4' -> nested lists of numbers."""
+    text = value.strip()
+    try:
+        parsed = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise click.BadParameter(
+            f"could not read {text!r}; write numbers like 2,0,3 or nested lists like "
+            f"[[0,2],[1,0]]", param_hint=what) from None
+    if isinstance(parsed, tuple):
+        parsed = list(parsed)
+
+    def check(x):
+        if isinstance(x, (list, tuple)):
+            for y in x:
+                check(y)
+        elif isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise click.BadParameter(f"{x!r} in {text!r} is not a number", param_hint=what)
+
+    check(parsed)
+    return parsed
+
+
+def _tensor(value: str, what: str, integer: bool):
+    import torch
+
+    data = _parse_nested(value, what)
+    try:
+        t = torch.tensor(data)
+    except (ValueError, TypeError) as e:
+        raise click.BadParameter(f"{value!r} is not a rectangular array ({e})",
+                                 param_hint=what) from None
+    if integer and t.is_floating_point():
+        raise click.BadParameter(f"{value!r} must hold integers", param_hint=what)
+    return t
+
+
+def _shape(value: str):
+    try:
+        dims = [int(s) for s in value.replace("x", ",").split(",") if s.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a shape like 4,5",
+                                 param_hint="--shape") from None
+    if not dims or any(d <= 0 for d in dims) or len(dims) > 5:
+        raise click.BadParameter(f"{value!r}: give 1 to 5 positive sizes, like 4,5",
+                                 param_hint="--shape")
+    return dims
+
+
+def _toy_table(vocab: int, d: int):
+    """(V, d) table whose values say where they are: W[r, c] = r + c/10 (or r*d + c)."""
+    import torch
+
+    rows = torch.arange(vocab).unsqueeze(1)  # (V, 1)
+    cols = torch.arange(d).unsqueeze(0)  # (1, d)
+    return (rows + cols / 10) if d <= 10 else (rows * d + cols).float()  # (V, d)
+
+
+def _build(op, shape, values, dim, index, ids, vocab, labels, lang):
+    import torch
+
+    from gatherlens.trace import (record_embedding, record_gather, record_index_select,
+                                  record_take_along_dim)
+
+    if op == "embedding":
+        if ids is None:
+            raise click.UsageError("--op embedding needs --ids (e.g. --ids 3,1,4)")
+        if values is not None:
+            table = _tensor(values, "--values", integer=False).float()
+        else:
+            d = 6 if dim is None else dim
+            if vocab is None or vocab <= 0 or d <= 0:
+                raise click.UsageError("--op embedding needs --vocab V > 0 (and --dim d > 0, "
+                                       "the embedding width) or a --values table")
+            table = _toy_table(vocab, d)
+        id_t = _tensor(ids, "--ids", integer=True)
+        toks = [t for t in labels.split(",")] if labels else None
+        return record_embedding(id_t, table, labels=toks, lang=lang)
+    if (shape is None) == (values is None):
+        raise click.UsageError("give the source as exactly one of --shape 4,5 or --values "
+                               "\"[[1,2],[3,4]]\"")
+    if values is not None:
+        src = _tensor(values, "--values", integer=False)
+    else:
+        dims = _shape(shape)
+        n = 1
+        for s in dims:
+            n *= s
+        src = torch.arange(n, dtype=torch.float32).view(*dims)
+    if index is None:
+        raise click.UsageError(f"--op {op} needs --index (e.g. --index \"[[0,2],[1,0]]\")")
+    idx = _tensor(index, "--index", integer=True)
+    if op == "gather":
+        return record_gather(src, 0 if dim is None else dim, idx, lang=lang)
+    if op == "index_select":
+        return record_index_select(src, 0 if dim is None else dim, idx, lang=lang)
+    return record_take_along_dim(src, idx, dim, lang=lang)
+
+
+@click.command("gather")
+@click.option("--op", type=click.Choice(["gather", "index_select", "take_along_dim", "embedding"]),
+              default="gather", show_default=True, help="Which gather to draw.")
+@click.option("--shape", help="Source shape, e.g. 4,5 (values 0, 1, 2, ... in order).")
+@click.option("--values", help="Source values as nested lists, e.g. \"[[1,2],[3,4]]\".")
+@click.option("--dim", type=int, default=None,
+              help="Gathered dimension (default 0); for --op embedding the table width d.")
+@click.option("--index", help="Index as nested lists, e.g. \"[[0,2],[1,0]]\", or 2,0,3.")
+@click.option("--ids", help="Token ids for --op embedding, e.g. 3,1,4 or \"[[3,1],[4,1]]\".")
+@click.option("--vocab", type=int, default=None, help="Vocabulary size V for --op embedding.")
+@click.option("--labels", help="Token strings for the ids, comma separated: The,cat,sat.")
+@click.option("--mistakes", is_flag=True, help="Draw the article's two mistakes beside the fix.")
+@click.option("--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True,
+              help="Caption language.")
+@click.option("-o", "--out", "out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write to FILE (.svg, .html or .png); default: draw in the terminal.")
+@click.option("--force", is_flag=True, help="Overwrite FILE if it exists.")
+@click.option("--max-rows", type=click.IntRange(2, 200), default=10, show_default=True,
+              help="Rows shown before eliding with '...'.")
+@click.option("--max-cols", type=click.IntRange(2, 200), default=10, show_default=True,
+              help="Columns shown before eliding with '...'.")
+def gather(op, shape, values, dim, index, ids, vocab, labels, mistakes, lang, out, force,
+           max_rows, max_cols):
+    """Draw a toy gather: source grid, index grid, output grid, coloured by where each
+    output element came from."""
+    from gatherlens.errors import GatherLensError
+    from gatherlens.render.layout import Limits
+
+    if out is not None:
+        ext = out.suffix.lower()
+        if ext not in FORMATS:
+            raise click.BadParameter(f"{out} has extension {ext or '(none)'!r}; use one of "
+                                     f"{', '.join(FORMATS)}", param_hint="-o/--out")
+        if out.exists() and not force:
+            raise click.ClickException(f"refusing to overwrite existing file {out}; pass "
+                                       f"--force to replace it")
+        if not out.parent.exists():
+            raise click.ClickException(f"directory {out.parent} does not exist")
+    limits = Limits(rows=max_rows, cols=max_cols)
+    try:
+        if mistakes:
+            _write_mistakes(out, lang)
+            return
+        rec = _build(op, shape, values, dim, index, ids, vocab, labels, lang)
+        if out is None:
+            rec.print_terminal(lang=lang, limits=limits)
+            return
+        ext = out.suffix.lower()
+        if ext == ".svg":
+            out.write_text(rec.to_svg(lang=lang, limits=limits), encoding="utf-8")
+        elif ext in (".html", ".htm"):
+            out.write_text(rec.to_html(lang=lang, limits=limits), encoding="utf-8")
+        else:
+            rec.to_png(out, lang=lang, limits=limits)
+    except GatherLensError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"wrote {out}", err=True)
+
+
+def _write_mistakes(out: Path | None, lang: str) -> None:
+    from gatherlens.render import mistakes
+
+    if out is None:
+        from rich.console import Console
+        from rich.text import Text
+
+        from gatherlens.render.layout import layout
+        from gatherlens.render.scene import TextBox
+        from gatherlens.render.terminal import figure_renderable
+
+        console = Console()
+        for block in mistakes.mistakes_blocks(lang):
+            if isinstance(block, TextBox):
+                console.print(Text("\n" + block.title, style="bold"))
+                console.print(Text(block.body))
+            else:
+                console.print(figure_renderable(layout(block, lang=lang)))
+        return
+    ext = out.suffix.lower()
+    if ext == ".svg":
+        out.write_text(mistakes.mistakes_svg(lang), encoding="utf-8")
+    elif ext in (".html", ".htm"):
+        out.write_text(mistakes.mistakes_html(lang), encoding="utf-8")
+    else:
+        mistakes.mistakes_png(out, lang)
+    click.echo(f"wrote {out}", err=True)

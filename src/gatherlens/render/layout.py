@@ -1,0 +1,413 @@
+"""Layout: a record -> grids of cells (text, colour, links), shared by every renderer.
+
+    >>> fig = layout(record_gather(torch.arange(12.).view(3, 4), 0, torch.tensor([[2, 0, 1, 2]])))
+    >>> [p.role for p in fig.panels]
+    ['src', 'idx', 'out']
+
+Tensors are shown as 2-D grids (rows x last dim); 3-D and larger as a stack of 2-D slices.
+Large tensors are elided with "..." (None in `rows` / `cols` / `slices`) while the rows and
+columns that the visible output picked stay visible. Each output cell is coloured like the
+source cell it came from and shows the index that picked it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from gatherlens.render.i18n import text
+from gatherlens.trace.record import GatherRecord
+
+# ColorBrewer Set3 without its grey: light hues with dark text stay readable in print.
+PALETTE = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69",
+           "#fccde5", "#bc80bd", "#ccebc5", "#ffed6f")
+UNPICKED = "#f2f2f2"
+BLANK = "#ffffff"
+
+
+@dataclass
+class Limits:
+    """How much of each tensor to show before eliding with '...'."""
+
+    rows: int = 10
+    cols: int = 10
+    slices: int = 3
+
+
+@dataclass
+class Cell:
+    key: str                 # unique within a figure: "src-2-0", "idx-0-1", "out-0-1"
+    text: str                # main text (value, or the index for output cells)
+    sub: str = ""            # second line (output cells: the value copied)
+    fill: str = BLANK
+    picked: bool = False
+    info: str = ""           # tooltip / hover text
+    data_src: str = ""       # output cells: key of their source cell
+    data_idx: str = ""       # output cells: key of their index cell
+
+
+@dataclass
+class Slice:
+    label: str                      # "[0, :, :]" for slices of 3-D+ tensors, "" otherwise
+    rows: list[int | None]          # visible row numbers; None = elided rows
+    cols: list[int | None]          # visible column numbers; None = elided columns
+    row_heads: list[str]            # one per visible row (None entries get "")
+    col_heads: list[str]            # one per visible column
+    cells: dict[tuple[int, int], Cell] = field(default_factory=dict)
+
+
+@dataclass
+class Panel:
+    role: str                       # "src" | "idx" | "out"
+    title: str
+    shape: str                      # "(V, d) = (10, 4)"
+    slices: list[Slice | None]      # None = elided slices
+    more: str = ""                  # "... 5 more" when slices were elided
+    two_line: bool = False          # cells carry a second text line
+
+
+@dataclass
+class FigureModel:
+    title: str                      # the call, as code
+    caption: str
+    legend: str
+    panels: list[Panel]
+    lang: str = "en"
+
+
+# -- small helpers -------------------------------------------------------------------------
+def fmt_value(v) -> str:
+    """Short, fixed text for a tensor value (deterministic, <= 6 characters where possible)."""
+    if isinstance(v, bool):
+        return "T" if v else "F"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, complex):
+        return f"{v.real:.1f}{v.imag:+.1f}j"
+    if math.isnan(v):
+        return ""
+    if math.isinf(v):
+        return "∞" if v > 0 else "-∞"
+    if v == int(v) and abs(v) < 1e6:
+        return str(int(v))
+    a = abs(v)
+    if a >= 1e6 or a < 1e-3:
+        return f"{v:.0e}"
+    if a >= 100:
+        return f"{v:.0f}"
+    if a >= 10:
+        return f"{v:.1f}".rstrip("0").rstrip(".")
+    return f"{v:.2f}".rstrip("0").rstrip(".")
+
+
+def colour(key: int | None) -> str:
+    return BLANK if key is None else PALETTE[key % len(PALETTE)]
+
+
+def _label(labels, i: int) -> str:
+    if labels is None:
+        return ""
+    if isinstance(labels, dict):
+        return str(labels.get(i, ""))
+    return str(labels[i]) if 0 <= i < len(labels) else ""
+
+
+def short(s: str, n: int) -> str:
+    s = s.replace("\n", "\\n").replace("\t", "\\t")
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def visible(n: int, keep, budget: int) -> list[int | None]:
+    """Which of n positions to show within `budget`: kept ones first, then the edges; None = gap.
+
+        >>> visible(20, {7}, 5)
+        [0, 1, 2, None, 7, None, 19]
+    """
+    if n <= budget:
+        return list(range(n))
+    chosen: set[int] = set()
+    for i in sorted(keep):
+        if len(chosen) >= max(budget - 1, 1):
+            break
+        chosen.add(i)
+    if len(chosen) < budget:
+        chosen.add(n - 1)
+    i = 0
+    while len(chosen) < budget:
+        chosen.add(i)
+        i += 1
+    seq: list[int | None] = []
+    prev = -1
+    for i in sorted(chosen):
+        if i != prev + 1:
+            seq.append(None)
+        seq.append(i)
+        prev = i
+    if prev != n - 1:
+        seq.append(None)
+    return seq
+
+
+def _split(coord: tuple[int, ...], ndim: int) -> tuple[tuple[int, ...], int, int]:
+    """Full coordinate -> (slice coordinate, row, column) of the 2-D view."""
+    if ndim == 0:
+        return (), 0, 0
+    if ndim == 1:
+        return (), 0, coord[0]
+    return tuple(coord[:-2]), coord[-2], coord[-1]
+
+
+def _view_shape(shape) -> tuple[tuple[int, ...], int, int]:
+    shape = tuple(shape)
+    if len(shape) == 0:
+        return (), 1, 1
+    if len(shape) == 1:
+        return (), 1, shape[0]
+    return shape[:-2], shape[-2], shape[-1]
+
+
+def _shape_caption(shape, axes) -> str:
+    dims = ", ".join(str(s) for s in shape)
+    dims = f"({dims},)" if len(shape) == 1 else f"({dims})"
+    if axes and len(axes) == len(shape):
+        names = ", ".join(axes)
+        names = f"({names},)" if len(axes) == 1 else f"({names})"
+        return f"{names} = {dims}"
+    return dims
+
+
+def _key(role: str, coord) -> str:
+    return "-".join([role, *(str(int(c)) for c in coord)]) if len(coord) else f"{role}-0"
+
+
+# -- the visible part of one tensor --------------------------------------------------------
+@dataclass
+class _Window:
+    slices: list[tuple[int, ...] | None]
+    rows: list[int | None]
+    cols: list[int | None]
+    n_slices: int
+
+
+def _window(shape, keep: set[tuple[int, ...]], lim: Limits, rows=None, cols=None,
+            slices=None) -> _Window:
+    lead, R, C = _view_shape(shape)
+    ndim = len(tuple(shape))
+    keep_s, keep_r, keep_c = set(), set(), set()
+    for coord in keep:
+        s, r, c = _split(coord, ndim)
+        keep_s.add(s)
+        keep_r.add(r)
+        keep_c.add(c)
+    n_slices = math.prod(lead) if lead else 1
+    if slices is None:
+        if lead:
+            flat_keep = {_flat(s, lead) for s in keep_s}
+            pick = visible(n_slices, flat_keep, lim.slices)
+            slices = [None if p is None else _unflat(p, lead) for p in pick]
+        else:
+            slices = [()]
+    return _Window(slices=slices,
+                   rows=rows if rows is not None else visible(R, keep_r, lim.rows),
+                   cols=cols if cols is not None else visible(C, keep_c, lim.cols),
+                   n_slices=n_slices)
+
+
+def _flat(coord, shape) -> int:
+    f = 0
+    for c, s in zip(coord, shape):
+        f = f * s + c
+    return f
+
+
+def _unflat(f: int, shape) -> tuple[int, ...]:
+    out = []
+    for s in reversed(shape):
+        out.append(f % s)
+        f //= s
+    return tuple(reversed(out))
+
+
+def _coords_in(win: _Window, ndim: int):
+    """Every visible full coordinate of a window."""
+    for s in win.slices:
+        if s is None:
+            continue
+        for r in win.rows:
+            if r is None:
+                continue
+            for c in win.cols:
+                if c is None:
+                    continue
+                if ndim == 0:
+                    yield ()
+                elif ndim == 1:
+                    yield (c,)
+                else:
+                    yield (*s, r, c)
+
+
+# -- the figure ----------------------------------------------------------------------------
+def layout(rec: GatherRecord, lang: str = "en", limits: Limits | None = None) -> FigureModel:
+    """Turn a record into panels of cells: source, index (when there is one), output."""
+    lim = limits or Limits()
+    src, out = rec.source, rec.output
+    sc = rec.source_coords
+    valid = rec.valid
+    idx_view = rec.index_view
+    color_dim = rec.dim
+
+    def ckey(coord: tuple[int, ...]) -> int | None:
+        if len(coord) == 0:
+            return 0
+        if color_dim is not None:
+            return coord[color_dim]
+        return _flat(coord, tuple(src.shape))
+
+    # output window first: what the reader sees decides which source cells must stay visible
+    out_win = _window(out.shape, set(), lim)
+    out_vis = list(_coords_in(out_win, out.ndim))
+    src_of = {o: tuple(sc[o].tolist()) if bool(valid[o]) else None for o in out_vis}
+    idx_of = {}
+    if rec.index_coords is not None and idx_view is not None:
+        idx_of = {o: tuple(rec.index_coords[o].tolist()) for o in out_vis}
+    src_keep = {s for s in src_of.values() if s is not None}
+    src_win = _window(src.shape, src_keep, lim)
+    picked = rec.picked_source()
+
+    # the index window: aligned with the output rows when their leading shapes agree
+    idx_win = None
+    if idx_view is not None:
+        same_lead = (idx_view.ndim == out.ndim and idx_view.ndim >= 2
+                     and tuple(idx_view.shape[:-1]) == tuple(out.shape[:-1]))
+        if same_lead:
+            same_cols = idx_view.shape[-1] == out.shape[-1]
+            idx_win = _window(idx_view.shape, set(), lim, rows=out_win.rows,
+                              cols=out_win.cols if same_cols else None, slices=out_win.slices)
+        else:
+            idx_win = _window(idx_view.shape, set(idx_of.values()), lim)
+
+    row_names = rec.meta.get("row_names") if isinstance(rec.meta, dict) else None
+
+    panels = []
+
+    # source panel
+    def src_cell(coord) -> Cell:
+        v = src[coord].item() if src.ndim else src.item()
+        is_p = coord in picked
+        return Cell(key=_key("src", coord), text=fmt_value(v),
+                    fill=colour(ckey(coord)) if is_p else UNPICKED, picked=is_p,
+                    info=f"{rec.source_name}[{', '.join(map(str, coord))}] = {fmt_value(v)}")
+
+    panels.append(_panel("src", f"{rec.source_name} · {text('panel_source', lang)}",
+                         _shape_caption(tuple(src.shape), rec.source_axes), src.shape, src_win,
+                         src_cell, rec.source_row_labels, rec.source_col_labels, lang,
+                         row_names if src.ndim == 2 else None))
+
+    # index panel
+    if idx_view is not None and idx_win is not None:
+        iv = idx_view
+
+        def idx_cell(coord) -> Cell:
+            v = int(iv[coord].item()) if iv.ndim else int(iv.item())
+            key = None
+            if v >= 0:
+                if color_dim is not None:
+                    key = v
+                elif rec.op == "take_along_dim":
+                    key = v
+            return Cell(key=_key("idx", coord), text=str(v), fill=colour(key), picked=v >= 0,
+                        info=f"{rec.index_name}[{', '.join(map(str, coord))}] = {v}")
+
+        idx_shape = tuple(rec.index.shape)
+        out_labels = rec.output_row_labels if (iv.ndim >= 2 and tuple(iv.shape[:-1])
+                                               == tuple(out.shape[:-1])) else None
+        panels.append(_panel("idx", f"{rec.index_name} · {text('panel_index', lang)}",
+                             _shape_caption(idx_shape, rec.index_axes), iv.shape, idx_win,
+                             idx_cell, out_labels, None, lang,
+                             row_names if out_labels is not None else None, no_col_heads=
+                             rec.index_as_column))
+
+    # output panel
+    weights = rec.meta.get("weights") if isinstance(rec.meta, dict) else None
+
+    def out_cell(coord) -> Cell:
+        v = out[coord].item() if out.ndim else out.item()
+        s = src_of.get(coord)
+        if s is None:
+            return Cell(key=_key("out", coord), text="-1", sub=fmt_value(v), fill=BLANK,
+                        info=f"{rec.output_name}[{', '.join(map(str, coord))}] = {fmt_value(v)} "
+                             f"(no source)", data_idx=_key("idx", idx_of[coord])
+                        if coord in idx_of else "")
+        top = str(s[color_dim]) if color_dim is not None else ",".join(map(str, s))
+        info = (f"{rec.output_name}[{', '.join(map(str, coord))}] = {fmt_value(v)} ← "
+                f"{rec.source_name}[{', '.join(map(str, s))}]")
+        if weights is not None:
+            info += f"; weight {float(weights[coord]):.3f}"
+        if rec.output_row_labels is not None and out.ndim >= 1:
+            lab = _label(rec.output_row_labels, _flat(coord[:-1], tuple(out.shape[:-1])))
+            if lab:
+                info += f" ({lab})"
+        return Cell(key=_key("out", coord), text=top, sub=fmt_value(v), fill=colour(ckey(s)),
+                    picked=True, info=info, data_src=_key("src", s),
+                    data_idx=_key("idx", idx_of[coord]) if coord in idx_of else "")
+
+    p = _panel("out", f"{rec.output_name} · {text('panel_output', lang)}",
+               _shape_caption(tuple(out.shape), rec.output_axes), out.shape, out_win, out_cell,
+               rec.output_row_labels, None, lang, row_names if out.ndim == 2 else None)
+    p.two_line = True
+    panels.append(p)
+
+    if rec.caption:
+        caption = rec.caption
+    elif rec.op == "take_along_dim" and rec.dim is None:
+        caption = text("op_take_along_dim_flat", lang)
+    elif rec.op == "topk_attention":
+        caption = text("op_topk_attention", lang, k=rec.meta.get("top_k", rec.index.shape[-1]))
+    else:
+        caption = text(f"op_{rec.op}", lang, dim=rec.dim)
+    legend = text("legend" if color_dim is not None else "legend_nodim", lang)
+    return FigureModel(title=rec.call, caption=caption, legend=legend, panels=panels, lang=lang)
+
+
+def _panel(role, title, shape_caption, shape, win: _Window, make_cell, row_labels, col_labels,
+           lang, row_names=None, no_col_heads: bool = False) -> Panel:
+    lead, R, C = _view_shape(shape)
+    ndim = len(tuple(shape))
+    slices: list[Slice | None] = []
+    shown = 0
+    for s in win.slices:
+        if s is None:
+            slices.append(None)
+            continue
+        shown += 1
+        base = _flat(s, lead) * R if lead else 0
+        row_heads = []
+        for r in win.rows:
+            if r is None:
+                row_heads.append("")
+                continue
+            name = str(row_names[r]) if row_names and r < len(row_names) else (
+                "" if ndim <= 1 else str(r))
+            lab = _label(row_labels, base + r)
+            row_heads.append(f"{name} {short(lab, 12)}".strip() if lab else name)
+        col_heads = []
+        for c in win.cols:
+            if c is None or no_col_heads:
+                col_heads.append("")
+            else:
+                lab = _label(col_labels, c)
+                col_heads.append(short(lab, 6) if lab else str(c))
+        label = f"[{', '.join(map(str, s))}, :, :]" if lead else ""
+        sl = Slice(label=label, rows=list(win.rows), cols=list(win.cols), row_heads=row_heads,
+                   col_heads=col_heads)
+        for r in win.rows:
+            for c in win.cols:
+                if r is None or c is None:
+                    continue
+                coord = () if ndim == 0 else ((c,) if ndim == 1 else (*s, r, c))
+                sl.cells[(r, c)] = make_cell(coord)
+        slices.append(sl)
+    more = ""
+    if win.n_slices > shown and lead:
+        more = text("more_slices", lang, n=win.n_slices - shown)
+    return Panel(role=role, title=title, shape=shape_caption, slices=slices, more=more)
