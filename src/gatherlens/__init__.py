@@ -34,7 +34,13 @@ _EXPORTS = {
     "record_gather": "gatherlens.trace",
     "record_embedding": "gatherlens.trace",
     "diagnose_gather": "gatherlens.trace",
-    "trace": "gatherlens.trace",
+    "record_index_select": "gatherlens.trace",
+    "record_indexing": "gatherlens.trace",
+    "record_take_along_dim": "gatherlens.trace",
+    "record_attention_selection": "gatherlens.trace",
+    "GatherFinding": "gatherlens.trace",
+    "GatherDiagnosticWarning": "gatherlens.trace",
+    "TraceEvent": "gatherlens.trace",
     # models (transformers) at the edge
     "use_topk_attention": "gatherlens.models",
     "use_dense_attention": "gatherlens.models",
@@ -45,7 +51,11 @@ _EXPORTS = {
     "GatherValueError": "gatherlens.errors",
 }
 
-__all__ = sorted(_EXPORTS) + ["models"]
+# `gatherlens.trace` is both the records subpackage and the tracer function: bind the function
+# eagerly, so that importing a submodule later (gatherlens.trace.record) cannot shadow it.
+from gatherlens.trace import trace  # noqa: E402
+
+__all__ = sorted(_EXPORTS) + ["models", "trace"]
 
 
 def __getattr__(name: str):

@@ -20,6 +20,7 @@ from gatherlens.trace.diagnose import (
     explain_ndim_mismatch,
 )
 from gatherlens.trace.record import GatherRecord
+from gatherlens.trace.tracer import TraceEvent, trace
 
 __all__ = [
     "GatherRecord",
@@ -33,4 +34,6 @@ __all__ = [
     "GatherFinding",
     "GatherDiagnosticWarning",
     "explain_ndim_mismatch",
+    "trace",
+    "TraceEvent",
 ]
