@@ -29,6 +29,8 @@ _EXPORTS = {
     # ops: page-selected sparse decoding
     "PagedKVCache": "gatherlens.ops.sparse",
     "sparse_decode": "gatherlens.ops.sparse",
+    "PageSelection": "gatherlens.ops.sparse",
+    "record_page_selection": "gatherlens.trace",
     # trace: records of what a gather picked
     "GatherRecord": "gatherlens.trace",
     "record_gather": "gatherlens.trace",

@@ -19,6 +19,7 @@ from gatherlens.trace.diagnose import (
     diagnose_gather,
     explain_ndim_mismatch,
 )
+from gatherlens.trace.pages import record_page_selection
 from gatherlens.trace.record import GatherRecord
 from gatherlens.trace.tracer import TraceEvent, trace
 
@@ -34,6 +35,7 @@ __all__ = [
     "GatherFinding",
     "GatherDiagnosticWarning",
     "explain_ndim_mismatch",
+    "record_page_selection",
     "trace",
     "TraceEvent",
 ]

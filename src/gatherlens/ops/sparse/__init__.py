@@ -1,0 +1,18 @@
+"""Page-selected sparse decoding: read only the pages whose summaries say they matter.
+
+    >>> cache = PagedKVCache(batch=1, kv_heads=8, head_dim=128, page_size=16)
+    >>> cache.append(k, v)                                   # (B, Hkv, T, D), as often as needed
+    >>> out = sparse_decode(q, cache, budget=2048)           # q (B, Hq, 1, D) -> (B, Hq, 1, D)
+    >>> out, lse, sel = sparse_decode(q, cache, budget=2048, return_lse=True, return_selection=True)
+    >>> sel.to_svg()                                          # which pages were read
+
+`naive.py` holds the references (dense attention restricted to the chosen pages; the page bound
+computed literally); `decode.py` the torch path; `triton_decode.py` the GPU kernel (lazy).
+"""
+from .cache import PagedKVCache
+from .decode import sparse_decode
+from .select import page_bounds, pages_for_budget, select_pages
+from .selection import PageSelection
+
+__all__ = ["PagedKVCache", "sparse_decode", "PageSelection", "select_pages", "page_bounds",
+           "pages_for_budget"]

@@ -1,0 +1,210 @@
+"""A paged KV cache that keeps, per page, the element-wise min and max of its keys (Quest).
+
+    >>> cache = PagedKVCache(batch=1, kv_heads=8, head_dim=128, page_size=16)
+    >>> cache.append(k, v)                 # k, v: (B, Hkv, T, D); any T, any number of calls
+    >>> cache.length, cache.num_pages      # tokens stored, pages in use (the last may be partial)
+    >>> cache.key_max.shape                # (B, Hkv, num_pages, D): the page summaries
+
+Storage is preallocated in pages, (B, Hkv, capacity_pages, page_size, D), and grows by
+doubling, so `append` costs O(T) amortized. The summaries of only the pages an append touches
+are updated (at most ceil(T / page_size) + 1 pages); the whole cache is never rescanned.
+The summaries bound every score in a page: for any query q and any key k in page p,
+    q . k <= sum_d max(q_d * min_pd, q_d * max_pd)
+(see `select.page_bounds`), which is what lets decode skip pages without reading them.
+"""
+from __future__ import annotations
+
+import torch
+
+from gatherlens.errors import GatherTypeError, GatherValueError
+
+__all__ = ["PagedKVCache"]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class PagedKVCache:
+    """Keys and values in pages of `page_size` tokens, with per-page key min/max summaries.
+
+    Inference storage: appended keys and values are copied detached (no autograd through the
+    cache; gradients of `sparse_decode` flow to the query only).
+
+    batch, kv_heads, head_dim: the (B, Hkv, ., D) of every append.
+    page_size: tokens per page (the unit decode selects and reads).
+    capacity:  tokens to preallocate (rounded up to whole pages); grows by doubling beyond it.
+    summary_dtype: dtype of the page min/max (exact copies of key values). Default: the cache
+               dtype, except float32 for bfloat16/float16 caches on CPU, where half-precision
+               GEMM is slow (scoring then reads 4/page_size of K's bytes instead of 2/page_size).
+
+    Views (no copies), all over the first `length` tokens / `num_pages` pages:
+      keys, values:     (B, Hkv, L, D)
+      page_keys/values: (B, Hkv, num_pages, page_size, D) (tail of the last page is unused)
+      key_max, key_min: (B, Hkv, num_pages, D)
+      summaries:        (B, Hkv, num_pages, 2 * D) = [key_max | key_min], the layout scoring reads
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        kv_heads: int,
+        head_dim: int,
+        page_size: int = 16,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        capacity: int | None = None,
+        summary_dtype: torch.dtype | None = None,
+    ):
+        for name, value in (("batch", batch), ("kv_heads", kv_heads), ("head_dim", head_dim),
+                            ("page_size", page_size)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise GatherTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+            if value <= 0:
+                raise GatherValueError(f"{name} = {value} must be >= 1")
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
+                                     or capacity < 0):
+            raise GatherValueError(f"capacity = {capacity!r} must be an int >= 0 (tokens) or None")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise GatherTypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        self.batch, self.kv_heads, self.head_dim, self.page_size = batch, kv_heads, head_dim, page_size
+        self.dtype = dtype
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        if summary_dtype is None:  # CPUs without bf16 GEMM score half-precision summaries slowly
+            half = dtype in (torch.bfloat16, torch.float16)
+            summary_dtype = torch.float32 if half and self.device.type == "cpu" else dtype
+        if not isinstance(summary_dtype, torch.dtype) or not summary_dtype.is_floating_point:
+            raise GatherTypeError(f"summary_dtype must be a floating torch.dtype, got {summary_dtype!r}")
+        self.summary_dtype = summary_dtype
+        self.length = 0
+        self._work: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._alloc(max(1, _cdiv(capacity or page_size, page_size)))
+
+    # -- storage --------------------------------------------------------------------------------
+    def _alloc(self, pages: int) -> None:
+        B, H, P, D = self.batch, self.kv_heads, self.page_size, self.head_dim
+        kw = dict(dtype=self.dtype, device=self.device)
+        k = torch.zeros(B, H, pages, P, D, **kw)  # (B, Hkv, cap, P, D)
+        v = torch.zeros(B, H, pages, P, D, **kw)  # (B, Hkv, cap, P, D)
+        s = torch.zeros(B, H, pages, 2 * D, dtype=self.summary_dtype, device=self.device)  # (B, Hkv, cap, 2D)
+        used = self.num_pages if hasattr(self, "_k") else 0
+        if used:
+            k[:, :, :used] = self._k[:, :, :used]
+            v[:, :, :used] = self._v[:, :, :used]
+            s[:, :, :used] = self._s[:, :, :used]
+        self._k, self._v, self._s = k, v, s
+
+    @property
+    def capacity(self) -> int:
+        """Tokens the current storage holds before it must grow."""
+        return self._k.shape[2] * self.page_size
+
+    @property
+    def num_pages(self) -> int:
+        return _cdiv(self.length, self.page_size)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def reserve(self, tokens: int) -> None:
+        """Make room for `tokens` tokens in total (no-op if there is room already)."""
+        need = _cdiv(tokens, self.page_size)
+        if need > self._k.shape[2]:
+            self._alloc(max(need, 2 * self._k.shape[2]))
+
+    # -- writing --------------------------------------------------------------------------------
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Append T tokens: keys, values (B, Hkv, T, D). Updates only the touched pages' summaries."""
+        self._check(keys, "keys")
+        self._check(values, "values")
+        if keys.shape != values.shape:
+            raise GatherValueError(
+                f"keys {tuple(keys.shape)} and values {tuple(values.shape)} must have the same shape")
+        T = keys.shape[2]
+        if T == 0:
+            return
+        L0, L1, P = self.length, self.length + T, self.page_size
+        self.reserve(L1)
+        cap = self._k.shape[2]
+        flat_k = self._k.view(self.batch, self.kv_heads, cap * P, self.head_dim)  # (B, Hkv, cap*P, D)
+        flat_v = self._v.view(self.batch, self.kv_heads, cap * P, self.head_dim)  # (B, Hkv, cap*P, D)
+        flat_k[:, :, L0:L1] = keys.detach()  # the cache stores values, it is not part of a graph
+        flat_v[:, :, L0:L1] = values.detach()
+        self.length = L1
+        # touched pages p0 .. p1-1; re-reduce their valid tokens only (<= T + P - 1 tokens)
+        p0, p1 = L0 // P, _cdiv(L1, P)
+        full = L1 // P  # pages p0..full-1 are complete
+        D = self.head_dim
+        if full > p0:
+            pages = self._k[:, :, p0:full]  # (B, Hkv, n, P, D)
+            self._s[:, :, p0:full, :D] = pages.amax(dim=3)
+            self._s[:, :, p0:full, D:] = pages.amin(dim=3)
+        if p1 > full:  # a partial last page: tokens full*P .. L1-1
+            tail = flat_k[:, :, full * P:L1]  # (B, Hkv, r, D)
+            self._s[:, :, full, :D] = tail.amax(dim=2)
+            self._s[:, :, full, D:] = tail.amin(dim=2)
+
+    def _check(self, x, name: str) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise GatherTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        want = (self.batch, self.kv_heads, "T", self.head_dim)
+        if x.ndim != 4 or x.shape[0] != self.batch or x.shape[1] != self.kv_heads \
+                or x.shape[3] != self.head_dim:
+            raise GatherValueError(
+                f"{name} has shape {tuple(x.shape)}; expected (B, Hkv, T, D) = {want} for this cache")
+        if not x.dtype.is_floating_point:
+            raise GatherTypeError(f"{name} must be a floating tensor, got {x.dtype}")
+
+    def workspace(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two reusable (rows, page_size * D) buffers that decode gathers pages into.
+
+        Kept across steps so each decode writes into warm memory instead of fresh pages of a
+        new allocation (which on CPU costs as much as the gather). Not thread-safe: one decode
+        per cache at a time.
+        """
+        have = self._work[0].shape[0] if self._work else 0
+        if rows > have:
+            shape = (max(rows, 2 * have), self.page_size * self.head_dim)
+            kw = dict(dtype=self.dtype, device=self.device)
+            self._work = (torch.empty(shape, **kw), torch.empty(shape, **kw))
+        return self._work[0][:rows], self._work[1][:rows]
+
+    def clear(self) -> None:
+        """Forget every token (keeps the storage)."""
+        self.length = 0
+
+    # -- views ----------------------------------------------------------------------------------
+    @property
+    def keys(self) -> torch.Tensor:
+        cap = self._k.shape[2]
+        return self._k.view(self.batch, self.kv_heads, cap * self.page_size, self.head_dim)[:, :, :self.length]
+
+    @property
+    def values(self) -> torch.Tensor:
+        cap = self._v.shape[2]
+        return self._v.view(self.batch, self.kv_heads, cap * self.page_size, self.head_dim)[:, :, :self.length]
+
+    @property
+    def page_keys(self) -> torch.Tensor:
+        return self._k[:, :, :self.num_pages]
+
+    @property
+    def page_values(self) -> torch.Tensor:
+        return self._v[:, :, :self.num_pages]
+
+    @property
+    def summaries(self) -> torch.Tensor:
+        return self._s[:, :, :self.num_pages]
+
+    @property
+    def key_max(self) -> torch.Tensor:
+        return self._s[:, :, :self.num_pages, :self.head_dim]
+
+    @property
+    def key_min(self) -> torch.Tensor:
+        return self._s[:, :, :self.num_pages, self.head_dim:]
+
+    def __repr__(self) -> str:
+        return (f"PagedKVCache(batch={self.batch}, kv_heads={self.kv_heads}, head_dim={self.head_dim}, "
+                f"page_size={self.page_size}, length={self.length}, pages={self.num_pages}, "
+                f"capacity={self.capacity}, dtype={self.dtype}, device={self.device})")

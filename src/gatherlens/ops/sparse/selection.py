@@ -1,0 +1,95 @@
+"""Which pages a sparse decode step read, as plain data.
+
+    >>> out, sel = sparse_decode(q, cache, budget=2048, return_selection=True)
+    >>> sel.pages[0, 0]          # page ids KV group 0 of batch 0 read, ascending
+    >>> sel.token_positions(0, 0)  # the key positions those pages hold
+    >>> sel.to_svg()             # drawn by gatherlens.render (imported on call)
+
+Data only; the drawing methods are doors into `gatherlens.trace` / `gatherlens.render`,
+imported when called, so `ops/` never imports them at load time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class PageSelection:
+    """The pages one decode step gathered, per (batch, selection head).
+
+    pages:      (B, Hsel, n) int64 page ids, ascending; always holds page 0 and the last page.
+                Hsel = kv_heads when `share_selection` (the G query heads of a KV group read the
+                same pages), else query_heads.
+    bounds:     (B, Hsel, num_pages) float32 upper bound of the (unscaled) q.k in every page,
+                the score the choice was made by (group-reduced by `group_score` when shared).
+    lse:        (B, Hq, 1) float32 log-sum-exp of the scaled logits over the tokens read.
+    page_size:  tokens per page.
+    length:     tokens in the cache (the last page holds length - (num_pages - 1) * page_size).
+    budget:     the token budget asked for.
+    query_heads, kv_heads: Hq and Hkv.
+    share_selection, group_score: how the choice was made.
+    """
+
+    pages: torch.Tensor
+    bounds: torch.Tensor
+    lse: torch.Tensor
+    page_size: int
+    length: int
+    budget: int
+    query_heads: int
+    kv_heads: int
+    share_selection: bool = True
+    group_score: str = "max"
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_pages(self) -> int:
+        return -(-self.length // self.page_size)
+
+    @property
+    def tokens_read(self) -> int:
+        """Key/value rows each selection head read (the last page may be partial)."""
+        last = self.length - (self.num_pages - 1) * self.page_size
+        return (self.pages.shape[-1] - 1) * self.page_size + last
+
+    def mask(self) -> torch.Tensor:
+        """(B, Hsel, num_pages) bool: True for the pages that were read."""
+        m = torch.zeros(self.bounds.shape, dtype=torch.bool, device=self.pages.device)
+        return m.scatter_(-1, self.pages, True)
+
+    def token_positions(self, batch: int = 0, head: int = 0) -> torch.Tensor:
+        """(tokens_read,) int64: the key positions one selection head read, ascending."""
+        P = self.page_size
+        pos = self.pages[batch, head].unsqueeze(-1) * P + torch.arange(P, device=self.pages.device)
+        pos = pos.reshape(-1)  # (n * P,)
+        return pos[pos < self.length]
+
+    # -- pictures (lazy doors into trace/ and render/) --------------------------------------
+    def to_record(self, batch: int = 0, head: int = 0, labels=None):
+        """The pages one (batch, selection head) read, as a gather record ready to draw."""
+        from gatherlens.trace.pages import record_page_selection
+
+        return record_page_selection(self, batch=batch, head=head, labels=labels)
+
+    def to_svg(self, **kw) -> str:
+        return self.to_record().to_svg(**kw)
+
+    def to_html(self, **kw) -> str:
+        return self.to_record().to_html(**kw)
+
+    def to_png(self, path, **kw):
+        return self.to_record().to_png(path, **kw)
+
+    def _repr_svg_(self) -> str:
+        return self.to_svg()
+
+    def _repr_html_(self) -> str:
+        return self.to_record()._repr_html_()
+
+    def __repr__(self) -> str:
+        B, Hsel, n = self.pages.shape
+        return (f"PageSelection(pages={n} of {self.num_pages} per head, tokens_read={self.tokens_read} "
+                f"of {self.length}, page_size={self.page_size}, budget={self.budget}, "
+                f"batch={B}, selection_heads={Hsel}, share_selection={self.share_selection})")
