@@ -14,6 +14,9 @@ VPY=.venv/bin/python
   || "$VPY" -m pip install -q torch==2.13.0
 if [ "${1:-}" = "--test" ]; then
   "$VPY" -m pip install -q -e '.[test]'
+  # Triton, for the GPU kernel's tests in its CPU interpreter (TRITON_INTERPRET=1); --no-deps keeps
+  # torch as it is. 3.6 matches the GPU machine's build.
+  "$VPY" -m pip install -q --no-deps triton==3.6.0
 else
   "$VPY" -m pip install -q -e .
 fi
