@@ -1,0 +1,35 @@
+"""The report of `gatherlens explain`: the article's story told on the user's text, with a real model.
+
+    >>> from gatherlens.models import load
+    >>> from gatherlens.report import write_report
+    >>> from gatherlens.report.collect import collect
+    >>> story = collect(load("smollm2"), "The cat sat on the mat because it was", top_k=4)
+    >>> write_report(story, "gatherlens-report", lang="en")     # index.html + one .svg per figure
+
+`collect` runs the model once under `gatherlens.trace()`; `build` draws every figure from
+selection records (gatherlens.render) or, for the pictures records do not cover (the score grid,
+the head groups), from plain data with jinja2 SVG templates, and writes one self-contained page.
+"""
+from __future__ import annotations
+
+import importlib
+
+from gatherlens.report.defaults import DEFAULT_TEXT, MAX_TOKENS
+
+# `collect` (the function) is imported from gatherlens.report.collect: the package attribute of
+# that name is the submodule once it is imported, so exporting the function here would be fragile.
+_LAZY = {
+    "Story": "gatherlens.report.collect",
+    "build_report": "gatherlens.report.build",
+    "write_report": "gatherlens.report.build",
+}
+__all__ = ["Story", "build_report", "write_report", "DEFAULT_TEXT", "MAX_TOKENS"]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gatherlens.report' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,396 @@
+"""Run a real model once on a text, under `trace()`, and keep what the report's story needs.
+
+    >>> lm = gatherlens.models.load("smollm2")
+    >>> story = collect(lm, "The cat sat on the mat because it was", top_k=4)
+    >>> story.tokens[:3], story.ids[:3]
+    (['The', ' cat', ' sat'], [504, 2644, 2643])
+    >>> story.embeddings[0].record.to_svg()     # the embedding gather from the real table
+
+One forward pass with top-k attention on (every layer gathers `top_k` keys per query) runs
+inside `gatherlens.trace()`; an attention observer keeps the query/key/value tensors of the
+one layer the report draws. A second, untraced forward with dense attention gives the
+prediction top-k attention is compared against. Nothing here draws or writes files.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from gatherlens.errors import GatherIndexError, GatherValueError
+from gatherlens.report.defaults import DEFAULT_TEXT, MAX_TOKENS
+
+__all__ = ["Story", "EmbeddingStep", "HeadMap", "AttentionView", "Prediction", "collect",
+           "DEFAULT_TEXT", "MAX_TOKENS", "shown_token", "token_texts"]
+
+
+
+@dataclass
+class EmbeddingStep:
+    """One embedding lookup of the forward pass (word, position or token-type table)."""
+
+    kind: str            # "word" | "position" | "token_type" | "other"
+    module: str          # module path, e.g. "model.embed_tokens"
+    table_shape: tuple[int, int]
+    ids: list[int]       # the ids looked up (batch 0)
+    record: object       # GatherRecord (trace.builders.record_embedding)
+
+
+@dataclass
+class HeadMap:
+    """Which query heads share which KV head (grouped-query attention)."""
+
+    q_heads: int
+    kv_heads: int
+
+    @property
+    def group(self) -> int:
+        return self.q_heads // self.kv_heads
+
+    @property
+    def groups(self) -> list[list[int]]:
+        """groups[g] = the query heads that read KV head g."""
+        return [list(range(g * self.group, (g + 1) * self.group)) for g in range(self.kv_heads)]
+
+    def kv_of(self, head: int) -> int:
+        return head // self.group
+
+
+@dataclass
+class AttentionView:
+    """One head of one layer: every score, the keys top-k kept, and one query's value gather."""
+
+    layer: int
+    module: str
+    head: int
+    kv_head: int
+    query: int                 # the query position drawn in detail
+    top_k: int
+    scale: float
+    scores: torch.Tensor       # (Q, L) scaled logits q.k * scale, -inf where not allowed
+    allowed: torch.Tensor      # (Q, L) bool: the causal / padding rule
+    dense: torch.Tensor        # (Q, L) softmax over all allowed keys (what dense attention uses)
+    indices: torch.Tensor      # (Q, k) selected key positions, best first, -1 = none
+    weights: torch.Tensor      # (Q, k) softmax over the selected keys
+    score_record: object       # GatherRecord: scores.gather(-1, topk_idx) for this head
+    value_record: object       # GatherRecord: V.index_select(0, topk_idx[query])
+    output: torch.Tensor       # (Dv,) sum of weights x gathered value rows, for `query`
+    model_output: torch.Tensor  # (Dv,) what the model's attention returned there (equal)
+    mass: float                # share of the dense weight of `query` on its selected keys
+
+
+@dataclass
+class Prediction:
+    """The next token: a gather of the last position's row of the logits."""
+
+    record: object                        # GatherRecord: logits[-1].gather(0, top5)
+    top: list[tuple[int, str, float, float]]        # (id, token, logit, prob), top-k attention
+    dense_top: list[tuple[int, str, float, float]]  # the same with dense attention
+
+
+@dataclass
+class Story:
+    """Everything the report tells, as plain data and records."""
+
+    model_name: str
+    model_class: str
+    arch: str
+    is_causal: bool
+    text: str
+    ids: list[int]
+    tokens: list[str]
+    vocab_size: int
+    hidden_size: int
+    layers: int
+    embeddings: list[EmbeddingStep]
+    heads: HeadMap
+    attention: AttentionView
+    prediction: Prediction | None
+    gathers: list[dict]                   # Trace.summary() rows
+    events: int
+    bytes_read: int
+    top_k: int
+    tied: bool = False                    # the LM head reuses the word embedding table
+    rope: bool = False                    # positions enter as rotations of q and k (RoPE)
+    seconds: dict = field(default_factory=dict)
+
+    @property
+    def shown_tokens(self) -> list[str]:
+        return [shown_token(t) for t in self.tokens]
+
+
+def shown_token(tok: str) -> str:
+    """A token as a learner should see it: a leading space as '␣', newlines escaped."""
+    s = tok.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    if s.startswith(" "):
+        s = "␣" + s[1:]
+    return s if s else "∅"
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, reversed: printable stand-in character -> byte."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + n)
+            n += 1
+    return {c: b for b, c in chars.items()}
+
+
+def token_texts(tokenizer, ids: list[int]) -> list[str]:
+    """Each token decoded alone; a token holding part of a UTF-8 character (byte-level BPE splits
+    Chinese characters into bytes) is shown by its bytes, e.g. '<0xE7><0x8C>', not as '�'."""
+    out, table = [], None
+    for i in ids:
+        text = tokenizer.decode([i])
+        if "\ufffd" in text:
+            piece = tokenizer.convert_ids_to_tokens(i)
+            table = table or _byte_decoder()
+            if isinstance(piece, str) and piece and all(c in table for c in piece):
+                text = "".join(f"<0x{table[c]:02X}>" for c in piece)
+        out.append(text)
+    return out
+
+
+# -- the run ---------------------------------------------------------------------------------
+def collect(lm, text: str, *, top_k: int = 4, layer: int | None = None, head: int = 0,
+            query: int = -1, say: Callable[[str], None] | None = None) -> Story:
+    """Run `lm` (a gatherlens.models.LoadedModel) once on `text` and gather the story.
+
+    layer: the attention layer drawn in detail (default: the middle one); head: its query
+    head; query: the query position whose value gather is drawn (default: the last token).
+    """
+    from gatherlens.models import observe_attention, use_dense_attention, use_topk_attention
+    from gatherlens.trace.tracer import trace
+
+    say = say or (lambda message: None)
+    if not isinstance(text, str) or not text.strip():
+        raise GatherValueError(f"text must be a non-empty string, got {text!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise GatherValueError(f"top_k {top_k!r} is outside the valid range [1, inf)")
+    model, tok = lm.model, lm.tokenizer
+    enc = tok(text, return_tensors="pt")
+    ids = enc["input_ids"]                                                   # (1, S)
+    S = ids.shape[1]
+    if S > MAX_TOKENS:
+        raise GatherValueError(
+            f"text has {S} tokens; the report draws a {S} x {S} score grid, so keep it within "
+            f"[1, {MAX_TOKENS}] tokens (shorten the text)")
+    n_layers = _num_layers(model)
+    if layer is None:
+        layer = n_layers // 2 if n_layers else 0
+    if n_layers and not -n_layers <= layer < n_layers:
+        raise GatherIndexError(f"layer {layer} is outside the model's layers [0, {n_layers})")
+    layer = layer % n_layers if n_layers else layer
+    if not -S <= query < S:
+        raise GatherIndexError(f"query {query} is outside the token positions [{-S}, {S})")
+    query = query % S
+    tokens = token_texts(lm.tokenizer, ids[0].tolist())
+    names = {id(m): n for n, m in model.named_modules()}
+
+    calls = []
+
+    def keep(call) -> None:
+        calls.append((names.get(id(call.module), ""), call))
+
+    inputs = {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    before = model.config._attn_implementation
+    say(f"running {lm.name} on {S} tokens under trace() (top-k attention, k={top_k})")
+    t0 = time.perf_counter()
+    use_topk_attention(model, top_k=top_k)
+    try:
+        with torch.no_grad(), observe_attention(keep), trace() as t:
+            out = model(**inputs)
+        traced_s = time.perf_counter() - t0
+        dense_out = None
+        if lm.is_causal and hasattr(out, "logits"):
+            say("running it again with dense attention, to compare the prediction")
+            use_dense_attention(model, before if before != "gatherlens_topk" else None)
+            with torch.no_grad():
+                dense_out = model(**inputs)
+    finally:
+        use_dense_attention(model, before if before != "gatherlens_topk" else None)
+
+    say("collecting the gathers")
+    # the call of the chosen layer: by module path (layers.N) or, failing that, by call order
+    chosen = None
+    for path, call in calls:
+        if _layer_number(path, call) == layer:
+            chosen = (path, call)
+            break
+    if chosen is None:
+        if not calls:
+            raise GatherValueError(
+                f"{type(model).__name__} ran no attention through transformers' attention "
+                f"interface, so there is no top-k selection to draw")
+        if layer >= len(calls):
+            raise GatherIndexError(f"layer {layer} is outside the model's layers [0, {len(calls)})")
+        chosen = calls[layer]
+    path, call = chosen
+    Hq, Hkv = call.query.shape[1], call.key.shape[1]
+    if not -Hq <= head < Hq:
+        raise GatherIndexError(f"head {head} is outside the query heads [0, {Hq}) of layer {layer}")
+    head = head % Hq
+    heads = HeadMap(q_heads=Hq, kv_heads=Hkv)
+
+    display = [shown_token(x) for x in tokens]
+    embeddings = _embeddings(t, model, ids, display)
+    attention = _attention(call, path, layer, head, heads, query, top_k, display)
+    prediction = None
+    if dense_out is not None:
+        prediction = _prediction(out.logits, dense_out.logits, lm, display)
+    cfg = model.config
+    rows = t.summary()
+    return Story(
+        model_name=lm.name, model_class=type(model).__name__, arch=getattr(cfg, "model_type", "?"),
+        is_causal=lm.is_causal, text=text, ids=ids[0].tolist(), tokens=tokens,
+        vocab_size=int(getattr(cfg, "vocab_size", 0) or 0),
+        hidden_size=int(getattr(cfg, "hidden_size", 0) or 0), layers=n_layers or len(calls),
+        embeddings=embeddings, heads=heads, attention=attention, prediction=prediction,
+        gathers=rows, events=len(t.events), bytes_read=sum(r["bytes_read"] for r in rows),
+        top_k=top_k, tied=_tied(model), rope=any("rope" in str(k) for k in cfg.to_dict()),
+        seconds={"load": float(getattr(lm, "seconds", 0.0)), "forward": traced_s},
+    )
+
+
+# -- pieces ----------------------------------------------------------------------------------
+def _num_layers(model) -> int:
+    cfg = model.config
+    for name in ("num_hidden_layers", "n_layer", "num_layers"):
+        n = getattr(cfg, name, None)
+        if isinstance(n, int) and n > 0:
+            return n
+    return 0
+
+
+def _tied(model) -> bool:
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    emb = model.get_input_embeddings()
+    return head is not None and getattr(head, "weight", None) is getattr(emb, "weight", 0)
+
+
+def _layer_number(path: str, call) -> int | None:
+    if isinstance(call.layer, int):
+        return call.layer
+    m = re.search(r"\.(\d+)(?:\.|$)", path)
+    return int(m.group(1)) if m else None
+
+
+def _embeddings(t, model, ids, display) -> list[EmbeddingStep]:
+    """The embedding lookups of the first forward: the word table first, then the others."""
+    word = getattr(model.get_input_embeddings(), "weight", None)
+    steps = []
+    for e in t.of(op="embedding"):
+        if e.forward != 0:
+            continue
+        table, index = e.tensors["input"], e.tensors["index"]               # (V, d), (B, S)
+        looked = index[0].tolist() if index.dim() == 2 else index.reshape(-1).tolist()
+        name = e.module.rsplit(".", 1)[-1]
+        if word is not None and table is word:
+            kind, labels, sym = "word", display, "W_tok"
+        elif "position" in name or name in ("wpe",):
+            kind, labels, sym = "position", display, "W_pos"
+        elif "token_type" in name or "segment" in name:
+            kind, labels, sym = "token_type", display, "W_type"
+        else:
+            kind, labels, sym = "other", None, "W"
+        idx = index[:1] if index.dim() == 2 else index.reshape(1, -1)          # (1, S)
+        from gatherlens.trace.builders import record_embedding
+
+        if labels is not None and len(labels) != idx.numel():
+            labels = None
+        rec = record_embedding(idx, table, labels=labels, name=sym, index_name="ids",
+                               call=f"{sym}[ids]  # {e.module}")
+        steps.append(EmbeddingStep(kind=kind, module=e.module, table_shape=tuple(table.shape),
+                                   ids=looked, record=rec))
+    steps.sort(key=lambda s: {"word": 0, "position": 1, "token_type": 2}.get(s.kind, 3))
+    return steps
+
+
+def _allowed(call, sel, head: int, Q: int, L: int) -> torch.Tensor:
+    """(Q, L) bool: which keys each query of this head may attend to (causal and mask rules)."""
+    allowed = torch.ones(Q, L, dtype=torch.bool)
+    if sel.is_causal:
+        off = int(sel.meta.get("causal_offset", 0) or 0)
+        allowed &= torch.ones(Q, L, dtype=torch.bool).tril(diagonal=off)
+    mask = call.mask
+    if mask is not None:
+        m = mask[0] if mask.shape[0] > 0 else mask                            # (1|H, Q, L)
+        m = m[head if m.shape[0] > 1 else 0][-Q:, :L]                        # (Q, L)
+        allowed &= m.cpu() if m.dtype == torch.bool else (m.cpu() > float("-inf"))
+    return allowed
+
+
+def _attention(call, path, layer, head, heads: HeadMap, query, top_k, display) -> AttentionView:
+    from gatherlens.trace.builders import record_index_select
+
+    sel = call.selection
+    kv = heads.kv_of(head)
+    q = call.query[0, head].detach().float().cpu()                          # (Q, D)
+    k = call.key[0, kv].detach().float().cpu()                              # (L, D)
+    v = call.value[0, kv].detach().float().cpu()                            # (L, Dv)
+    Q, L = q.shape[0], k.shape[0]
+    scale = float(sel.meta.get("scale") or call.scale or q.shape[-1] ** -0.5)
+    logits = (q @ k.T) * scale                                               # (Q, L)
+    allowed = _allowed(call, sel, head, Q, L)                                # (Q, L)
+    if call.mask is not None and call.mask.dtype != torch.bool:
+        m = call.mask[0][head if call.mask.shape[1] > 1 else 0][-Q:, :L].float().cpu()
+        logits = logits + m.masked_fill(~allowed, 0.0)
+    scores = logits.masked_fill(~allowed, float("-inf"))                     # (Q, L)
+    dense = torch.softmax(scores, dim=-1).nan_to_num(0.0)                   # (Q, L)
+    indices = sel.indices[0, head].cpu()                                     # (Q, k)
+    weights = sel.weights[0, head].float().cpu()                             # (Q, k)
+    labels = display[-L:] if len(display) >= L else None
+    score_record = sel.to_record(batch=0, head=head, labels=labels)
+    qrow = query - (len(display) - Q) if len(display) >= Q else query        # row in (Q, L)
+    qrow = min(max(qrow, 0), Q - 1)
+    picked = indices[qrow][indices[qrow] >= 0]                               # (k',)
+    qname = display[query] if query < len(display) else str(query)
+    value_record = record_index_select(
+        v, 0, picked, name="V", index_name="topk_idx",
+        call=f"V.index_select(0, topk_idx)  # layer {layer}, KV head {kv}, query {query} {qname!r}",
+        source_row_labels=labels, output_row_labels=[labels[i] for i in picked.tolist()] if labels else None,
+        source_axes=("L", "Dv"), index_axes=("k",), output_axes=("k", "Dv"),
+        meta={"weights": weights[qrow][: picked.numel()].unsqueeze(-1).expand(-1, v.shape[-1])},
+    )
+    w = weights[qrow][: picked.numel()]                                      # (k',)
+    output = (w.unsqueeze(-1) * value_record.output).sum(0)                  # (Dv,)
+    mass = float(dense[qrow, picked].sum()) if picked.numel() else 0.0
+    return AttentionView(layer=layer, module=path, head=head, kv_head=kv, query=query, top_k=top_k,
+                         scale=scale, scores=scores, allowed=allowed, dense=dense, indices=indices,
+                         weights=weights, score_record=score_record, value_record=value_record,
+                         output=output, model_output=call.output[0, head, qrow].detach().float().cpu(),
+                         mass=mass)
+
+
+def _prediction(logits, dense_logits, lm, display) -> Prediction:
+    from gatherlens.trace.builders import record_gather
+
+    row = logits[0, -1:].detach().float().cpu()                              # (1, V)
+    top = torch.topk(row, 5, dim=-1)                                         # (1, 5)
+    probs = torch.softmax(row[0], dim=-1)                                    # (V,)
+    ids = top.indices[0].tolist()
+    toks = [shown_token(lm.tokenizer.decode([i])) for i in ids]
+    rec = record_gather(
+        row, 1, top.indices, name="logits", index_name="top5",
+        call="logits[:, -1].gather(-1, top5)  # the row of the last position",
+        source_col_labels={i: s for i, s in zip(ids, toks)}, source_row_labels=[display[-1]],
+        output_row_labels=[display[-1]], source_axes=("1", "V"), index_axes=("1", "5"),
+        output_axes=("1", "5"),
+    )
+    drow = dense_logits[0, -1].detach().float().cpu()                        # (V,)
+    dprobs = torch.softmax(drow, dim=-1)
+    dtop = torch.topk(drow, 5)
+    return Prediction(
+        record=rec,
+        top=[(i, s, float(row[0, i]), float(probs[i])) for i, s in zip(ids, toks)],
+        dense_top=[(i, shown_token(lm.tokenizer.decode([i])), float(drow[i]), float(dprobs[i]))
+                   for i in dtop.indices.tolist()],
+    )

@@ -1,0 +1,257 @@
+"""The report's words, in English and Chinese (the article's readers read Chinese).
+
+    >>> say("tokens_title", "zh")
+    '1. 文本 → token → id'
+
+Kept short and concrete: every sentence names what the reader sees in the picture next to it.
+"""
+from __future__ import annotations
+
+from gatherlens.errors import GatherValueError
+
+LANGS = ("en", "zh")
+
+STRINGS: dict[str, dict[str, str]] = {
+    "page_title": {"en": "The gathers of {model} on your text",
+                   "zh": "{model} 在你的文本上做的 gather"},
+    "intro": {
+        "en": "A Transformer moves data around with gathers: an index says which rows to copy, "
+              "and the copy is the result. This page runs {model} once on your text and draws "
+              "every step of the article's story with the real model's tensors: the embedding "
+              "lookup, the top-k selection in attention, the gather of value rows, and the "
+              "prediction. Every figure is also saved as its own SVG file.",
+        "zh": "Transformer 靠 gather 搬运数据：索引说明要复制哪些行，复制出来的就是结果。本页用 {model} "
+              "在你的文本上运行一次，用真实模型的张量画出原文讲的每一步：嵌入查找、注意力中的 top-k 选择、"
+              "value 行的 gather，以及下一个 token 的预测。每张图也单独保存为 SVG 文件。",
+    },
+    "facts": {
+        "en": "{cls} · {layers} layers · {q_heads} query heads over {kv_heads} key/value heads · "
+              "vocabulary V = {vocab:,} · hidden size d = {d} · top-k attention with k = {k}",
+        "zh": "{cls} · {layers} 层 · {q_heads} 个查询头共用 {kv_heads} 个键/值头 · 词表大小 V = {vocab:,} · "
+              "隐藏维度 d = {d} · top-k 注意力，k = {k}",
+    },
+    "your_text": {"en": "Your text", "zh": "你的文本"},
+    "toc": {"en": "Contents", "zh": "目录"},
+    # 1. tokens
+    "tokens_title": {"en": "1. Text → tokens → ids", "zh": "1. 文本 → token → id"},
+    "tokens_body": {
+        "en": "The tokenizer cuts the text into {n} tokens and gives each one an id. An id is "
+              "nothing but a row number: the next step uses it to pick a row of a table. "
+              "(␣ marks a leading space, which belongs to the token.)",
+        "zh": "分词器把文本切成 {n} 个 token，并给每个 token 一个 id。id 只是一个行号：下一步用它去表里取一行。"
+              "（␣ 表示 token 开头的空格，它是 token 的一部分。）",
+    },
+    "tokens_bytes": {
+        "en": "Tokens written like <0xE7> are single bytes: byte-level BPE has no token for some "
+              "characters, so it splits them into their UTF-8 bytes (猫 = <0xE7><0x8C><0xAB>), "
+              "and each byte is a token with its own row in the table.",
+        "zh": "写成 <0xE7> 这样的 token 是单个字节：字节级 BPE 对某些字符没有现成的 token，就把它们拆成 UTF-8 字节"
+              "（猫 = <0xE7><0x8C><0xAB>），每个字节都是一个 token，在表里有自己的一行。",
+    },
+    "col_pos": {"en": "position", "zh": "位置"},
+    "col_token": {"en": "token", "zh": "token"},
+    "col_id": {"en": "id", "zh": "id"},
+    # 2. embedding
+    "emb_title": {"en": "2. Gather #1: the embedding lookup", "zh": "2. 第一次 gather：嵌入查找"},
+    "emb_body": {
+        "en": "The table {sym} has one row per vocabulary entry: shape ({V:,}, {d}). Each id picks "
+              "its whole row, so the {n} ids read {n} rows and nothing else ({kb} of the table's "
+              "{mb}). The picture elides the table with ⋮ and … but keeps every picked row visible, "
+              "labelled with its token; each output row is coloured like the row it was copied from.",
+        "zh": "表 {sym} 为词表中的每个词存一行：形状为 ({V:,}, {d})。每个 id 取出整行，所以 {n} 个 id 只读 {n} 行，"
+              "别的都不读（读了 {kb}，整张表有 {mb}）。图中用 ⋮ 和 … 省略了表的大部分，但每个被取的行都保留并标上"
+              "它的 token；每个输出行的颜色与它复制自的那一行相同。",
+    },
+    "emb_extra_title": {"en": "2b. The other lookups: positions and token types",
+                        "zh": "2b. 另外两次查找：位置和 token 类型"},
+    "emb_extra_body": {
+        "en": "{model} is a BERT-style encoder: it does two more embedding gathers. The position "
+              "table is indexed by each token's position (0, 1, 2, …), the token-type table by its "
+              "segment (all 0 for one sentence, so every token picks the same row). The three rows "
+              "of each token are added to give the layer input.",
+        "zh": "{model} 是 BERT 式的编码器：它还要做两次嵌入 gather。位置表用每个 token 的位置（0, 1, 2, …）索引，"
+              "token 类型表用它所属的句段索引（只有一个句子时全是 0，所以每个 token 都取同一行）。"
+              "每个 token 的三行相加，就是第一层的输入。",
+    },
+    "emb_rope": {
+        "en": "{model} has no position table: it rotates queries and keys by their position "
+              "(RoPE) instead, so the word-table lookup is its only embedding gather.",
+        "zh": "{model} 没有位置表：它按位置旋转查询和键（RoPE），所以词表查找是它唯一的嵌入 gather。",
+    },
+    # 3. heads
+    "heads_title": {"en": "3. Which query heads share which key/value head",
+                    "zh": "3. 哪些查询头共用哪个键/值头"},
+    "heads_gqa": {
+        "en": "Grouped-query attention: {q} query heads, but only {kv} key/value heads. Each group "
+              "of {g} query heads reads the same K and V rows, so the keys and values (and the KV "
+              "cache) are {g}× smaller. Query head h uses key/value head h // {g}. The report "
+              "follows query head {head}, which reads key/value head {kvh}.",
+        "zh": "分组查询注意力（GQA）：{q} 个查询头，却只有 {kv} 个键/值头。每组 {g} 个查询头读同一份 K 和 V 的行，"
+              "所以键、值（以及 KV 缓存）小了 {g} 倍。查询头 h 使用键/值头 h // {g}。本报告跟踪查询头 {head}，"
+              "它读键/值头 {kvh}。",
+    },
+    "heads_mha": {
+        "en": "Multi-head attention: each of the {q} query heads has its own key/value head, so "
+              "nothing is shared. The report follows head {head}.",
+        "zh": "多头注意力：{q} 个查询头各有自己的键/值头，没有共享。本报告跟踪第 {head} 个头。",
+    },
+    "heads_q": {"en": "query heads", "zh": "查询头"},
+    "heads_kv": {"en": "key/value heads", "zh": "键/值头"},
+    # 4. scores
+    "scores_title": {"en": "4. Gather #2: each query picks its top-{k} keys",
+                     "zh": "4. 第二次 gather：每个查询挑出分数最高的 {k} 个键"},
+    "scores_body": {
+        "en": "Layer {layer}, query head {head}. Each row is a query (a token asking), each column a "
+              "key (a token being asked). The number in a cell is the score q·k × {scale:.3g}; the "
+              "colour is the weight dense attention would give that key (darker = more). {why} "
+              "Top-k attention keeps only the {k} highest scores of "
+              "each row (outlined in red) and ignores the rest: those keys' scores and value "
+              "rows are gathered, everything else is never read.",
+        "zh": "第 {layer} 层，查询头 {head}。每一行是一个查询（提问的 token），每一列是一个键（被问的 token）。"
+              "格子里的数是分数 q·k × {scale:.3g}；颜色是稠密注意力会给这个键的权重（越深越大）。{why}"
+              "Top-k 注意力只保留每行分数最高的 {k} 个（红框），其余的忽略：只 gather 这些键的分数和 value 行，"
+              "其他的根本不读。",
+    },
+    "why_causal": {"en": "Grey cells are not allowed: a token cannot look at tokens after it.",
+                   "zh": "灰色格子不允许看：一个 token 不能看它后面的 token。"},
+    "why_masked": {"en": "Grey cells are not allowed (masked).", "zh": "灰色格子不允许看（被掩码遮住）。"},
+    "why_none": {"en": "Every key is allowed: an encoder lets each token look both ways.",
+                 "zh": "所有键都允许看：编码器让每个 token 前后都能看。"},
+    "scores_legend": {
+        "en": "red outline = kept by top-{k} · colour = dense softmax weight · grey = not allowed",
+        "zh": "红框 = top-{k} 保留 · 颜色 = 稠密 softmax 权重 · 灰色 = 不允许",
+    },
+    "scores_axes": {"en": "queries ↓ · keys →", "zh": "查询 ↓ · 键 →"},
+    "score_gather_body": {
+        "en": "The same selection as a gather: topk_idx holds, for each query, the key positions "
+              "it kept (best first; -1 where fewer keys were allowed). scores.gather(-1, topk_idx) "
+              "copies their scores into a small (Q, k) tensor, and the softmax runs over that "
+              "tensor only.",
+        "zh": "同一个选择写成 gather：topk_idx 为每个查询记下它保留的键位置（从高到低；允许的键不足 k 个时填 -1）。"
+              "scores.gather(-1, topk_idx) 把这些分数复制进一个小的 (Q, k) 张量，softmax 只在它上面算。",
+    },
+    # 5. values
+    "values_title": {"en": "5. Gather #3: the value rows of one query",
+                     "zh": "5. 第三次 gather：一个查询的 value 行"},
+    "values_body": {
+        "en": "Query {q} ({tok}) kept keys {keys}. Their rows of V (key/value head {kvh}) are "
+              "gathered and summed with the softmax weights of the kept scores: "
+              "out = {formula}. These {n} keys hold {mass:.1%} of the weight dense attention "
+              "would spread over all {allowed} allowed keys.",
+        "zh": "查询 {q}（{tok}）保留了键 {keys}。它们在 V（键/值头 {kvh}）中的行被 gather 出来，"
+              "按保留分数的 softmax 权重加权求和：out = {formula}。稠密注意力会把权重分给全部 {allowed} 个允许的键，"
+              "而这 {n} 个键占了其中的 {mass:.1%}。",
+    },
+    "sink": {
+        "en": "Most of the weight ({w:.0%}) lands on the first token, {tok}, whatever it says: many "
+              "heads use it as a resting place when nothing else matters (an “attention sink”). "
+              "Try another --layer or --head to see heads that look at meaning.",
+        "zh": "大部分权重（{w:.0%}）落在第一个 token {tok} 上，不管它是什么词：很多头在没有别的需要关注时就把注意力"
+              "放在那里（所谓“注意力汇点” attention sink）。换一个 --layer 或 --head 可以看到关注词义的头。",
+    },
+    "col_key": {"en": "key", "zh": "键"},
+    "col_score": {"en": "score", "zh": "分数"},
+    "col_weight": {"en": "top-k weight", "zh": "top-k 权重"},
+    "col_dense": {"en": "dense weight", "zh": "稠密权重"},
+    # 6. prediction
+    "pred_title": {"en": "6. The next token: a row of the logits",
+                   "zh": "6. 下一个 token：logits 的一行"},
+    "pred_body": {
+        "en": "After the last layer the model scores every vocabulary entry for the next token: "
+              "one row of {V:,} logits for the last position ({tok}). Picking the best five is one "
+              "more gather, logits.gather(-1, top5). With top-k attention (k = {k}) the model "
+              "predicts {best}; with dense attention it predicts {dense}.",
+        "zh": "最后一层之后，模型为下一个 token 给词表里的每一项打分：最后一个位置（{tok}）的一行，共 {V:,} 个 logits。"
+              "挑出最好的五个又是一次 gather：logits.gather(-1, top5)。用 top-k 注意力（k = {k}）时模型预测 {best}；"
+              "用稠密注意力时预测 {dense}。",
+    },
+    "pred_tied": {
+        "en": " The LM head of {model} is the embedding table itself (tied weights): logit i is "
+              "the dot product of the last hidden state with row i of the table from step 2.",
+        "zh": " {model} 的输出层就是嵌入表本身（权重共享）：第 i 个 logit 是最后的隐藏状态与第 2 步那张表第 i 行的点积。",
+    },
+    "pred_none": {
+        "en": "{model} is an encoder: it predicts no next token. Its output is one vector per "
+              "token (for sentence embeddings, their mean), so this step is left out.",
+        "zh": "{model} 是编码器：它不预测下一个 token。它的输出是每个 token 一个向量（句向量取它们的平均），"
+              "所以这一步略去。",
+    },
+    "col_rank": {"en": "rank", "zh": "名次"},
+    "col_logit": {"en": "logit", "zh": "logit"},
+    "col_prob": {"en": "probability", "zh": "概率"},
+    "topk_run": {"en": "top-k attention (k = {k})", "zh": "top-k 注意力（k = {k}）"},
+    "dense_run": {"en": "dense attention", "zh": "稠密注意力"},
+    # 7. table
+    "table_title": {"en": "7. Every gather of the forward pass", "zh": "7. 前向传播中的每一次 gather"},
+    "table_body": {
+        "en": "gatherlens.trace() watched every torch call of the forward pass and kept the "
+              "gather-like ones: {events} calls, {bytes} read in all. Calls of the same op in the "
+              "same place of every layer are grouped (layers.* = all layers).",
+        "zh": "gatherlens.trace() 观察了前向传播里的每一个 torch 调用，留下所有类似 gather 的操作：共 {events} 次调用，"
+              "总共读取 {bytes}。同一操作在每一层同一位置的调用合并为一行（layers.* 表示所有层）。",
+    },
+    "table_kernel": {
+        "en": "The gather and scatter calls inside attention come from the top-k kernel itself: "
+              "it gathers the kept scores and key positions, chunk by chunk.",
+        "zh": "注意力模块里的 gather 和 scatter 调用来自 top-k 内核本身：它分块 gather 保留下来的分数和键位置。",
+    },
+    "col_op": {"en": "op", "zh": "操作"},
+    "col_meaning": {"en": "what it does", "zh": "作用"},
+    "col_module": {"en": "module", "zh": "模块"},
+    "col_count": {"en": "calls", "zh": "次数"},
+    "col_shapes": {"en": "source → index → output (first call)", "zh": "源 → 索引 → 输出（第一次调用）"},
+    "col_bytes": {"en": "bytes read", "zh": "读取字节"},
+    "total": {"en": "total", "zh": "合计"},
+    # footer
+    "files_title": {"en": "Files", "zh": "文件"},
+    "files_body": {"en": "Each figure of this page is also in its own SVG file beside it:",
+                   "zh": "本页的每张图也单独保存在旁边的 SVG 文件中："},
+    "rerun": {"en": "Made with", "zh": "生成命令"},
+}
+
+
+# what each traced op means, for the table's legend
+OPS: dict[str, dict[str, str]] = {
+    "embedding": {"en": "a table lookup: each id picks a row (step 2)",
+                  "zh": "查表：每个 id 取一行（第 2 步）"},
+    "topk_attention": {"en": "each query picks its top-k keys, then their scores and value rows "
+                             "are gathered (steps 4 and 5)",
+                       "zh": "每个查询挑出 top-k 个键，再 gather 它们的分数和 value 行（第 4、5 步）"},
+    "gather": {"en": "torch.gather: one element per index entry",
+               "zh": "torch.gather：索引中的每个元素取一个值"},
+    "index_select": {"en": "whole slices picked by a 1-D index", "zh": "按一维索引取整片"},
+    "take_along_dim": {"en": "gather with broadcasting", "zh": "带广播的 gather"},
+    "take": {"en": "elements of the flattened tensor", "zh": "按展平后的位置取元素"},
+    "index": {"en": "advanced indexing x[idx]", "zh": "高级索引 x[idx]"},
+    "scatter": {"en": "a write by index (the mirror of gather)", "zh": "按索引写入（gather 的镜像）"},
+    "scatter_add": {"en": "an add by index", "zh": "按索引累加"},
+    "index_put": {"en": "a write by index, e.g. into a KV cache", "zh": "按索引写入，例如写进 KV 缓存"},
+    "index_copy": {"en": "rows written by index, e.g. into a static KV cache",
+                   "zh": "按索引写入整行，例如写进静态 KV 缓存"},
+    "cross_entropy": {"en": "the loss gathers each target's log-probability",
+                      "zh": "损失函数 gather 每个目标 token 的对数概率"},
+    "nll_loss": {"en": "the loss gathers each target's log-probability",
+                 "zh": "损失函数 gather 每个目标 token 的对数概率"},
+}
+
+
+def op_meaning(op: str, lang: str) -> str:
+    """One short phrase saying what a traced op does ("" for an op not listed)."""
+    return OPS.get(op, {}).get(lang, "")
+
+
+def say(key: str, lang: str, **fmt) -> str:
+    """The string `key` in `lang`, formatted with `fmt`."""
+    if lang not in LANGS:
+        raise GatherValueError(f"lang must be one of {LANGS}, got {lang!r}")
+    return STRINGS[key][lang].format(**fmt)
+
+
+def human_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
