@@ -30,3 +30,9 @@ if [ "${1:-}" = "--test" ] && [ ! -x /usr/bin/chromium ]; then
     echo "note: /usr/bin/chromium missing; the browser tests will be skipped" >&2
   fi
 fi
+if [ "${1:-}" = "--test" ] && [ ! -d /usr/lib/R/site-library/janeaustenr ] \
+   && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  # Real prose nobody here wrote, for `gatherlens eval` and its test (optional: falls back to pydoc).
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq r-cran-janeaustenr >/dev/null \
+    || echo "note: r-cran-janeaustenr not installed; the Austen test will be skipped" >&2
+fi

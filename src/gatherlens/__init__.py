@@ -44,6 +44,8 @@ _EXPORTS = {
     "GatherDiagnosticWarning": "gatherlens.trace",
     "TraceEvent": "gatherlens.trace",
     # models (transformers) at the edge
+    "load": "gatherlens.models",
+    "LoadedModel": "gatherlens.models",
     "use_topk_attention": "gatherlens.models",
     "use_dense_attention": "gatherlens.models",
     # errors

@@ -1,0 +1,223 @@
+"""Top-k attention inside any Hugging Face model, through transformers' attention interface.
+
+    >>> lm = load("smollm2")
+    >>> use_topk_attention(lm.model, top_k=32)          # every layer now gathers 32 keys per query
+    >>> lm.model.generate(ids, max_new_tokens=8)
+    >>> use_dense_attention(lm.model)                   # back to SDPA
+    >>> AutoModel.from_pretrained(path, attn_implementation="gatherlens_topk")  # after register()
+
+The function registered as "gatherlens_topk" receives what transformers gives every attention
+kernel: query (B, Hq, Q, D), key/value (B, Hkv, L, D) (after RoPE and the KV cache) and the mask
+built by transformers' SDPA mask function: None (plain causal, or no padding) or a 4-D bool mask
+(True = attend) holding causality and padding together. It calls `gatherlens.ops.attention.
+topk_attention` with the same rules SDPA would get, so with top_k >= L its logits match SDPA's.
+
+Observers (`observe_attention`) see every call with its tensors and selection: the eval metrics
+and the tracer use them; no observer, no extra cost.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from gatherlens.errors import GatherTypeError, GatherValueError
+
+__all__ = [
+    "ATTN_NAME", "register", "use_topk_attention", "use_dense_attention", "topk_settings",
+    "AttentionCall", "observe_attention", "last_selections",
+]
+
+ATTN_NAME = "gatherlens_topk"
+DEFAULT_TOP_K = 32
+_observers: list[Callable[["AttentionCall"], None]] = []
+
+
+@dataclass
+class AttentionCall:
+    """One attention call inside a model, as the observers see it."""
+
+    module: torch.nn.Module
+    layer: int | None        # module.layer_idx when the model has one
+    query: torch.Tensor      # (B, Hq, Q, D)
+    key: torch.Tensor        # (B, Hkv, L, D)
+    value: torch.Tensor      # (B, Hkv, L, Dv)
+    mask: torch.Tensor | None  # (B|1, 1|H, Q, L) bool (True = attend) / additive float, or None
+    is_causal: bool          # top-left causal rule, used only when mask is None
+    scale: float | None
+    top_k: int
+    output: torch.Tensor     # (B, Hq, Q, Dv)
+    selection: object | None  # AttentionSelection when one was asked for
+
+
+def _topk_kernel():
+    """The project's top-k attention (gatherlens.ops.attention.topk_attention)."""
+    from gatherlens.ops.attention import topk_attention
+
+    return topk_attention
+
+
+def topk_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                           scaling: float | None = None, is_causal: bool | None = None, **kwargs):
+    """The function transformers calls per layer; returns (output (B, Q, Hq, Dv), None).
+
+    `dropout` is not applied (top-k attention is for inference and analysis); no attention
+    weights are returned (output_attentions gets None, as with SDPA).
+    """
+    if kwargs.get("softcap") is not None:
+        raise GatherValueError("attention softcap is not supported by gatherlens_topk attention")
+    if kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None:
+        raise GatherValueError("position_bias / attention sinks are not supported by gatherlens_topk attention")
+    top_k = topk_settings(module)["top_k"]
+    Q, L = query.shape[2], key.shape[2]                           # query (B, Hq, Q, D), key (B, Hkv, L, D)
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    # The rule SDPA gets from transformers: causal only for a plain prefill with no mask.
+    is_causal = bool(Q > 1 and attention_mask is None and is_causal)
+    if is_causal and L > Q:  # prefill into an empty static cache: keys past Q are unused
+        key, value = key[:, :, :Q], value[:, :, :Q]                # (B, Hkv, Q, D)
+    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-1] > key.shape[2]:
+        attention_mask = attention_mask[..., : key.shape[2]]       # (B, 1, Q, L)
+    tracing = _tracing()
+    want_sel = topk_settings(module)["keep_selection"] or bool(_observers) or tracing
+    with _pause_tracer() if tracing else contextlib.nullcontext():  # one event, not its internals
+        result = _topk_kernel()(
+            query, key, value, top_k, is_causal=is_causal, attn_mask=attention_mask, scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1], return_selection=want_sel,
+        )
+    out, sel = result if want_sel else (result, None)              # out (B, Hq, Q, Dv)
+    if sel is not None:
+        layer = getattr(module, "layer_idx", None)
+        sel.meta.setdefault("layer", layer)
+        if topk_settings(module)["keep_selection"]:
+            module.gatherlens_selection = sel
+        if tracing:
+            from gatherlens.trace import tracer
+
+            tracer.emit_attention_selection(sel, query=query, key=key, value=value, output=out)
+        call = AttentionCall(module, layer, query, key, value, attention_mask, is_causal, scaling,
+                             top_k, out, sel)
+        for observer in list(_observers):
+            observer(call)
+    return out.transpose(1, 2).contiguous(), None                  # (B, Q, Hq, Dv)
+
+
+def _tracing() -> bool:
+    from gatherlens.trace import tracer
+
+    return tracer.is_tracing()
+
+
+def _pause_tracer():
+    from gatherlens.trace import tracer
+
+    return tracer.paused()
+
+
+def register() -> None:
+    """Register "gatherlens_topk" with transformers' attention and mask interfaces (idempotent).
+
+    The mask function is transformers' own SDPA one, so padding, causality and sliding windows
+    reach the kernel exactly as they reach SDPA.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(ATTN_NAME, topk_attention_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_NAME, sdpa_mask)
+
+
+def topk_settings(module: torch.nn.Module) -> dict:
+    """The top-k settings an attention module runs with (set by use_topk_attention)."""
+    top_k = getattr(module, "gatherlens_top_k", None)
+    if top_k is None:
+        top_k = getattr(getattr(module, "config", None), "gatherlens_top_k", None) or DEFAULT_TOP_K
+    return {"top_k": top_k, "keep_selection": bool(getattr(module, "gatherlens_keep_selection", False))}
+
+
+def _check_model(model) -> None:
+    if not hasattr(model, "set_attn_implementation") or not hasattr(model, "config"):
+        raise GatherTypeError(
+            f"model must be a transformers PreTrainedModel (or a LoadedModel), got {type(model).__name__}"
+        )
+
+
+def _unwrap(model):
+    return getattr(model, "model", model) if not hasattr(model, "set_attn_implementation") else model
+
+
+def use_topk_attention(model, top_k: int = DEFAULT_TOP_K, *, keep_selection: bool = False):
+    """Switch every attention layer of `model` to top-k attention with this `top_k`.
+
+    keep_selection: store each layer's last AttentionSelection as `module.gatherlens_selection`
+    (see `last_selections(model)`), for pictures. Returns the model.
+    """
+    model = _unwrap(model)
+    _check_model(model)
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise GatherTypeError(f"top_k must be a positive int, got {top_k!r} of type {type(top_k).__name__}")
+    if top_k < 1:
+        raise GatherValueError(f"top_k {top_k} is outside the valid range [1, inf): pick at least one key")
+    register()
+    previous = model.config._attn_implementation
+    if previous != ATTN_NAME:
+        model.config.gatherlens_dense_attention = previous or "sdpa"
+    model.set_attn_implementation(ATTN_NAME)
+    if model.config._attn_implementation != ATTN_NAME:
+        raise GatherValueError(
+            f"{type(model).__name__} cannot switch its attention implementation (it does not use "
+            f"transformers' AttentionInterface), so top-k attention cannot be plugged in"
+        )
+    model.config.gatherlens_top_k = top_k
+    for m in model.modules():
+        if hasattr(m, "config") and m is not model:
+            m.gatherlens_top_k = top_k
+            m.gatherlens_keep_selection = keep_selection
+    return model
+
+
+def use_dense_attention(model, attn_implementation: str | None = None):
+    """Switch `model` back to the attention it had before top-k (SDPA by default). Returns it."""
+    model = _unwrap(model)
+    _check_model(model)
+    target = attn_implementation or getattr(model.config, "gatherlens_dense_attention", None) or "sdpa"
+    model.set_attn_implementation(target)
+    for m in model.modules():
+        for name in ("gatherlens_top_k", "gatherlens_keep_selection", "gatherlens_selection"):
+            if name in m.__dict__:
+                delattr(m, name)
+    return model
+
+
+@contextlib.contextmanager
+def topk_attention_enabled(model, top_k: int, **kw):
+    """`with topk_attention_enabled(model, 32): ...` then back to the previous attention."""
+    model = _unwrap(model)
+    before = model.config._attn_implementation
+    before_k = getattr(model.config, "gatherlens_top_k", None)
+    use_topk_attention(model, top_k, **kw)
+    try:
+        yield model
+    finally:
+        if before == ATTN_NAME and before_k is not None:
+            use_topk_attention(model, before_k)
+        else:
+            use_dense_attention(model, before)
+
+
+def last_selections(model) -> dict[str, object]:
+    """module path -> the AttentionSelection its last call made (needs keep_selection=True)."""
+    model = _unwrap(model)
+    return {name: m.gatherlens_selection for name, m in model.named_modules()
+            if "gatherlens_selection" in m.__dict__}
+
+
+@contextlib.contextmanager
+def observe_attention(observer: Callable[[AttentionCall], None]):
+    """Call `observer(call)` for every top-k attention call inside the block."""
+    _observers.append(observer)
+    try:
+        yield
+    finally:
+        _observers.remove(observer)

@@ -1,0 +1,272 @@
+"""`load(name_or_path)`: a real model and its tokenizer, offline, in float32.
+
+    >>> lm = load("smollm2")                          # SmolLM2-135M-Instruct (the default)
+    >>> ids = lm.encode("The cat sat on the mat.")    # (1, S) token ids
+    >>> logits = lm.model(ids).logits                 # (1, S, 49152)
+    >>> lm = load("minilm")                           # all-MiniLM-L6-v2, a BERT encoder
+    >>> lm = load("/path/to/hf-folder")               # any local Hugging Face model folder
+
+A GGUF source (SmolLM2, or any .gguf path) is dequantized once by transformers (tens of seconds)
+and saved as a plain safetensors folder in the user cache (see `gatherlens.models.cache`); later
+loads read that folder in well under two seconds. Nothing touches the network: HF_HUB_OFFLINE is
+set and every from_pretrained call passes local_files_only=True.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from gatherlens.errors import GatherValueError
+from gatherlens.models import cache as _cache
+from gatherlens.models.registry import ModelSource, resolve
+
+__all__ = ["load", "LoadedModel", "TRANSFORMERS_RANGE"]
+
+# The transformers line this module is written against (5.x changed the cache objects, the
+# attention interface's mask handling and `dtype=` in from_pretrained); checked at load time.
+TRANSFORMERS_RANGE = (">=5.0", "<6")
+CACHE_FORMAT = 1  # bump when the cached folder's layout changes
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class LoadedModel:
+    """A loaded model: `.model` (a transformers PreTrainedModel, eval mode), `.tokenizer`, `.name`."""
+
+    name: str
+    model: Any
+    tokenizer: Any
+    source: Path                      # the .gguf file or the model folder it came from
+    cache_dir: Path | None = None     # the converted folder, for GGUF sources
+    from_cache: bool = False          # True when read from an existing converted folder
+    seconds: float = 0.0              # wall time of load()
+    info: dict = field(default_factory=dict)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def is_causal(self) -> bool:
+        """True for decoder LMs (Llama, GPT-2, ...), False for encoders such as BERT."""
+        name = type(self.model).__name__
+        return name.endswith(("ForCausalLM", "LMHeadModel")) or bool(getattr(self.config, "is_decoder", False))
+
+    def encode(self, text: str | list[str], **kw):
+        """Token ids of `text` as a (B, S) int64 tensor; keyword args go to the tokenizer."""
+        kw.setdefault("return_tensors", "pt")
+        return self.tokenizer(text, **kw)["input_ids"]
+
+    def token_strings(self, ids) -> list[str]:
+        """One readable string per token id (decoded alone, so ' cat' keeps its space)."""
+        ids = ids.reshape(-1).tolist() if hasattr(ids, "reshape") else list(ids)
+        return [self.tokenizer.decode([i]) for i in ids]
+
+    def __repr__(self) -> str:
+        cfg = self.model.config
+        return (f"LoadedModel(name={self.name!r}, arch={cfg.model_type!r}, "
+                f"layers={getattr(cfg, 'num_hidden_layers', '?')}, "
+                f"params={sum(p.numel() for p in self.model.parameters()):,}, "
+                f"from_cache={self.from_cache}, seconds={self.seconds:.2f})")
+
+
+def load(
+    name_or_path: str | os.PathLike = "smollm2",
+    *,
+    top_k: int | None = None,
+    attn_implementation: str | None = None,
+    use_cache_dir: bool = True,
+    rebuild: bool = False,
+    progress: bool | Progress | None = None,
+) -> LoadedModel:
+    """Load a model by name ("smollm2", "minilm") or local path, offline, in float32.
+
+    top_k: switch every attention layer to gatherlens' top-k attention with this k.
+    attn_implementation: passed to from_pretrained ("sdpa", "eager", "gatherlens_topk", ...).
+    use_cache_dir: keep the converted copy of a GGUF source in the user cache (default True).
+    rebuild: convert again even when a valid cached copy exists.
+    progress: None/False (silent), True (a rich status line on stderr), or a callable that gets
+        one message per stage.
+    """
+    start = time.perf_counter()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    with _reporter(progress) as say:
+        say("finding the model files")
+        source = resolve(name_or_path)
+        _check_transformers()
+        if attn_implementation == "gatherlens_topk" or top_k is not None:
+            from gatherlens.models.attention import register
+
+            register()
+        with _quiet_transformers():
+            if source.kind == "gguf":
+                lm = _load_gguf(source, attn_implementation, use_cache_dir, rebuild, say)
+            else:
+                say(f"reading {source.path.name}")
+                model, tok = _from_folder(source.path, attn_implementation)
+                lm = LoadedModel(source.name, model, tok, source.path)
+        if top_k is not None:
+            from gatherlens.models.attention import use_topk_attention
+
+            use_topk_attention(lm.model, top_k=top_k)
+        lm.seconds = time.perf_counter() - start
+        say(f"loaded {lm.name} in {lm.seconds:.1f} s")
+    return lm
+
+
+# -- the two kinds of source -------------------------------------------------------------------
+def _from_folder(folder: Path, attn_implementation: str | None):
+    """A Hugging Face folder -> (model in eval mode, tokenizer), local files only."""
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    archs = getattr(config, "architectures", None) or []
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        auto = AutoModelForCausalLM
+    elif any(a.endswith("ForMaskedLM") for a in archs):
+        auto = AutoModelForMaskedLM
+    else:
+        auto = AutoModel
+    kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    # the tokenizer (Rust, mostly outside the GIL) loads while the weights do
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        tokenizer = pool.submit(AutoTokenizer.from_pretrained, folder, local_files_only=True)
+        model = auto.from_pretrained(folder, config=config, dtype=torch.float32, local_files_only=True, **kw)
+        return model.eval(), tokenizer.result()
+
+
+def _load_gguf(source: ModelSource, attn_impl, use_cache_dir: bool, rebuild: bool, say) -> LoadedModel:
+    if not use_cache_dir:
+        model, tok = _convert_gguf(source.path, say)
+        return LoadedModel(source.name, model, tok, source.path, info={"converted": True})
+    say(f"hashing {source.path.name}")
+    digest = _cache.file_sha256(source.path)
+    folder = _cache.entry_dir(source.name, digest)
+    if not rebuild and _cache.is_valid(folder):
+        say(f"reading the converted copy in {folder}")
+        try:
+            model, tok = _from_folder(folder, attn_impl)
+            return LoadedModel(source.name, model, tok, source.path, folder, from_cache=True,
+                               info={"sha256": digest})
+        except Exception as err:  # damaged in a way the manifest could not see: rebuild it
+            say(f"the cached copy is damaged ({type(err).__name__}); converting again")
+    elif folder.exists() and not rebuild:
+        say("the cached copy is damaged or incomplete; converting again")
+    try:
+        _cache.discard(folder)
+    except OSError:
+        pass
+    model, tok = _convert_gguf(source.path, say)
+    say(f"saving the converted model to {folder}")
+
+    def fill(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+
+    meta = {"format": CACHE_FORMAT, "source": str(source.path), "source_sha256": digest,
+            "transformers": _transformers_version()}
+    try:
+        _cache.build_atomically(folder, fill, meta)
+    except OSError as err:  # unwritable cache: keep going with the in-memory model
+        say(f"could not write the cache ({err}); using the converted model without caching it")
+        return LoadedModel(source.name, model, tok, source.path, info={"sha256": digest})
+    if attn_impl:
+        model.set_attn_implementation(attn_impl)
+    return LoadedModel(source.name, model, tok, source.path, folder, info={"sha256": digest, "converted": True})
+
+
+def _convert_gguf(path: Path, say):
+    """Dequantize a GGUF file with transformers -> (float32 model, tokenizer), plain modules."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    say(f"reading the tokenizer from {path.name} (one time)")
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    say(f"dequantizing {path.name} to float32 (one time, about half a minute)")
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is not None:  # its own tqdm bar would fight our status line
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32, local_files_only=True
+        )
+    finally:
+        if bar is not None:
+            gguf_utils.tqdm = bar
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:  # the weights are plain float32 now: drop the GGUF marker to save them
+        if any(type(m).__name__.startswith("Gguf") for m in model.modules()):
+            raise GatherValueError(
+                f"model file {str(path)!r} was loaded with packed GGUF layers; gatherlens needs plain "
+                f"float32 modules (install transformers without the `kernels` package)"
+            )
+        quantizer.remove_quantization_config(model)
+    return model.eval(), tok
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def _check_transformers() -> None:
+    version = _transformers_version()
+    major = int(version.split(".")[0])
+    if major != 5:
+        raise GatherValueError(
+            f"transformers {version} is installed; gatherlens.models needs transformers"
+            f"{TRANSFORMERS_RANGE[0]},{TRANSFORMERS_RANGE[1]}"
+        )
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """No transformers progress bars or warnings while loading (our own display says what happens)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _reporter(progress: bool | Progress | None):
+    """Yield say(message): silent, a rich status line on stderr, or the caller's callback."""
+    if not progress:
+        yield lambda message: None
+        return
+    if callable(progress):
+        yield progress
+        return
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    t0 = time.perf_counter()
+    with console.status("loading the model", spinner="dots") as status:
+        def say(message: str) -> None:
+            status.update(f"[bold]{message}[/] [dim]({time.perf_counter() - t0:.1f} s)[/]")
+            if message.startswith(("loaded", "the cached copy", "could not")):
+                console.log(message)
+
+        yield say

