@@ -1,0 +1,248 @@
+"""`gatherlens bench attention`: top-k attention against F.scaled_dot_product_attention.
+
+    gatherlens bench attention                                   # the full grid (~10 min, 2 cores)
+    gatherlens bench attention --mode decode --context 32768 --top-k 64,256 --dtype float32
+
+Shapes:
+- decode: one new query (Q = 1, is_causal=False as transformers passes it) against a cache of
+  L in {4K, 32K, 128K}; 32 query heads over 8 KV heads, head_dim 128 (a Llama-3-8B layer).
+- prefill: Q = L in {1K, 4K, 8K}, causal; 9 query heads over 3 KV heads, head_dim 64 (a
+  SmolLM2-135M layer).
+Batch 1, float32 and bfloat16, top_k in {64, 256, 1024, 2048}, 2 threads.
+
+Every case runs in a fresh subprocess, so its peak memory is its own: the process first runs the
+op once and records the rise of its peak resident set (VmHWM, reset just before) above what the
+inputs already hold ("extra MiB"), then times SDPA and top-k round-robin (noise hits both alike)
+and reports medians and the ratio topk / SDPA (< 1: top-k is faster). SDPA's own extra memory comes
+from one more fresh process per (mode, L, dtype).
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import click
+
+MODES = {
+    # mode: (query heads, kv heads, head_dim, causal, contexts)
+    "decode": (32, 8, 128, False, (4096, 32768, 131072)),
+    "prefill": (9, 3, 64, True, (1024, 4096, 8192)),
+}
+TOP_K = (64, 256, 1024, 2048)
+DTYPES = ("float32", "bfloat16")
+# Cases left out of the default grid to keep it under ~12 minutes on 2 cores (still runnable
+# by naming them with --context/--dtype): bfloat16 at the longest context of each mode.
+SKIP = {("decode", 131072, "bfloat16"), ("prefill", 8192, "bfloat16")}
+
+
+@dataclass
+class Row:
+    mode: str
+    context: int
+    dtype: str
+    top_k: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    threads: int
+    sdpa_s: float
+    topk_s: float
+    ratio: float            # topk_s / sdpa_s
+    sdpa_extra_mib: float   # peak RSS rise of one SDPA call above the inputs
+    topk_extra_mib: float   # same for one topk_attention call
+    inputs_mib: float       # resident set holding the inputs (and torch)
+
+
+# -- inside the fresh process ----------------------------------------------------------------
+
+def _rss_mib(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_extra(fn) -> float:
+    """MiB the peak resident set rises above the current one while fn runs once."""
+    _reset_peak()
+    base = _rss_mib("VmRSS")
+    fn()
+    return max(0.0, _rss_mib("VmHWM") - base)
+
+
+def _inputs(spec):
+    import torch
+
+    dtype = getattr(torch, spec["dtype"])
+    hq, hkv, d = spec["q_heads"], spec["kv_heads"], spec["head_dim"]
+    L = spec["context"]
+    Q = 1 if spec["mode"] == "decode" else L
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, hq, Q, d, generator=g, dtype=dtype)     # (B, Hq, Q, D)
+    k = torch.randn(1, hkv, L, d, generator=g, dtype=dtype)    # (B, Hkv, L, D)
+    v = torch.randn(1, hkv, L, d, generator=g, dtype=dtype)    # (B, Hkv, L, D)
+    return q, k, v
+
+
+def run_case(spec: dict) -> dict:
+    """Run one case in this process: {'sdpa_extra', 'topk_extra', 'sdpa_s', 'topk_s', 'inputs_mib'}."""
+    import torch
+    import torch.nn.functional as F
+
+    from gatherlens.ops.attention import topk_attention
+
+    torch.set_num_threads(spec["threads"])
+    q, k, v = _inputs(spec)
+    causal = spec["causal"]
+    sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    result = {"inputs_mib": _rss_mib("VmRSS")}
+    with torch.inference_mode():
+        if spec["top_k"] is None:
+            result["sdpa_extra"] = _peak_extra(sdpa)
+            return result
+        topk = lambda: topk_attention(q, k, v, spec["top_k"], is_causal=causal, enable_gqa=True)
+        result["topk_extra"] = _peak_extra(topk)
+        sdpa()                                                  # warm-up
+        times = {"sdpa": [], "topk": []}
+        for _ in range(spec["repeats"]):
+            for name, fn in (("sdpa", sdpa), ("topk", topk)):
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+        result.update({f"{n}_s": statistics.median(t) for n, t in times.items()})
+    return result
+
+
+def _worker() -> None:
+    spec = json.loads(sys.stdin.read())
+    print(json.dumps(run_case(spec)))
+
+
+# -- the driver --------------------------------------------------------------------------------
+
+def _fresh(spec: dict) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]))
+    proc = subprocess.run(
+        [sys.executable, "-c", "from gatherlens.bench.attention import _worker; _worker()"],
+        input=json.dumps(spec), capture_output=True, text=True, env=env,
+    )
+    if proc.returncode != 0:
+        raise click.ClickException(f"case {spec} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_grid(modes, contexts, top_ks, dtypes, repeats, threads, progress=None):
+    rows = []
+    for mode in modes:
+        hq, hkv, d, causal, default_contexts = MODES[mode]
+        for L in contexts or default_contexts:
+            for dtype in dtypes:
+                if contexts is None and (mode, L, dtype) in SKIP:
+                    continue
+                spec = dict(mode=mode, context=L, dtype=dtype, q_heads=hq, kv_heads=hkv, head_dim=d,
+                            causal=causal, threads=threads, top_k=None,
+                            repeats=repeats if repeats else _default_repeats(mode, L))
+                base = _fresh(spec)
+                for k in top_ks:
+                    r = _fresh(dict(spec, top_k=k))
+                    rows.append(Row(mode, L, dtype, k, hq, hkv, d, threads, r["sdpa_s"], r["topk_s"],
+                                    r["topk_s"] / r["sdpa_s"], base["sdpa_extra"], r["topk_extra"],
+                                    r["inputs_mib"]))
+                    if progress:
+                        progress(rows[-1])
+    return rows
+
+
+def _default_repeats(mode: str, L: int) -> int:
+    """Timed calls per op: fewer where one call takes seconds (prefill 8K)."""
+    if mode == "prefill":
+        return 1 if L >= 8192 else 3
+    return 5
+
+
+def _ints(text):
+    return tuple(int(x) for x in text.split(",") if x) if text else None
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3g}"
+
+
+@click.command("attention")
+@click.option("--mode", type=click.Choice(["decode", "prefill", "all"]), default="all", show_default=True)
+@click.option("--context", help="comma-separated L values (default: decode 4096,32768,131072; "
+                                "prefill 1024,4096,8192)")
+@click.option("--top-k", "top_k", help="comma-separated k values (default 64,256,1024,2048)")
+@click.option("--dtype", "dtypes", help="comma-separated dtypes (default float32,bfloat16)")
+@click.option("--threads", default=2, show_default=True, help="torch threads in each case")
+@click.option("--repeats", type=int, default=None,
+              help="timed calls per op; the median is reported (default: decode 5, prefill 3, "
+                   "prefill at L >= 8K 1)")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              default="bench-attention.json", show_default=True, help="where to write the results")
+@click.option("--force", is_flag=True, help="overwrite an existing --json file")
+def command(mode, context, top_k, dtypes, threads, repeats, json_path, force):
+    """Time top-k attention against SDPA (decode and prefill), with peak memory per fresh process."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if json_path.exists() and not force:
+        raise click.UsageError(f"{json_path} exists; pass --force to overwrite it")
+    dtypes = tuple(x for x in dtypes.split(",") if x) if dtypes else DTYPES
+    bad = [x for x in dtypes if x not in ("float32", "bfloat16", "float16", "float64")]
+    if bad:
+        raise click.BadParameter(f"unknown dtype(s) {bad}; choose from float32, bfloat16, float16, float64",
+                                 param_hint="--dtype")
+    try:
+        contexts, ks = _ints(context), _ints(top_k) or TOP_K
+    except ValueError as e:
+        raise click.BadParameter(f"expected comma-separated integers ({e})") from None
+    if any(k <= 0 for k in ks):
+        raise click.BadParameter(f"top-k values must be >= 1, got {ks}", param_hint="--top-k")
+    if contexts and any(L <= 0 for L in contexts):
+        raise click.BadParameter(f"contexts must be >= 1, got {contexts}", param_hint="--context")
+    if repeats is not None and repeats < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--repeats")
+    if threads < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--threads")
+    modes = ("decode", "prefill") if mode == "all" else (mode,)
+    console = Console() if sys.stdout.isatty() else Console(width=140)  # no truncated cells in logs
+    start = time.perf_counter()
+    rows = run_grid(modes, contexts, ks, dtypes, repeats, threads,
+                    progress=lambda r: console.log(f"{r.mode} L={r.context} {r.dtype} k={r.top_k}: "
+                                                   f"x{r.ratio:.2f} of SDPA"))
+    table = Table(title=f"top-k attention vs F.scaled_dot_product_attention ({threads} threads, median; "
+                        "ratio = topk / SDPA time, < 1 is faster)")
+    for col in ("mode", "L", "dtype", "k", "heads", "SDPA ms", "top-k ms", "ratio", "SDPA +MiB", "top-k +MiB"):
+        table.add_column(col, justify="left" if col in ("mode", "dtype") else "right")
+    for r in rows:
+        table.add_row(r.mode, str(r.context), r.dtype, str(r.top_k), f"{r.q_heads}/{r.kv_heads}x{r.head_dim}",
+                      _ms(r.sdpa_s), _ms(r.topk_s), f"{r.ratio:.2f}", f"{r.sdpa_extra_mib:.0f}",
+                      f"{r.topk_extra_mib:.0f}")
+    console.print(table)
+    import torch
+
+    meta = {"torch": torch.__version__, "threads": threads, "batch": 1,
+            "decode": "Q=1, is_causal=False, 32 q heads / 8 kv heads, D=128",
+            "prefill": "Q=L, causal, 9 q heads / 3 kv heads, D=64",
+            "skipped": [list(s) for s in sorted(SKIP)] if contexts is None else [],
+            "wall_s": time.perf_counter() - start}
+    json_path.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
+    console.print(f"wrote {json_path}")

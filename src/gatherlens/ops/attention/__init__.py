@@ -1,0 +1,14 @@
+"""The attention gather: softmax-weighted sums, and top-k attention that gathers only the keys
+each query ranks highest.
+
+    >>> from gatherlens.ops.attention import topk_attention, apply_attention_scores
+    >>> out, sel = topk_attention(q, k, v, top_k=32, is_causal=True, return_selection=True)
+
+References (plain loops) live in `naive.py`; the fast paths (`chunked.py` prefill, `decode.py`,
+`autograd.py`) are tested against them.
+"""
+from gatherlens.ops.attention.scores import apply_attention_scores
+from gatherlens.ops.attention.selection import AttentionSelection
+from gatherlens.ops.attention.topk import topk_attention
+
+__all__ = ["apply_attention_scores", "topk_attention", "AttentionSelection"]

@@ -1,0 +1,170 @@
+"""Argument checks for the attention gathers, and the problem they describe.
+
+    >>> p = check_topk_args(q, k, v, 8, is_causal=True, attn_mask=None, scale=None, enable_gqa=False)
+    >>> p.groups, p.causal_offset        # query heads per KV head, where the causal diagonal sits
+    (1, 0)
+
+Every message names the argument, the bad value and the valid range (gatherlens.errors).
+The mask is kept un-expanded as a 5-D view (B|1, Hkv|1, G|1, Q|1, L|1) so that a chunk of queries
+slices it without ever materializing (B, H, Q, L).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+from torch.nn.attention.bias import CausalBias, CausalVariant
+
+from gatherlens.errors import GatherTypeError, GatherValueError
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass
+class AttentionProblem:
+    """Sizes and rules of one top-k attention call, after the checks."""
+
+    batch: int
+    q_heads: int
+    kv_heads: int
+    groups: int            # query heads per KV head (1 without GQA)
+    q_len: int
+    key_len: int
+    head_dim: int
+    value_dim: int
+    scale: float
+    top_k: int
+    causal: bool           # a causal rule applies (is_causal or a CausalBias mask)
+    causal_offset: int     # query i sees keys j <= i + causal_offset (0 = SDPA's top-left)
+    mask: torch.Tensor | None  # (B|1, Hkv|1, G|1, Q|1, L|1), bool (True = attend) or additive float
+    share_selection: bool = False
+
+    @property
+    def k_out(self) -> int:
+        """Width of the selection: top_k, or L when fewer keys exist."""
+        return min(self.top_k, self.key_len)
+
+    def key_end(self, q1: int) -> int:
+        """Keys [0, key_end) are the only ones any query before q1 may see."""
+        if not self.causal:
+            return self.key_len
+        return max(0, min(self.key_len, q1 + self.causal_offset))
+
+
+def check_top_k(top_k) -> int:
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
+        raise GatherTypeError(
+            f"top_k must be a positive int, got {top_k!r} of type {type(top_k).__name__}"
+        )
+    top_k = int(top_k)
+    if top_k <= 0:
+        raise GatherValueError(f"top_k {top_k} is outside the valid range [1, inf): pick at least one key")
+    return top_k
+
+
+def _check_tensor(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise GatherTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise GatherTypeError(
+            f"{name} has dtype {t.dtype}; valid dtypes are float16, bfloat16, float32, float64"
+        )
+    if t.dim() != 4:
+        raise GatherValueError(
+            f"{name} has shape {tuple(t.shape)} ({t.dim()}-D); expected 4-D (batch, heads, length, head_dim)"
+        )
+
+
+def check_topk_args(query, key, value, top_k, *, is_causal, attn_mask, scale, enable_gqa,
+                    share_selection=False) -> AttentionProblem:
+    """Validate the arguments of `topk_attention` and describe the problem."""
+    top_k = check_top_k(top_k)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _check_tensor(name, t)
+    if not (query.dtype == key.dtype == value.dtype):
+        raise GatherTypeError(
+            f"query, key and value must share one dtype, got query {query.dtype}, key {key.dtype}, "
+            f"value {value.dtype}"
+        )
+    if not (query.device == key.device == value.device):
+        raise GatherValueError(
+            f"query, key and value must be on one device, got {query.device}, {key.device}, {value.device}"
+        )
+    B, Hq, Q, D = query.shape
+    Bk, Hkv, L, Dk = key.shape
+    Bv, Hv, Lv, Dv = value.shape
+    if not (B == Bk == Bv):
+        raise GatherValueError(f"batch sizes differ: query {B}, key {Bk}, value {Bv}; they must be equal")
+    if Dk != D:
+        raise GatherValueError(f"key head_dim {Dk} does not match query head_dim {D}")
+    if Lv != L:
+        raise GatherValueError(f"value length {Lv} does not match key length {L}")
+    if Hv != Hkv:
+        raise GatherValueError(f"value has {Hv} heads but key has {Hkv}; they must be equal")
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise GatherValueError(
+            f"query heads {Hq} are not a multiple of key/value heads {Hkv}: "
+            f"grouped-query attention needs Hq % Hkv == 0"
+        )
+    if Hq != Hkv and not enable_gqa:
+        raise GatherValueError(
+            f"query has {Hq} heads but key/value have {Hkv}; pass enable_gqa=True for grouped-query "
+            f"attention (as with F.scaled_dot_product_attention)"
+        )
+    if scale is None:
+        scale = 1.0 / math.sqrt(D) if D > 0 else 1.0
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise GatherValueError(f"scale must be a finite number, got {scale!r}")
+    G = Hq // Hkv
+
+    causal, offset, mask = bool(is_causal), 0, None
+    if isinstance(attn_mask, CausalBias):
+        if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (Q, L):
+            raise GatherValueError(
+                f"attn_mask CausalBias is for ({attn_mask.seq_len_q}, {attn_mask.seq_len_kv}) queries/keys, "
+                f"but query has {Q} and key {L}"
+            )
+        causal = True
+        offset = L - Q if attn_mask.variant == CausalVariant.LOWER_RIGHT else 0
+        if is_causal and offset != 0:
+            raise GatherValueError(
+                "is_causal=True (top-left) and a lower-right CausalBias attn_mask disagree; pass one of them"
+            )
+    elif attn_mask is not None:
+        mask = _check_mask(attn_mask, query, (B, Hq, Q, L), Hkv, G)
+    return AttentionProblem(
+        batch=B, q_heads=Hq, kv_heads=Hkv, groups=G, q_len=Q, key_len=L, head_dim=D, value_dim=Dv,
+        scale=float(scale), top_k=top_k, causal=causal, causal_offset=offset, mask=mask,
+        share_selection=bool(share_selection),
+    )
+
+
+def _check_mask(attn_mask, query, target, Hkv, G) -> torch.Tensor:
+    if not isinstance(attn_mask, torch.Tensor):
+        raise GatherTypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise GatherTypeError(
+            f"attn_mask has dtype {attn_mask.dtype}; use bool (True = attend) or a float additive mask"
+        )
+    if attn_mask.requires_grad:
+        raise GatherValueError(
+            "attn_mask requires grad; topk_attention does not differentiate through the mask "
+            "(detach it, or use F.scaled_dot_product_attention)"
+        )
+    if attn_mask.dim() > 4:
+        raise GatherValueError(
+            f"attn_mask has shape {tuple(attn_mask.shape)}; it must broadcast to (B, Hq, Q, L) = {target}"
+        )
+    m = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    for dim, (have, want) in enumerate(zip(m.shape, target)):
+        if have not in (1, want):
+            raise GatherValueError(
+                f"attn_mask has shape {tuple(attn_mask.shape)}, which does not broadcast to "
+                f"(B, Hq, Q, L) = {target}: dim {dim} is {have}, expected 1 or {want}"
+            )
+    mb, mh, mq, ml = m.shape
+    if mh == 1:
+        return m.view(mb, 1, 1, mq, ml)                         # (B|1, 1, 1, Q|1, L|1)
+    return m.view(mb, Hkv, G, mq, ml)                           # (B|1, Hkv, G, Q|1, L|1)
