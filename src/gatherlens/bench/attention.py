@@ -19,16 +19,16 @@ from one more fresh process per (mode, L, dtype).
 from __future__ import annotations
 
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import click
+
+from gatherlens.bench.fresh import run_fresh, worker
 
 MODES = {
     # mode: (query heads, kv heads, head_dim, causal, contexts)
@@ -131,21 +131,13 @@ def run_case(spec: dict) -> dict:
 
 
 def _worker() -> None:
-    spec = json.loads(sys.stdin.read())
-    print(json.dumps(run_case(spec)))
+    worker(run_case)
 
 
 # -- the driver --------------------------------------------------------------------------------
 
 def _fresh(spec: dict) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]))
-    proc = subprocess.run(
-        [sys.executable, "-c", "from gatherlens.bench.attention import _worker; _worker()"],
-        input=json.dumps(spec), capture_output=True, text=True, env=env,
-    )
-    if proc.returncode != 0:
-        raise click.ClickException(f"case {spec} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_fresh("gatherlens.bench.attention", spec)
 
 
 def run_grid(modes, contexts, top_ks, dtypes, repeats, threads, progress=None):

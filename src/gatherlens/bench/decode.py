@@ -21,15 +21,15 @@ for sparse 1 / (1/page + budget/L); "of bound" is the measured speedup as a frac
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import click
+
+from gatherlens.bench.fresh import run_fresh, worker
 
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 CONTEXTS = ("8K", "32K", "128K")
@@ -104,21 +104,13 @@ def run_case(spec: dict) -> dict:
 
 
 def _worker() -> None:
-    spec = json.loads(sys.stdin.read())
-    print(json.dumps(run_case(spec)))
+    worker(run_case)
 
 
 # -- the driver --------------------------------------------------------------------------------
 
 def _fresh(spec: dict) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]))
-    proc = subprocess.run(
-        [sys.executable, "-c", "from gatherlens.bench.decode import _worker; _worker()"],
-        input=json.dumps(spec), capture_output=True, text=True, env=env,
-    )
-    if proc.returncode != 0:
-        raise click.ClickException(f"case {spec} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_fresh("gatherlens.bench.decode", spec)
 
 
 def bytes_read(method: str, L: int, dtype: str, budget: int, page_size: int, top_k: int,

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gatherlens.drawable import Drawable
+
 
 @dataclass
-class AttentionSelection:
+class AttentionSelection(Drawable):
     """Per query, the keys that top-k attention gathered.
 
     indices: (B, H, Q, k) int64 key positions, best first; -1 where fewer than k keys were allowed.
@@ -48,17 +50,3 @@ class AttentionSelection:
 
         return record_attention_selection(self, batch=batch, head=head, query=query, labels=labels)
 
-    def to_svg(self, **kw) -> str:
-        return self.to_record().to_svg(**kw)
-
-    def to_html(self, **kw) -> str:
-        return self.to_record().to_html(**kw)
-
-    def to_png(self, path, **kw):
-        return self.to_record().to_png(path, **kw)
-
-    def _repr_svg_(self) -> str:
-        return self.to_svg()
-
-    def _repr_html_(self) -> str:
-        return self.to_record()._repr_html_()

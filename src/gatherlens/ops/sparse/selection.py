@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gatherlens.drawable import Drawable
+
 
 @dataclass
-class PageSelection:
+class PageSelection(Drawable):
     """The pages one decode step gathered, per (batch, selection head).
 
     pages:      (B, Hsel, n) int64 page ids, ascending; always holds page 0 and the last page.
@@ -72,21 +74,6 @@ class PageSelection:
         from gatherlens.trace.pages import record_page_selection
 
         return record_page_selection(self, batch=batch, head=head, labels=labels)
-
-    def to_svg(self, **kw) -> str:
-        return self.to_record().to_svg(**kw)
-
-    def to_html(self, **kw) -> str:
-        return self.to_record().to_html(**kw)
-
-    def to_png(self, path, **kw):
-        return self.to_record().to_png(path, **kw)
-
-    def _repr_svg_(self) -> str:
-        return self.to_svg()
-
-    def _repr_html_(self) -> str:
-        return self.to_record()._repr_html_()
 
     def __repr__(self) -> str:
         B, Hsel, n = self.pages.shape

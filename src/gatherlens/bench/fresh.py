@@ -1,0 +1,34 @@
+"""Run one benchmark case in a fresh Python process, so that each case's peak memory and
+allocator state are its own.
+
+    >>> run_fresh("gatherlens.bench.decode", {"context": 8192, "threads": 2, ...})
+
+The child imports `module`, reads the spec as JSON on stdin, calls `module.run_case(spec)` and
+prints its result as JSON on the last line of stdout. `spec["threads"]` sets OMP_NUM_THREADS.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import click
+
+
+def worker(run_case) -> None:
+    """The child's side: spec on stdin, result on the last line of stdout."""
+    spec = json.loads(sys.stdin.read())
+    print(json.dumps(run_case(spec)))
+
+
+def run_fresh(module: str, spec: dict) -> dict:
+    """The parent's side: run `module._worker()` in a new interpreter and return its result."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]))
+    proc = subprocess.run(
+        [sys.executable, "-c", f"from {module} import _worker; _worker()"],
+        input=json.dumps(spec), capture_output=True, text=True, env=env,
+    )
+    if proc.returncode != 0:
+        raise click.ClickException(f"case {spec} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
