@@ -48,6 +48,10 @@ _EXPORTS = {
     "LoadedModel": "gatherlens.models",
     "use_topk_attention": "gatherlens.models",
     "use_dense_attention": "gatherlens.models",
+    "use_sparse_decoding": "gatherlens.models.sparse",
+    "use_dense_decoding": "gatherlens.models.sparse",
+    "sparse_decoding": "gatherlens.models.sparse",
+    "SparseKVCache": "gatherlens.models.sparse",
     # errors
     "GatherLensError": "gatherlens.errors",
     "GatherIndexError": "gatherlens.errors",

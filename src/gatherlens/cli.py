@@ -3,7 +3,7 @@
     gatherlens explain "The cat sat on the mat."   # the main job (a report of every gather)
     gatherlens gather --shape 4,5 --dim 0 --index 2,0,3    # draw one toy gather
     gatherlens bench embedding|attention|decode
-    gatherlens eval
+    gatherlens eval | eval-sparse
 
 Each command lives in its own module under `gatherlens.commands` and is imported only when it
 runs, so `gatherlens --help` answers without importing torch or transformers.
@@ -20,6 +20,7 @@ COMMANDS = {
     "gather": "gatherlens.commands.gather:gather",
     "bench": "gatherlens.commands.bench:bench",
     "eval": "gatherlens.commands.evaluate:evaluate",
+    "eval-sparse": "gatherlens.commands.evaluate_sparse:evaluate_sparse",
     "lookup": "gatherlens.commands.lookup:lookup",
 }
 

@@ -1,0 +1,201 @@
+"""Sparse decoding inside HF models: a tiny random Llama (fast), SmolLM2 (slow)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gatherlens.errors import GatherTypeError, GatherValueError
+from gatherlens.ops.sparse.naive import sparse_attention_reference
+
+transformers = pytest.importorskip("transformers")
+
+from gatherlens.models.sparse import (  # noqa: E402
+    SparseKVCache, last_page_selections, observe_sparse, sparse_decoding, use_dense_decoding, use_sparse_decoding,
+)
+
+
+def tiny_llama(seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
+                      pad_token_id=0, eos_token_id=None, bos_token_id=None)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama()
+
+
+@pytest.fixture
+def fresh(model):
+    use_dense_decoding(model)
+    yield model
+    use_dense_decoding(model)
+
+
+def _generate(model, ids, n=10, **kw):
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=n, do_sample=False, output_logits=True,
+                              return_dict_in_generate=True, **kw)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4], ids=lambda h: f"kv_heads={h}")
+def test_full_budget_equals_dense_greedy(kv_heads):
+    m = tiny_llama(seed=kv_heads, kv_heads=kv_heads)
+    ids = torch.randint(1, 101, (1, 37))
+    dense = _generate(m, ids, 12)
+    use_sparse_decoding(m, budget=1024, page_size=8)
+    sparse = _generate(m, ids, 12)
+    assert isinstance(sparse.cache, SparseKVCache)  # generate built the paged cache itself
+    assert torch.equal(dense.sequences, sparse.sequences)
+    diff = max(float((a - b).abs().max()) for a, b in zip(dense.logits, sparse.logits))
+    assert diff <= 1e-4
+
+
+def test_generate_reads_the_paged_cache_and_matches_reference(fresh):
+    ids = torch.randint(1, 101, (1, 70))
+    use_sparse_decoding(fresh, budget=24, page_size=8, keep_selection=True)
+    seen = []
+
+    def check(call):
+        assert call.cache.length == call.cache.keys.shape[2]
+        ref, lse = sparse_attention_reference(call.query, call.cache.keys, call.cache.values,
+                                              call.selection.pages, call.cache.page_size, scale=call.scale)
+        torch.testing.assert_close(call.output, ref, atol=1e-5, rtol=1e-5)
+        seen.append((call.layer, call.cache.length, call.selection.pages.shape[-1]))
+
+    with observe_sparse(check):
+        out = _generate(fresh, ids, 6)
+    assert out.sequences.shape == (1, 76)
+    # 5 decode steps x 2 layers; the cache grows one token per step; 24 tokens buy 3 of the 9-10 pages
+    assert [s[1] for s in seen if s[0] == 0] == [71, 72, 73, 74, 75]
+    assert all(n == 3 for _, L, n in seen)
+    assert out.cache.paged(0).length == 75 and out.cache.get_seq_length() == 75
+    sels = last_page_selections(fresh)
+    assert sorted(sels) == [0, 1] and sels[0].pages[0, 0, 0] == 0  # page 0 (sinks) always read
+
+
+def test_small_budget_changes_tokens_not_shapes(fresh):
+    torch.manual_seed(3)
+    ids = torch.randint(1, 101, (1, 120))
+    dense = _generate(fresh, ids, 8)
+    use_sparse_decoding(fresh, budget=16, page_size=8)
+    sparse = _generate(fresh, ids, 8)
+    assert sparse.sequences.shape == dense.sequences.shape
+    diff = max(float((a - b).abs().max()) for a, b in zip(dense.logits[1:], sparse.logits[1:]))
+    assert diff > 1e-4  # it really reads fewer keys (the first token comes from the dense prefill)
+    torch.testing.assert_close(sparse.logits[0], dense.logits[0])
+
+
+def test_padded_batch_full_budget_equals_dense(fresh):
+    ids = torch.randint(1, 101, (2, 30))
+    mask = torch.ones_like(ids)
+    ids[1, :7], mask[1, :7] = 0, 0  # left padding
+    dense = _generate(fresh, ids, 8, attention_mask=mask)
+    use_sparse_decoding(fresh, budget=4096, page_size=8)
+    sparse = _generate(fresh, ids, 8, attention_mask=mask)
+    assert torch.equal(dense.sequences, sparse.sequences)
+    diff = max(float((a - b).abs().max()) for a, b in zip(dense.logits, sparse.logits))
+    assert diff <= 1e-4
+
+
+def test_padded_keys_get_no_weight(fresh):
+    ids = torch.randint(1, 101, (2, 40))
+    mask = torch.ones_like(ids)
+    ids[1, :9], mask[1, :9] = 0, 0
+    use_sparse_decoding(fresh, budget=16, page_size=8)
+    seen = []
+
+    def check(call):
+        from gatherlens.models.sparse_quality import call_recall_cosine
+
+        recall, _ = call_recall_cosine(call)
+        assert call.mask is not None and not bool(call.mask[1, 0, 0, :9].any())
+        seen.append(float(recall.min()))
+        assert torch.isfinite(call.output).all()
+
+    with observe_sparse(check):
+        _generate(fresh, ids, 4, attention_mask=mask)
+    assert seen and all(0.0 < r <= 1.0 + 1e-5 for r in seen)
+
+
+def test_forward_with_dynamic_cache_pages_on_the_fly(fresh):
+    from transformers import DynamicCache
+
+    ids = torch.randint(1, 101, (1, 50))
+    with torch.no_grad():
+        cache = DynamicCache(config=fresh.config)
+        fresh(input_ids=ids[:, :-1], cache=cache, use_cache=True)
+        dense = fresh(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits
+        use_sparse_decoding(fresh, budget=512, page_size=8)
+        cache = DynamicCache(config=fresh.config)
+        fresh(input_ids=ids[:, :-1], cache=cache, use_cache=True)
+        sparse = fresh(input_ids=ids[:, -1:], cache=cache, use_cache=True).logits
+    torch.testing.assert_close(sparse, dense, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_paged_cache_works_with_plain_attention(impl):
+    m = tiny_llama(seed=5)
+    m.set_attn_implementation(impl)
+    ids = torch.randint(1, 101, (1, 21))
+    with torch.no_grad():
+        ref = m.generate(ids, max_new_tokens=5, do_sample=False)
+        out = m.generate(ids, max_new_tokens=5, do_sample=False, cache=SparseKVCache(config=m.config, page_size=4))
+    assert torch.equal(ref, out)
+
+
+def test_switch_back_and_context_manager(fresh):
+    ids = torch.randint(1, 101, (1, 20))
+    with sparse_decoding(fresh, budget=64, page_size=4) as m:
+        assert m.config._attn_implementation == "gatherlens_sparse"
+        assert isinstance(_generate(m, ids, 2).cache, SparseKVCache)
+    assert fresh.config._attn_implementation == "sdpa"
+    assert not isinstance(_generate(fresh, ids, 2).cache, SparseKVCache)
+    assert "_prepare_cache_for_generation" not in fresh.__dict__
+
+
+def test_dense_layers_decode_densely(fresh):
+    ids = torch.randint(1, 101, (1, 60))
+    use_sparse_decoding(fresh, budget=16, page_size=8, dense_layers=1)
+    layers = []
+    with observe_sparse(lambda call: layers.append(call.layer)):
+        _generate(fresh, ids, 3)
+    assert set(layers) == {1}
+
+
+@pytest.mark.parametrize("kw, err", [
+    ({"budget": 0}, GatherValueError), ({"budget": 2.5}, GatherValueError), ({"page_size": 0}, GatherValueError),
+    ({"share_selection": "yes"}, GatherTypeError), ({"group_score": "mean"}, GatherValueError),
+    ({"dense_layers": -1}, GatherValueError),
+], ids=["budget0", "budget-float", "page0", "share-str", "group-mean", "dense-layers-neg"])
+def test_bad_settings(fresh, kw, err):
+    with pytest.raises(err):
+        use_sparse_decoding(fresh, **kw)
+
+
+def test_not_a_model():
+    with pytest.raises(GatherTypeError, match="PreTrainedModel"):
+        use_sparse_decoding(torch.nn.Linear(2, 2))
+
+
+def test_sliding_window_config_refused():
+    from transformers import MistralConfig
+
+    cfg = MistralConfig(num_hidden_layers=2, sliding_window=16, layer_types=["sliding_attention"] * 2)
+    with pytest.raises(GatherValueError, match="full-attention"):
+        SparseKVCache(config=cfg)
+
+
+def test_cache_beam_reorder_and_crop(fresh):
+    ids = torch.randint(1, 101, (1, 33))
+    use_sparse_decoding(fresh, budget=16, page_size=8)
+    with torch.no_grad():
+        out = fresh.generate(ids, max_new_tokens=4, num_beams=2, do_sample=False)
+    assert out.shape == (1, 37)
+    cache = SparseKVCache(config=fresh.config, page_size=8)
+    with pytest.raises(GatherValueError, match="crop"):
+        cache.layers[0].crop(-1)
