@@ -11,32 +11,10 @@ files are not overwritten without --force. The metrics live in gatherlens.models
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import click
 
-
-def _ks(value: str) -> list[int]:
-    try:
-        ks = sorted({int(s) for s in value.split(",") if s.strip()})
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a list of ints like 8,32,128", param_hint="-k/--top-k") from None
-    if not ks or ks[0] < 1:
-        raise click.BadParameter(f"{value!r}: each k must be a positive int", param_hint="-k/--top-k")
-    return ks
-
-
-def _check_out(path: str | None, force: bool, suffixes: tuple[str, ...], hint: str) -> Path | None:
-    if path is None:
-        return None
-    p = Path(path)
-    if p.suffix.lower() not in suffixes:
-        raise click.BadParameter(f"{path!r} must end in {' or '.join(suffixes)}", param_hint=hint)
-    if p.exists() and not force:
-        raise click.BadParameter(f"{path!r} exists; pass --force to overwrite it", param_hint=hint)
-    if not p.parent.exists():
-        raise click.BadParameter(f"folder {str(p.parent)!r} does not exist", param_hint=hint)
-    return p
+from gatherlens.commands.params import output_file, positive_ints
 
 
 @click.command("eval")
@@ -65,11 +43,11 @@ def evaluate(model_name, corpus, text_file, ks, tokens, window, stride, out, plo
 
     from gatherlens.errors import GatherLensError
 
-    ks_list = _ks(ks)
+    ks_list = positive_ints(ks, "-k/--top-k", "k")
     if window is not None and stride is not None and stride > window:
         raise click.BadParameter(f"stride {stride} is larger than window {window}", param_hint="--stride")
-    out_path = _check_out(out, force, (".csv", ".json"), "--out")
-    plot_path = _check_out(plot, force, (".png",), "--plot")
+    out_path = output_file(out, force, (".csv", ".json"), "--out")
+    plot_path = output_file(plot, force, (".png",), "--plot")
     console = Console(stderr=True)
     try:
         from gatherlens.models import load

@@ -19,32 +19,10 @@ from pathlib import Path
 
 import click
 
+from gatherlens.commands.params import output_file, positive_ints
+
 _COLUMNS = ("setting", "budget", "perplexity", "ppl_ratio", "nll", "tokens", "recall", "recall_min_layer",
             "cosine", "cosine_min_layer", "passkey_ok", "passkey_trials")
-
-
-def _budgets(value: str) -> list[int]:
-    try:
-        budgets = sorted({int(s) for s in value.split(",") if s.strip()})
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a list of ints like 256,1024", param_hint="--budgets") from None
-    if not budgets or budgets[0] < 1:
-        raise click.BadParameter(f"{value!r}: each budget must be a positive number of tokens",
-                                 param_hint="--budgets")
-    return budgets
-
-
-def _out(path: str | None, force: bool, suffix: str, hint: str) -> Path | None:
-    if path is None:
-        return None
-    p = Path(path)
-    if p.suffix.lower() != suffix:
-        raise click.BadParameter(f"{path!r} must end in {suffix}", param_hint=hint)
-    if p.exists() and not force:
-        raise click.BadParameter(f"{path!r} exists; pass --force to overwrite it", param_hint=hint)
-    if not p.parent.exists():
-        raise click.BadParameter(f"folder {str(p.parent)!r} does not exist", param_hint=hint)
-    return p
 
 
 def _rows(report, passkeys, budgets) -> list[dict]:
@@ -96,15 +74,15 @@ def evaluate_sparse(model_name, corpus, text_file, context, budgets, page_size, 
 
     from gatherlens.errors import GatherLensError
 
-    budget_list = _budgets(budgets)
+    budget_list = positive_ints(budgets, "--budgets", "budget")
     if not decode_tokens and not passkey_trials:
         raise click.BadParameter("nothing to measure: --decode-tokens 0 and --passkey-trials 0",
                                  param_hint="--decode-tokens")
     if decode_tokens >= context:
         raise click.BadParameter(f"{decode_tokens} must be smaller than --context {context}",
                                  param_hint="--decode-tokens")
-    json_path = _out(json_out, force, ".json", "--json")
-    csv_path = _out(csv_out, force, ".csv", "--csv")
+    json_path = output_file(json_out, force, (".json",), "--json")
+    csv_path = output_file(csv_out, force, (".csv",), "--csv")
     pic_dir = Path(pictures) if pictures else None
     if pic_dir is not None and pic_dir.exists() and any(pic_dir.glob("pages_*")) and not force:
         raise click.BadParameter(f"{pictures!r} already holds pictures; pass --force to overwrite them",

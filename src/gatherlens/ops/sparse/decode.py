@@ -136,7 +136,7 @@ def sparse_decode(
     """
     _check(query, cache, budget, page_size, group_score, backend)
     B, Hq, _, D = query.shape
-    Hkv, G = cache.kv_heads, Hq // cache.kv_heads
+    Hkv = cache.kv_heads
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     q = query.to(cache.dtype)  # (B, Hq, 1, D)
     if backend == "auto":

@@ -64,6 +64,6 @@ def sparse_attention_reference(
 
 def dense_decode_reference(query, keys, values, scale: float | None = None):
     """Plain dense decode attention (every key), for the budget >= length case."""
-    L, P = keys.shape[2], keys.shape[2]
+    P = keys.shape[2]  # one page holding every key
     pages = torch.zeros(query.shape[0], keys.shape[1], 1, dtype=torch.long, device=keys.device)
     return sparse_attention_reference(query, keys, values, pages, page_size=max(P, 1), scale=scale)

@@ -1,0 +1,36 @@
+"""Option parsing shared by the commands: lists of positive ints, output files never overwritten
+without --force.
+
+    >>> positive_ints("8,32,8", "-k/--top-k", "k")
+    [8, 32]
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+def positive_ints(value: str, hint: str, what: str) -> list[int]:
+    """"8,32,128" -> [8, 32, 128] (sorted, unique); a clear error for anything else."""
+    try:
+        values = sorted({int(s) for s in value.split(",") if s.strip()})
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a list of ints like 8,32,128", param_hint=hint) from None
+    if not values or values[0] < 1:
+        raise click.BadParameter(f"{value!r}: each {what} must be a positive int", param_hint=hint)
+    return values
+
+
+def output_file(path: str | None, force: bool, suffixes: tuple[str, ...], hint: str) -> Path | None:
+    """A file to write: the right extension, an existing folder, and no overwrite without --force."""
+    if path is None:
+        return None
+    p = Path(path)
+    if p.suffix.lower() not in suffixes:
+        raise click.BadParameter(f"{path!r} must end in {' or '.join(suffixes)}", param_hint=hint)
+    if p.exists() and not force:
+        raise click.BadParameter(f"{path!r} exists; pass --force to overwrite it", param_hint=hint)
+    if not p.parent.exists():
+        raise click.BadParameter(f"folder {str(p.parent)!r} does not exist", param_hint=hint)
+    return p
