@@ -197,6 +197,8 @@ def command(mode, context, top_k, dtypes, threads, repeats, json_path, force):
 
     if json_path.exists() and not force:
         raise click.UsageError(f"{json_path} exists; pass --force to overwrite it")
+    if not json_path.parent.exists():
+        raise click.UsageError(f"folder {json_path.parent} does not exist (for --json)")
     dtypes = tuple(x for x in dtypes.split(",") if x) if dtypes else DTYPES
     bad = [x for x in dtypes if x not in ("float32", "bfloat16", "float16", "float64")]
     if bad:

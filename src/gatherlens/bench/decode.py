@@ -177,6 +177,8 @@ def command(contexts, budget, page_size, top_k, dtypes, threads, repeats, json_p
 
     if json_path.exists() and not force:
         raise click.UsageError(f"{json_path} exists; pass --force to overwrite it")
+    if not json_path.parent.exists():
+        raise click.UsageError(f"folder {json_path.parent} does not exist (for --json)")
     for name, value in (("--budget", budget), ("--page-size", page_size), ("--threads", threads)):
         if value < 1:
             raise click.BadParameter(f"must be >= 1, got {value}", param_hint=name)

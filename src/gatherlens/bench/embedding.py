@@ -181,6 +181,8 @@ def command(vocab, dim, tokens, dtypes, threads, methods, backward_methods, repe
 
     if json_path.exists() and not force:
         raise click.UsageError(f"{json_path} exists; pass --force to overwrite it")
+    if not json_path.parent.exists():
+        raise click.UsageError(f"folder {json_path.parent} does not exist (for --json)")
     methods = tuple(m for m in methods.split(",") if m)
     backward_methods = () if no_backward else tuple(m for m in backward_methods.split(",") if m)
     unknown = [m for m in methods + backward_methods if m not in METHODS]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -177,6 +178,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=int, default=2048)
     ap.add_argument("--deadline", type=float, default=150.0)
     args = ap.parse_args(argv)
+    if os.path.exists(args.json):
+        print(f"{args.json} exists; remove it or name another file")
+        return 2
     t0 = time.time()
     report = {"torch": torch.__version__, "python": platform.python_version(), "rows": [], "errors": []}
 

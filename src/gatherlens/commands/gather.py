@@ -12,6 +12,7 @@ printed to the terminal. An existing file is never overwritten without --force.
 from __future__ import annotations
 
 import ast
+import math
 from pathlib import Path
 
 import click
@@ -56,6 +57,9 @@ def _tensor(value: str, what: str, integer: bool):
     return t
 
 
+TOY_LIMIT = 10**6  # elements of a toy source: a picture, not a workload
+
+
 def _shape(value: str):
     try:
         dims = [int(s) for s in value.replace("x", ",").split(",") if s.strip()]
@@ -65,6 +69,9 @@ def _shape(value: str):
     if not dims or any(d <= 0 for d in dims) or len(dims) > 5:
         raise click.BadParameter(f"{value!r}: give 1 to 5 positive sizes, like 4,5",
                                  param_hint="--shape")
+    if math.prod(dims) > TOY_LIMIT:
+        raise click.BadParameter(f"{value!r} has {math.prod(dims):,} elements; a toy picture takes at "
+                                 f"most {TOY_LIMIT:,}", param_hint="--shape")
     return dims
 
 
@@ -93,6 +100,9 @@ def _build(op, shape, values, dim, index, ids, vocab, labels, lang):
             if vocab is None or vocab <= 0 or d <= 0:
                 raise click.UsageError("--op embedding needs --vocab V > 0 (and --dim d > 0, "
                                        "the embedding width) or a --values table")
+            if vocab * d > TOY_LIMIT:
+                raise click.UsageError(f"--vocab {vocab} x --dim {d} = {vocab * d:,} elements; a toy "
+                                       f"table takes at most {TOY_LIMIT:,}")
             table = _toy_table(vocab, d)
         id_t = _tensor(ids, "--ids", integer=True)
         toks = [t for t in labels.split(",")] if labels else None

@@ -123,12 +123,24 @@ def load(
 
 
 # -- the two kinds of source -------------------------------------------------------------------
+@contextlib.contextmanager
+def _readable(path: Path):
+    """transformers' errors for a damaged or foreign file -> one clear GatherValueError naming it."""
+    try:
+        yield
+    except GatherValueError:
+        raise
+    except (OSError, ValueError, KeyError) as e:
+        raise GatherValueError(f"model {str(path)!r} could not be read: {e}") from None
+
+
 def _from_folder(folder: Path, attn_implementation: str | None):
     """A Hugging Face folder -> (model in eval mode, tokenizer), local files only."""
     import torch
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
-    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    with _readable(folder):
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
     archs = getattr(config, "architectures", None) or []
     if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
         auto = AutoModelForCausalLM
@@ -190,7 +202,8 @@ def _convert_gguf(path: Path, say):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     say(f"reading the tokenizer from {path.name} (one time)")
-    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    with _readable(path):
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     say(f"dequantizing {path.name} to float32 (one time, about half a minute)")
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
 
@@ -198,9 +211,10 @@ def _convert_gguf(path: Path, say):
     if bar is not None:  # its own tqdm bar would fight our status line
         gguf_utils.tqdm = functools.partial(bar, disable=True)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=torch.float32, local_files_only=True
-        )
+        with _readable(path):
+            model = AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=torch.float32, local_files_only=True
+            )
     finally:
         if bar is not None:
             gguf_utils.tqdm = bar

@@ -39,11 +39,13 @@ def apply_attention_scores(scores: torch.Tensor, values: torch.Tensor, *, mask=N
         if not isinstance(mask, torch.Tensor):
             raise GatherTypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
         try:
-            torch.broadcast_shapes(mask.shape, scores.shape)
+            shape = torch.broadcast_shapes(mask.shape, scores.shape)
         except RuntimeError:
+            shape = None
+        if shape != scores.shape:  # a mask may broadcast to the scores, never enlarge them
             raise GatherValueError(
                 f"mask has shape {tuple(mask.shape)}, which does not broadcast to scores {tuple(scores.shape)}"
-            ) from None
+            )
         if mask.dtype == torch.bool:
             s = s.masked_fill(~mask, float("-inf"))
         elif mask.is_floating_point():

@@ -58,7 +58,14 @@ def topk_attention(query, key, value, top_k, *, is_causal=False, attn_mask=None,
     p = check_topk_args(query, key, value, top_k, is_causal=is_causal, attn_mask=attn_mask,
                         scale=scale, enable_gqa=enable_gqa, share_selection=share_selection)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-    if needs_grad:
+    if p.batch == 0 or p.q_heads == 0:                         # nothing to attend: empty results
+        sd = stat_dtype(query.dtype)
+        out = query.new_zeros(p.batch, p.q_heads, p.q_len, p.value_dim)       # (B, Hq, Q, Dv)
+        lse = torch.empty(p.batch, p.q_heads, p.q_len, dtype=sd, device=query.device)
+        vals = torch.empty(p.batch, p.q_heads, p.q_len, p.k_out, dtype=sd, device=query.device)
+        idx = torch.empty(vals.shape, dtype=torch.long, device=query.device)  # (B, Hq, Q, k)
+        path = "empty"
+    elif needs_grad:
         out, lse, vals, idx = TopkAttentionFn.apply(query, key, value, p, bool(return_selection))
         path = "autograd"
     elif is_decode(p):

@@ -59,7 +59,7 @@ class _HugePageLookup(torch.autograd.Function):
             padding = int(hit[0, 0]) if hit.numel() else -1
         rows = torch.ops.aten.embedding_dense_backward(grad, renumbered, unique.numel(), padding, False)  # (U, d)
         grad_table = zeros_lazy(ctx.table_shape, grad.dtype)  # (V, d): zero pages until written
-        return None, grad_table.index_copy_(0, unique, rows), None
+        return None, grad_table.index_copy_(0, unique.long(), rows), None
 
 
 class _CudaLookup(torch.autograd.Function):
@@ -88,7 +88,7 @@ class _CudaLookup(torch.autograd.Function):
         if picked.dtype in (torch.float16, torch.bfloat16):
             picked = picked.float()  # accumulate in float32, as F.embedding does
         sums = torch.segment_reduce(picked, "sum", lengths=counts).to(rows.dtype)  # (U, d)
-        grad_table = rows.new_zeros(vocab, dim).index_copy_(0, unique, sums)  # (V, d)
+        grad_table = rows.new_zeros(vocab, dim).index_copy_(0, unique.long(), sums)  # (V, d)
         if ctx.padding_idx is not None:
             grad_table[ctx.padding_idx] = 0
         return None, grad_table, None
@@ -103,7 +103,7 @@ def fast_lookup(ids: torch.Tensor, table: torch.Tensor, *, padding_idx: int | No
         if needs_grad:
             raise GatherValueError("out= cannot be used when the table requires grad (autograd cannot "
                                    "track a write into your buffer); call under torch.no_grad() or drop out=")
-        torch.index_select(table, 0, ids.reshape(-1), out=out.view(-1, dim))  # (N, d) view of out
+        torch.index_select(table, 0, ids.reshape(-1), out=out.view(ids.numel(), dim))  # (N, d) view of out
         return out
     if not table.is_cpu:
         if needs_grad and ids.numel():

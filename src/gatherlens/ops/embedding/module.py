@@ -33,6 +33,9 @@ class Embedding(nn.Module):
                  sparse: bool = False, _weight: torch.Tensor | None = None, _freeze: bool = False,
                  device=None, dtype=None, *, bounds: str = "raise", method: str = DEFAULT_METHOD):
         super().__init__()
+        for name, size in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise GatherValueError(f"{name} must be an int >= 0, got {size!r}")
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.padding_idx = checks.check_padding_idx(padding_idx, num_embeddings)
         self.max_norm, self.norm_type = max_norm, norm_type

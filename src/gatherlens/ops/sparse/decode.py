@@ -89,7 +89,7 @@ def _check(query, cache, budget, page_size, group_score, backend):
         raise GatherValueError(
             f"query (B, Hq, 1, D) = {tuple(query.shape)} does not match the cache's "
             f"batch = {cache.batch}, head_dim = {cache.head_dim}")
-    if Hq % cache.kv_heads:
+    if Hq == 0 or Hq % cache.kv_heads:
         raise GatherValueError(
             f"query heads Hq = {Hq} must be a multiple of the cache's kv_heads = {cache.kv_heads}")
     if cache.length == 0:
@@ -137,6 +137,9 @@ def sparse_decode(
     _check(query, cache, budget, page_size, group_score, backend)
     B, Hq, _, D = query.shape
     Hkv = cache.kv_heads
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale) or scale <= 0):
+        raise GatherValueError(f"scale must be a finite number > 0 (default 1/sqrt(D)), got {scale!r}")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     q = query.to(cache.dtype)  # (B, Hq, 1, D)
     if backend == "auto":
