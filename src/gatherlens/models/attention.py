@@ -147,6 +147,19 @@ def _unwrap(model):
     return getattr(model, "model", model) if not hasattr(model, "set_attn_implementation") else model
 
 
+def switch_attention(model, name: str, *, remember: str, what: str) -> None:
+    """Set a registered attention implementation, keeping the one it replaces in config.<remember>."""
+    previous = model.config._attn_implementation
+    if previous != name:
+        setattr(model.config, remember, previous or "sdpa")
+    model.set_attn_implementation(name)
+    if model.config._attn_implementation != name:
+        raise GatherValueError(
+            f"{type(model).__name__} cannot switch its attention implementation (it does not use "
+            f"transformers' AttentionInterface), so {what} cannot be plugged in"
+        )
+
+
 def use_topk_attention(model, top_k: int = DEFAULT_TOP_K, *, keep_selection: bool = False):
     """Switch every attention layer of `model` to top-k attention with this `top_k`.
 
@@ -160,15 +173,7 @@ def use_topk_attention(model, top_k: int = DEFAULT_TOP_K, *, keep_selection: boo
     if top_k < 1:
         raise GatherValueError(f"top_k {top_k} is outside the valid range [1, inf): pick at least one key")
     register()
-    previous = model.config._attn_implementation
-    if previous != ATTN_NAME:
-        model.config.gatherlens_dense_attention = previous or "sdpa"
-    model.set_attn_implementation(ATTN_NAME)
-    if model.config._attn_implementation != ATTN_NAME:
-        raise GatherValueError(
-            f"{type(model).__name__} cannot switch its attention implementation (it does not use "
-            f"transformers' AttentionInterface), so top-k attention cannot be plugged in"
-        )
+    switch_attention(model, ATTN_NAME, remember="gatherlens_dense_attention", what="top-k attention")
     model.config.gatherlens_top_k = top_k
     for m in model.modules():
         if hasattr(m, "config") and m is not model:

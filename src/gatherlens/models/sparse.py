@@ -36,6 +36,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from gatherlens.errors import GatherTypeError, GatherValueError
+from gatherlens.models.attention import switch_attention
 from gatherlens.ops.sparse import PagedKVCache, sparse_decode
 from gatherlens.ops.sparse.select import GROUP_SCORES, select_pages
 from gatherlens.ops.sparse.decode import gather_pages
@@ -340,14 +341,7 @@ def use_sparse_decoding(model, budget: int | None = 1024, page_size: int = 16, s
     if getattr(model.config, "is_encoder_decoder", False):
         raise GatherValueError(f"{type(model).__name__} is an encoder-decoder; sparse decoding needs a decoder-only LM")
     register_sparse()
-    previous = model.config._attn_implementation
-    if previous != SPARSE_ATTN_NAME:
-        model.config.gatherlens_sparse_previous = previous or "sdpa"
-    model.set_attn_implementation(SPARSE_ATTN_NAME)
-    if model.config._attn_implementation != SPARSE_ATTN_NAME:
-        raise GatherValueError(
-            f"{type(model).__name__} cannot switch its attention implementation (it does not use "
-            f"transformers' AttentionInterface), so sparse decoding cannot be plugged in")
+    switch_attention(model, SPARSE_ATTN_NAME, remember="gatherlens_sparse_previous", what="sparse decoding")
     if isinstance(dense_layers, bool) or not isinstance(dense_layers, int) or dense_layers < 0:
         raise GatherValueError(f"dense_layers = {dense_layers!r} must be an int >= 0 (leading layers kept dense)")
     settings = SparseSettings(budget, page_size, share_selection, group_score, keep_selection)
