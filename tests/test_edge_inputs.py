@@ -77,3 +77,18 @@ def test_cli_refuses_before_any_work(args):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2 and result.exception is None or isinstance(result.exception, SystemExit)
     assert "Traceback" not in result.output and "Error" in result.output
+
+
+def test_eval_takes_repeated_and_comma_separated_k(monkeypatch):
+    seen = {}
+
+    def fake_load(name, **kw):  # stop right after the options are parsed
+        raise GatherValueError("stop")
+
+    import gatherlens.commands.evaluate as ev
+    monkeypatch.setattr(ev, "positive_ints", lambda v, h, w: seen.setdefault("ks", v) and [1])
+    import gatherlens.models
+
+    monkeypatch.setattr(gatherlens.models, "load", fake_load)
+    CliRunner().invoke(main, ["eval", "-k", "8", "-k", "32,64"])
+    assert seen["ks"] == "8,32,64"

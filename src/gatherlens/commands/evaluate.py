@@ -24,7 +24,8 @@ from gatherlens.commands.params import output_file, positive_ints
               help='"default" (Jane Austen if installed, else pydoc), "austen", "austen:emma", "pydoc".')
 @click.option("--text", "text_file", type=click.Path(dir_okay=False), default=None,
               help="A UTF-8 text file to use instead of a corpus.")
-@click.option("-k", "--top-k", "ks", default="8,32,128,512", show_default=True, help="Comma-separated k values.")
+@click.option("-k", "--top-k", "ks", multiple=True, help="k values, comma-separated or repeated (-k 8 -k 32)  "
+              "[default: 8,32,128,512].")
 @click.option("--tokens", default=2048, show_default=True, type=click.IntRange(min=2),
               help="Score the first N tokens of the text.")
 @click.option("--window", default=None, type=click.IntRange(min=2),
@@ -43,7 +44,7 @@ def evaluate(model_name, corpus, text_file, ks, tokens, window, stride, out, plo
 
     from gatherlens.errors import GatherLensError
 
-    ks_list = positive_ints(ks, "-k/--top-k", "k")
+    ks_list = positive_ints(",".join(ks) or "8,32,128,512", "-k/--top-k", "k")
     if window is not None and stride is not None and stride > window:
         raise click.BadParameter(f"stride {stride} is larger than window {window}", param_hint="--stride")
     out_path = output_file(out, force, (".csv", ".json"), "--out")
