@@ -14,16 +14,11 @@ from __future__ import annotations
 
 import click
 
-from gatherlens.commands.params import output_file, positive_ints
+from gatherlens.commands.params import output_file, positive_ints, text_source_options
 
 
 @click.command("eval")
-@click.option("--model", "model_name", default="smollm2", show_default=True,
-              help='"smollm2", "minilm", or a local Hugging Face folder / .gguf file.')
-@click.option("--corpus", default="default", show_default=True,
-              help='"default" (Jane Austen if installed, else pydoc), "austen", "austen:emma", "pydoc".')
-@click.option("--text", "text_file", type=click.Path(dir_okay=False), default=None,
-              help="A UTF-8 text file to use instead of a corpus.")
+@text_source_options('"smollm2", "minilm", or a local Hugging Face folder / .gguf file.')
 @click.option("-k", "--top-k", "ks", multiple=True, help="k values, comma-separated or repeated (-k 8 -k 32)  "
               "[default: 8,32,128,512].")
 @click.option("--tokens", default=2048, show_default=True, type=click.IntRange(min=2),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from gatherlens.commands.params import output_file, positive_ints
+from gatherlens.commands.params import output_file, positive_ints, text_source_options
 
 _COLUMNS = ("setting", "budget", "perplexity", "ppl_ratio", "nll", "tokens", "recall", "recall_min_layer",
             "cosine", "cosine_min_layer", "passkey_ok", "passkey_trials")
@@ -39,12 +39,7 @@ def _rows(report, passkeys, budgets) -> list[dict]:
 
 
 @click.command("eval-sparse")
-@click.option("--model", "model_name", default="smollm2", show_default=True,
-              help='"smollm2" or a local Hugging Face Llama-family folder / .gguf file.')
-@click.option("--corpus", default="default", show_default=True,
-              help='"default" (Jane Austen if installed, else pydoc), "austen", "austen:emma", "pydoc".')
-@click.option("--text", "text_file", type=click.Path(dir_okay=False), default=None,
-              help="A UTF-8 text file to use instead of a corpus.")
+@text_source_options('"smollm2" or a local Hugging Face Llama-family folder / .gguf file.')
 @click.option("--context", default=8192, show_default=True, type=click.IntRange(min=64),
               help="Tokens of context (prefix + decoded tokens; also the passkey prompt length).")
 @click.option("--budgets", default="256,512,1024,2048", show_default=True,

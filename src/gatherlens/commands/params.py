@@ -34,3 +34,20 @@ def output_file(path: str | None, force: bool, suffixes: tuple[str, ...], hint: 
     if not p.parent.exists():
         raise click.BadParameter(f"folder {str(p.parent)!r} does not exist", param_hint=hint)
     return p
+
+
+def text_source_options(model_help: str):
+    """--model, --corpus and --text: the model and the real prose an evaluation reads."""
+
+    def apply(command):
+        for option in reversed([
+            click.option("--model", "model_name", default="smollm2", show_default=True, help=model_help),
+            click.option("--corpus", default="default", show_default=True,
+                         help='"default" (Jane Austen if installed, else pydoc), "austen", "austen:emma", "pydoc".'),
+            click.option("--text", "text_file", type=click.Path(dir_okay=False), default=None,
+                         help="A UTF-8 text file to use instead of a corpus."),
+        ]):
+            command = option(command)
+        return command
+
+    return apply

@@ -109,8 +109,13 @@ STRINGS: dict[str, dict[str, str]] = {
 }
 
 
-def text(key: str, lang: str, **fmt) -> str:
-    """The string `key` in `lang`, formatted with `fmt`."""
+def lookup(strings: dict[str, dict[str, str]], key: str, lang: str, **fmt) -> str:
+    """strings[key][lang] formatted with `fmt`; a clear error for a language we don't write."""
     if lang not in LANGS:
         raise GatherValueError(f"lang must be one of {LANGS}, got {lang!r}")
-    return STRINGS[key][lang].format(**fmt)
+    return strings[key][lang].format(**fmt)
+
+
+def text(key: str, lang: str, **fmt) -> str:
+    """The picture string `key` in `lang`, formatted with `fmt`."""
+    return lookup(STRINGS, key, lang, **fmt)

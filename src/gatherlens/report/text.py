@@ -7,9 +7,7 @@ Kept short and concrete: every sentence names what the reader sees in the pictur
 """
 from __future__ import annotations
 
-from gatherlens.errors import GatherValueError
-
-LANGS = ("en", "zh")
+from gatherlens.render.i18n import lookup
 
 STRINGS: dict[str, dict[str, str]] = {
     "page_title": {"en": "The gathers of {model} on your text",
@@ -241,10 +239,8 @@ def op_meaning(op: str, lang: str) -> str:
 
 
 def say(key: str, lang: str, **fmt) -> str:
-    """The string `key` in `lang`, formatted with `fmt`."""
-    if lang not in LANGS:
-        raise GatherValueError(f"lang must be one of {LANGS}, got {lang!r}")
-    return STRINGS[key][lang].format(**fmt)
+    """The report string `key` in `lang`, formatted with `fmt`."""
+    return lookup(STRINGS, key, lang, **fmt)
 
 
 def human_bytes(n: int) -> str:
