@@ -12,17 +12,21 @@ from pathlib import Path
 
 import torch
 
-from gatherlens.render.examples import EXAMPLES, toy_selection
-from gatherlens.render.mistakes import mistakes_svg, toy_table
-from gatherlens.render.png import svg_to_png
+from gatherlens.ops.attention import topk_attention
+from gatherlens.render import mistakes_svg, svg_to_png
 from gatherlens.trace import (
     record_attention_selection,
     record_embedding,
     record_gather,
     record_index_select,
 )
+from gatherlens.trace.mistakes import toy_table
 
-OUT = Path(__file__).resolve().parent.parent / "docs" / "figures"
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # three figures are golden-test fixtures
+from golden_cases import EXAMPLES  # noqa: E402 - tests/golden_cases.py
+
+OUT = ROOT / "docs" / "figures"
 TOKENS = ["I", "like", "tea"]
 IDS = torch.tensor([[5, 2, 7]])  # (B, S) = (1, 3)
 
@@ -57,10 +61,6 @@ def silent_mistake(lang):
 
 def topk_selection():
     """A real top-k attention call on a fixed toy input (6 tokens, 1 head, k = 3)."""
-    try:
-        from gatherlens.ops.attention import topk_attention
-    except ImportError:  # the op is not built yet: the hand-made selection (torch.topk)
-        return toy_selection(), None
     g = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(1, 1, 6, 4, generator=g) for _ in range(3))  # (B, H, L, D)
     v = torch.arange(6).view(1, 1, 6, 1) + torch.arange(4).view(1, 1, 1, 4) / 10  # (B, H, L, D)
@@ -76,8 +76,6 @@ def topk_scores(lang):
 
 def topk_values(lang):
     sel, v = topk_selection()
-    if v is None:
-        v = torch.arange(6).view(1, 1, 6, 1) + torch.arange(4).view(1, 1, 1, 4) / 10
     q = 5
     keys = sel.indices[0, 0, q]  # (k,) best first
     keys = keys[keys >= 0]

@@ -1,5 +1,7 @@
 """Regenerate the golden SVG files that tests/test_render_svg.py compares byte for byte.
 
+The fixtures that draw them are in tests/golden_cases.py.
+
     .venv/bin/python scripts/regen_golden.py          # rewrite tests/golden/*.svg
     .venv/bin/python scripts/regen_golden.py --check  # exit 1 if any file would change
 
@@ -10,9 +12,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gatherlens.render.examples import GOLDEN, example_svg
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path.insert(0, str(TESTS))  # the fixtures live next to the tests that use them
 
-GOLDEN_DIR = Path(__file__).resolve().parent.parent / "tests" / "golden"
+from golden_cases import GOLDEN, example_svg  # noqa: E402 - tests/golden_cases.py
+
+GOLDEN_DIR = TESTS / "golden"
 
 
 def main(check: bool = False) -> int:

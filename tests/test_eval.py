@@ -17,9 +17,9 @@ from click.testing import CliRunner
 
 from gatherlens.commands.evaluate import evaluate
 from gatherlens.errors import GatherValueError
-from gatherlens.models.corpus import AUSTEN_DIR, austen_available, load_text
-from gatherlens.models.quality import evaluate_quality, sliding_windows
-from gatherlens.models.rdata import read_lazyload, unserialize
+from gatherlens.eval.corpus import AUSTEN_DIR, austen_available, load_text
+from gatherlens.eval.rdata import read_lazyload, unserialize
+from gatherlens.eval.topk_quality import evaluate_quality, sliding_windows
 
 
 def tiny_llama_folder(path):

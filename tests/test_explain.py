@@ -14,7 +14,7 @@ from gatherlens.commands.explain import explain
 from gatherlens.errors import GatherIndexError, GatherValueError
 from gatherlens.report.build import build_report, write_report
 from gatherlens.report.collect import HeadMap, collect
-from gatherlens.report.figures import heads_svg, scores_svg
+from gatherlens.render.report_figures import heads_svg, scores_svg
 
 TEXT = "The cat sat on the mat because it was"
 EVIL = "<script>alert(1)</script>"

@@ -110,7 +110,7 @@ def test_padded_keys_get_no_weight(fresh):
     seen = []
 
     def check(call):
-        from gatherlens.models.sparse_quality import call_recall_cosine
+        from gatherlens.eval.sparse_quality import call_recall_cosine
 
         recall, _ = call_recall_cosine(call)
         assert call.mask is not None and not bool(call.mask[1, 0, 0, :9].any())

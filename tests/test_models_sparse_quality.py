@@ -12,8 +12,8 @@ from gatherlens.errors import GatherValueError
 pytest.importorskip("transformers")
 
 from gatherlens.commands.evaluate_sparse import evaluate_sparse  # noqa: E402
-from gatherlens.models.passkey import greedy_decode, passkey_prompt, passkey_trials  # noqa: E402
-from gatherlens.models.sparse_quality import evaluate_sparse_quality, prefill  # noqa: E402
+from gatherlens.eval.passkey import greedy_decode, passkey_prompt, passkey_trials  # noqa: E402
+from gatherlens.eval.sparse_quality import evaluate_sparse_quality, prefill  # noqa: E402
 
 
 def tiny_llama(seed: int = 0):

@@ -2,7 +2,8 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gatherlens.render.layout import fmt_value, visible
+from gatherlens.render.layout import visible
+from gatherlens.render.theme import fmt_value
 
 
 @given(n=st.integers(1, 200), budget=st.integers(2, 20), data=st.data())

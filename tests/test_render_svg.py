@@ -7,8 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gatherlens.render.examples import GOLDEN, example_svg
 from gatherlens.trace import record_embedding, record_gather, record_take_along_dim
+from golden_cases import GOLDEN, example_svg  # tests/golden_cases.py
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 NS = "{http://www.w3.org/2000/svg}"

@@ -2,7 +2,7 @@
 import torch
 from rich.console import Console
 
-from gatherlens.render.layout import PALETTE
+from gatherlens.render.theme import PALETTE
 from gatherlens.trace import record_embedding, record_gather
 
 

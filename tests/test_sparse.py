@@ -16,7 +16,7 @@ from gatherlens.ops.sparse.naive import (
     page_bounds_reference,
     sparse_attention_reference,
 )
-from gatherlens.ops.sparse.select import page_bounds, select_pages
+from gatherlens.ops.sparse.page_choice import page_bounds, select_pages
 
 TOL = {torch.float32: 2e-5, torch.float64: 1e-10, torch.bfloat16: 3e-2}
 
@@ -89,6 +89,60 @@ def test_matches_reference_on_chosen_pages(B, Hkv, G, L, D, P, budget, share, gr
     assert bool((sel.pages.diff(dim=-1) > 0).all())
 
 
+def masked_reference(q, k, v, pages, P, key_mask):
+    """float64 attention over the chosen pages' keys that key_mask (B, L) allows; a row with no
+    key left is 0 with lse -inf."""
+    B, Hq, _, D = q.shape
+    Hkv, L = k.shape[1], k.shape[2]
+    G, Hsel = Hq // Hkv, pages.shape[1]
+    page_of = torch.arange(L) // P  # (L,)
+    keep = (page_of.view(1, 1, 1, L) == pages.unsqueeze(-1)).any(dim=2)  # (B, Hsel, L)
+    keep = keep.repeat_interleave(Hq // Hsel, dim=1) & key_mask[:, None, :]  # (B, Hq, L)
+    kk, vv = k.double().repeat_interleave(G, 1), v.double().repeat_interleave(G, 1)  # (B, Hq, L, D)
+    logits = (q.double() @ kk.transpose(-1, -2)) / D ** 0.5  # (B, Hq, 1, L)
+    logits = logits.masked_fill(~keep.unsqueeze(2), float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)  # (B, Hq, 1)
+    w = torch.exp(logits - lse.unsqueeze(-1)).nan_to_num(0.0)  # (B, Hq, 1, L)
+    return w @ vv, lse.float()
+
+
+@given(B=st.integers(1, 3), Hkv=st.integers(1, 2), G=st.sampled_from([1, 2]), L=st.integers(1, 60),
+       P=st.sampled_from([1, 4, 16]), budget=st.integers(1, 70), share=st.booleans(),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]), seed=st.integers(0, 99))
+def test_key_mask_gives_masked_keys_no_weight(B, Hkv, G, L, P, budget, share, dtype, seed):
+    q, k, v, cache = make(B, G * Hkv, Hkv, L, 8, P, dtype, seed=seed)
+    key_mask = torch.rand(B, L, generator=torch.Generator().manual_seed(seed)) > 0.4  # (B, L)
+    out, lse, sel = sparse_decode(q, cache, budget=budget, share_selection=share, return_lse=True,
+                                  return_selection=True, key_mask=key_mask)
+    _, sel_plain = sparse_decode(q, cache, budget=budget, share_selection=share, return_selection=True)
+    assert torch.equal(sel.pages, sel_plain.pages)  # the mask does not change which pages are read
+    ref, ref_lse = masked_reference(q, k, v, sel.pages, P, key_mask)
+    torch.testing.assert_close(out.double(), ref, atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(lse, ref_lse, atol=1e-4 if dtype != torch.bfloat16 else 2e-2, rtol=1e-4)
+
+
+def test_all_true_key_mask_equals_no_mask():
+    q, k, v, cache = make(B=2, Hq=4, Hkv=2, L=37, D=8, P=4)
+    ones = torch.ones(2, 37, dtype=torch.bool)
+    out, lse = sparse_decode(q, cache, budget=12, return_lse=True, key_mask=ones)
+    out0, lse0 = sparse_decode(q, cache, budget=12, return_lse=True)
+    torch.testing.assert_close(out, out0, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(lse, lse0, atol=1e-6, rtol=1e-5)
+
+
+def test_gather_pages_returns_the_pages_tokens():
+    q, k, v, cache = make(B=2, Hq=4, Hkv=2, L=37, D=8, P=4)
+    pages = torch.tensor([[[0, 3, 9]], [[1, 2, 9]]]).expand(2, 4, 3)  # (B, Hsel=Hq, n): head h reads KV h // 2
+    kg, vg = cache.gather_pages(pages)  # (B, 4, 12, D)
+    pos = cache.page_positions(pages)  # (B, 4, 12)
+    inside = pos < 37
+    for b in range(2):
+        for h in range(4):
+            want = pos[b, h][inside[b, h]]
+            assert torch.equal(kg[b, h][inside[b, h]], k[b, h // 2, want])
+            assert torch.equal(vg[b, h][inside[b, h]], v[b, h // 2, want])
+
+
 def test_scale_is_passed_through():
     q, k, v, cache = make(L=40)
     out, sel = sparse_decode(q, cache, budget=12, scale=0.3, return_selection=True)
@@ -150,9 +204,9 @@ def test_incremental_summaries_equal_recomputed(chunks, P, seed):
 def test_append_touches_only_the_pages_it_writes():
     """A poisoned summary of an untouched page survives appends: the cache is never rescanned."""
     q, k, v, cache = make(L=40, P=4)
-    cache._s[:, :, 2] = 123.0  # page 2 (tokens 8..11), not touched by later appends
+    cache.summaries[:, :, 2] = 123.0  # page 2 (tokens 8..11), not touched by later appends
     cache.append(k[:, :, :7], v[:, :, :7])  # touches pages 10 and 11 only
-    assert bool((cache._s[:, :, 2] == 123.0).all())
+    assert bool((cache.summaries[:, :, 2] == 123.0).all())
     hi, lo = recomputed_summaries(torch.cat([k, k[:, :, :7]], dim=2), 4)
     assert torch.equal(cache.key_max[:, :, 10:], hi[:, :, 10:])
 
@@ -198,8 +252,8 @@ def test_always_keeps_first_and_last_page(L, P, budget, share, seed):
     N = cache.num_pages
     # make the first and last page the worst possible for every query
     q = q.abs()
-    cache._s[:, :, 0] = -1e6
-    cache._s[:, :, N - 1] = -1e6
+    cache.summaries[:, :, 0] = -1e6  # a view: writes reach the cache
+    cache.summaries[:, :, N - 1] = -1e6
     pages, bounds = select_pages(q, cache, budget, share_selection=share)
     assert bool((pages[..., 0] == 0).all()) and bool((pages[..., -1] == N - 1).all())
     # every other chosen page's bound beats every page left out
@@ -271,6 +325,14 @@ def test_page_selection_draws():
     svg = sel.to_svg()
     assert svg.lstrip().startswith("<") and "index_select" in svg
     assert "<html" in sel.to_html().lower()
+    # one door: the selection draws exactly its record (trace.as_record), with record options
+    from gatherlens.render import draw
+    from gatherlens.trace import as_record
+
+    assert svg == as_record(sel).to_svg() == draw(sel, "svg")
+    assert sel.to_svg(lang="zh") == as_record(sel, lang="zh").to_svg()
+    assert sel._repr_html_() == as_record(sel)._repr_html_()
+    assert sel.to_record(batch=0, head=1).meta["head"] == 1
 
 
 # -- errors --------------------------------------------------------------------------------
@@ -300,6 +362,14 @@ def bad_calls():
         ("backend", lambda: sparse_decode(q, cache, backend="cuda"), GatherValueError, "backend"),
         ("triton on cpu", lambda: sparse_decode(q, cache, backend="triton"), GatherValueError,
          "backend = 'triton'"),
+        ("key_mask shape", lambda: sparse_decode(q, cache, key_mask=torch.ones(1, 36, dtype=torch.bool)),
+         GatherValueError, "expected (B, L) = (1, 37)"),
+        ("key_mask dtype", lambda: sparse_decode(q, cache, key_mask=torch.ones(1, 37)), GatherTypeError,
+         "torch.bool"),
+        ("key_mask list", lambda: sparse_decode(q, cache, key_mask=[True]), GatherTypeError, "key_mask"),
+        ("key_mask triton", lambda: sparse_decode(q, cache, backend="triton",
+                                                  key_mask=torch.ones(1, 37, dtype=torch.bool)),
+         GatherValueError, "backend='torch' only"),
         ("append shape", lambda: cache.append(k[0], v[0]), GatherValueError, "expected (B, Hkv, T, D)"),
         ("append heads", lambda: cache.append(torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8)),
          GatherValueError, "(1, 3, 2, 8)"),

@@ -51,8 +51,9 @@ def _child(out_path: str) -> None:
     """Run every case through the Triton kernel (interpreted) and save the results."""
     import math
 
-    from gatherlens.ops.sparse.select import select_pages
-    from gatherlens.ops.sparse.triton_decode import sparse_decode_triton, triton_attend_pages
+    from gatherlens.ops.sparse.decode import sparse_decode_triton
+    from gatherlens.ops.sparse.page_choice import select_pages
+    from gatherlens.ops.sparse.triton_decode import triton_attend_pages
 
     results = {}
     for name, case in CASES.items():
@@ -106,7 +107,7 @@ def test_triton_matches_torch_path_and_reference(kernel_results, name):
     ref, ref_lse = sparse_attention_reference(q, k, v, got["pages"], P)
     torch.testing.assert_close(got["out"].float(), ref.float(), atol=tol, rtol=tol)
     if splits is None:
-        from gatherlens.ops.sparse.select import select_pages
+        from gatherlens.ops.sparse.page_choice import select_pages
 
         for score in ("max", "sum"):
             _, bounds = select_pages(q, cache, budget, share_selection=share, group_score=score)

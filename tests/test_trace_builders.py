@@ -241,6 +241,28 @@ def test_attention_selection_from_topk_attention():
     assert "<svg" in sel.to_svg()
 
 
+def test_as_record_dispatches_on_type_and_drawing_goes_through_it():
+    from gatherlens.ops.attention import topk_attention
+    from gatherlens.render import draw, render_html_fragment, render_svg
+    from gatherlens.trace import as_record
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
+    _, sel = topk_attention(q, k, v, 3, is_causal=True, return_selection=True)
+    rec = as_record(sel, head=1)
+    assert torch.equal(rec.output, record_attention_selection(sel, head=1).output)
+    assert as_record(rec) is rec and rec.to_record() is rec
+    assert sel.to_svg(head=1) == rec.to_svg() == render_svg(rec, lang=rec.lang)
+    assert rec._repr_html_() == render_html_fragment(rec, lang=rec.lang)
+    assert rec._repr_svg_() == rec.to_svg()
+    with pytest.raises(GatherTypeError, match="already built"):
+        as_record(rec, head=1)
+    with pytest.raises(GatherTypeError, match="got int"):
+        as_record(3)
+    with pytest.raises(GatherValueError, match="fmt = 'gif'"):
+        draw(rec, "gif")
+
+
 # -- bad input: clear errors, never a crash ------------------------------------------------
 def test_gather_errors_name_the_problem():
     W = torch.randn(10, 6)

@@ -4,13 +4,25 @@
     gatherlens gather --shape 4,5 --dim 0 --index 2,0,3    # draw one toy gather
     gatherlens bench embedding|attention|decode
     gatherlens eval | eval-sparse
+    gatherlens cache list|clear                    # the converted models on this machine
 
 Each command lives in its own module under `gatherlens.commands` and is imported only when it
 runs, so `gatherlens --help` answers without importing torch or transformers.
+
+No traceback reaches the user: a bad input or an environment fault (a read-only disk, a folder
+removed meanwhile) is one `Error:` line; an unexpected internal error is one line that says where
+its full traceback was written. gatherlens' warnings are one `warning:` line each.
 """
 from __future__ import annotations
 
 import importlib
+import os
+import re
+import sys
+import tempfile
+import time
+import traceback
+import warnings
 
 import click
 
@@ -22,7 +34,10 @@ COMMANDS = {
     "eval": "gatherlens.commands.evaluate:evaluate",
     "eval-sparse": "gatherlens.commands.evaluate_sparse:evaluate_sparse",
     "lookup": "gatherlens.commands.lookup:lookup",
+    "cache": "gatherlens.commands.cache:cache",
 }
+
+LONG = re.compile(r"\S{201,}")  # a pasted blob in a message: shown as its first 40 characters
 
 
 class LazyGroup(click.Group):
@@ -38,11 +53,71 @@ class LazyGroup(click.Group):
         module, attr = target.split(":")
         return getattr(importlib.import_module(module), attr)
 
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as e:
+            e.message = shorten_long(e.message)
+            raise
+        except (click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except BrokenPipeError:  # the reader of our output went away (| head): stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise click.exceptions.Exit(1) from None
+        except Exception as e:  # noqa: BLE001 - the one place every failure becomes one line
+            raise click.ClickException(shorten_long(one_line(e))) from None
+
+
+def one_line(e: BaseException) -> str:
+    """A user's error, an environment fault or an internal error as one line of text."""
+    from gatherlens.errors import GatherLensError
+
+    if isinstance(e, GatherLensError):
+        return str(e)
+    if isinstance(e, OSError):
+        where = f" {e.filename!r}" if e.filename else ""
+        also = f" -> {e.filename2!r}" if getattr(e, "filename2", None) else ""
+        return f"could not use{where}{also}: {e.strerror or e}"
+    if isinstance(e, MemoryError):
+        return "out of memory; try a shorter input or a smaller setting"
+    path = save_traceback(e)
+    return (f"internal error ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            f"the full traceback is in {path}. Please report it")
+
+
+def save_traceback(e: BaseException) -> str:
+    """Write `e`'s traceback to a temporary file; its path (or where it could not go)."""
+    text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    try:
+        fd, path = tempfile.mkstemp(prefix=f"gatherlens-error-{time.strftime('%Y%m%d-%H%M%S')}-",
+                                    suffix=".txt")
+        with os.fdopen(fd, "w") as f:
+            f.write(f"gatherlens {' '.join(sys.argv[1:])}\n\n{text}")
+        return path
+    except OSError as err:
+        return f"(nowhere: {err.strerror}; set TMPDIR to a writable folder)"
+
+
+def shorten_long(message: str) -> str:
+    """Cut any run of over 200 non-space characters (a pasted number or list) to 40 + '…'."""
+    return LONG.sub(lambda m: f"{m[0][:40]}… ({len(m[0]):,} characters)", message)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    if category.__name__ == "GatherLensWarning":
+        click.echo(f"warning: {message}", err=True)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+_python_show_warning = warnings.showwarning
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="gatherlens")
 def main():
     """gatherlens: every gather in a Transformer, done right and drawn."""
+    warnings.showwarning = _show_warning
 
 
 if __name__ == "__main__":

@@ -1,33 +1,54 @@
-"""The drawing doors of data that lives below `render/`.
+"""The one door from below into `render/`: pictures of data that lives in `ops/` and `trace/`.
 
-    >>> class MySelection(Drawable):
-    ...     def to_record(self, **kw): ...     # -> gatherlens.trace.GatherRecord
-    >>> MySelection().to_svg()
+    >>> class MySelection(Drawable): ...      # and register a builder with trace.as_record
+    >>> MySelection(...).to_svg()             # == gatherlens.render.draw(obj, "svg")
 
-A class supplies `to_record()`; the mixin gives it `.to_svg()`, `.to_html()`, `.to_png(path)` and
-the Jupyter hooks, all drawn from that record. This module imports nothing, so `ops/` can use it
-without importing `trace/` or `render/` at load time.
+The mixin gives a class `.to_record()`, `.to_svg()`, `.to_html()`, `.to_png(path)`,
+`.to_terminal()`, `.print_terminal()` and the Jupyter hooks. Every one of them is a single call
+of `gatherlens.render.draw(obj, fmt, **options)`, imported when a picture is asked for
+(`draw_lazily`), so this module imports nothing at load time and `ops/` and `trace/` stay below
+`render/`. Options that choose what to record (`batch`, `head`, `query`, `labels`) go to
+`gatherlens.trace.as_record`; the others (`lang`, `limits`, `scale`, `console`) to the renderer.
 """
 from __future__ import annotations
 
 
+def draw_lazily(obj, fmt: str, **options):
+    """`gatherlens.render.draw(obj, fmt, **options)`, importing render on first use."""
+    from gatherlens.render import draw
+
+    return draw(obj, fmt, **options)
+
+
 class Drawable:
-    """Mixin: every picture of an object is the picture of its `to_record()`."""
+    """Mixin: every picture of an object is the picture of its record (`trace.as_record`)."""
 
-    def to_record(self, **kw):  # pragma: no cover - supplied by the class
-        raise NotImplementedError
+    def to_record(self, **kw):
+        """The GatherRecord this object is drawn from (see `gatherlens.trace.as_record`)."""
+        return draw_lazily(self, "record", **kw)
 
-    def to_svg(self, **kw) -> str:
-        return self.to_record().to_svg(**kw)
+    def to_svg(self, lang: str | None = None, **kw) -> str:
+        """A standalone, deterministic SVG document."""
+        return draw_lazily(self, "svg", lang=lang, **kw)
 
-    def to_html(self, **kw) -> str:
-        return self.to_record().to_html(**kw)
+    def to_html(self, lang: str | None = None, **kw) -> str:
+        """A self-contained HTML page (no network): hover an output cell to see its source."""
+        return draw_lazily(self, "html", lang=lang, **kw)
 
-    def to_png(self, path, **kw):
-        return self.to_record().to_png(path, **kw)
+    def to_png(self, path, lang: str | None = None, scale: float = 2.0, **kw):
+        """Write a PNG (cairosvg) and return its path."""
+        return draw_lazily(self, "png", path=path, lang=lang, scale=scale, **kw)
+
+    def to_terminal(self, lang: str | None = None, **kw):
+        """A rich renderable (print it with rich.print or a rich Console)."""
+        return draw_lazily(self, "terminal", lang=lang, **kw)
+
+    def print_terminal(self, lang: str | None = None, console=None, **kw) -> None:
+        """Print the coloured terminal view."""
+        draw_lazily(self, "print", lang=lang, console=console, **kw)
 
     def _repr_svg_(self) -> str:
         return self.to_svg()
 
     def _repr_html_(self) -> str:
-        return self.to_record()._repr_html_()
+        return draw_lazily(self, "html_fragment")

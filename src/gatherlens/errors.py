@@ -14,7 +14,9 @@ __all__ = [
     "GatherIndexError",
     "GatherTypeError",
     "GatherValueError",
+    "GatherLensWarning",
     "position_of",
+    "shorten",
 ]
 
 
@@ -32,6 +34,23 @@ class GatherTypeError(GatherLensError, TypeError):
 
 class GatherValueError(GatherLensError, ValueError):
     """An argument of the right kind but a bad value or shape: a 3-D table, mismatched shapes."""
+
+
+class GatherLensWarning(UserWarning):
+    """Something about the environment the user should fix (shown once, as one line)."""
+
+
+def shorten(value, limit: int = 40) -> str:
+    """repr() of a user's input for an error message, cut to `limit` characters with '…'.
+
+    >>> shorten("9" * 5000)
+    "'9999999999999999999999999999999999999999…' (5,000 characters)"
+    """
+    text = str(value)
+    if len(text) <= limit:
+        return repr(text) if isinstance(value, str) else text
+    cut = repr(text[:limit])
+    return f"{cut[:-1]}…{cut[-1]} ({len(text):,} characters)"
 
 
 def position_of(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -18,15 +18,16 @@ from one more fresh process per (mode, L, dtype).
 """
 from __future__ import annotations
 
-import json
 import resource
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
+
+from gatherlens.bench.output import check_json_path, write_results
 
 from gatherlens.bench.fresh import run_fresh, worker
 
@@ -195,10 +196,7 @@ def command(mode, context, top_k, dtypes, threads, repeats, json_path, force):
     from rich.console import Console
     from rich.table import Table
 
-    if json_path.exists() and not force:
-        raise click.UsageError(f"{json_path} exists; pass --force to overwrite it")
-    if not json_path.parent.exists():
-        raise click.UsageError(f"folder {json_path.parent} does not exist (for --json)")
+    check_json_path(json_path, force)
     dtypes = tuple(x for x in dtypes.split(",") if x) if dtypes else DTYPES
     bad = [x for x in dtypes if x not in ("float32", "bfloat16", "float16", "float64")]
     if bad:
@@ -238,5 +236,5 @@ def command(mode, context, top_k, dtypes, threads, repeats, json_path, force):
             "prefill": "Q=L, causal, 9 q heads / 3 kv heads, D=64",
             "skipped": [list(s) for s in sorted(SKIP)] if contexts is None else [],
             "wall_s": time.perf_counter() - start}
-    json_path.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
+    write_results(json_path, "attention", meta, rows)
     console.print(f"wrote {json_path}")

@@ -20,14 +20,15 @@ for sparse 1 / (1/page + budget/L); "of bound" is the measured speedup as a frac
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
+
+from gatherlens.bench.output import check_json_path, write_results
 
 from gatherlens.bench.fresh import run_fresh, worker
 
@@ -61,7 +62,7 @@ def run_case(spec: dict) -> dict:
     import torch.nn.functional as F
 
     from gatherlens.ops.sparse import PagedKVCache, sparse_decode
-    from gatherlens.ops.sparse.select import pages_for_budget, select_pages
+    from gatherlens.ops.sparse.page_choice import pages_for_budget, select_pages
 
     torch.set_num_threads(spec["threads"])
     dtype = getattr(torch, spec["dtype"])
@@ -175,10 +176,7 @@ def command(contexts, budget, page_size, top_k, dtypes, threads, repeats, json_p
     from rich.console import Console
     from rich.table import Table
 
-    if json_path.exists() and not force:
-        raise click.UsageError(f"{json_path} exists; pass --force to overwrite it")
-    if not json_path.parent.exists():
-        raise click.UsageError(f"folder {json_path.parent} does not exist (for --json)")
+    check_json_path(json_path, force)
     for name, value in (("--budget", budget), ("--page-size", page_size), ("--threads", threads)):
         if value < 1:
             raise click.BadParameter(f"must be >= 1, got {value}", param_hint=name)
@@ -220,5 +218,5 @@ def command(contexts, budget, page_size, top_k, dtypes, threads, repeats, json_p
             "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "budget": budget, "page_size": page_size,
             "dense": "the faster of sdpa (enable_gqa) and sdpa_folded", "targets": verdicts,
             "wall_s": time.perf_counter() - start}
-    json_path.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
+    write_results(json_path, "decode", meta, rows)
     console.print(f"wrote {json_path}")

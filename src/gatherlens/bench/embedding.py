@@ -14,13 +14,14 @@ fraction of the copy's.
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
+
+from gatherlens.bench.output import check_json_path, write_results
 import torch
 import torch.nn.functional as F
 
@@ -179,10 +180,7 @@ def command(vocab, dim, tokens, dtypes, threads, methods, backward_methods, repe
     from rich.console import Console
     from rich.table import Table
 
-    if json_path.exists() and not force:
-        raise click.UsageError(f"{json_path} exists; pass --force to overwrite it")
-    if not json_path.parent.exists():
-        raise click.UsageError(f"folder {json_path.parent} does not exist (for --json)")
+    check_json_path(json_path, force)
     methods = tuple(m for m in methods.split(",") if m)
     backward_methods = () if no_backward else tuple(m for m in backward_methods.split(",") if m)
     unknown = [m for m in methods + backward_methods if m not in METHODS]
@@ -202,7 +200,7 @@ def command(vocab, dim, tokens, dtypes, threads, methods, backward_methods, repe
 
     def save(case, rows):  # after every case, so an interrupted run keeps what it measured
         console.log("done V=%d d=%d N=%d %s threads=%d" % case)
-        json_path.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
+        write_results(json_path, "embedding", meta, rows)
 
     try:
         rows = run_grid(_ints(vocab) or GRID["vocab"], _ints(dim) or GRID["dim"], _ints(tokens) or GRID["tokens"],
@@ -221,7 +219,7 @@ def command(vocab, dim, tokens, dtypes, threads, methods, backward_methods, repe
                       f"{100 * r.copy_fresh_fraction:.0f}%", f"{100 * r.copy_into_fraction:.0f}%", style=style)
     console.print(table)
     meta["complete"] = True
-    json_path.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
+    write_results(json_path, "embedding", meta, rows)
     console.print(f"wrote {json_path}")
 
 

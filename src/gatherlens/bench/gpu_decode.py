@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 from gatherlens.ops.sparse import PagedKVCache, sparse_decode
 from gatherlens.ops.sparse.naive import sparse_attention_reference
-from gatherlens.ops.sparse.select import select_pages
+from gatherlens.ops.sparse.page_choice import select_pages
+from gatherlens.ops.sparse.torch_decode import attend_pages
 
 
 def _time_ms(fn, warmup: int = 10, iters: int = 50) -> float:
@@ -49,14 +50,8 @@ def _time_ms(fn, warmup: int = 10, iters: int = 50) -> float:
 
 def torch_attend(q, cache, pages):
     """The torch path's gather + exact attention over given pages (B, Hsel, n)."""
-    from gatherlens.ops.sparse.decode import attend_gathered, gather_pages
-
-    B, Hq, _, D = q.shape
-    Hsel = pages.shape[1]
-    k, v = gather_pages(cache, pages, Hq)  # (B, Hsel, n*P, D)
-    valid = pages.shape[-1] * cache.page_size - (cache.num_pages * cache.page_size - cache.length)
-    out, lse = attend_gathered(q.view(B, Hsel, Hq // Hsel, D), k, v, valid, 1 / math.sqrt(D))
-    return out.reshape(B, Hq, 1, D).to(q.dtype), lse.reshape(B, Hq, 1)
+    out, lse = attend_pages(q, cache, pages, 1 / math.sqrt(q.shape[-1]))  # (B, Hq, 1, D), (B, Hq, 1)
+    return out.to(q.dtype), lse
 
 
 def check_small() -> dict:
@@ -100,22 +95,21 @@ def _graphed(fn):
     return graph.replay
 
 
-def run_case(L: int, args) -> dict:
-    B, Hq, Hkv, D, P, budget = args.batch, 32, 8, 128, 16, args.budget
-    dtype = torch.bfloat16
-    torch.manual_seed(0)
+def filled_cache(L: int, B: int, Hkv: int, D: int, P: int, dtype) -> PagedKVCache:
+    """A (B, Hkv, L, D) random cache, appended in chunks (no second full-size copy)."""
     cache = PagedKVCache(B, Hkv, D, P, dtype=dtype, device="cuda", capacity=L)
     chunk = 16384
     for s in range(0, L, chunk):
         t = min(chunk, L - s)
         cache.append(torch.randn(B, Hkv, t, D, device="cuda", dtype=dtype),
                      torch.randn(B, Hkv, t, D, device="cuda", dtype=dtype))
-    q = torch.randn(B, Hq, 1, D, device="cuda", dtype=dtype)
-    K, V = cache.keys, cache.values  # (B, Hkv, L, D) views of the paged storage
-    G = Hq // Hkv
-    row = {"context": L, "batch": B, "budget": budget, "page_size": P, "dtype": "bfloat16"}
+    return cache
 
-    # correctness at this size first
+
+def check_case(q, cache, budget: int, row: dict) -> None:
+    """Correctness at this size, into `row`: triton vs the torch path, full budget vs SDPA."""
+    B, Hq, _, D = q.shape
+    Hkv, L = cache.kv_heads, cache.length
     o_k, l_k, sel = sparse_decode(q, cache, budget, return_lse=True, return_selection=True,
                                   backend="triton")
     o_t, l_t = torch_attend(q, cache, sel.pages)
@@ -125,10 +119,21 @@ def run_case(L: int, args) -> dict:
     row["max_abs_err_lse"] = (l_k - l_t).abs().max().item()
     if not row["max_abs_err_triton_vs_torch"] < 5e-2:
         raise AssertionError(f"triton vs torch error {row['max_abs_err_triton_vs_torch']} at L={L}")
-    dense = F.scaled_dot_product_attention(q.view(B, Hkv, G, D), K, V).view(B, Hq, 1, D)
+    dense = F.scaled_dot_product_attention(q.view(B, Hkv, Hq // Hkv, D), cache.keys,
+                                           cache.values).view(B, Hq, 1, D)
     full = sparse_decode(q, cache, L, backend="triton")
     row["max_abs_err_full_budget_vs_sdpa"] = (full.float() - dense.float()).abs().max().item()
 
+
+def methods_for(q, cache, budget: int, row: dict) -> dict:
+    """name -> a no-argument call to time: dense SDPA, both sparse paths and their pieces."""
+    from gatherlens.ops.sparse.triton_decode import (triton_attend_pages, triton_page_bounds,
+                                                     triton_select_pages)
+
+    B, Hq, _, D = q.shape
+    Hkv, K, V = cache.kv_heads, cache.keys, cache.values  # (B, Hkv, L, D) views of the paged storage
+    G = Hq // Hkv
+    pages, _ = select_pages(q, cache, budget)
     methods = {
         "sdpa_gqa": lambda: F.scaled_dot_product_attention(q, K, V, enable_gqa=True),
         "sdpa_folded": lambda: F.scaled_dot_product_attention(q.view(B, Hkv, G, D), K, V),
@@ -137,20 +142,18 @@ def run_case(L: int, args) -> dict:
         "select_torch": lambda: select_pages(q, cache, budget),
         "select_triton": lambda: triton_select_pages(q, cache, budget),
         "bounds_kernel_only": lambda: triton_page_bounds(q, cache),
+        "triton_kernel_only": lambda: triton_attend_pages(q, cache, pages, 1 / math.sqrt(D)),
     }
-    pages, _ = select_pages(q, cache, budget)
-    from gatherlens.ops.sparse.triton_decode import (triton_attend_pages, triton_page_bounds,
-                                                     triton_select_pages)
-
-    scale = 1 / math.sqrt(D)
-    methods["triton_kernel_only"] = lambda: triton_attend_pages(q, cache, pages, scale)
     try:  # the same step replayed from a CUDA graph: what it costs without Python/launch overhead
-        graph_step = _graphed(lambda: sparse_decode(q, cache, budget, backend="triton"))
-        methods["sparse_triton_cudagraph"] = graph_step
-        dense_graph = _graphed(lambda: F.scaled_dot_product_attention(q, K, V, enable_gqa=True))
-        methods["sdpa_gqa_cudagraph"] = dense_graph
+        methods["sparse_triton_cudagraph"] = _graphed(lambda: sparse_decode(q, cache, budget, backend="triton"))
+        methods["sdpa_gqa_cudagraph"] = _graphed(lambda: F.scaled_dot_product_attention(q, K, V, enable_gqa=True))
     except Exception as e:
         row["error_cudagraph"] = repr(e)
+    return methods
+
+
+def time_methods(methods: dict, row: dict) -> None:
+    """Median ms of each method, and its speedup over the faster dense SDPA, into `row`."""
     times = {}
     for name, fn in methods.items():
         try:
@@ -162,54 +165,62 @@ def run_case(L: int, args) -> dict:
     base = min(t for n, t in times.items() if n in ("sdpa_gqa", "sdpa_folded") and t is not None)
     row["dense_ms"] = base
     row["speedup_vs_dense"] = {n: (base / t if t else None) for n, t in times.items()}
-    el = 2
-    n_pages = -(-L // P)
+
+
+def run_case(L: int, args) -> dict:
+    """One context length: correctness, then timings, then the bytes each method must read."""
+    B, Hq, Hkv, D, P, budget = args.batch, 32, 8, 128, 16, args.budget
+    torch.manual_seed(0)
+    cache = filled_cache(L, B, Hkv, D, P, torch.bfloat16)
+    q = torch.randn(B, Hq, 1, D, device="cuda", dtype=torch.bfloat16)
+    row = {"context": L, "batch": B, "budget": budget, "page_size": P, "dtype": "bfloat16"}
+    check_case(q, cache, budget, row)
+    time_methods(methods_for(q, cache, budget, row), row)
+    el, n_pages = 2, -(-L // P)
     row["bytes_dense"] = 2 * B * Hkv * L * D * el
     row["bytes_sparse"] = B * Hkv * n_pages * 2 * D * el + 2 * B * Hkv * budget * D * el
     row["bound"] = 1 / (1 / P + budget / L)
     return row
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("json", nargs="?", default="gpu_decode.json")
     ap.add_argument("--contexts", default="32768,131072")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--budget", type=int, default=2048)
     ap.add_argument("--deadline", type=float, default=150.0)
-    args = ap.parse_args(argv)
-    if os.path.exists(args.json):
-        print(f"{args.json} exists; remove it or name another file")
-        return 2
-    t0 = time.time()
-    report = {"torch": torch.__version__, "python": platform.python_version(), "rows": [], "errors": []}
+    return ap.parse_args(argv)
 
-    def write():
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
 
+def why_not_run(report: dict) -> str | None:
+    """Why this machine cannot run the benchmark (no CUDA, no triton), or None; notes versions."""
     if not torch.cuda.is_available():
-        report["skipped"] = "no CUDA device"
-        write()
-        print("no CUDA device: nothing to benchmark")
-        return 0
+        return "no CUDA device"
     try:
         import triton
-        report["triton"] = triton.__version__
     except Exception as e:
-        report["skipped"] = f"triton not importable: {e!r}"
-        write()
-        print(report["skipped"])
-        return 0
+        return f"triton not importable: {e!r}"
+    report["triton"] = triton.__version__
     report["device"] = torch.cuda.get_device_name()
-    try:
-        report["small_checks_max_err"] = check_small()
-        print("correctness (triton vs torch vs float64 reference): ok")
-    except Exception:
-        report["errors"].append(traceback.format_exc())
-        print(report["errors"][-1])
-        write()
-        return 1
+    return None
+
+
+def print_table(report: dict) -> None:
+    print(f"{report['device']}  torch {report['torch']}  triton {report.get('triton')}")
+    print(f"{'context':>8} {'method':>20} {'ms':>9} {'x dense':>8}")
+    for row in report["rows"]:
+        for name, ms in row["ms"].items():
+            sp = row["speedup_vs_dense"][name]
+            print(f"{row['context']:>8} {name:>20} {ms if ms is None else round(ms, 4):>9} "
+                  f"{'' if sp is None else round(sp, 2):>8}")
+        print(f"{'':>8} bound {row['bound']:.1f}x, err triton-vs-torch "
+              f"{row['max_abs_err_triton_vs_torch']:.2e}, full-budget-vs-sdpa "
+              f"{row['max_abs_err_full_budget_vs_sdpa']:.2e}")
+
+
+def run_cases(args, report: dict, write, t0: float) -> None:
+    """Every context within the deadline; a failing case is recorded, the others still run."""
     for L in [int(x) for x in args.contexts.split(",")]:
         if time.time() - t0 > args.deadline:
             report["errors"].append(f"skipped context {L}: past the {args.deadline}s deadline")
@@ -221,17 +232,36 @@ def main(argv=None) -> int:
             print(report["errors"][-1])
         torch.cuda.empty_cache()
         write()
-    hdr = f"{'context':>8} {'method':>20} {'ms':>9} {'x dense':>8}"
-    print(f"{report['device']}  torch {report['torch']}  triton {report.get('triton')}")
-    print(hdr)
-    for row in report["rows"]:
-        for name, ms in row["ms"].items():
-            sp = row["speedup_vs_dense"][name]
-            print(f"{row['context']:>8} {name:>20} {ms if ms is None else round(ms, 4):>9} "
-                  f"{'' if sp is None else round(sp, 2):>8}")
-        print(f"{'':>8} bound {row['bound']:.1f}x, err triton-vs-torch "
-              f"{row['max_abs_err_triton_vs_torch']:.2e}, full-budget-vs-sdpa "
-              f"{row['max_abs_err_full_budget_vs_sdpa']:.2e}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if os.path.exists(args.json):
+        print(f"{args.json} exists; remove it or name another file")
+        return 2
+    t0 = time.time()
+    report = {"torch": torch.__version__, "python": platform.python_version(), "rows": [], "errors": []}
+
+    def write():
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+
+    skipped = why_not_run(report)
+    if skipped:
+        report["skipped"] = skipped
+        write()
+        print(f"{skipped}: nothing to benchmark")
+        return 0
+    try:
+        report["small_checks_max_err"] = check_small()
+        print("correctness (triton vs torch vs float64 reference): ok")
+    except Exception:
+        report["errors"].append(traceback.format_exc())
+        print(report["errors"][-1])
+        write()
+        return 1
+    run_cases(args, report, write, t0)
+    print_table(report)
     report["wall_s"] = time.time() - t0
     write()
     return 0 if not report["errors"] else 1

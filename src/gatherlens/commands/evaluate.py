@@ -7,14 +7,15 @@
 
 Prints a table (perplexity over a sliding window, attention-mass recall, output cosine to dense)
 for dense attention and each k; --out writes CSV or JSON by extension, --plot a PNG. Existing
-files are not overwritten without --force. The metrics live in gatherlens.models.quality.
+files are not overwritten without --force. The metrics live in gatherlens.eval.topk_quality.
 """
 from __future__ import annotations
 
-
 import click
 
-from gatherlens.commands.params import output_file, positive_ints, text_source_options
+from gatherlens.commands.params import (
+    number, output_file, positive_ints, print_table, progress_bar, text_source_options,
+)
 
 
 @click.command("eval")
@@ -34,8 +35,6 @@ from gatherlens.commands.params import output_file, positive_ints, text_source_o
 def evaluate(model_name, corpus, text_file, ks, tokens, window, stride, out, plot, force):
     """Perplexity, attention-mass recall and output cosine: top-k attention against dense."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from gatherlens.errors import GatherLensError
 
@@ -46,45 +45,60 @@ def evaluate(model_name, corpus, text_file, ks, tokens, window, stride, out, plo
     plot_path = output_file(plot, force, (".png",), "--plot")
     console = Console(stderr=True)
     try:
-        from gatherlens.models import load
-        from gatherlens.models.corpus import load_text
-        from gatherlens.models.quality import evaluate_quality, sliding_windows
-        from gatherlens.models.quality_io import plot_quality, write_report
-
-        text = load_text(corpus, path=text_file)
-        lm = load(model_name, progress=True)
-        ids = lm.encode(text[: tokens * 12])                               # (1, N'): ~4 chars a token
-        if ids.shape[1] < tokens and len(text) > tokens * 12:
-            ids = lm.encode(text)
-        ids = ids[:, :tokens]                                              # (1, N)
-        limit = getattr(lm.config, "max_position_embeddings", None)
-        if window is None:
-            window = min(1024, limit or 1024)
-        if limit and window > limit:
-            raise click.BadParameter(f"window {window} exceeds the model's {limit} positions", param_hint="--window")
-        if stride is None:
-            stride = max(1, window // 2)
-        if stride > window:
-            raise click.BadParameter(f"stride {stride} is larger than window {window}", param_hint="--stride")
-        n_win = len(sliding_windows(ids.shape[1], window, stride))
-        with Progress(TextColumn("[bold]{task.description:>8}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console) as bar:
-            task = bar.add_task("dense", total=n_win * (len(ks_list) + 1))
-            report = evaluate_quality(lm.model, ids, ks_list, window=window, stride=stride,
-                                      progress=lambda n, d: bar.update(task, advance=n, description=d))
+        lm, ids = _load(model_name, corpus, text_file, tokens)
+        window, stride = _window_and_stride(lm, window, stride)
+        report = _measure(lm, ids, ks_list, window, stride, console)
     except GatherLensError as err:
         raise click.ClickException(str(err)) from None
     source = text_file or corpus
     report.meta.update({"model": lm.name, "text": str(source)})
-    table = Table(title=f"{lm.name}: top-k vs dense on {source} ({ids.shape[1]} tokens, window {window}, "
-                        f"stride {stride})")
-    for col in ("attention", "perplexity", "scored tokens", "mass recall", "min layer recall", "output cosine"):
-        table.add_column(col, justify="right")
-    fmt = lambda x, p=4: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
-    for r in report.rows:
-        table.add_row(r.setting, fmt(r.perplexity, 3), str(r.tokens), fmt(r.recall), fmt(r.recall_min_layer),
-                      fmt(r.cosine))
-    Console().print(table)
+    print_table(f"{lm.name}: top-k vs dense on {source} ({ids.shape[1]} tokens, window {window}, stride {stride})",
+                ("attention", "perplexity", "scored tokens", "mass recall", "min layer recall", "output cosine"),
+                [[r.setting, number(r.perplexity, 3), str(r.tokens), number(r.recall), number(r.recall_min_layer),
+                  number(r.cosine)] for r in report.rows])
+    _write(report, out_path, plot_path, console)
+
+
+def _load(model_name: str, corpus: str, text_file: str | None, tokens: int):
+    """The model and the first `tokens` token ids (1, N) of the text."""
+    from gatherlens.eval.corpus import load_text
+    from gatherlens.models import load
+
+    text = load_text(corpus, path=text_file)
+    lm = load(model_name, progress=True)
+    ids = lm.encode(text[: tokens * 12])                                   # (1, N'): ~4 chars a token
+    if ids.shape[1] < tokens and len(text) > tokens * 12:
+        ids = lm.encode(text)
+    return lm, ids[:, :tokens]                                             # (1, N)
+
+
+def _window_and_stride(lm, window: int | None, stride: int | None) -> tuple[int, int]:
+    """--window (default 1024 or the model's limit) and --stride (default window / 2), checked."""
+    limit = getattr(lm.config, "max_position_embeddings", None)
+    if window is None:
+        window = min(1024, limit or 1024)
+    if limit and window > limit:
+        raise click.BadParameter(f"window {window} exceeds the model's {limit} positions", param_hint="--window")
+    if stride is None:
+        stride = max(1, window // 2)
+    if stride > window:
+        raise click.BadParameter(f"stride {stride} is larger than window {window}", param_hint="--stride")
+    return window, stride
+
+
+def _measure(lm, ids, ks: list[int], window: int, stride: int, console):
+    """evaluate_quality under a progress bar (one step per window and setting)."""
+    from gatherlens.eval.topk_quality import evaluate_quality, sliding_windows
+
+    n_win = len(sliding_windows(ids.shape[1], window, stride))
+    with progress_bar(console, n_win * (len(ks) + 1)) as advance:
+        return evaluate_quality(lm.model, ids, ks, window=window, stride=stride, progress=advance)
+
+
+def _write(report, out_path, plot_path, console) -> None:
+    from gatherlens.eval.io import write_report
+    from gatherlens.eval.plot import plot_quality
+
     if out_path is not None:
         write_report(report, out_path)
         console.print(f"wrote {out_path}")

@@ -9,33 +9,31 @@ decoded one step at a time, teacher-forced, with dense attention and with each b
 table: perplexity and its ratio to dense, attention-mass recall, output cosine, passkey trials
 retrieved (a 5-digit number hidden at spread depths in --context tokens of filler, greedy
 generation). --pictures DIR saves, per budget, an SVG and HTML of the pages one layer / KV head
-read at the last decode step. The metrics live in gatherlens.models.sparse_quality / passkey.
+read at the last decode step. The metrics live in gatherlens.eval.sparse_quality / passkey.
 """
 from __future__ import annotations
 
-import csv
-import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
-from gatherlens.commands.params import output_file, positive_ints, text_source_options
+from gatherlens.commands.params import (
+    number, output_file, positive_ints, print_table, progress_bar, text_source_options,
+)
 
-_COLUMNS = ("setting", "budget", "perplexity", "ppl_ratio", "nll", "tokens", "recall", "recall_min_layer",
-            "cosine", "cosine_min_layer", "passkey_ok", "passkey_trials")
 
+@dataclass
+class _Plan:
+    """What eval-sparse measures, from its options."""
 
-def _rows(report, passkeys, budgets) -> list[dict]:
-    if report is not None:
-        rows = report.as_dicts()
-    else:  # passkey only
-        rows = [{k: None for k in _COLUMNS} | {"setting": "dense" if b is None else f"budget={b}", "budget": b}
-                for b in [None, *budgets]]
-    for row in rows:
-        mine = [p for p in passkeys if p.setting == row["setting"]]
-        row["passkey_ok"] = sum(p.ok for p in mine) if mine else None
-        row["passkey_trials"] = len(mine) if mine else None
-    return rows
+    budgets: list[int]
+    context: int
+    page_size: int
+    decode_tokens: int
+    passkey_trials: int
+    dense_layers: int
+    share_selection: bool
 
 
 @click.command("eval-sparse")
@@ -64,100 +62,132 @@ def evaluate_sparse(model_name, corpus, text_file, context, budgets, page_size, 
                     dense_layers, per_head, threads, json_out, csv_out, pictures, layer, head, force):
     """Perplexity, attention-mass recall, output cosine and passkey: sparse decoding against dense."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from gatherlens.errors import GatherLensError
 
-    budget_list = positive_ints(budgets, "--budgets", "budget")
-    if not decode_tokens and not passkey_trials:
-        raise click.BadParameter("nothing to measure: --decode-tokens 0 and --passkey-trials 0",
-                                 param_hint="--decode-tokens")
-    if decode_tokens >= context:
-        raise click.BadParameter(f"{decode_tokens} must be smaller than --context {context}",
-                                 param_hint="--decode-tokens")
+    plan = _Plan(positive_ints(budgets, "--budgets", "budget"), context, page_size, decode_tokens, passkey_trials,
+                 dense_layers, share_selection=not per_head)
+    _check_plan(plan)
     json_path = output_file(json_out, force, (".json",), "--json")
     csv_path = output_file(csv_out, force, (".csv",), "--csv")
-    pic_dir = Path(pictures) if pictures else None
-    if pic_dir is not None and pic_dir.exists() and any(pic_dir.glob("pages_*")) and not force:
-        raise click.BadParameter(f"{pictures!r} already holds pictures; pass --force to overwrite them",
-                                 param_hint="--pictures")
+    pic_dir = _picture_folder(pictures, force)
     console = Console(stderr=True)
     try:
-        import torch
-
-        from gatherlens.models import load
-        from gatherlens.models.corpus import load_text
-        from gatherlens.models.passkey import passkey_trials as run_passkey
-        from gatherlens.models.sparse import observe_sparse
-        from gatherlens.models.sparse_quality import evaluate_sparse_quality
-
-        if threads:
-            torch.set_num_threads(threads)
-        text = load_text(corpus, path=text_file)
-        lm = load(model_name, progress=True)
-        limit = getattr(lm.config, "max_position_embeddings", None)
-        if limit and context > limit:
-            raise click.BadParameter(f"context {context} exceeds the model's {limit} positions", param_hint="--context")
-        ids = lm.encode(text, truncation=False)[:, :context]  # (1, S)
-        if ids.shape[1] < context:
-            raise click.BadParameter(f"the text has only {ids.shape[1]} tokens; lower --context",
-                                     param_hint="--context")
+        lm, ids = _load(model_name, corpus, text_file, context, threads)
         draw_layer = layer if layer is not None else lm.config.num_hidden_layers // 2
         if draw_layer >= lm.config.num_hidden_layers:
             raise click.BadParameter(f"layer {draw_layer} is outside [0, {lm.config.num_hidden_layers})",
                                      param_hint="--layer")
-        last = {}  # budget -> the last PageSelection of draw_layer
-
-        def keep(call):
-            if call.layer == draw_layer:
-                last[call.selection.budget] = call.selection
-
-        n_settings = len(budget_list) + 1
-        with Progress(TextColumn("[bold]{task.description:>22}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console) as bar:
-            task = bar.add_task("dense", total=decode_tokens * n_settings + passkey_trials * n_settings)
-            advance = lambda n, d: bar.update(task, advance=n, description=d)  # noqa: E731
-            report = None
-            if decode_tokens:
-                with observe_sparse(keep):
-                    report = evaluate_sparse_quality(lm.model, ids, budget_list, page_size=page_size,
-                                                     decode_tokens=decode_tokens, share_selection=not per_head,
-                                                     dense_layers=dense_layers, progress=advance)
-            passkeys = run_passkey(lm.model, lm.tokenizer, context=context, trials=passkey_trials,
-                                   budgets=budget_list, page_size=page_size, share_selection=not per_head,
-                                   dense_layers=dense_layers, progress=advance) if passkey_trials else []
+        report, passkeys, last = _measure(lm, ids, plan, draw_layer, console)
     except GatherLensError as err:
         raise click.ClickException(str(err)) from None
-    source = text_file or corpus
-    meta = report.meta if report is not None else {"context": ids.shape[1], "page_size": page_size,
-                                                    "dense_layers": dense_layers, "share_selection": not per_head}
-    meta.update({"model": lm.name, "text": str(source), "passkey_trials": passkey_trials})
-    rows = _rows(report, passkeys, budget_list)
-    table = Table(title=f"{lm.name}: sparse decoding vs dense, {source}, context {ids.shape[1]}, "
-                        f"{decode_tokens} decoded tokens, page {page_size}")
-    for col in ("decode", "perplexity", "vs dense", "mass recall", "min layer recall", "output cosine", "passkey"):
-        table.add_column(col, justify="right")
-    fmt = lambda x, p=4: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
+    meta, rows = _results(lm, text_file or corpus, ids, plan, report, passkeys)
+    _print(rows, f"{lm.name}: sparse decoding vs dense, {meta['text']}, context {ids.shape[1]}, "
+                 f"{decode_tokens} decoded tokens, page {page_size}")
+    _write(json_path, csv_path, meta, rows, passkeys, console)
+    if pic_dir is not None:
+        _pictures(pic_dir, last, draw_layer, head, console)
+
+
+def _check_plan(plan: _Plan) -> None:
+    if not plan.decode_tokens and not plan.passkey_trials:
+        raise click.BadParameter("nothing to measure: --decode-tokens 0 and --passkey-trials 0",
+                                 param_hint="--decode-tokens")
+    if plan.decode_tokens >= plan.context:
+        raise click.BadParameter(f"{plan.decode_tokens} must be smaller than --context {plan.context}",
+                                 param_hint="--decode-tokens")
+
+
+def _picture_folder(pictures: str | None, force: bool) -> Path | None:
+    """The --pictures folder; one that already holds pictures only with --force."""
+    if pictures is None:
+        return None
+    folder = Path(pictures)
+    if folder.exists() and any(folder.glob("pages_*")) and not force:
+        raise click.BadParameter(f"{pictures!r} already holds pictures; pass --force to overwrite them",
+                                 param_hint="--pictures")
+    return folder
+
+
+def _load(model_name: str, corpus: str, text_file: str | None, context: int, threads: int | None):
+    """The model and the first `context` token ids (1, S) of the text; an error if it is shorter."""
+    import torch
+
+    from gatherlens.eval.corpus import load_text
+    from gatherlens.models import load
+
+    if threads:
+        torch.set_num_threads(threads)
+    text = load_text(corpus, path=text_file)
+    lm = load(model_name, progress=True)
+    limit = getattr(lm.config, "max_position_embeddings", None)
+    if limit and context > limit:
+        raise click.BadParameter(f"context {context} exceeds the model's {limit} positions", param_hint="--context")
+    ids = lm.encode(text, truncation=False)[:, :context]  # (1, S)
+    if ids.shape[1] < context:
+        raise click.BadParameter(f"the text has only {ids.shape[1]} tokens; lower --context", param_hint="--context")
+    return lm, ids
+
+
+def _measure(lm, ids, plan: _Plan, draw_layer: int, console):
+    """Quality and passkey under one progress bar; also the last PageSelection of draw_layer per budget."""
+    from gatherlens.eval.passkey import passkey_trials
+    from gatherlens.eval.sparse_quality import evaluate_sparse_quality
+    from gatherlens.models.sparse import observe_sparse
+
+    last = {}  # budget -> the last PageSelection of draw_layer
+
+    def keep(call):
+        if call.layer == draw_layer:
+            last[call.selection.budget] = call.selection
+
+    report, passkeys = None, []
+    settings = {"page_size": plan.page_size, "share_selection": plan.share_selection,
+                "dense_layers": plan.dense_layers}
+    total = (plan.decode_tokens + plan.passkey_trials) * (len(plan.budgets) + 1)
+    with progress_bar(console, total, width=22) as advance:
+        if plan.decode_tokens:
+            with observe_sparse(keep):
+                report = evaluate_sparse_quality(lm.model, ids, plan.budgets, decode_tokens=plan.decode_tokens,
+                                                 progress=advance, **settings)
+        if plan.passkey_trials:
+            passkeys = passkey_trials(lm.model, lm.tokenizer, context=plan.context, trials=plan.passkey_trials,
+                                      budgets=plan.budgets, progress=advance, **settings)
+    return report, passkeys, last
+
+
+def _results(lm, source, ids, plan: _Plan, report, passkeys) -> tuple[dict, list[dict]]:
+    """The meta and the table rows (quality and passkey per setting) the outputs share."""
+    from gatherlens.eval.passkey import table_rows
+
+    meta = report.meta if report is not None else {"context": ids.shape[1], "page_size": plan.page_size,
+                                                    "dense_layers": plan.dense_layers,
+                                                    "share_selection": plan.share_selection}
+    meta.update({"model": lm.name, "text": str(source), "passkey_trials": plan.passkey_trials})
+    return meta, table_rows(report, passkeys, plan.budgets)
+
+
+def _print(rows: list[dict], title: str) -> None:
+    cells = []
     for r in rows:
         pk = "-" if r["passkey_trials"] is None else f"{r['passkey_ok']}/{r['passkey_trials']}"
         ratio = "-" if r["ppl_ratio"] is None else f"{100 * (r['ppl_ratio'] - 1):+.2f}%"
-        table.add_row(r["setting"], fmt(r["perplexity"], 3), ratio, fmt(r["recall"]),
-                      fmt(r["recall_min_layer"]), fmt(r["cosine"]), pk)
-    Console().print(table)
+        cells.append([r["setting"], number(r["perplexity"], 3), ratio, number(r["recall"]),
+                      number(r["recall_min_layer"]), number(r["cosine"]), pk])
+    print_table(title, ("decode", "perplexity", "vs dense", "mass recall", "min layer recall", "output cosine",
+                        "passkey"), cells)
+
+
+def _write(json_path, csv_path, meta: dict, rows: list[dict], passkeys, console) -> None:
+    from gatherlens.eval.io import write_table
+    from gatherlens.eval.passkey import TABLE_COLUMNS
+
     if json_path is not None:
-        json_path.write_text(json.dumps({"meta": meta, "rows": rows,
-                                         "passkey": [p.as_dict() for p in passkeys]}, indent=2) + "\n")
+        write_table(json_path, rows, TABLE_COLUMNS, meta, passkey=[p.as_dict() for p in passkeys])
         console.print(f"wrote {json_path}")
     if csv_path is not None:
-        with open(csv_path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=_COLUMNS)
-            w.writeheader()
-            for r in rows:
-                w.writerow({k: r[k] for k in _COLUMNS})
+        write_table(csv_path, rows, TABLE_COLUMNS, meta)
         console.print(f"wrote {csv_path}")
-    if pic_dir is not None:
-        _pictures(pic_dir, last, draw_layer, head, console)
 
 
 def _pictures(folder: Path, selections: dict, layer: int, head: int, console) -> None:

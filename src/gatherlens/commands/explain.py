@@ -6,8 +6,8 @@
     gatherlens explain "..." --model ./my-hf-model --out report --force
 
 Runs the model once under `gatherlens.trace()` with top-k attention on, prints a summary to the
-terminal (tokens and ids, the embedding gather, one query's top-k keys, the next-token
-prediction, the table of every gather) and writes a self-contained HTML report with one SVG per
+terminal (gatherlens.render.summary: tokens and ids, the embedding gather, one query's top-k
+keys, the next-token prediction, the table of every gather) and writes a self-contained HTML report with one SVG per
 figure to --out (default ./gatherlens-report). A folder that already holds files is refused
 unless --force; --force replaces only the report's own files (index.html, story.json, NN-*.svg).
 """
@@ -19,6 +19,7 @@ import time
 
 import click
 
+from gatherlens.i18n import LANGS
 from gatherlens.report.defaults import DEFAULT_TEXT
 
 
@@ -52,7 +53,7 @@ def _command_line(text, model, top_k, layer, head, query, lang, out) -> str:
 @click.option("--head", type=int, default=0, show_default=True, help="Query head drawn in detail.")
 @click.option("--query", type=int, default=-1, show_default=True,
               help="Token position whose value gather is drawn (-1 = the last token).")
-@click.option("--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True,
+@click.option("--lang", type=click.Choice(LANGS), default="en", show_default=True,
               help="Language of the report and its captions.")
 @click.option("--out", "out", type=click.Path(file_okay=False), default="gatherlens-report",
               show_default=True, help="Folder for index.html, story.json and the SVG figures.")
@@ -67,6 +68,7 @@ def explain(text, model, top_k, layer, head, query, lang, out, force):
     from rich.console import Console
 
     from gatherlens.errors import GatherLensError
+    from gatherlens.render.summary import print_summary
     from gatherlens.report.build import check_out_dir, write_report
 
     err = Console(stderr=True, log_path=False)
@@ -86,7 +88,7 @@ def explain(text, model, top_k, layer, head, query, lang, out, force):
             from gatherlens.models import load
             from gatherlens.report.collect import collect
 
-            say(f"loading {model} (the first SmolLM2 load converts its GGUF file: ~25 s)")
+            say(f"loading {model} (the first SmolLM2 load converts its GGUF file once)")
             lm = load(model, progress=say)
             err.log(f"loaded {lm.name} in {lm.seconds:.1f} s"
                     + (" (from the converted copy in the cache)" if lm.from_cache else ""))
@@ -101,108 +103,6 @@ def explain(text, model, top_k, layer, head, query, lang, out, force):
         console.width = max(console.width, 110)
     print_summary(story, paths, console, lang)
     err.log(f"done in {time.perf_counter() - t0:.1f} s")
-
-
-# -- the terminal summary ------------------------------------------------------------------
-def print_summary(story, paths, console, lang: str = "en") -> None:
-    """Tokens and ids, the embedding gather, one query's top-k keys, the prediction, all gathers."""
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
-
-    from gatherlens.report.text import human_bytes, op_meaning
-
-    toks = story.shown_tokens
-    att = story.attention
-    hm = story.heads
-
-    def heading(title: str) -> None:
-        console.print(Text("\n" + title, style="bold"))
-
-    console.rule(f"[bold]gatherlens explain[/] · {story.model_name} ({story.model_class})")
-    console.print(Text.assemble(("text: ", "dim"), story.text))
-
-    # tokens, ids and the rows they gather
-    word = next((e for e in story.embeddings if e.kind == "word"), None)
-    heading("1-2. tokens → ids → rows of the embedding table")
-    t = Table(box=box.SIMPLE_HEAD)
-    t.add_column("pos", justify="right")
-    t.add_column("token")
-    t.add_column("id", justify="right", style="cyan")
-    if word is not None:
-        t.add_column(f"{word.record.source_name}[id] (first 4 of {word.table_shape[1]})")
-    for i, (tok, tid) in enumerate(zip(toks, story.ids)):
-        row = [str(i), Text(tok), str(tid)]
-        if word is not None:
-            vals = word.record.output.reshape(-1, word.table_shape[1])[i, :4].tolist()
-            row.append(" ".join(f"{v:+.3f}" for v in vals) + " …")
-        t.add_row(*row)
-    console.print(t)
-    for e in story.embeddings:
-        V, d = e.table_shape
-        item = e.record.source.element_size()
-        console.print(Text.assemble(
-            ("embedding gather ", "bold"), (f"{e.module}", "cyan"),
-            f": table ({V:,}, {d}) [ids ({len(e.ids)},)] → ({len(e.ids)}, {d}); "
-            f"{len(set(e.ids))} distinct rows read, {human_bytes(len(e.ids) * d * item)} of "
-            f"{human_bytes(V * d * item)}"))
-
-    # heads
-    groups = " | ".join(f"kv{g} ← " + " ".join(f"q{h}" for h in qs) for g, qs in enumerate(hm.groups))
-    kind = "grouped-query" if hm.group > 1 else "multi-head"
-    console.print(Text.assemble(("\n3. heads ", "bold"),
-                                f"({kind}: {hm.q_heads} query heads over {hm.kv_heads} KV heads): ",
-                                (groups if len(groups) < 300 else groups[:297] + "…", "dim")))
-
-    # the top-k picks of one query
-    Q, L = att.scores.shape
-    qrow = att.query - (len(toks) - Q)
-    picked = [j for j in att.indices[qrow].tolist() if j >= 0]
-    keys = toks[-L:]
-    heading(f"4-5. top-{att.top_k} keys of query {att.query} ({toks[att.query]}) · "
-            f"layer {att.layer}, head {att.head} (KV head {att.kv_head})")
-    t = Table(box=box.SIMPLE_HEAD)
-    for name in ("key", "token", "score", "top-k weight", "dense weight"):
-        t.add_column(name, justify="left" if name == "token" else "right")
-    for j, w in zip(picked, att.weights[qrow].tolist()):
-        t.add_row(str(j), Text(keys[j]), f"{float(att.scores[qrow, j]):.3f}", f"{w:.3f}",
-                  f"{float(att.dense[qrow, j]):.3f}")
-    console.print(t)
-    console.print(f"   these {len(picked)} keys hold {att.mass:.0%} of the dense attention weight; "
-                  f"their value rows are gathered: V.index_select(0, {picked})")
-
-    # prediction
-    p = story.prediction
-    if p is not None:
-        heading(f"6. next token after {toks[-1]}: logits[:, -1].gather(-1, top5)")
-        t = Table(box=box.SIMPLE_HEAD)
-        for name in ("rank", f"top-k (k={story.top_k})", "prob", "dense", "prob"):
-            t.add_column(name, justify="right" if name in ("rank", "prob") else "left")
-        for r, (a, b) in enumerate(zip(p.top, p.dense_top)):
-            t.add_row(str(r + 1), Text(f"{a[1]} ({a[0]})"), f"{a[3]:.1%}",
-                      Text(f"{b[1]} ({b[0]})"), f"{b[3]:.1%}")
-        console.print(t)
-    else:
-        console.print(f"[bold]6.[/] {story.model_name} is an encoder: no next-token prediction.")
-
-    # every gather
-    heading(f"7. every gather of the forward pass ({story.events} calls, "
-            f"{human_bytes(story.bytes_read)} read)")
-    t = Table(box=box.SIMPLE_HEAD, show_footer=True)
-    t.add_column("op", footer="total")
-    t.add_column("what it does", overflow="fold")
-    t.add_column("module")
-    t.add_column("calls", justify="right", footer=str(story.events))
-    t.add_column("bytes read", justify="right", footer=human_bytes(story.bytes_read))
-    for g in story.gathers:
-        t.add_row(g["op"], op_meaning(g["op"], "en"), g["module"] or "(top)", str(g["count"]),
-                  human_bytes(g["bytes_read"]))
-    console.print(t)
-
-    index = next((p for p in paths if p.name == "index.html"), None)
-    console.print(Text.assemble(("report: ", "bold"), str(index),
-                                (f"  (+ {len(paths) - 1} files: "
-                                 + ", ".join(p.name for p in paths if p is not index) + ")", "dim")))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import click
 
+from gatherlens.i18n import LANGS
+
 FORMATS = (".svg", ".html", ".htm", ".png")
 
 
@@ -140,7 +142,7 @@ def _build(op, shape, values, dim, index, ids, vocab, labels, lang):
 @click.option("--vocab", type=int, default=None, help="Vocabulary size V for --op embedding.")
 @click.option("--labels", help="Token strings for the ids, comma separated: The,cat,sat.")
 @click.option("--mistakes", is_flag=True, help="Draw the article's two mistakes beside the fix.")
-@click.option("--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True,
+@click.option("--lang", type=click.Choice(LANGS), default="en", show_default=True,
               help="Caption language.")
 @click.option("-o", "--out", "out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write to FILE (.svg, .html or .png); default: draw in the terminal.")
@@ -191,20 +193,7 @@ def _write_mistakes(out: Path | None, lang: str) -> None:
     from gatherlens.render import mistakes
 
     if out is None:
-        from rich.console import Console
-        from rich.text import Text
-
-        from gatherlens.render.layout import layout
-        from gatherlens.render.scene import TextBox
-        from gatherlens.render.terminal import figure_renderable
-
-        console = Console()
-        for block in mistakes.mistakes_blocks(lang):
-            if isinstance(block, TextBox):
-                console.print(Text("\n" + block.title, style="bold"))
-                console.print(Text(block.body))
-            else:
-                console.print(figure_renderable(layout(block, lang=lang)))
+        mistakes.print_mistakes(lang)
         return
     ext = out.suffix.lower()
     if ext == ".svg":

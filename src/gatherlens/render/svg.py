@@ -2,37 +2,22 @@
 
     >>> svg = render_svg(record_gather(x, 0, idx), lang="zh")
 
-Drawn with a jinja2 template (autoescaping on), not an SVG library: the picture is a few kinds
-of element (rect, text, g) whose positions come from `scene.place`, jinja2 is already a
-dependency for the HTML page, and autoescaping guarantees every label (a token such as
+Drawn with a jinja2 template (templates.py, autoescaping on), not an SVG library: the picture
+is a few kinds of element (rect, text, g) whose positions come from `scene.place`, jinja2 is
+already a dependency for the HTML page, and autoescaping guarantees every label (a token such as
 `<script>`) lands in the file as text, never as markup. Same record, same bytes.
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
-import jinja2
-
 from gatherlens.render.layout import Limits, layout
-from gatherlens.render.scene import FONTS, MONO, Scene, TextBox, place
-
-
-@lru_cache(maxsize=1)
-def environment() -> jinja2.Environment:
-    """The template environment: package templates, autoescape for every template."""
-    return jinja2.Environment(
-        loader=jinja2.PackageLoader("gatherlens.render", "templates"),
-        autoescape=True,
-        trim_blocks=False,
-        keep_trailing_newline=True,
-        undefined=jinja2.StrictUndefined,
-    )
+from gatherlens.render.scene import Scene, TextBox, place
+from gatherlens.render.templates import render_template
+from gatherlens.render.theme import FONTS, MONO
 
 
 def scene_svg(scene: Scene) -> str:
     """Draw a placed scene as an SVG document (no XML prolog, so it can be inlined in HTML)."""
-    return environment().get_template("figure.svg.j2").render(
-        s=scene, font=FONTS[scene.lang], mono=MONO)
+    return render_template("figure.svg.j2", s=scene, font=FONTS[scene.lang], mono=MONO)
 
 
 def render_svg(record, lang: str = "en", limits: Limits | None = None) -> str:

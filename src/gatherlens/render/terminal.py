@@ -12,7 +12,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from gatherlens.render.layout import UNPICKED, FigureModel, Limits, Panel, layout
+from gatherlens.render.layout import FigureModel, Limits, Panel, layout
+from gatherlens.render.theme import UNPICKED
 
 
 def _panel_table(p: Panel) -> Table:

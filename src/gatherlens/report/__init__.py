@@ -6,9 +6,11 @@
     >>> story = collect(load("smollm2"), "The cat sat on the mat because it was", top_k=4)
     >>> write_report(story, "gatherlens-report", lang="en")     # index.html + one .svg per figure
 
-`collect` runs the model once under `gatherlens.trace()`; `build` draws every figure from
-selection records (gatherlens.render) or, for the pictures records do not cover (the score grid,
-the head groups), from plain data with jinja2 SVG templates, and writes one self-contained page.
+`collect` runs the model once under `gatherlens.trace()`; `sections` tells the story one
+section per step (words from gatherlens.i18n, figures drawn by gatherlens.render: records, and
+for the score grid and the head groups render.report_figures); `build` puts the sections on one
+self-contained page and writes it with one SVG per figure. The terminal summary of `explain` is
+render.summary.
 """
 from __future__ import annotations
 

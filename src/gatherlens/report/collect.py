@@ -167,18 +167,34 @@ def collect(lm, text: str, *, top_k: int = 4, layer: int | None = None, head: in
     layer: the attention layer drawn in detail (default: the middle one); head: its query
     head; query: the query position whose value gather is drawn (default: the last token).
     """
-    from gatherlens.models import observe_attention, use_dense_attention, use_topk_attention
-    from gatherlens.trace.tracer import trace
-
     say = say or (lambda message: None)
     if not isinstance(text, str) or not text.strip():
         raise GatherValueError(f"text must be a non-empty string, got {text!r}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise GatherValueError(f"top_k {top_k!r} is outside the valid range [1, inf)")
-    model, tok = lm.model, lm.tokenizer
-    enc = tok(text, return_tensors="pt")
+    enc = lm.tokenizer(text, return_tensors="pt")
     ids = enc["input_ids"]                                                   # (1, S)
-    S = ids.shape[1]
+    n_layers, layer, query = _positions(lm.model, ids.shape[1], layer, query)
+    tokens = token_texts(lm.tokenizer, ids[0].tolist())
+    run = _run(lm, enc, top_k, say)
+    say("collecting the gathers")
+    path, call = _chosen_call(run.calls, layer, lm.model)
+    Hq, Hkv = call.query.shape[1], call.key.shape[1]
+    if not -Hq <= head < Hq:
+        raise GatherIndexError(f"head {head} is outside the query heads [0, {Hq}) of layer {layer}")
+    heads = HeadMap(q_heads=Hq, kv_heads=Hkv)
+    display = [shown_token(x) for x in tokens]
+    prediction = None
+    if run.dense_out is not None:
+        prediction = _prediction(run.out.logits, run.dense_out.logits, lm, display)
+    return _story(lm, text, ids, tokens, n_layers or len(run.calls), run, heads, top_k,
+                  embeddings=_embeddings(run.trace, lm.model, ids, display),
+                  attention=_attention(call, path, layer, head % Hq, heads, query, top_k, display),
+                  prediction=prediction)
+
+
+def _positions(model, S: int, layer: int | None, query: int) -> tuple[int, int, int]:
+    """(number of layers, layer, query), negatives counted from the end; clear range errors."""
     if S > MAX_TOKENS:
         raise GatherValueError(
             f"text has {S} tokens; the report draws a {S} x {S} score grid, so keep it within "
@@ -191,72 +207,80 @@ def collect(lm, text: str, *, top_k: int = 4, layer: int | None = None, head: in
     layer = layer % n_layers if n_layers else layer
     if not -S <= query < S:
         raise GatherIndexError(f"query {query} is outside the token positions [{-S}, {S})")
-    query = query % S
-    tokens = token_texts(lm.tokenizer, ids[0].tolist())
-    names = {id(m): n for n, m in model.named_modules()}
+    return n_layers, layer, query % S
 
+
+@dataclass
+class _Run:
+    calls: list            # (module path, attention call) of every attention layer, in order
+    trace: object          # the Trace of the top-k forward
+    out: object            # its model output
+    dense_out: object      # the dense forward's output (causal LMs only), else None
+    seconds: float         # time of the traced forward
+
+
+def _run(lm, enc, top_k: int, say) -> _Run:
+    """One forward with top-k attention under trace(); a second, dense one for the prediction."""
+    from gatherlens.models import observe_attention, use_dense_attention, use_topk_attention
+    from gatherlens.trace.tracer import trace
+
+    model = lm.model
+    names = {id(m): n for n, m in model.named_modules()}
     calls = []
 
     def keep(call) -> None:
         calls.append((names.get(id(call.module), ""), call))
 
-    inputs = {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    inputs = {k: v for k, v in enc.items()
+              if k in ("input_ids", "attention_mask", "token_type_ids")}
     before = model.config._attn_implementation
-    say(f"running {lm.name} on {S} tokens under trace() (top-k attention, k={top_k})")
+    restore = before if before != "gatherlens_topk" else None
+    say(f"running {lm.name} on {enc['input_ids'].shape[1]} tokens under trace() "
+        f"(top-k attention, k={top_k})")
     t0 = time.perf_counter()
     use_topk_attention(model, top_k=top_k)
     try:
         with torch.no_grad(), observe_attention(keep), trace() as t:
             out = model(**inputs)
-        traced_s = time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
         dense_out = None
         if lm.is_causal and hasattr(out, "logits"):
             say("running it again with dense attention, to compare the prediction")
-            use_dense_attention(model, before if before != "gatherlens_topk" else None)
+            use_dense_attention(model, restore)
             with torch.no_grad():
                 dense_out = model(**inputs)
     finally:
-        use_dense_attention(model, before if before != "gatherlens_topk" else None)
+        use_dense_attention(model, restore)
+    return _Run(calls=calls, trace=t, out=out, dense_out=dense_out, seconds=seconds)
 
-    say("collecting the gathers")
-    # the call of the chosen layer: by module path (layers.N) or, failing that, by call order
-    chosen = None
+
+def _chosen_call(calls: list, layer: int, model):
+    """The attention call of `layer`: by module path (layers.N) or, failing that, by call order."""
     for path, call in calls:
         if _layer_number(path, call) == layer:
-            chosen = (path, call)
-            break
-    if chosen is None:
-        if not calls:
-            raise GatherValueError(
-                f"{type(model).__name__} ran no attention through transformers' attention "
-                f"interface, so there is no top-k selection to draw")
-        if layer >= len(calls):
-            raise GatherIndexError(f"layer {layer} is outside the model's layers [0, {len(calls)})")
-        chosen = calls[layer]
-    path, call = chosen
-    Hq, Hkv = call.query.shape[1], call.key.shape[1]
-    if not -Hq <= head < Hq:
-        raise GatherIndexError(f"head {head} is outside the query heads [0, {Hq}) of layer {layer}")
-    head = head % Hq
-    heads = HeadMap(q_heads=Hq, kv_heads=Hkv)
+            return path, call
+    if not calls:
+        raise GatherValueError(
+            f"{type(model).__name__} ran no attention through transformers' attention "
+            f"interface, so there is no top-k selection to draw")
+    if layer >= len(calls):
+        raise GatherIndexError(f"layer {layer} is outside the model's layers [0, {len(calls)})")
+    return calls[layer]
 
-    display = [shown_token(x) for x in tokens]
-    embeddings = _embeddings(t, model, ids, display)
-    attention = _attention(call, path, layer, head, heads, query, top_k, display)
-    prediction = None
-    if dense_out is not None:
-        prediction = _prediction(out.logits, dense_out.logits, lm, display)
-    cfg = model.config
-    rows = t.summary()
+
+def _story(lm, text: str, ids, tokens: list[str], layers: int, run: _Run, heads: HeadMap,
+           top_k: int, **steps) -> Story:
+    """The Story: the model's facts, the run's gathers and the steps (embeddings, attention...)."""
+    model, cfg = lm.model, lm.model.config
+    rows = run.trace.summary()
     return Story(
         model_name=lm.name, model_class=type(model).__name__, arch=getattr(cfg, "model_type", "?"),
         is_causal=lm.is_causal, text=text, ids=ids[0].tolist(), tokens=tokens,
         vocab_size=int(getattr(cfg, "vocab_size", 0) or 0),
-        hidden_size=int(getattr(cfg, "hidden_size", 0) or 0), layers=n_layers or len(calls),
-        embeddings=embeddings, heads=heads, attention=attention, prediction=prediction,
-        gathers=rows, events=len(t.events), bytes_read=sum(r["bytes_read"] for r in rows),
+        hidden_size=int(getattr(cfg, "hidden_size", 0) or 0), layers=layers, heads=heads,
+        gathers=rows, events=len(run.trace.events), bytes_read=sum(r["bytes_read"] for r in rows),
         top_k=top_k, tied=_tied(model), rope=any("rope" in str(k) for k in cfg.to_dict()),
-        seconds={"load": float(getattr(lm, "seconds", 0.0)), "forward": traced_s},
+        seconds={"load": float(getattr(lm, "seconds", 0.0)), "forward": run.seconds}, **steps,
     )
 
 
@@ -329,7 +353,7 @@ def _allowed(call, sel, head: int, Q: int, L: int) -> torch.Tensor:
 
 
 def _attention(call, path, layer, head, heads: HeadMap, query, top_k, display) -> AttentionView:
-    from gatherlens.trace.builders import record_index_select
+    from gatherlens.trace.builders import record_attention_selection, record_index_select
 
     sel = call.selection
     kv = heads.kv_of(head)
@@ -348,7 +372,7 @@ def _attention(call, path, layer, head, heads: HeadMap, query, top_k, display) -
     indices = sel.indices[0, head].cpu()                                     # (Q, k)
     weights = sel.weights[0, head].float().cpu()                             # (Q, k)
     labels = display[-L:] if len(display) >= L else None
-    score_record = sel.to_record(batch=0, head=head, labels=labels)
+    score_record = record_attention_selection(sel, batch=0, head=head, labels=labels)
     qrow = query - (len(display) - Q) if len(display) >= Q else query        # row in (Q, L)
     qrow = min(max(qrow, 0), Q - 1)
     picked = indices[qrow][indices[qrow] >= 0]                               # (k',)

@@ -4,6 +4,7 @@
     >>> rec.to_svg()
 
 Builders run the real op and record, for every output element, the source element it came from.
+`as_record(selection)` turns what an op returned (an AttentionSelection, a PageSelection) into one.
 """
 from gatherlens.trace.builders import (
     record_attention_selection,
@@ -13,6 +14,7 @@ from gatherlens.trace.builders import (
     record_indexing,
     record_take_along_dim,
 )
+from gatherlens.trace.convert import as_record
 from gatherlens.trace.diagnose import (
     GatherDiagnosticWarning,
     GatherFinding,
@@ -25,6 +27,7 @@ from gatherlens.trace.tracer import TraceEvent, trace
 
 __all__ = [
     "GatherRecord",
+    "as_record",
     "record_gather",
     "record_index_select",
     "record_indexing",

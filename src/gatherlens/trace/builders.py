@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from gatherlens.errors import GatherIndexError, GatherTypeError, GatherValueError, position_of
-from gatherlens.trace.record import LANGS, GatherRecord
+from gatherlens.i18n import LANGS
+from gatherlens.trace.record import GatherRecord
 
 __all__ = [
     "record_gather",
@@ -172,41 +173,13 @@ def record_take_along_dim(input, indices, dim: int | None = None, *, name: str =
     """
     src = _tensor(input, name)
     idx = _int_index(indices, index_name)
+    names = dict(source_name=name, index_name=index_name, lang=_lang(lang), **labels)
     if dim is None:
-        n = src.numel()
-        _check_range(idx, n, index_name, f"the {n} elements of flattened {name}")
-        out = torch.take_along_dim(src, idx)  # (idx.numel(),)
-        flat = idx.reshape(-1)  # (N,)
-        parts = [] if src.ndim == 0 else list(torch.unravel_index(flat, tuple(src.shape)))
-        coords = _stack([p.long() for p in parts], out.shape)  # (N, src.ndim)
-        icoords = torch.stack(torch.unravel_index(torch.arange(flat.numel()), tuple(idx.shape)),
-                              dim=-1).long() if idx.ndim else torch.zeros(1, 0, dtype=torch.long)
-        return GatherRecord(
-            op="take_along_dim", source=src, index=idx, output=out, source_coords=coords,
-            index_coords=icoords, dim=None,
-            call=call or f"torch.take_along_dim({name}, {index_name})",
-            source_name=name, index_name=index_name, lang=_lang(lang), **labels,
-        )
+        return _record_take_flat(src, idx, call or f"torch.take_along_dim({name}, {index_name})", names)
     if src.ndim == 0:
         raise GatherValueError(f"{name} must have at least 1 dimension, got a 0-D tensor")
     d = _dim(dim, src.ndim)
-    if idx.ndim != src.ndim:
-        raise GatherValueError(
-            f"{index_name} must have as many dimensions as {name} ({src.ndim}) for "
-            f"take_along_dim with dim={d}, got shape {tuple(idx.shape)}"
-        )
-    shape = []
-    for ax in range(src.ndim):
-        a, b = src.shape[ax], idx.shape[ax]
-        if ax == d:
-            shape.append(b)
-        elif a == b or a == 1 or b == 1:
-            shape.append(max(a, b) if min(a, b) != 0 else 0)
-        else:
-            raise GatherValueError(
-                f"{index_name} shape {tuple(idx.shape)} does not broadcast with {name} shape "
-                f"{tuple(src.shape)} on dim {ax} ({b} vs {a}); sizes must match or be 1"
-            )
+    _check_take_shapes(src, idx, d, name, index_name)
     _check_range(idx, src.shape[d], index_name, f"{name}'s dim {d}")
     out = torch.take_along_dim(src, idx, dim=d)  # (*shape)
     grid = _grid(out.shape)
@@ -223,9 +196,38 @@ def record_take_along_dim(input, indices, dim: int | None = None, *, name: str =
     return GatherRecord(
         op="take_along_dim", source=src, index=idx, output=out,
         source_coords=_stack(src_parts, out.shape), index_coords=_stack(idx_parts, out.shape),
-        dim=d, call=call or f"torch.take_along_dim({name}, {index_name}, dim={d})",
-        source_name=name, index_name=index_name, lang=_lang(lang), **labels,
+        dim=d, call=call or f"torch.take_along_dim({name}, {index_name}, dim={d})", **names,
     )
+
+
+def _record_take_flat(src, idx, call: str, names: dict) -> GatherRecord:
+    """take_along_dim without dim: indices into the flattened input."""
+    n = src.numel()
+    _check_range(idx, n, names["index_name"], f"the {n} elements of flattened {names['source_name']}")
+    out = torch.take_along_dim(src, idx)  # (idx.numel(),)
+    flat = idx.reshape(-1)  # (N,)
+    parts = [] if src.ndim == 0 else list(torch.unravel_index(flat, tuple(src.shape)))
+    coords = _stack([p.long() for p in parts], out.shape)  # (N, src.ndim)
+    icoords = torch.stack(torch.unravel_index(torch.arange(flat.numel()), tuple(idx.shape)),
+                          dim=-1).long() if idx.ndim else torch.zeros(1, 0, dtype=torch.long)
+    return GatherRecord(op="take_along_dim", source=src, index=idx, output=out, source_coords=coords,
+                        index_coords=icoords, dim=None, call=call, **names)
+
+
+def _check_take_shapes(src, idx, d: int, name: str, index_name: str) -> None:
+    """indices has input's ndim and broadcasts with it on every dim but d."""
+    if idx.ndim != src.ndim:
+        raise GatherValueError(
+            f"{index_name} must have as many dimensions as {name} ({src.ndim}) for "
+            f"take_along_dim with dim={d}, got shape {tuple(idx.shape)}"
+        )
+    for ax in range(src.ndim):
+        a, b = src.shape[ax], idx.shape[ax]
+        if ax != d and not (a == b or a == 1 or b == 1):
+            raise GatherValueError(
+                f"{index_name} shape {tuple(idx.shape)} does not broadcast with {name} shape "
+                f"{tuple(src.shape)} on dim {ax} ({b} vs {a}); sizes must match or be 1"
+            )
 
 
 # -- advanced indexing ---------------------------------------------------------------------
@@ -292,7 +294,21 @@ def record_indexing(input, indices, *, name: str = "x", index_name: str = "idx",
     """
     src = _tensor(input, name)
     norm = _normalise(indices, src.ndim)
-    # range checks with a clear message before torch does its own
+    _check_indexing(src, norm, name, index_name)  # a clear message before torch gives its own
+    out = src[norm]  # the op itself
+    coord_src = _stack(_grid(src.shape), src.shape) if src.ndim else torch.zeros(0)
+    coords = coord_src[norm] if src.ndim else torch.zeros((*out.shape, 0), dtype=torch.long)
+    index, icoords, dim = _index_cells(src, norm, out)
+    text = call or f"{name}[{', '.join(_describe(it) for it in norm)}]"
+    return GatherRecord(
+        op="indexing", source=src, index=index, output=out, source_coords=coords.long(),
+        index_coords=icoords, dim=dim, call=text, source_name=name, index_name=index_name,
+        lang=_lang(lang), **labels,
+    )
+
+
+def _check_indexing(src, norm: tuple, name: str, index_name: str) -> None:
+    """Every int and index tensor inside its dim; every mask the shape of the dims it covers."""
     ax = 0
     for it in norm:
         if isinstance(it, torch.Tensor) and it.dtype != torch.bool:
@@ -319,33 +335,26 @@ def record_indexing(input, indices, *, name: str = "x", index_name: str = "idx",
                 )
         ax += 0 if it is None else (max(it.ndim, 1) if isinstance(it, torch.Tensor)
                                     and it.dtype == torch.bool else 1)
-    out = src[norm]  # the op itself
-    coord_src = _stack(_grid(src.shape), src.shape) if src.ndim else torch.zeros(0)
-    coords = coord_src[norm] if src.ndim else torch.zeros((*out.shape, 0), dtype=torch.long)
-    # one integer index tensor: draw it and map each output element to its index cell
+
+
+def _index_cells(src, norm: tuple, out):
+    """(index, index_coords, dim) when one integer tensor indexes: the index cell of each output
+    element; (None, None, None) otherwise (no single index to draw)."""
     tens = [i for i, it in enumerate(norm) if isinstance(it, torch.Tensor)]
-    index = icoords = None
-    dim = None
-    if len(tens) == 1 and norm[tens[0]].dtype != torch.bool:
-        t = tens[0]
-        index = norm[t]
-        dim = sum(0 if it is None else 1 for it in norm[:t])
-        fake_shape = list(src.shape)
-        fake_shape[dim] = max(index.numel(), 1)
-        fake = _stack(_grid(fake_shape), fake_shape)
-        marked = list(norm)
-        marked[t] = torch.arange(index.numel()).view(index.shape)
-        flat = fake[tuple(marked)][..., dim]  # (*out.shape) flat position in index
-        if index.ndim:
-            icoords = torch.stack(torch.unravel_index(flat, tuple(index.shape)), dim=-1).long()
-        else:
-            icoords = torch.zeros((*out.shape, 0), dtype=torch.long)
-    text = call or f"{name}[{', '.join(_describe(it) for it in norm)}]"
-    return GatherRecord(
-        op="indexing", source=src, index=index, output=out, source_coords=coords.long(),
-        index_coords=icoords, dim=dim, call=text, source_name=name, index_name=index_name,
-        lang=_lang(lang), **labels,
-    )
+    if len(tens) != 1 or norm[tens[0]].dtype == torch.bool:
+        return None, None, None
+    t = tens[0]
+    index = norm[t]
+    dim = sum(0 if it is None else 1 for it in norm[:t])
+    fake_shape = list(src.shape)
+    fake_shape[dim] = max(index.numel(), 1)
+    fake = _stack(_grid(fake_shape), fake_shape)
+    marked = list(norm)
+    marked[t] = torch.arange(index.numel()).view(index.shape)
+    flat = fake[tuple(marked)][..., dim]  # (*out.shape) flat position in index
+    if not index.ndim:
+        return index, torch.zeros((*out.shape, 0), dtype=torch.long), dim
+    return index, torch.stack(torch.unravel_index(flat, tuple(index.shape)), dim=-1).long(), dim
 
 
 # -- embedding lookup ----------------------------------------------------------------------

@@ -13,20 +13,10 @@ from __future__ import annotations
 import torch
 
 from gatherlens.errors import GatherIndexError, GatherTypeError, GatherValueError
+from gatherlens.i18n import check_lang, text
 from gatherlens.trace.record import GatherRecord
 
 __all__ = ["record_page_selection"]
-
-CAPTIONS = {
-    "en": ("Sparse decode reads {n} of {N} pages ({tokens} of {L} tokens, budget {budget}): each "
-           "page is scored by an upper bound of q.k from its keys' element-wise min and max, the "
-           "best pages within the budget are gathered (page 0, the attention sinks, and the last "
-           "page, the newest tokens, always), and attention runs over those keys exactly."),
-    "zh": ("稀疏解码只读取 {N} 页中的 {n} 页（{L} 个 token 中的 {tokens} 个，预算 {budget}）："
-           "每页用其键的逐元素最小值和最大值给出 q.k 的上界打分，在预算内 gather 得分最高的页"
-           "（第 0 页即注意力汇聚点、最后一页即最新的 token 总会保留），再在这些键上精确计算注意力。"),
-}
-
 
 def _page_labels(labels, L: int, P: int) -> list[str]:
     if labels is None:
@@ -61,8 +51,7 @@ def record_page_selection(selection, batch: int = 0, head: int = 0, labels=None,
     for nm, v, size in (("batch", batch, B), ("head", head, Hsel)):
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < size:
             raise GatherIndexError(f"{nm}={v!r} is outside [0, {size})")
-    if lang not in CAPTIONS:
-        raise GatherValueError(f"lang={lang!r} must be one of {tuple(CAPTIONS)}")
+    check_lang(lang)
     L, P, N = int(selection.length), int(selection.page_size), bounds_all.shape[-1]
     pages = pages_all[batch, head].detach().cpu().long()  # (n,)
     if bool(((pages < 0) | (pages >= N)).any()):
@@ -71,8 +60,8 @@ def record_page_selection(selection, batch: int = 0, head: int = 0, labels=None,
     output = source.index_select(1, pages)  # (1, n)
     coords = torch.stack([torch.zeros_like(pages), pages], dim=-1).unsqueeze(0)  # (1, n, 2)
     what = "KV group" if selection.share_selection else "query head"
-    caption = CAPTIONS[lang].format(n=n, N=N, tokens=selection.tokens_read, L=L,
-                                    budget=selection.budget)
+    caption = text("caption_page_selection", lang, n=n, N=N, tokens=selection.tokens_read, L=L,
+                   budget=selection.budget)
     return GatherRecord(
         op="index_select", source=source, index=pages, output=output, source_coords=coords,
         index_coords=torch.arange(n).view(1, n, 1).expand(1, n, 1).clone(), dim=1,

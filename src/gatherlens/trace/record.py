@@ -5,6 +5,8 @@
     tensor([0, 1])
     >>> rec.to_svg()                     # drawn by gatherlens.render (imported on call)
 
+A record is plain data; its pictures (`to_svg`, `to_html`, `to_png`, `to_terminal`,
+`print_terminal`, the Jupyter hooks) come from the `Drawable` mixin, the one door into render.
 Renderers read only these records. The promise a record keeps (and the tests check over
 hypothesis cases): for every output element whose coordinate is valid,
 ``source[tuple(source_coords.unbind(-1))] == output``, so a picture cannot lie about the op.
@@ -12,15 +14,14 @@ hypothesis cases): for every output element whose coordinate is valid,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-LANGS = ("en", "zh")
+from gatherlens.drawable import Drawable
 
 
 @dataclass
-class GatherRecord:
+class GatherRecord(Drawable):
     """For a gather-like call: source, index, output and where each output element came from.
 
     op:            "gather" | "index_select" | "indexing" | "take_along_dim" | "embedding" |
@@ -94,45 +95,6 @@ class GatherRecord:
         """Coordinates of every source element that some output element came from."""
         coords = self.source_coords[self.valid]  # (N, source.ndim)
         return {tuple(c) for c in coords.tolist()}
-
-    # -- pictures (lazy doors into render/) ---------------------------------------------------
-    def to_svg(self, lang: str | None = None, **kw) -> str:
-        """A standalone, deterministic SVG document."""
-        from gatherlens.render.svg import render_svg
-
-        return render_svg(self, lang=lang or self.lang, **kw)
-
-    def to_html(self, lang: str | None = None, **kw) -> str:
-        """A self-contained HTML page (no network): hover an output cell to see its source."""
-        from gatherlens.render.html import render_html
-
-        return render_html(self, lang=lang or self.lang, **kw)
-
-    def to_png(self, path: str | Path, lang: str | None = None, scale: float = 2.0, **kw) -> Path:
-        """Write a PNG (cairosvg) and return its path."""
-        from gatherlens.render.png import render_png
-
-        return render_png(self, path, lang=lang or self.lang, scale=scale, **kw)
-
-    def to_terminal(self, lang: str | None = None, **kw):
-        """A rich renderable (print it with rich.print or a rich Console)."""
-        from gatherlens.render.terminal import render_terminal
-
-        return render_terminal(self, lang=lang or self.lang, **kw)
-
-    def print_terminal(self, lang: str | None = None, console=None, **kw) -> None:
-        """Print the coloured terminal view."""
-        from gatherlens.render.terminal import print_terminal
-
-        print_terminal(self, lang=lang or self.lang, console=console, **kw)
-
-    def _repr_svg_(self) -> str:
-        return self.to_svg()
-
-    def _repr_html_(self) -> str:
-        from gatherlens.render.html import render_html_fragment
-
-        return render_html_fragment(self, lang=self.lang)
 
     def __repr__(self) -> str:
         return (

@@ -75,6 +75,7 @@ class TraceEvent:
     def record(self, labels=None, **kw):
         """The GatherRecord of this call, built now (needs keep_tensors=True when tracing)."""
         from gatherlens.trace import builders
+        from gatherlens.trace.convert import as_record
 
         if not self.tensors:
             raise ValueError(
@@ -87,7 +88,7 @@ class TraceEvent:
             return builders.record_embedding(t["index"], t["input"], labels=labels, **kw)
         if self.op == "topk_attention":
             kw.pop("call")
-            return t["selection"].to_record(labels=labels, **kw)
+            return as_record(t["selection"], labels=labels, **kw)
         if self.op in ("gather", "scatter", "scatter_add"):
             return builders.record_gather(t["input"], self.dim, t["index"], **kw)
         if self.op in ("index_select", "index_copy"):

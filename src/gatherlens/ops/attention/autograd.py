@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.attention.chunked import chunk_size, chunked_forward, stat_dtype
+from gatherlens.ops.attention.chunked import chunk_size, chunked_forward
 from gatherlens.ops.attention.logits import chunk_logits
-from gatherlens.ops.attention.select import indices_to_mask
+from gatherlens.ops.attention.topk_select import indices_to_mask
+from gatherlens.ops.dtypes import NEG_INF, stat_dtype
 
 
 class TopkAttentionFn(torch.autograd.Function):
@@ -59,7 +60,7 @@ class TopkAttentionFn(torch.autograd.Function):
             s = chunk_logits(p, q5, k_c, q0, q1, Lc)            # (B, Hkv, G, n, Lc)
             keep = indices_to_mask(idx5[..., q0:q1, :].long(), Lc)  # (B, Hkv, G, n, Lc)
             l = lse5[..., q0:q1].unsqueeze(-1)                  # (B, Hkv, G, n, 1)
-            l = torch.where(l > float("-inf"), l, torch.zeros_like(l))
+            l = torch.where(l > NEG_INF, l, torch.zeros_like(l))
             P = s.sub_(l).exp_().mul_(keep)                     # (B, Hkv, G, n, Lc)
             do = do5[..., q0:q1, :]                             # (B, Hkv, G, n, Dv)
             delta = (do * o5[..., q0:q1, :]).sum(-1, keepdim=True)  # (B, Hkv, G, n, 1)

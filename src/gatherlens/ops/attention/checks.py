@@ -81,6 +81,27 @@ def check_topk_args(query, key, value, top_k, *, is_causal, attn_mask, scale, en
                     share_selection=False) -> AttentionProblem:
     """Validate the arguments of `topk_attention` and describe the problem."""
     top_k = check_top_k(top_k)
+    _check_qkv(query, key, value)
+    B, Hq, Q, D = query.shape
+    Hkv, L, Dv = key.shape[1], key.shape[2], value.shape[3]
+    _check_heads(Hq, Hkv, enable_gqa)
+    if scale is None:
+        scale = 1.0 / math.sqrt(D) if D > 0 else 1.0
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise GatherValueError(f"scale must be a finite number, got {scale!r}")
+    G = Hq // Hkv
+    causal, offset, mask = _causal_rule(attn_mask, is_causal, Q, L)
+    if attn_mask is not None and not isinstance(attn_mask, CausalBias):
+        mask = _check_mask(attn_mask, query, (B, Hq, Q, L), Hkv, G)
+    return AttentionProblem(
+        batch=B, q_heads=Hq, kv_heads=Hkv, groups=G, q_len=Q, key_len=L, head_dim=D, value_dim=Dv,
+        scale=float(scale), top_k=top_k, causal=causal, causal_offset=offset, mask=mask,
+        share_selection=bool(share_selection),
+    )
+
+
+def _check_qkv(query, key, value) -> None:
+    """Tensors, one float dtype, one device, and (B, H, L, D) shapes that fit together."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         _check_tensor(name, t)
     if not (query.dtype == key.dtype == value.dtype):
@@ -92,9 +113,9 @@ def check_topk_args(query, key, value, top_k, *, is_causal, attn_mask, scale, en
         raise GatherValueError(
             f"query, key and value must be on one device, got {query.device}, {key.device}, {value.device}"
         )
-    B, Hq, Q, D = query.shape
+    B, _, _, D = query.shape
     Bk, Hkv, L, Dk = key.shape
-    Bv, Hv, Lv, Dv = value.shape
+    Bv, Hv, Lv, _ = value.shape
     if not (B == Bk == Bv):
         raise GatherValueError(f"batch sizes differ: query {B}, key {Bk}, value {Bv}; they must be equal")
     if Dk != D:
@@ -103,6 +124,9 @@ def check_topk_args(query, key, value, top_k, *, is_causal, attn_mask, scale, en
         raise GatherValueError(f"value length {Lv} does not match key length {L}")
     if Hv != Hkv:
         raise GatherValueError(f"value has {Hv} heads but key has {Hkv}; they must be equal")
+
+
+def _check_heads(Hq: int, Hkv: int, enable_gqa: bool) -> None:
     if Hkv == 0 or Hq % Hkv != 0:
         raise GatherValueError(
             f"query heads {Hq} are not a multiple of key/value heads {Hkv}: "
@@ -113,32 +137,23 @@ def check_topk_args(query, key, value, top_k, *, is_causal, attn_mask, scale, en
             f"query has {Hq} heads but key/value have {Hkv}; pass enable_gqa=True for grouped-query "
             f"attention (as with F.scaled_dot_product_attention)"
         )
-    if scale is None:
-        scale = 1.0 / math.sqrt(D) if D > 0 else 1.0
-    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
-        raise GatherValueError(f"scale must be a finite number, got {scale!r}")
-    G = Hq // Hkv
 
-    causal, offset, mask = bool(is_causal), 0, None
-    if isinstance(attn_mask, CausalBias):
-        if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (Q, L):
-            raise GatherValueError(
-                f"attn_mask CausalBias is for ({attn_mask.seq_len_q}, {attn_mask.seq_len_kv}) queries/keys, "
-                f"but query has {Q} and key {L}"
-            )
-        causal = True
-        offset = L - Q if attn_mask.variant == CausalVariant.LOWER_RIGHT else 0
-        if is_causal and offset != 0:
-            raise GatherValueError(
-                "is_causal=True (top-left) and a lower-right CausalBias attn_mask disagree; pass one of them"
-            )
-    elif attn_mask is not None:
-        mask = _check_mask(attn_mask, query, (B, Hq, Q, L), Hkv, G)
-    return AttentionProblem(
-        batch=B, q_heads=Hq, kv_heads=Hkv, groups=G, q_len=Q, key_len=L, head_dim=D, value_dim=Dv,
-        scale=float(scale), top_k=top_k, causal=causal, causal_offset=offset, mask=mask,
-        share_selection=bool(share_selection),
-    )
+
+def _causal_rule(attn_mask, is_causal, Q: int, L: int) -> tuple[bool, int, None]:
+    """(causal, causal_offset, None) from is_causal or a CausalBias attn_mask."""
+    if not isinstance(attn_mask, CausalBias):
+        return bool(is_causal), 0, None
+    if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (Q, L):
+        raise GatherValueError(
+            f"attn_mask CausalBias is for ({attn_mask.seq_len_q}, {attn_mask.seq_len_kv}) queries/keys, "
+            f"but query has {Q} and key {L}"
+        )
+    offset = L - Q if attn_mask.variant == CausalVariant.LOWER_RIGHT else 0
+    if is_causal and offset != 0:
+        raise GatherValueError(
+            "is_causal=True (top-left) and a lower-right CausalBias attn_mask disagree; pass one of them"
+        )
+    return True, offset, None
 
 
 def _check_mask(attn_mask, query, target, Hkv, G) -> torch.Tensor:

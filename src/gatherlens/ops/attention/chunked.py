@@ -9,8 +9,8 @@ chunk stops at its last query's diagonal), select k per row, then one of two sum
   (B, Hkv, G, C, k, Dv), and take the weighted sum. Reads only k rows of V.
 - dense (prefill, or large k): set every logit outside the selection to -inf (the k-th largest
   is a threshold), softmax the chunk and multiply by V, (C, Lc) @ (Lc, Dv): the same sum with no
-  copies, one large matmul. Measured here it beats the gather for prefill at every k (many small
-  row copies and batched vector products lose to one matmul).
+  copies, one large matmul. For prefill it beats the gather at every k (many small row copies
+  and batched vector products lose to one matmul; `gatherlens bench attention` shows it).
 Causal rows that see at most k keys skip the selection. With indices wanted (a selection record,
 or autograd), the dense sum masks by the indices and also returns the log-sum-exp.
 
@@ -22,28 +22,23 @@ from __future__ import annotations
 import torch
 
 from gatherlens.ops.attention.checks import AttentionProblem
-from gatherlens.ops.attention.logits import chunk_logits, compute_dtype
-from gatherlens.ops.attention.select import indices_to_mask, keep_mask, select_topk
+from gatherlens.ops.attention.logits import chunk_logits
+from gatherlens.ops.attention.topk_select import indices_to_mask, keep_mask, select_topk
+from gatherlens.ops.dtypes import NEG_INF, compute_dtype, stat_dtype
 
-NEG_INF = float("-inf")
 BUDGET = 1 << 21          # elements per (chunk x keys) buffer: 8 MiB of float32, so the
-                          # passes over one chunk (mask, select, softmax, matmul) hit cache:
-                          # 1.2 s -> 0.9 s at prefill L=4K here (64 MiB buffers were slower)
+                          # passes over one chunk (mask, select, softmax, matmul) stay in cache
+                          # (larger buffers were slower; docs/benchmarks.md)
 GATHER_RATIO = 8          # gather when k * GATHER_RATIO <= keys seen ...
 GATHER_MAX_QUERIES = 16   # ... and the chunk has at most this many queries (decoding); else dense
-
-
-def stat_dtype(dtype: torch.dtype) -> torch.dtype:
-    """dtype of lse / weights: float64 for float64, float32 otherwise."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def use_gather(k: int, key_len: int, queries: int) -> bool:
     """Gather the k value rows (True) or multiply a dense weight row by V (False).
 
-    Measured here (2 threads): with many queries per chunk the dense sum wins even at k = 64 of
-    2K keys (one large matmul against many small row copies and batched vector products); for
-    a few queries against a long cache, reading only k rows of V wins.
+    With many queries per chunk the dense sum wins even for small k (one large matmul against
+    many small row copies and batched vector products); for a few queries against a long cache,
+    reading only k rows of V wins (docs/benchmarks.md).
     """
     return k * GATHER_RATIO <= key_len and queries <= GATHER_MAX_QUERIES
 

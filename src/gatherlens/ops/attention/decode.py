@@ -17,7 +17,7 @@ import torch
 
 from gatherlens.ops.attention.checks import AttentionProblem
 from gatherlens.ops.attention.chunked import forward_chunk
-from gatherlens.ops.attention.logits import compute_dtype
+from gatherlens.ops.dtypes import NEG_INF, compute_dtype
 
 DECODE_MAX_Q = 16         # at most this many queries take the one-chunk decode path
 
@@ -34,9 +34,9 @@ def decode_forward(p: AttentionProblem, query, key, value, *, need_idx: bool, or
     if need_idx and idx is not None and idx.shape[-1] < p.k_out:  # causal chunk saw fewer keys
         pad = p.k_out - idx.shape[-1]
         idx = torch.nn.functional.pad(idx, (0, pad), value=-1)
-        vals = torch.nn.functional.pad(vals, (0, pad), value=float("-inf"))
+        vals = torch.nn.functional.pad(vals, (0, pad), value=NEG_INF)
     if need_idx and idx is None:                               # no query saw any key
         shape = (p.batch, p.kv_heads, p.groups, p.q_len, p.k_out)
         idx = torch.full(shape, -1, dtype=torch.long, device=query.device)
-        vals = torch.full(shape, float("-inf"), dtype=compute_dtype(query.dtype), device=query.device)
+        vals = torch.full(shape, NEG_INF, dtype=compute_dtype(query.dtype), device=query.device)
     return flat(out), flat(lse) if need_idx else None, flat(vals), flat(idx)

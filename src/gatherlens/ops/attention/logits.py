@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from gatherlens.ops.attention.checks import AttentionProblem
+from gatherlens.ops.dtypes import NEG_INF, compute_dtype
 
 
 def chunk_logits(p: AttentionProblem, q5: torch.Tensor, key: torch.Tensor, q0: int, q1: int,
@@ -36,17 +37,12 @@ def apply_masks(p: AttentionProblem, s: torch.Tensor, q0: int, q1: int) -> torch
         m = m[..., q0:q1, :] if m.shape[-2] != 1 else m         # (B|1, Hkv|1, G|1, C|1, L|1)
         m = m[..., :Lc] if m.shape[-1] != 1 else m              # (B|1, Hkv|1, G|1, C|1, Lc|1)
         if m.dtype == torch.bool:
-            s.masked_fill_(~m, float("-inf"))
+            s.masked_fill_(~m, NEG_INF)
         else:
             s.add_(m.to(s.dtype))
     j0 = max(0, q0 + p.causal_offset + 1)                       # keys before j0: seen by every row
     if p.causal and j0 < Lc:
         qi = torch.arange(q0, q1, device=s.device).unsqueeze(-1)  # (C, 1)
         kj = torch.arange(j0, Lc, device=s.device)              # (Lc - j0,)
-        s[..., j0:].masked_fill_(kj > qi + p.causal_offset, float("-inf"))  # only the diagonal block
+        s[..., j0:].masked_fill_(kj > qi + p.causal_offset, NEG_INF)  # only the diagonal block
     return s
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Logits and sums run in float32 for 16-bit inputs (CPU bf16 matmul is slow and coarse)."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

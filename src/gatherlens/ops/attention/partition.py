@@ -5,10 +5,10 @@
     ([1, 3], tensor([False]))
 
 On CPU, numpy's introselect (`np.partition` / `np.argpartition`, which release the GIL) split over
-torch's thread count is several times faster than `torch.topk`, which copies every row into
+torch's thread count beats `torch.topk` (docs/benchmarks.md), which copies every row into
 (value, index) pairs first; elsewhere, or for small inputs, `torch.topk` does the work.
 Both return the same *set* whenever no value ties the k-th across the cut; `tie` marks the rows
-where one does, so the caller can redo them by key index (select.py).
+where one does, so the caller can redo them by key index (topk_select.py).
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-NEG_INF = float("-inf")
+from gatherlens.ops.dtypes import NEG_INF
+
 NUMPY_MIN_ELEMENTS = 1 << 15      # below this, torch.topk's lower overhead wins
 _POOL: ThreadPoolExecutor | None = None
 

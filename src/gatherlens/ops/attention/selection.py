@@ -2,10 +2,12 @@
 
     >>> out, sel = topk_attention(q, k, v, top_k=4, is_causal=True, return_selection=True)
     >>> sel.indices[0, 0, 5]        # the keys query 5 of head 0 gathered, best first, -1 = none
-    >>> sel.to_svg()                # drawn by gatherlens.render (imported on call)
+    >>> sel.to_svg(head=1)          # its picture (Drawable: drawn by gatherlens.render on call)
+    >>> gatherlens.trace.as_record(sel, head=1)   # the record that picture is drawn from
 
-This module holds data only. The drawing methods are thin doors into `gatherlens.trace` and
-`gatherlens.render`, imported when called, so `ops/` never imports them at load time.
+Data only: this module imports neither `trace/` nor `render/`. The pictures come from the
+`Drawable` mixin, whose one lazy call (`gatherlens.render.draw`) builds the record with
+`trace.as_record` and draws it.
 """
 from __future__ import annotations
 
@@ -42,11 +44,3 @@ class AttentionSelection(Drawable):
     share_selection: bool = False
     kv_heads: int | None = None
     meta: dict = field(default_factory=dict)
-
-    # -- pictures (lazy doors into trace/ and render/) --------------------------------------
-    def to_record(self, batch: int = 0, head: int = 0, query: int | None = None, labels=None):
-        """The selection of one (batch, head) as a gather record, ready to draw."""
-        from gatherlens.trace.builders import record_attention_selection
-
-        return record_attention_selection(self, batch=batch, head=head, query=query, labels=labels)
-

@@ -1,20 +1,20 @@
-"""The default lookup: the kernel F.embedding uses, plus the memory tricks measured here to beat it.
+"""The default lookup: the kernel F.embedding uses, plus the memory tricks that beat it.
 
     >>> fast_lookup(torch.tensor([[3, 1, 4]]), torch.randn(10, 6)).shape   # (B, S) -> (B, S, d)
     torch.Size([1, 3, 6])
 
-What it does, and what each piece wins (measured with `gatherlens bench embedding`):
+What it does, and where each piece wins (figures: `gatherlens bench embedding`, docs/benchmarks.md):
 - Small outputs: F.embedding itself (torch's allocator hands back warm memory).
 - `out=`: `index_select` writes into the caller's buffer; no allocation, no page faults: memcpy speed.
 - Large CPU outputs (32-384 MiB) go to a fresh mapping advised for transparent huge pages (see
-  memory.py), then `index_select(out=)`: 2 MiB faults instead of 4 KiB ones, 2-3x faster than
-  F.embedding here. Larger ones: F.embedding (asking for that many huge pages made the kernel
+  memory.py), then `index_select(out=)`: 2 MiB faults instead of 4 KiB ones, faster than
+  F.embedding. Larger ones: F.embedding (asking for that many huge pages made the kernel
   compact memory, which lost).
 - The CPU backward with fewer ids than rows (N < V) runs F.embedding's backward kernel on the
   distinct rows only (ids renumbered in order, so sums and rounding are F.embedding's) and copies
   them into a lazily zeroed (V, d) gradient (memory.zeros_lazy): only the 4 KiB pages of rows the
-  ids touch are ever written, instead of zero-filling all V x d first (V=49152, d=4096: 3 ms
-  instead of 1.4 s for 64 ids). With N >= V: F.embedding's backward kernel itself.
+  ids touch are ever written, instead of zero-filling all V x d first. With N >= V:
+  F.embedding's backward kernel itself.
 - On CUDA the forward is F.embedding; with a gradient, a sort + segment_reduce backward that is
   deterministic (F.embedding's CUDA backward is not, in float32). For small CPU tables that need a
   gradient it is F.embedding itself (serial, deterministic backward on CPU).

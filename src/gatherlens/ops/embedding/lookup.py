@@ -33,18 +33,41 @@ class _NoGradRow(torch.autograd.Function):
 def embedding_lookup(ids: torch.Tensor, table: torch.Tensor, *, method: str = DEFAULT_METHOD,
                      padding_idx: int | None = None, bounds: str = "raise",
                      out: torch.Tensor | None = None) -> torch.Tensor:
-    """Row `ids[...]` of `table` for every position: ids (*S) int32/int64, table (V, d) -> (*S, d).
+    r"""Look up the row of ``table`` that each id names: ``out[..., :] = table[ids[...], :]``.
 
-    >>> embedding_lookup(torch.tensor([5]), torch.zeros(5, 2))
-    Traceback (most recent call last):
-    gatherlens.errors.GatherIndexError: token id 5 at position (0,) is outside the vocabulary [0, 5)
+    :func:`torch.nn.functional.embedding` with its ids checked first: every check runs before any
+    kernel, and an id outside the vocabulary raises a :class:`~gatherlens.GatherIndexError` naming
+    the id, its position and the valid range. Every formulation in ``METHODS`` gives the same
+    values and gradients.
 
-    method: one of METHODS ("fast" default, "embedding", "index_select", "gather", "indexing",
-        "one_hot", "naive"); all return the same values and gradients.
-    padding_idx: as torch.nn.Embedding: that row's gradient is zero (its values are looked up as is).
-    bounds: "raise" | "clamp" | "zero" | "off" for ids outside [0, V) (see checks.py).
-    out: a contiguous (*S, d) tensor to write into (no autograd); returned.
-    Every check runs before any kernel.
+    Args:
+        ids (Tensor): token ids, int32 or int64, of any shape.
+        table (Tensor): the embedding matrix, floating point.
+        method (str, optional): one of ``METHODS``: ``"fast"`` (default), ``"embedding"``,
+            ``"index_select"``, ``"gather"``, ``"indexing"``, ``"one_hot"`` or ``"naive"``.
+        padding_idx (int, optional): as in :class:`torch.nn.Embedding`: that row gets no
+            gradient (its values are looked up as they are).
+        bounds (str, optional): ids outside ``[0, V)``: ``"raise"`` (default), ``"clamp"``,
+            ``"zero"`` (zero rows, no gradient) or ``"off"`` (no check; the kernel's behaviour).
+        out (Tensor, optional): a contiguous tensor to write into (no autograd); returned.
+
+    Shape:
+        - ids: :math:`(*)`, any shape
+        - table: :math:`(V, d)`
+        - output: :math:`(*, d)`
+
+    Returns:
+        Tensor: the rows, in ``table.dtype`` on ``table.device``.
+
+    Examples::
+
+        >>> table = torch.arange(12.).view(4, 3)
+        >>> embedding_lookup(torch.tensor([[3, 0]]), table)
+        tensor([[[ 9., 10., 11.],
+                 [ 0.,  1.,  2.]]])
+        >>> embedding_lookup(torch.tensor([5]), table)
+        Traceback (most recent call last):
+        gatherlens.errors.GatherIndexError: token id 5 at position (0,) is outside the vocabulary [0, 4)
     """
     checks.check_table(table)
     checks.check_ids(ids, table)
@@ -58,27 +81,47 @@ def embedding_lookup(ids: torch.Tensor, table: torch.Tensor, *, method: str = DE
             raise GatherValueError("out= cannot be used when the table requires grad (autograd cannot track "
                                    "a write into your buffer); call under torch.no_grad() or drop out=")
     ids, zeroed = checks.check_ids_in_range(ids, vocab, bounds)
-
-    if method == "fast":
-        result = METHODS["fast"](ids, table, padding_idx=padding_idx, out=out)
-    else:
-        source = table
-        if padding_idx is not None and table.requires_grad and torch.is_grad_enabled():
-            source = _NoGradRow.apply(table, padding_idx)
-        result = METHODS[method](ids, source)  # (*S, d)
-        if out is not None:
-            result = out.copy_(result)
+    result = _lookup(ids, table, method, padding_idx, out)  # (*S, d)
     if zeroed is not None:
         mask = zeroed.unsqueeze(-1)  # (*S, 1)
         result = result.masked_fill_(mask, 0) if out is not None else result.masked_fill(mask, 0)
     return result
 
 
-def get_embeddings(token_ids: torch.Tensor, embeddings_matrix: torch.Tensor) -> torch.Tensor:
-    """The article's function, correct: (B, S) ids and a (V, d) table -> (B, S, d).
+def _lookup(ids, table, method: str, padding_idx: int | None, out) -> torch.Tensor:
+    """The lookup itself, by `method`, after every check: (*S) ids, (V, d) table -> (*S, d)."""
+    if method == "fast":
+        return METHODS["fast"](ids, table, padding_idx=padding_idx, out=out)
+    source = table
+    if padding_idx is not None and table.requires_grad and torch.is_grad_enabled():
+        source = _NoGradRow.apply(table, padding_idx)
+    result = METHODS[method](ids, source)  # (*S, d)
+    return out.copy_(result) if out is not None else result
 
-    >>> get_embeddings(torch.tensor([[3, 1, 4]]), torch.randn(10, 6)).shape
-    torch.Size([1, 3, 6])
+
+def get_embeddings(token_ids: torch.Tensor, embeddings_matrix: torch.Tensor) -> torch.Tensor:
+    r"""The embedding vector of every token: row ``token_ids[b, s]`` of ``embeddings_matrix``.
+
+    The article's function, corrected, with the ids checked first (see ``gatherlens gather
+    --mistakes`` for what went wrong). :func:`embedding_lookup` takes ids of any shape and more
+    options.
+
+    Args:
+        token_ids (Tensor): token ids, int32 or int64.
+        embeddings_matrix (Tensor): the embedding table, floating point.
+
+    Shape:
+        - token_ids: :math:`(B, S)`
+        - embeddings_matrix: :math:`(V, d)`
+        - output: :math:`(B, S, d)`
+
+    Returns:
+        Tensor: the embeddings, in ``embeddings_matrix.dtype``.
+
+    Example::
+
+        >>> get_embeddings(torch.tensor([[3, 1, 4]]), torch.randn(10, 6)).shape
+        torch.Size([1, 3, 6])
     """
     checks.check_table(embeddings_matrix, "embeddings_matrix")
     checks.check_ids(token_ids, embeddings_matrix, "token_ids")

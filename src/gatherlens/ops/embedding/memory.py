@@ -3,10 +3,10 @@
     >>> buf = empty_hugepage((32768, 768), torch.float32)   # (N, d), 2 MiB pages on first touch
 
 Why: a fresh large tensor from torch's CPU allocator is a fresh `mmap` of 4 KiB pages, and the first
-write to each page faults. On this machine (THP `madvise` mode) that makes `F.embedding` of 32768 rows
-of 768 floats 4-7x slower than the same gather into an existing buffer. A private anonymous mapping
-with `madvise(MADV_HUGEPAGE)` faults 2 MiB at a time; the gather into it runs ~2.5x faster than into
-torch's fresh buffer. A plain private mapping (4 KiB pages) is zero-filled by the kernel, lazily:
+write to each page faults. With THP in `madvise` mode that makes a large `F.embedding` much slower
+than the same gather into an existing buffer. A private anonymous mapping with
+`madvise(MADV_HUGEPAGE)` faults 2 MiB at a time, so the gather into it beats torch's fresh buffer
+(figures: docs/benchmarks.md, `gatherlens bench embedding`). A plain private mapping (4 KiB pages) is zero-filled by the kernel, lazily:
 a dense (V, d) gradient built on it costs page faults only for the rows a backward touches.
 
 PyTorch can do the same for every allocation with the environment variable THP_MEM_ALLOC_ENABLE=1;
@@ -25,8 +25,8 @@ __all__ = ["HUGEPAGE_THRESHOLD", "HUGEPAGE_MAX", "LAZY_THRESHOLD", "hugepages_av
 # Below this many bytes torch's allocator usually hands back warm memory (glibc reuses freed heap
 # chunks up to its dynamic mmap threshold, at most 32 MiB), so a fresh mapping would only add faults.
 HUGEPAGE_THRESHOLD = 32 << 20  # 32 MiB: glibc's largest dynamic mmap threshold
-# Above this, asking for that many 2 MiB pages at once made the kernel compact memory: a 512 MiB
-# output came out 1.1-1.5x slower than torch's own 4 KiB pages here, while 64-268 MiB ran 2-3x faster.
+# Above this, asking for that many 2 MiB pages at once made the kernel compact memory, and huge
+# pages lost to torch's own 4 KiB pages (docs/benchmarks.md).
 HUGEPAGE_MAX = 384 << 20  # 384 MiB
 LAZY_THRESHOLD = 4 << 20  # a lazily zeroed gradient pays off once zero-filling takes milliseconds
 
@@ -66,10 +66,10 @@ def zeros_lazy(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
     >>> grad = zeros_lazy((128256, 4096), torch.float32)   # 2 GiB that cost nothing until written
 
-    For a (V, d) gradient of which a backward writes few rows: measured here (V=49152, d=4096,
-    float32, 1 thread) 3 ms for 64 ids instead of 1.4 s for zero-filling it all, and 250 ms instead
-    of 1.2 s for 4096 ids. Huge pages are the wrong choice here: each touched 2 MiB page is zeroed
-    whole (170 ms and 1.6 s). Untouched pages read as the shared zero page.
+    For a (V, d) gradient of which a backward writes few rows: only the 4 KiB pages those rows
+    touch are ever zeroed, instead of all of V x d (docs/benchmarks.md). Huge pages are the wrong
+    choice here: each touched 2 MiB page is zeroed whole. Untouched pages read as the shared
+    zero page.
     """
     numel = math.prod(shape)
     nbytes = numel * torch.empty((), dtype=dtype).element_size()

@@ -31,7 +31,7 @@ def index_select_lookup(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 
 def indexing_lookup(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """NumPy-style advanced indexing `table[ids]` (the slowest here: the generic index kernel)."""
+    """NumPy-style advanced indexing `table[ids]` (the generic index kernel)."""
     return table[ids]  # (*ids.shape, d)
 
 

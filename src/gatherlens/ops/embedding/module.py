@@ -26,7 +26,40 @@ __all__ = ["Embedding"]
 
 
 class Embedding(nn.Module):
-    """A (num_embeddings, embedding_dim) table looked up by token ids, with checked ids."""
+    r"""A lookup table of ``num_embeddings`` vectors of size ``embedding_dim``, with checked ids.
+
+    A drop-in for :class:`torch.nn.Embedding` (same constructor, ``weight``, initialisation,
+    ``from_pretrained`` and state_dict): ids outside the vocabulary raise a
+    :class:`~gatherlens.GatherIndexError` naming the id, its position and the valid range,
+    and the lookup is :func:`embedding_lookup`'s.
+
+    Args:
+        num_embeddings (int): size of the vocabulary ``V``.
+        embedding_dim (int): size of each embedding vector ``d``.
+        padding_idx (int, optional): that row is initialised to zero and gets no gradient.
+        max_norm, norm_type, scale_grad_by_freq, sparse: as in :class:`torch.nn.Embedding`
+            (then the ids are still checked and :func:`torch.nn.functional.embedding` looks up).
+        bounds (str, keyword-only): ids outside ``[0, V)``: ``"raise"`` (default), ``"clamp"``,
+            ``"zero"`` or ``"off"``.
+        method (str, keyword-only): the formulation, one of ``METHODS`` (default ``"fast"``).
+
+    Attributes:
+        weight (Tensor): the learnable table of shape ``(num_embeddings, embedding_dim)``,
+            initialised from :math:`\mathcal{N}(0, 1)`.
+
+    Shape:
+        - Input: :math:`(*)`, int32 or int64 ids of any shape
+        - Output: :math:`(*, d)`
+
+    Examples::
+
+        >>> emb = Embedding(10, 3, padding_idx=0)
+        >>> emb(torch.tensor([[1, 2, 0]])).shape
+        torch.Size([1, 3, 3])
+        >>> emb(torch.tensor([[10]]))
+        Traceback (most recent call last):
+        gatherlens.errors.GatherIndexError: token id 10 at position (0, 0) is outside the vocabulary [0, 10)
+    """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
                  max_norm: float | None = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,

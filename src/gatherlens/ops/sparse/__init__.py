@@ -7,11 +7,14 @@
     >>> sel.to_svg()                                          # which pages were read
 
 `naive.py` holds the references (dense attention restricted to the chosen pages; the page bound
-computed literally); `decode.py` the torch path; `triton_decode.py` the GPU kernel (lazy).
+computed literally). `cache.py` the paged cache; `page_choice.py` which pages a step reads;
+`decode.py` the public call, over `torch_decode.py` (gather + exact attention) or
+`triton_decode.py` (the GPU kernels, imported only when that backend runs); `checks.py` the
+argument checks; `selection.py` the PageSelection record.
 """
 from .cache import PagedKVCache
 from .decode import sparse_decode
-from .select import page_bounds, pages_for_budget, select_pages
+from .page_choice import page_bounds, pages_for_budget, select_pages
 from .selection import PageSelection
 
 __all__ = ["PagedKVCache", "sparse_decode", "PageSelection", "select_pages", "page_bounds",

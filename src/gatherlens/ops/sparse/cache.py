@@ -10,7 +10,7 @@ doubling, so `append` costs O(T) amortized. The summaries of only the pages an a
 are updated (at most ceil(T / page_size) + 1 pages); the whole cache is never rescanned.
 The summaries bound every score in a page: for any query q and any key k in page p,
     q . k <= sum_d max(q_d * min_pd, q_d * max_pd)
-(see `select.page_bounds`), which is what lets decode skip pages without reading them.
+(see `page_choice.page_bounds`), which is what lets decode skip pages without reading them.
 """
 from __future__ import annotations
 
@@ -26,23 +26,49 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class PagedKVCache:
-    """Keys and values in pages of `page_size` tokens, with per-page key min/max summaries.
+    r"""Keys and values in pages of ``page_size`` tokens, with each page's key min and max (Quest).
 
     Inference storage: appended keys and values are copied detached (no autograd through the
-    cache; gradients of `sparse_decode` flow to the query only).
+    cache; gradients of :func:`sparse_decode` flow to the query only). Storage is preallocated
+    in whole pages and grows by doubling; ``append`` updates only the summaries of the pages it
+    touches.
 
-    batch, kv_heads, head_dim: the (B, Hkv, ., D) of every append.
-    page_size: tokens per page (the unit decode selects and reads).
-    capacity:  tokens to preallocate (rounded up to whole pages); grows by doubling beyond it.
-    summary_dtype: dtype of the page min/max (exact copies of key values). Default: the cache
-               dtype, except float32 for bfloat16/float16 caches on CPU, where half-precision
-               GEMM is slow (scoring then reads 4/page_size of K's bytes instead of 2/page_size).
+    Args:
+        batch (int): ``B`` of every append.
+        kv_heads (int): ``Hkv``, key/value heads.
+        head_dim (int): ``D``.
+        page_size (int): tokens per page, the unit decode selects and reads. Default: 16.
+        dtype (torch.dtype): storage dtype of keys and values (floating). Default: float32.
+        device (torch.device or str, optional): where the storage lives. Default: CPU.
+        capacity (int, optional): tokens to preallocate (rounded up to whole pages).
+        summary_dtype (torch.dtype, optional): dtype of the page min/max (exact copies of key
+            values). Default: the cache dtype, but float32 for 16-bit caches on CPU, where
+            half-precision matmuls are slow.
 
-    Views (no copies), all over the first `length` tokens / `num_pages` pages:
-      keys, values:     (B, Hkv, L, D)
-      page_keys/values: (B, Hkv, num_pages, page_size, D) (tail of the last page is unused)
-      key_max, key_min: (B, Hkv, num_pages, D)
-      summaries:        (B, Hkv, num_pages, 2 * D) = [key_max | key_min], the layout scoring reads
+    Attributes:
+        length (int): tokens stored, ``L``; ``num_pages`` (int): pages in use, ``N``.
+        keys, values, page_keys, page_values, key_max, key_min, summaries (Tensor): views (no
+            copies) over the first ``L`` tokens / ``N`` pages; ``summaries`` is
+            ``[key_max | key_min]``, the layout scoring reads.
+
+    Methods:
+        append(keys, values): add ``T`` tokens; updates only the touched pages' summaries.
+        gather_pages(pages): the chosen pages' keys and values, copied into the workspace.
+        page_positions(pages): the key position of every row ``gather_pages`` returns.
+
+    Shape:
+        - append keys, values: :math:`(B, H_{kv}, T, D)`, any ``T``
+        - keys, values: :math:`(B, H_{kv}, L, D)`
+        - page_keys, page_values: :math:`(B, H_{kv}, N, P, D)` (the last page's tail is unused)
+        - key_max, key_min: :math:`(B, H_{kv}, N, D)`; summaries: :math:`(B, H_{kv}, N, 2D)`
+        - gather_pages: pages :math:`(B, H_{sel}, n)` -> keys, values :math:`(B, H_{sel}, nP, D)`
+
+    Example::
+
+        >>> cache = PagedKVCache(batch=1, kv_heads=2, head_dim=8, page_size=4)
+        >>> cache.append(torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 8))
+        >>> cache.length, cache.num_pages, tuple(cache.summaries.shape)
+        (10, 3, (1, 2, 3, 16))
     """
 
     def __init__(
@@ -79,6 +105,7 @@ class PagedKVCache:
         self.length = 0
         self._work: tuple[torch.Tensor, torch.Tensor] | None = None
         self._alloc(max(1, _cdiv(capacity or page_size, page_size)))
+        self.device = self._k.device  # "cuda" -> "cuda:0": the device the storage is on
 
     # -- storage --------------------------------------------------------------------------------
     def _alloc(self, pages: int) -> None:
@@ -172,6 +199,38 @@ class PagedKVCache:
     def clear(self) -> None:
         """Forget every token (keeps the storage)."""
         self.length = 0
+
+    # -- reading the chosen pages ---------------------------------------------------------------
+    def gather_pages(self, pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chosen pages' keys and values, copied into (B, Hsel, n * P, D) tensors.
+
+            >>> k, v = cache.gather_pages(pages)     # pages (B, Hsel, n) -> (B, Hsel, n * P, D) each
+
+        pages: (B, Hsel, n) page ids; Hsel = kv_heads, or a multiple of it (selection head h
+        reads KV head h * kv_heads // Hsel). One index_select per tensor, into the reusable
+        `workspace`: the results are valid until the next gather on this cache. Rows of the last
+        page at positions >= length hold stale data (see `page_positions`).
+        """
+        B, Hsel, n = pages.shape
+        Hkv, P, D = self.kv_heads, self.page_size, self.head_dim
+        cap = self._k.shape[2]
+        kv_of = torch.arange(Hsel, device=pages.device) * Hkv // Hsel  # (Hsel,) KV head of each
+        row0 = (torch.arange(B, device=pages.device).view(B, 1) * Hkv + kv_of.view(1, Hsel)) * cap  # (B, Hsel)
+        rows = (pages + row0.unsqueeze(-1)).reshape(-1)  # (B * Hsel * n,) rows of the (B*Hkv*cap, P*D) view
+        k, v = self.workspace(rows.numel())  # (B*Hsel*n, P*D) each, reused across steps
+        torch.index_select(self._k.view(B * Hkv * cap, P * D), 0, rows, out=k)  # (B*Hsel*n, P*D)
+        torch.index_select(self._v.view(B * Hkv * cap, P * D), 0, rows, out=v)  # (B*Hsel*n, P*D)
+        return k.view(B, Hsel, n * P, D), v.view(B, Hsel, n * P, D)
+
+    def page_positions(self, pages: torch.Tensor) -> torch.Tensor:
+        """(B, Hsel, n * P) int64: the key position of every row `gather_pages(pages)` returns.
+
+        Positions >= length are the unused tail of the last page.
+        """
+        B, Hsel, n = pages.shape
+        P = self.page_size
+        pos = pages.unsqueeze(-1) * P + torch.arange(P, device=pages.device)  # (B, Hsel, n, P)
+        return pos.reshape(B, Hsel, n * P)
 
     # -- views ----------------------------------------------------------------------------------
     @property

@@ -4,7 +4,7 @@
     >>> page_bound_reference(q[0, 0, 0], keys[0, 0, 16:32])   # a bound >= every q . k of that page
 
 Everything here is computed in float64 from the plain (B, Hkv, L, D) keys and values, with an
-explicit mask, so it shares no code with `cache.py`, `select.py` or `decode.py`.
+explicit mask, so it shares no code with `cache.py`, `page_choice.py` or `decode.py`.
 """
 from __future__ import annotations
 

@@ -3,10 +3,11 @@
     >>> out, sel = sparse_decode(q, cache, budget=2048, return_selection=True)
     >>> sel.pages[0, 0]          # page ids KV group 0 of batch 0 read, ascending
     >>> sel.token_positions(0, 0)  # the key positions those pages hold
-    >>> sel.to_svg()             # drawn by gatherlens.render (imported on call)
+    >>> sel.to_svg(head=0)       # its picture (Drawable: drawn by gatherlens.render on call)
+    >>> gatherlens.trace.as_record(sel, head=0)   # the record that picture is drawn from
 
-Data only; the drawing methods are doors into `gatherlens.trace` / `gatherlens.render`,
-imported when called, so `ops/` never imports them at load time.
+Data only: this module imports neither `trace/` nor `render/`; the pictures come from the
+`Drawable` mixin's one lazy call into `gatherlens.render.draw`.
 """
 from __future__ import annotations
 
@@ -67,13 +68,6 @@ class PageSelection(Drawable):
         pos = self.pages[batch, head].unsqueeze(-1) * P + torch.arange(P, device=self.pages.device)
         pos = pos.reshape(-1)  # (n * P,)
         return pos[pos < self.length]
-
-    # -- pictures (lazy doors into trace/ and render/) --------------------------------------
-    def to_record(self, batch: int = 0, head: int = 0, labels=None):
-        """The pages one (batch, selection head) read, as a gather record ready to draw."""
-        from gatherlens.trace.pages import record_page_selection
-
-        return record_page_selection(self, batch=batch, head=head, labels=labels)
 
     def __repr__(self) -> str:
         B, Hsel, n = self.pages.shape

@@ -1,26 +1,31 @@
 """The GPU path: Triton kernels that score the pages and attend over the chosen ones in one pass.
 
     >>> out = sparse_decode(q, cache, budget=2048, backend="triton")      # CUDA tensors
-    >>> out = sparse_decode_triton(q, cache, budget=2048)                  # the same call
+    >>> pages, bounds = triton_select_pages(q, cache, budget=2048)         # the two steps it runs
+    >>> out, lse = triton_attend_pages(q, cache, pages, scale)
     $ TRITON_INTERPRET=1 python ...                                        # runs on CPU tensors
 
 Flash-decoding layout: program (b, selection head, split) walks its share of the chosen pages in
 blocks of BLOCK_N tokens, loading each key/value row straight from the paged storage through the
 page table (no gathered copy), and keeps a running max, sum and output (online softmax). A second
 small kernel merges the splits by their log-sum-exp. Scoring is one more kernel (the same bound
-as `select.py`, fp32 accumulation, writing the bounds and the +inf-forced ranking of page 0 and
+as `page_choice.py`, fp32 accumulation, writing the bounds and the +inf-forced ranking of page 0 and
 the last page) followed by one torch top-k: 4 launches per step in all. In float32 every dot is
 IEEE (no TF32), so the pages equal the torch path's. Uses only what Triton 3.6 has (tl.dot with
 input_precision, masks, constexpr blocks; no runtime loop bounds, see NUM_BLOCKS).
+The kernels read the cache through its public views (`summaries`, `page_keys`, `page_values`),
+whose strides are those of the paged storage. This module imports neither `decode.py` nor
+`torch_decode.py`: `decode.sparse_decode` imports it when the triton backend runs.
 """
 from __future__ import annotations
-
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["sparse_decode_triton", "triton_attend_pages"]
+from .page_choice import pages_for_budget
+
+__all__ = ["triton_page_bounds", "triton_select_pages", "triton_attend_pages"]
 
 
 @triton.jit
@@ -174,7 +179,7 @@ def _page_bounds_kernel(
 
 def triton_page_bounds(q: torch.Tensor, cache, share_selection: bool = True, group_score: str = "max",
                        block_p: int = 64, ranked: bool = False):
-    """Page bounds (B, Hsel, N) float32 from the summaries in one kernel; same as select.py's.
+    """Page bounds (B, Hsel, N) float32 from the summaries in one kernel; same as page_choice.py's.
 
     ranked=True also returns the bounds with pages 0 and N-1 at +inf, ready for top-k.
     """
@@ -182,7 +187,7 @@ def triton_page_bounds(q: torch.Tensor, cache, share_selection: bool = True, gro
     Hkv, N = cache.kv_heads, cache.num_pages
     G = Hq // Hkv
     qc = q.reshape(B, Hq, D).contiguous()  # (B, Hq, D)
-    S = cache._s  # (B, Hkv, cap, 2D), contiguous
+    S = cache.summaries  # (B, Hkv, N, 2D), a view with the storage's strides
     Hsel = Hkv if share_selection else Hq
     out = torch.empty(B, Hsel, N, device=q.device, dtype=torch.float32)  # (B, Hsel, N)
     rank = torch.empty_like(out)  # (B, Hsel, N)
@@ -200,8 +205,6 @@ def triton_select_pages(q: torch.Tensor, cache, budget: int, share_selection: bo
                         group_score: str = "max"):
     """Pages (B, Hsel, n), NOT sorted (the kernel does not need it), and bounds (B, Hsel, N):
     the scoring kernel, then one top-k: 2 launches instead of ~10."""
-    from .select import pages_for_budget
-
     bounds, rank = triton_page_bounds(q, cache, share_selection, group_score, ranked=True)
     n = pages_for_budget(budget, cache.length, cache.page_size)
     if n >= rank.shape[-1]:
@@ -225,7 +228,7 @@ def triton_attend_pages(q: torch.Tensor, cache, pages: torch.Tensor, scale: floa
     R = Hq // Hsel  # query rows per program: G when shared, 1 when per head
     qc = q.reshape(B, Hq, D).contiguous()  # (B, Hq, D)
     pg = pages.contiguous()  # (B, Hsel, n)
-    K, V = cache._k, cache._v  # (B, Hkv, cap, P, D) contiguous
+    K, V = cache.page_keys, cache.page_values  # (B, Hkv, N, P, D) views with the storage's strides
     sel_tokens = n * P
     BLOCK_N = max(16, _next_pow2(block_n))
     if num_splits is None:  # enough programs to fill the machine, each with >= 2 blocks of work
@@ -252,11 +255,3 @@ def triton_attend_pages(q: torch.Tensor, cache, pages: torch.Tensor, scale: floa
     _merge_splits[(B * Hq,)](opart, lpart, out, lse, R=R, NSPLIT=NSPLIT, D=D, BLOCK_D=BLOCK_D)
     return out, lse
 
-
-def sparse_decode_triton(query, cache, budget: int = 2048, page_size=None, share_selection=True,
-                         return_lse=False, return_selection=False, **kw):
-    """`sparse_decode` with the Triton kernel (same signature and results)."""
-    from .decode import sparse_decode
-
-    return sparse_decode(query, cache, budget, page_size, share_selection, return_lse,
-                         return_selection, backend="triton", **kw)

@@ -1,9 +1,10 @@
-"""Small fixed records: the golden SVG tests, the guide's figures and the README picture.
+"""Golden-test fixtures: small fixed records whose SVGs tests/golden/ keeps byte for byte.
 
     >>> for name, make in EXAMPLES.items():
     ...     make(lang="zh").to_svg()
 
-Every example is deterministic (fixed values, no random numbers) so its SVG is too.
+Every example is deterministic (fixed values, no random numbers) so its SVG is too. Used by
+tests/test_render_svg.py, scripts/regen_golden.py and (three of them) scripts/make_figures.py.
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def embedding_large(lang: str = "en"):
 
 def toy_selection():
     """A top-k selection made by hand with torch.topk on fixed causal scores (no randomness)."""
-    from gatherlens.ops.attention.selection import AttentionSelection
+    from gatherlens.ops.attention import AttentionSelection
 
     Q = L = 6
     k = 3
@@ -114,7 +115,7 @@ GOLDEN = [(name, "en") for name in EXAMPLES] + [
 def example_svg(name: str, lang: str = "en") -> str:
     """The SVG of an example by name ("mistakes" is the article's-mistakes figure)."""
     if name == "mistakes":
-        from gatherlens.render.mistakes import mistakes_svg
+        from gatherlens.render import mistakes_svg
 
         return mistakes_svg(lang)
     return EXAMPLES[name](lang=lang).to_svg(lang=lang)

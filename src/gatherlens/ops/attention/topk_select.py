@@ -17,8 +17,7 @@ from __future__ import annotations
 import torch
 
 from gatherlens.ops.attention.partition import kth_largest, largest_k
-
-NEG_INF = float("-inf")
+from gatherlens.ops.dtypes import NEG_INF
 
 
 def select_topk(logits: torch.Tensor, k: int, ordered: bool = True):

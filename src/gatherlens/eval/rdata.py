@@ -145,8 +145,8 @@ def read_lazyload(folder: str | Path, names: list[str] | None = None) -> dict:
     rdx, rdb = folder / "Rdata.rdx", folder / "Rdata.rdb"
     if not rdx.is_file() or not rdb.is_file():
         raise GatherValueError(f"R data folder {str(folder)!r} has no Rdata.rdx / Rdata.rdb")
-    index = unserialize(gzip.decompress(rdx.read_bytes()) if rdx.read_bytes()[:2] == b"\x1f\x8b"
-                        else zlib.decompress(rdx.read_bytes()[4:]))
+    raw = rdx.read_bytes()
+    index = unserialize(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else zlib.decompress(raw[4:]))
     variables = index["variables"]
     blob = rdb.read_bytes()
     out = {}

@@ -21,16 +21,18 @@ from dataclasses import asdict, dataclass
 import torch
 
 from gatherlens.errors import GatherValueError
+from gatherlens.eval.sparse_quality import SparseQualityReport, prefill
 from gatherlens.models.sparse import use_dense_decoding, use_sparse_decoding
-from gatherlens.models.sparse_quality import prefill
 
-__all__ = ["PasskeyResult", "passkey_prompt", "passkey_trials", "greedy_decode"]
+__all__ = ["PasskeyResult", "passkey_prompt", "passkey_trials", "greedy_decode", "table_rows", "TABLE_COLUMNS"]
 
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
          "I will quiz you about the important information there.\n\n")
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = "\n\nWhat is the pass key? The pass key is"
+# the sparse table: quality columns, then passkey trials retrieved and run per setting
+TABLE_COLUMNS = (*SparseQualityReport.columns, "passkey_ok", "passkey_trials")
 
 
 @dataclass
@@ -113,3 +115,21 @@ def passkey_trials(model, tokenizer, context: int = 8192, trials: int = 5, budge
     finally:
         use_dense_decoding(model)
     return results
+
+
+def table_rows(report: SparseQualityReport | None, passkeys: list[PasskeyResult], budgets) -> list[dict]:
+    """The sparse table: the report's rows (or empty rows per setting) plus passkey_ok / passkey_trials.
+
+        >>> table_rows(None, [], [64])[1]["setting"], table_rows(None, [], [64])[1]["passkey_trials"]
+        ('budget=64', None)
+    """
+    if report is not None:
+        rows = report.as_dicts()
+    else:  # passkey only
+        rows = [{k: None for k in TABLE_COLUMNS} | {"setting": "dense" if b is None else f"budget={b}", "budget": b}
+                for b in [None, *budgets]]
+    for row in rows:
+        mine = [p for p in passkeys if p.setting == row["setting"]]
+        row["passkey_ok"] = sum(p.ok for p in mine) if mine else None
+        row["passkey_trials"] = len(mine) if mine else None
+    return rows

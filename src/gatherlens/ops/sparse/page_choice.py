@@ -53,6 +53,7 @@ def pages_for_budget(budget: int, length: int, page_size: int) -> int:
 
 
 def check_budget(budget) -> int:
+    """`budget` itself if it is an int >= 1 (tokens), else a clear error."""
     if isinstance(budget, bool) or not isinstance(budget, int):
         raise GatherTypeError(f"budget must be an int number of tokens, got {type(budget).__name__} {budget!r}")
     if budget <= 0:
@@ -81,7 +82,7 @@ def select_pages(
     G = Hq // Hkv
     summaries = cache.summaries  # (B, Hkv, N, 2D)
     q = query.view(B, Hkv, G, D)  # (B, Hkv, G, D)
-    # (N, 2D) @ (2D, G) reads the summaries row by row: ~2x faster on CPU than (G, 2D) @ (2D, N)
+    # (N, 2D) @ (2D, G) reads the summaries row by row (faster on CPU than (G, 2D) @ (2D, N))
     qq = split_query(q).to(summaries.dtype)  # (B, Hkv, G, 2D)
     bounds = torch.matmul(summaries, qq.transpose(-1, -2))  # (B, Hkv, N, G)
     if share_selection:

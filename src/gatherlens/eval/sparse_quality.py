@@ -2,8 +2,9 @@
 
     >>> use_sparse_decoding(lm.model)                       # once; budgets are set per run below
     >>> report = evaluate_sparse_quality(lm.model, ids, budgets=(256, 512, 1024, 2048), decode_tokens=256)
-    >>> [(r.setting, round(r.perplexity, 3), r.recall) for r in report.rows]
-    [('dense', 9.81, None), ('budget=256', 10.4, 0.93), ...]
+    >>> [r.setting for r in report.rows]
+    ['dense', 'budget=256', 'budget=512', 'budget=1024', 'budget=2048']
+    >>> report.rows[1].ppl_ratio, report.rows[1].recall, report.rows[1].cosine
 
 Protocol (sparse selection applies to decoding only, as in Quest, so it is measured by decoding):
 the first len(ids) - N tokens are prefilled densely once into a paged cache; then, for dense and
@@ -14,48 +15,35 @@ predictions is made by decode steps that see the whole long context through thei
 - attention-mass recall: at each layer and step, the share of the dense softmax weight (same q, all
   keys) that falls on the tokens of the pages read, averaged over query heads, steps and layers;
 - output cosine: cosine between the sparse attention output and the dense one for the same q.
-Recall and cosine are taken along the sparse run (its own hidden states), like `quality.py` does.
+Recall and cosine are taken along the sparse run (its own hidden states), like `topk_quality.py` does.
 """
 from __future__ import annotations
 
 import copy
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from gatherlens.errors import GatherValueError
+from gatherlens.eval.stats import EvalReport, EvalRow, LayerStats, check_ids, perplexity, positive_settings
 from gatherlens.models.sparse import (
     SparseCall, SparseKVCache, observe_sparse, use_dense_decoding, use_sparse_decoding,
 )
 
-__all__ = ["SparseQualityRow", "SparseQualityReport", "evaluate_sparse_quality", "prefill",
+__all__ = ["SparseQualityRow", "SparseQualityReport", "SparseStats", "evaluate_sparse_quality", "prefill",
            "decode_teacher_forced", "call_recall_cosine"]
 
 
-@dataclass
-class SparseQualityRow:
-    setting: str                 # "dense" or "budget=1024"
-    budget: int | None
-    perplexity: float
-    nll: float                   # mean negative log-likelihood per scored token (nats)
-    tokens: int                  # tokens scored
+@dataclass(kw_only=True)
+class SparseQualityRow(EvalRow):
+    budget: int | None           # None for dense
     ppl_ratio: float = 1.0       # perplexity / dense perplexity
-    recall: float | None = None  # mean attention-mass recall (None for dense)
-    cosine: float | None = None  # mean output cosine to dense (None for dense)
-    recall_min_layer: float | None = None
-    cosine_min_layer: float | None = None
-    per_layer: dict = field(default_factory=dict)  # {"recall": [...], "cosine": [...]}
 
 
-@dataclass
-class SparseQualityReport:
-    rows: list[SparseQualityRow]
-    meta: dict
-
-    def as_dicts(self) -> list[dict]:
-        return [asdict(r) for r in self.rows]
+class SparseQualityReport(EvalReport):
+    columns = ("setting", "budget", "perplexity", "ppl_ratio", "nll", "tokens", "recall", "recall_min_layer",
+               "cosine", "cosine_min_layer")
 
 
 @torch.no_grad()
@@ -104,30 +92,30 @@ def call_recall_cosine(call: SparseCall) -> tuple[torch.Tensor, torch.Tensor]:
     return recall.reshape(B, Hq), cos.reshape(B, Hq)
 
 
-class _LayerStats:
-    """Running sums of recall and cosine per layer."""
+class SparseStats(LayerStats):
+    """Recall and cosine per layer over every sparse decode step."""
 
-    def __init__(self):
-        self.recall: dict[int, float] = {}
-        self.cosine: dict[int, float] = {}
-        self.count: dict[int, int] = {}
+    def measure(self, call: SparseCall) -> tuple[torch.Tensor, torch.Tensor]:
+        return call_recall_cosine(call)
 
-    def __call__(self, call: SparseCall) -> None:
-        recall, cos = call_recall_cosine(call)  # (B, Hq) each
-        layer = call.layer if call.layer is not None else -1
-        self.recall[layer] = self.recall.get(layer, 0.0) + float(recall.sum())
-        self.cosine[layer] = self.cosine.get(layer, 0.0) + float(cos.sum())
-        self.count[layer] = self.count.get(layer, 0) + recall.numel()
 
-    def means(self) -> tuple[list[float], list[float]]:
-        layers = sorted(self.count)
-        return ([self.recall[i] / self.count[i] for i in layers], [self.cosine[i] / self.count[i] for i in layers])
+def _measure_setting(model, cache0, logits0, targets, budget: int | None, progress) -> SparseQualityRow:
+    """Decode the targets from a copy of the prefilled cache with the decoding the model has now."""
+    label = "dense" if budget is None else f"budget={budget}"
+    stats = SparseStats()
+    step = (lambda n: progress(n, label)) if progress else None
+    with observe_sparse(stats):
+        nll = decode_teacher_forced(model, copy.deepcopy(cache0), logits0, targets, step)
+    mean = float(nll.mean())
+    return SparseQualityRow(setting=label, budget=budget, perplexity=perplexity(mean), nll=mean,
+                            tokens=targets.shape[1], **stats.summary())
 
 
 @torch.no_grad()
 def evaluate_sparse_quality(model, ids: torch.Tensor, budgets=(256, 512, 1024, 2048), *, page_size: int = 16,
                             decode_tokens: int = 256, share_selection: bool = True, group_score: str = "max",
-                            dense_layers: int = 0, progress: Callable[[int, str], None] | None = None) -> SparseQualityReport:
+                            dense_layers: int = 0,
+                            progress: Callable[[int, str], None] | None = None) -> SparseQualityReport:
     """Perplexity, recall and cosine of sparse decoding for each budget against dense (see module doc).
 
     model: a causal LM (Llama family). ids: (1, S) token ids, S > decode_tokens; the last
@@ -135,11 +123,8 @@ def evaluate_sparse_quality(model, ids: torch.Tensor, budgets=(256, 512, 1024, 2
     progress(advance, description) is called after each decode step.
     The model is left with dense decoding (SDPA).
     """
-    if ids.dim() != 2 or ids.shape[0] != 1:
-        raise GatherValueError(f"ids must have shape (1, S), got {tuple(ids.shape)}")
-    budgets = sorted({int(b) for b in budgets})
-    if not budgets or budgets[0] < 1:
-        raise GatherValueError(f"budgets must be positive ints (tokens), got {budgets}")
+    check_ids(ids, "S")
+    budgets = positive_settings(budgets, "budgets", " (tokens)")
     S, N = ids.shape[1], int(decode_tokens)
     if not 1 <= N < S:
         raise GatherValueError(
@@ -150,25 +135,13 @@ def evaluate_sparse_quality(model, ids: torch.Tensor, budgets=(256, 512, 1024, 2
     try:
         cache0, logits0 = prefill(model, prefix, page_size)
         for budget in [None, *budgets]:
-            label = "dense" if budget is None else f"budget={budget}"
             use_sparse_decoding(model, budget, page_size, share_selection, group_score=group_score,
                                 dense_layers=dense_layers)
-            stats = _LayerStats()
-            step = (lambda n, label=label: progress(n, label)) if progress else None
-            with observe_sparse(stats):
-                nll = decode_teacher_forced(model, copy.deepcopy(cache0), logits0, targets, step)
-            mean = float(nll.mean())
-            rec, cos = stats.means()
-            rows.append(SparseQualityRow(
-                setting=label, budget=budget, perplexity=math.exp(mean), nll=mean, tokens=N,
-                recall=sum(rec) / len(rec) if rec else None, cosine=sum(cos) / len(cos) if cos else None,
-                recall_min_layer=min(rec) if rec else None, cosine_min_layer=min(cos) if cos else None,
-                per_layer={"recall": rec, "cosine": cos} if rec else {}))
+            rows.append(_measure_setting(model, cache0, logits0, targets, budget, progress))
     finally:
         use_dense_decoding(model)
-    dense = rows[0].perplexity
     for r in rows:
-        r.ppl_ratio = r.perplexity / dense
+        r.ppl_ratio = r.perplexity / rows[0].perplexity
     meta = {"context": S, "prefix_tokens": S - N, "decode_tokens": N, "page_size": page_size,
             "share_selection": share_selection, "group_score": group_score, "dense_layers": dense_layers,
             "model_type": model.config.model_type, "protocol": "dense prefill, teacher-forced sparse decode"}

@@ -1,15 +1,122 @@
-"""The report's words, in English and Chinese (the article's readers read Chinese).
+"""Every word a reader of gatherlens sees, in English and Chinese: one table, one list of languages.
 
-    >>> say("tokens_title", "zh")
-    '1. 文本 → token → id'
+    >>> text("panel_source", "zh")
+    '源张量'
+    >>> text("tokens_title", "en")
+    '1. Text → tokens → ids'
 
-Kept short and concrete: every sentence names what the reader sees in the picture next to it.
+Pictures (captions, legends, the mistakes figure), the `explain` report and the captions that
+trace/ writes into records all read this one table; `LANGS` is the one list of languages.
+The report's sentences are kept short and concrete: each names what the reader sees in the
+picture next to it.
 """
 from __future__ import annotations
 
-from gatherlens.render.i18n import lookup
+from gatherlens.errors import GatherValueError
+
+__all__ = ["LANGS", "STRINGS", "check_lang", "text", "op_meaning"]
+
+LANGS = ("en", "zh")
 
 STRINGS: dict[str, dict[str, str]] = {
+    # -- pictures (gatherlens.render) ------------------------------------------------------------
+    "panel_source": {"en": "source", "zh": "源张量"},
+    "panel_index": {"en": "index", "zh": "索引"},
+    "panel_output": {"en": "output", "zh": "输出"},
+    "op_gather": {
+        "en": "torch.gather copies one element per index entry: along dim {dim} it takes the "
+              "position written in the index; every other coordinate stays where it is. The "
+              "output has the index's shape.",
+        "zh": "torch.gather 为索引中的每个元素复制一个值：在第 {dim} 维上取索引写明的位置，"
+              "其余维度的坐标保持不变。输出的形状与索引相同。",
+    },
+    "op_index_select": {
+        "en": "torch.index_select copies whole slices along dim {dim}, in the order the 1-D "
+              "index lists them (repeats allowed).",
+        "zh": "torch.index_select 沿第 {dim} 维按一维索引给出的顺序复制整片数据（可以重复）。",
+    },
+    "op_indexing": {
+        "en": "Advanced indexing: integer tensors pick positions, slices keep ranges; each output "
+              "element is copied from exactly one source element.",
+        "zh": "高级索引：整数张量挑选位置，切片保留区间；每个输出元素恰好复制自一个源元素。",
+    },
+    "op_take_along_dim": {
+        "en": "torch.take_along_dim is gather with broadcasting: along dim {dim} it takes the "
+              "indexed position, the other dims broadcast.",
+        "zh": "torch.take_along_dim 是带广播的 gather：在第 {dim} 维上取索引位置，其余维度按广播规则对齐。",
+    },
+    "op_take_along_dim_flat": {
+        "en": "torch.take_along_dim without dim reads the source as flattened and copies the "
+              "element at each flat position.",
+        "zh": "不指定 dim 时，torch.take_along_dim 把源张量展平，按每个扁平位置复制元素。",
+    },
+    "op_embedding": {
+        "en": "Embedding lookup: each token id picks a whole row of the (V, d) table; the output "
+              "has shape (*ids.shape, d).",
+        "zh": "嵌入查找：每个 token id 取出 (V, d) 嵌入矩阵中的一整行；输出形状为 (*ids.shape, d)。",
+    },
+    "op_topk_attention": {
+        "en": "Top-k attention: per query, the {k} keys with the highest scores are picked (best "
+              "first; -1 = no key allowed); their scores are gathered and the softmax runs over "
+              "these keys only.",
+        "zh": "Top-k 注意力：对每个查询，取分数最高的 {k} 个键（从高到低；-1 表示无可用键），"
+              "gather 出它们的分数，softmax 只在这些键上计算。",
+    },
+    "legend": {
+        "en": "Colour = position along the gathered dim (the index value). Each output cell shows "
+              "the index that picked it (top) and the value copied (bottom). Grey source cells "
+              "were not picked.",
+        "zh": "颜色 = 被 gather 维度上的位置（即索引值）。每个输出格子上方写着选中它的索引，下方是复制来的值。"
+              "灰色的源格子没有被选中。",
+    },
+    "legend_nodim": {
+        "en": "Colour = the source element. Each output cell shows the source coordinate it was "
+              "copied from (top) and the value (bottom). Grey source cells were not picked.",
+        "zh": "颜色 = 源元素。每个输出格子上方写着它复制自的源坐标，下方是数值。灰色的源格子没有被选中。",
+    },
+    "more_slices": {"en": "… {n} more", "zh": "… 另有 {n} 片"},
+    "hover": {
+        "en": "Hover an output cell to see the index cell that chose it and the source cell it "
+              "copied.",
+        "zh": "把鼠标移到输出格子上，可以看到选中它的索引格子和它复制自的源格子。",
+    },
+    "mistakes_title": {
+        "en": "The article's gather mistakes, drawn beside the fix",
+        "zh": "原文中的 gather 错误，与正确写法并排对照",
+    },
+    "mistake_ndim_title": {
+        "en": "✗ 1. torch.gather(W, 0, ids.unsqueeze(-1).expand(-1, -1, d)) raises",
+        "zh": "✗ 1. torch.gather(W, 0, ids.unsqueeze(-1).expand(-1, -1, d)) 报错",
+    },
+    "mistake_ndim_body": {
+        "en": "RuntimeError: Index tensor must have the same number of dimensions as input "
+              "tensor. The index is 3-D {idx} but the table W is 2-D {src}. gather returns one "
+              "element per index entry, shaped like the index, so it cannot turn a 2-D table "
+              "into a 3-D (B, S, d) result.",
+        "zh": "RuntimeError: Index tensor must have the same number of dimensions as input "
+              "tensor。索引是三维的 {idx}，而嵌入矩阵 W 是二维的 {src}。gather 为索引中的每个元素"
+              "取一个值，输出与索引同形，所以它无法把二维矩阵直接变成三维的 (B, S, d) 结果。",
+    },
+    "mistake_silent_title": {
+        "en": "✗ 2. W.gather(0, ids) runs (seq_len <= d) and is silently wrong: one scalar "
+              "per token",
+        "zh": "✗ 2. W.gather(0, ids) 能运行（seq_len <= d）却悄悄出错：每个 token 只得到一个标量",
+    },
+    "mistake_silent_body": {
+        "en": "out[b, s] = W[ids[b, s], s]: token s gets column s of its row, not the row. "
+              "gatherlens.diagnose_gather warns about this call.",
+        "zh": "out[b, s] = W[ids[b, s], s]：第 s 个 token 只拿到它那一行的第 s 列，而不是整行。"
+              "gatherlens.diagnose_gather 会对这种调用发出警告。",
+    },
+    "mistake_fix_title": {
+        "en": "✓ The fix: W[ids] (= W.gather(0, ids.reshape(-1, 1).expand(-1, d)).view(B, S, d))",
+        "zh": "✓ 正确写法：W[ids]（等价于 W.gather(0, ids.reshape(-1, 1).expand(-1, d)).view(B, S, d)）",
+    },
+    "mistake_fix_body": {
+        "en": "Each token id picks its whole row: the output is (B, S, d).",
+        "zh": "每个 token id 取出整行：输出形状为 (B, S, d)。",
+    },
+    # -- the report of `gatherlens explain` (gatherlens.report) ----------------------------------
     "page_title": {"en": "The gathers of {model} on your text",
                    "zh": "{model} 在你的文本上做的 gather"},
     "intro": {
@@ -205,49 +312,83 @@ STRINGS: dict[str, dict[str, str]] = {
     "files_body": {"en": "Each figure of this page is also in its own SVG file beside it:",
                    "zh": "本页的每张图也单独保存在旁边的 SVG 文件中："},
     "rerun": {"en": "Made with", "zh": "生成命令"},
+    # -- what each traced op means, for the report's table: meaning_<op> -------------------------
+    "meaning_embedding": {"en": "a table lookup: each id picks a row (step 2)",
+                          "zh": "查表：每个 id 取一行（第 2 步）"},
+    "meaning_topk_attention": {
+        "en": "each query picks its top-k keys, then their scores and value rows are gathered "
+              "(steps 4 and 5)",
+        "zh": "每个查询挑出 top-k 个键，再 gather 它们的分数和 value 行（第 4、5 步）",
+    },
+    "meaning_gather": {"en": "torch.gather: one element per index entry",
+                       "zh": "torch.gather：索引中的每个元素取一个值"},
+    "meaning_index_select": {"en": "whole slices picked by a 1-D index", "zh": "按一维索引取整片"},
+    "meaning_take_along_dim": {"en": "gather with broadcasting", "zh": "带广播的 gather"},
+    "meaning_take": {"en": "elements of the flattened tensor", "zh": "按展平后的位置取元素"},
+    "meaning_index": {"en": "advanced indexing x[idx]", "zh": "高级索引 x[idx]"},
+    "meaning_scatter": {"en": "a write by index (the mirror of gather)",
+                        "zh": "按索引写入（gather 的镜像）"},
+    "meaning_scatter_add": {"en": "an add by index", "zh": "按索引累加"},
+    "meaning_index_put": {"en": "a write by index, e.g. into a KV cache",
+                          "zh": "按索引写入，例如写进 KV 缓存"},
+    "meaning_index_copy": {"en": "rows written by index, e.g. into a static KV cache",
+                           "zh": "按索引写入整行，例如写进静态 KV 缓存"},
+    "meaning_cross_entropy": {"en": "the loss gathers each target's log-probability",
+                              "zh": "损失函数 gather 每个目标 token 的对数概率"},
+    "meaning_nll_loss": {"en": "the loss gathers each target's log-probability",
+                         "zh": "损失函数 gather 每个目标 token 的对数概率"},
+    # -- record captions written by trace/ --------------------------------------------------------
+    "caption_page_selection": {
+        "en": ("Sparse decode reads {n} of {N} pages ({tokens} of {L} tokens, budget {budget}): each "
+               "page is scored by an upper bound of q.k from its keys' element-wise min and max, the "
+               "best pages within the budget are gathered (page 0, the attention sinks, and the last "
+               "page, the newest tokens, always), and attention runs over those keys exactly."),
+        "zh": ("稀疏解码只读取 {N} 页中的 {n} 页（{L} 个 token 中的 {tokens} 个，预算 {budget}）："
+               "每页用其键的逐元素最小值和最大值给出 q.k 的上界打分，在预算内 gather 得分最高的页"
+               "（第 0 页即注意力汇聚点、最后一页即最新的 token 总会保留），再在这些键上精确计算注意力。"),
+    },
+    # -- record captions of gatherlens.dist (trace/sharded.py) ------------------------------------
+    "caption_vocab_shard": {
+        "en": ("Rank {rank} of {world} holds rows {rows} of the ({V}, d) table. It looks up only the "
+               "ids it owns: ids - {lo}, every id outside its rows masked (-1 here: looked up as row 0, "
+               "then zeroed). Its partial output has zero rows for the other ranks' tokens."),
+        "zh": ("第 {rank} 号进程（共 {world} 个）持有 ({V}, d) 嵌入表的第 {rows} 行。它只查找自己拥有的 id："
+               "ids - {lo}，不属于这些行的 id 被屏蔽（此处为 -1：按第 0 行查找后置零）。"
+               "其部分输出在其他进程的 token 处为全零行。"),
+    },
+    "caption_vocab_sum": {
+        "en": ("all_reduce(SUM) of the {world} partial lookups: each token's row is owned by exactly one "
+               "rank (row label r = the owning rank), the other ranks add zeros, so the sum equals the "
+               "one-process lookup bit for bit."),
+        "zh": ("对 {world} 个部分查找结果做 all_reduce(SUM)：每个 token 的行恰好属于一个进程（行标签 r "
+               "为所属进程），其他进程加的是零，所以求和结果与单进程查找逐位相同。"),
+    },
+    "caption_sharded_pages": {
+        "en": ("Sharded sparse decode: {world} ranks hold {L} tokens in {N} pages (one row per rank; "
+               "column c of a rank's row is its local page c). Each rank scores its own pages and sends "
+               "its best {n} as (bound, page id); every rank merges the same candidates and reads the "
+               "same {n} pages (coloured by the rank that holds them; page 0 and the newest page "
+               "always): the pages one process reads with budget {budget}."),
+        "zh": ("分片稀疏解码：{world} 个进程共持有 {L} 个 token，分为 {N} 页（每个进程一行；该行第 c 列是它的"
+               "本地第 c 页）。每个进程给自己的页打分，只发送最好的 {n} 个（上界, 页号）；所有进程合并同样的"
+               "候选，读取同样的 {n} 页（按持有它们的进程着色；第 0 页和最新一页总会保留），"
+               "与单进程在预算 {budget} 下读取的页相同。"),
+    },
 }
 
 
-# what each traced op means, for the table's legend
-OPS: dict[str, dict[str, str]] = {
-    "embedding": {"en": "a table lookup: each id picks a row (step 2)",
-                  "zh": "查表：每个 id 取一行（第 2 步）"},
-    "topk_attention": {"en": "each query picks its top-k keys, then their scores and value rows "
-                             "are gathered (steps 4 and 5)",
-                       "zh": "每个查询挑出 top-k 个键，再 gather 它们的分数和 value 行（第 4、5 步）"},
-    "gather": {"en": "torch.gather: one element per index entry",
-               "zh": "torch.gather：索引中的每个元素取一个值"},
-    "index_select": {"en": "whole slices picked by a 1-D index", "zh": "按一维索引取整片"},
-    "take_along_dim": {"en": "gather with broadcasting", "zh": "带广播的 gather"},
-    "take": {"en": "elements of the flattened tensor", "zh": "按展平后的位置取元素"},
-    "index": {"en": "advanced indexing x[idx]", "zh": "高级索引 x[idx]"},
-    "scatter": {"en": "a write by index (the mirror of gather)", "zh": "按索引写入（gather 的镜像）"},
-    "scatter_add": {"en": "an add by index", "zh": "按索引累加"},
-    "index_put": {"en": "a write by index, e.g. into a KV cache", "zh": "按索引写入，例如写进 KV 缓存"},
-    "index_copy": {"en": "rows written by index, e.g. into a static KV cache",
-                   "zh": "按索引写入整行，例如写进静态 KV 缓存"},
-    "cross_entropy": {"en": "the loss gathers each target's log-probability",
-                      "zh": "损失函数 gather 每个目标 token 的对数概率"},
-    "nll_loss": {"en": "the loss gathers each target's log-probability",
-                 "zh": "损失函数 gather 每个目标 token 的对数概率"},
-}
+def check_lang(lang: str) -> str:
+    """`lang` itself when it is one of LANGS, else a clear error naming the valid ones."""
+    if lang not in LANGS:
+        raise GatherValueError(f"lang must be one of {LANGS}, got {lang!r}")
+    return lang
+
+
+def text(key: str, lang: str, **fmt) -> str:
+    """The string `key` in `lang`, formatted with `fmt`."""
+    return STRINGS[key][check_lang(lang)].format(**fmt)
 
 
 def op_meaning(op: str, lang: str) -> str:
     """One short phrase saying what a traced op does ("" for an op not listed)."""
-    return OPS.get(op, {}).get(lang, "")
-
-
-def say(key: str, lang: str, **fmt) -> str:
-    """The report string `key` in `lang`, formatted with `fmt`."""
-    return lookup(STRINGS, key, lang, **fmt)
-
-
-def human_bytes(n: int) -> str:
-    """1536 -> '1.5 KiB'."""
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
+    return STRINGS.get(f"meaning_{op}", {}).get(check_lang(lang), "")

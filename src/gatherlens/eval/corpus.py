@@ -6,13 +6,14 @@
     >>> text = load_text(path="notes.txt")         # any UTF-8 text file
 
 "austen" needs `apt-get install r-cran-janeaustenr` (R data files, read here without R by
-`gatherlens.models.rdata`); "default" picks it when installed, else the pydoc topics.
+`gatherlens.eval.rdata`); "default" picks it when installed, else the pydoc topics.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from gatherlens.errors import GatherValueError
+from gatherlens.eval.rdata import read_lazyload
 
 __all__ = ["load_text", "AUSTEN_DIR", "AUSTEN_BOOKS", "austen_available"]
 
@@ -21,6 +22,7 @@ AUSTEN_BOOKS = ("prideprejudice", "emma", "persuasion", "sensesensibility", "man
 
 
 def austen_available() -> bool:
+    """True when Debian's r-cran-janeaustenr data files are installed."""
     return (AUSTEN_DIR / "Rdata.rdx").is_file()
 
 
@@ -32,8 +34,6 @@ def _austen(book: str) -> str:
             f"Jane Austen's novels are not installed ({AUSTEN_DIR} is missing): "
             f"apt-get install r-cran-janeaustenr, or use --corpus pydoc / --text FILE"
         )
-    from gatherlens.models.rdata import read_lazyload
-
     lines = read_lazyload(AUSTEN_DIR, names=[book])[book]
     return _reflow(line or "" for line in lines)
 

@@ -1,8 +1,9 @@
 """How much top-k attention changes a real model, against dense attention, on real text.
 
     >>> report = evaluate_quality(lm.model, ids, ks=(8, 32, 128, 512), window=512, stride=256)
-    >>> [(r.setting, round(r.perplexity, 2)) for r in report.rows]
-    [('dense', 10.9), ('k=8', 14.2), ...]
+    >>> [r.setting for r in report.rows]
+    ['dense', 'k=8', 'k=32', 'k=128', 'k=512']
+    >>> report.rows[1].perplexity, report.rows[1].recall, report.rows[1].cosine
 
 Three numbers per k:
 - perplexity over a sliding window (the Hugging Face recipe): windows of `window` tokens every
@@ -20,37 +21,28 @@ scored queries; `per_layer` keeps the layer means.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from gatherlens.errors import GatherValueError
-from gatherlens.models.attention import AttentionCall, observe_attention, use_dense_attention, use_topk_attention
+from gatherlens.eval.stats import EvalReport, EvalRow, LayerStats, check_ids, perplexity, positive_settings
+from gatherlens.models.attention import (
+    ATTN_NAME, AttentionCall, observe_attention, use_dense_attention, use_topk_attention,
+)
 
-__all__ = ["QualityRow", "QualityReport", "evaluate_quality", "sliding_windows", "dense_probs"]
-
-
-@dataclass
-class QualityRow:
-    setting: str                      # "dense" or "k=32"
-    top_k: int | None
-    perplexity: float | None          # None for models without a language-model head
-    nll: float | None                 # mean negative log-likelihood per scored token (nats)
-    tokens: int                       # tokens scored
-    recall: float | None              # mean attention-mass recall (None for dense)
-    cosine: float | None              # mean output cosine to dense (None for dense)
-    recall_min_layer: float | None = None
-    per_layer: dict = field(default_factory=dict)  # {"recall": [...], "cosine": [...]}
+__all__ = ["QualityRow", "QualityReport", "TopkStats", "evaluate_quality", "sliding_windows", "dense_probs",
+           "topk_recall_cosine"]
 
 
-@dataclass
-class QualityReport:
-    rows: list[QualityRow]
-    meta: dict
+@dataclass(kw_only=True)
+class QualityRow(EvalRow):
+    top_k: int | None                 # None for dense
 
-    def as_dicts(self) -> list[dict]:
-        return [asdict(r) for r in self.rows]
+
+class QualityReport(EvalReport):
+    columns = ("setting", "top_k", "perplexity", "nll", "tokens", "recall", "cosine", "recall_min_layer")
 
 
 def sliding_windows(n: int, window: int, stride: int) -> list[tuple[int, int, int]]:
@@ -87,31 +79,28 @@ def dense_probs(call: AttentionCall) -> torch.Tensor:
     return torch.softmax(s, dim=-1).nan_to_num(0.0)                     # (B, Hq, Q, L)
 
 
-class _LayerStats:
-    """Sums of recall and cosine per layer over the scored query rows."""
+def topk_recall_cosine(call: AttentionCall, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention-mass recall and output cosine of one top-k call for query `rows`: (B, Hq, n) each."""
+    p = dense_probs(call)[:, :, rows]                                    # (B, Hq, n, L)
+    idx = call.selection.indices[:, :, rows]                             # (B, Hq, n, k)
+    kept = p.gather(-1, idx.clamp(min=0)) * (idx >= 0)                   # (B, Hq, n, k)
+    recall = kept.sum(-1)                                                # (B, Hq, n)
+    v = call.value.float().repeat_interleave(call.query.shape[1] // call.value.shape[1], dim=1)  # (B, Hq, L, Dv)
+    dense_out = torch.matmul(p, v)                                       # (B, Hq, n, Dv)
+    cos = torch.nn.functional.cosine_similarity(
+        call.output[:, :, rows].float(), dense_out, dim=-1)              # (B, Hq, n)
+    return recall, cos
+
+
+class TopkStats(LayerStats):
+    """Recall and cosine per layer over the scored query rows (`rows`, set for each window)."""
 
     def __init__(self):
-        self.recall: dict[int, float] = {}
-        self.cosine: dict[int, float] = {}
-        self.count: dict[int, int] = {}
+        super().__init__()
         self.rows = slice(None)
-        self._calls = 0
 
-    def __call__(self, call: AttentionCall) -> None:
-        layer = call.layer if call.layer is not None else self._calls
-        self._calls += 1
-        sel = call.selection
-        p = dense_probs(call)[:, :, self.rows]                           # (B, Hq, n, L)
-        idx = sel.indices[:, :, self.rows]                               # (B, Hq, n, k)
-        kept = p.gather(-1, idx.clamp(min=0)) * (idx >= 0)               # (B, Hq, n, k)
-        recall = kept.sum(-1)                                            # (B, Hq, n)
-        v = call.value.float().repeat_interleave(call.query.shape[1] // call.value.shape[1], dim=1)  # (B, Hq, L, Dv)
-        dense_out = torch.matmul(p, v)                                   # (B, Hq, n, Dv)
-        cos = torch.nn.functional.cosine_similarity(
-            call.output[:, :, self.rows].float(), dense_out, dim=-1)     # (B, Hq, n)
-        self.recall[layer] = self.recall.get(layer, 0.0) + float(recall.sum())
-        self.cosine[layer] = self.cosine.get(layer, 0.0) + float(cos.sum())
-        self.count[layer] = self.count.get(layer, 0) + recall.numel()
+    def measure(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor]:
+        return topk_recall_cosine(call, self.rows)
 
 
 def _scored_nll(logits: torch.Tensor, ids: torch.Tensor, scored: int) -> tuple[float, int]:
@@ -124,6 +113,26 @@ def _scored_nll(logits: torch.Tensor, ids: torch.Tensor, scored: int) -> tuple[f
     return float(nll), int(target.numel())
 
 
+def _measure_setting(model, ids: torch.Tensor, windows, k: int | None, lm_head: bool, progress) -> QualityRow:
+    """Run every window with the attention the model has now; one row for setting k (None: dense)."""
+    label = "dense" if k is None else f"k={k}"
+    stats, nll_sum, tokens = TopkStats(), 0.0, 0
+    with observe_attention(stats):
+        for begin, end, scored in windows:
+            chunk = ids[:, begin:end]                                    # (1, W)
+            stats.rows = slice(chunk.shape[1] - scored, chunk.shape[1])
+            out = model(input_ids=chunk)
+            if lm_head:
+                s, t = _scored_nll(out.logits, chunk, scored)
+                nll_sum, tokens = nll_sum + s, tokens + t
+            else:
+                tokens += scored
+            if progress:
+                progress(1, label)
+    nll = nll_sum / tokens if lm_head and tokens else None
+    return QualityRow(setting=label, top_k=k, perplexity=perplexity(nll), nll=nll, tokens=tokens, **stats.summary())
+
+
 @torch.no_grad()
 def evaluate_quality(model, ids: torch.Tensor, ks=(8, 32, 128, 512), *, window: int = 512,
                      stride: int = 256, progress: Callable[[int, str], None] | None = None) -> QualityReport:
@@ -133,54 +142,27 @@ def evaluate_quality(model, ids: torch.Tensor, ks=(8, 32, 128, 512), *, window: 
     ids: (1, N) token ids. progress(advance, description) is called after each window.
     The model is left with the attention it had before.
     """
-    if ids.dim() != 2 or ids.shape[0] != 1:
-        raise GatherValueError(f"ids must have shape (1, N), got {tuple(ids.shape)}")
-    ks = sorted({int(k) for k in ks})
-    if not ks or ks[0] < 1:
-        raise GatherValueError(f"ks must be positive ints, got {ks}")
+    check_ids(ids, "N")
+    ks = positive_settings(ks, "ks")
     n = ids.shape[1]
     if n < 2:
         raise GatherValueError(f"the text has {n} token(s); need at least 2 to measure anything")
     windows = sliding_windows(n, window, stride)
-    has_lm_head = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
-    before = model.config._attn_implementation
+    lm_head = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+    before, before_k = model.config._attn_implementation, getattr(model.config, "gatherlens_top_k", ks[-1])
     rows = []
     try:
         for k in [None, *ks]:
-            label = "dense" if k is None else f"k={k}"
             if k is None:
                 use_dense_attention(model, "sdpa")
             else:
                 use_topk_attention(model, top_k=k)
-            stats = _LayerStats()
-            nll_sum, tokens = 0.0, 0
-            with observe_attention(stats):
-                for begin, end, scored in windows:
-                    chunk = ids[:, begin:end]                            # (1, W)
-                    stats.rows = slice(chunk.shape[1] - scored, chunk.shape[1])
-                    out = model(input_ids=chunk)
-                    if has_lm_head:
-                        s, t = _scored_nll(out.logits, chunk, scored)
-                        nll_sum, tokens = nll_sum + s, tokens + t
-                    else:
-                        tokens += scored
-                    if progress:
-                        progress(1, label)
-            layers = sorted(stats.count)
-            rec = [stats.recall[i] / stats.count[i] for i in layers]
-            cos = [stats.cosine[i] / stats.count[i] for i in layers]
-            nll = nll_sum / tokens if has_lm_head and tokens else None
-            rows.append(QualityRow(
-                setting=label, top_k=k, perplexity=math.exp(nll) if nll is not None else None, nll=nll,
-                tokens=tokens, recall=sum(rec) / len(rec) if rec else None,
-                cosine=sum(cos) / len(cos) if cos else None, recall_min_layer=min(rec) if rec else None,
-                per_layer={"recall": rec, "cosine": cos} if rec else {},
-            ))
+            rows.append(_measure_setting(model, ids, windows, k, lm_head, progress))
     finally:
-        if before == "gatherlens_topk":
-            use_topk_attention(model, top_k=getattr(model.config, "gatherlens_top_k", ks[-1]))
+        if before == ATTN_NAME:
+            use_topk_attention(model, top_k=before_k)
         else:
             use_dense_attention(model, before)
     meta = {"tokens_total": n, "window": window, "stride": stride, "windows": len(windows),
-            "model_type": model.config.model_type, "perplexity": has_lm_head}
+            "model_type": model.config.model_type, "perplexity": lm_head}
     return QualityReport(rows=rows, meta=meta)

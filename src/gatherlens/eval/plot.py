@@ -1,38 +1,14 @@
-"""Writing a quality report: CSV or JSON by the file's extension, and a matplotlib plot.
+"""The plot of a top-k quality report (matplotlib, imported when a plot is asked for).
 
-    >>> write_report(report, "quality.csv")      # or .json (rows + meta, per-layer values)
     >>> plot_quality(report, "quality.png")      # perplexity and recall/cosine against k
 """
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
 
-from gatherlens.errors import GatherValueError
-from gatherlens.models.quality import QualityReport
+from gatherlens.eval.topk_quality import QualityReport
 
-__all__ = ["write_report", "plot_quality", "REPORT_FORMATS"]
-
-REPORT_FORMATS = (".csv", ".json")
-_COLUMNS = ("setting", "top_k", "perplexity", "nll", "tokens", "recall", "cosine", "recall_min_layer")
-
-
-def write_report(report: QualityReport, path: str | Path) -> Path:
-    """Write rows (and, for JSON, meta and per-layer values) to `path` (.csv or .json)."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in REPORT_FORMATS:
-        raise GatherValueError(f"output file {str(path)!r} must end in .csv or .json, got {suffix or 'no extension'!r}")
-    if suffix == ".json":
-        path.write_text(json.dumps({"meta": report.meta, "rows": report.as_dicts()}, indent=2) + "\n")
-        return path
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=_COLUMNS)
-        w.writeheader()
-        for row in report.as_dicts():
-            w.writerow({k: row[k] for k in _COLUMNS})
-    return path
+__all__ = ["plot_quality"]
 
 
 def plot_quality(report: QualityReport, path: str | Path) -> Path:

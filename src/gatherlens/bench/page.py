@@ -1,0 +1,73 @@
+"""`gatherlens bench page`: docs/benchmarks.md from the benchmarks' JSON files.
+
+    gatherlens bench page docs/bench/*.json -o docs/benchmarks.md --force
+
+Each file (written by `gatherlens bench <suite> --json`, layout in bench/output.py) becomes one
+section: how it was run (its meta) and its rows as a table. The numbers live in the JSON; this page is
+only their view, so it can always be regenerated.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+HEADER = """# Benchmarks
+
+Measured by `gatherlens bench <suite> --json docs/bench/<suite>.json`; this page is regenerated from
+those files by `gatherlens bench page docs/bench/*.json -o docs/benchmarks.md --force`. Every speed is a
+ratio against a baseline timed side by side in the same run (the strongest dense form where one exists:
+SDPA with each KV group's query heads folded into one matmul for decode). The figures are from the
+machine named in each section's meta; rerun them on yours.
+"""
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value).replace("|", "\\|")
+
+
+def section(data: dict, name: str) -> str:
+    """One suite's markdown: a heading, its meta as a list, its rows as a table."""
+    rows = data.get("rows", [])
+    lines = [f"## {data.get('suite', name)}", ""]
+    lines += [f"- {k}: {_cell(v)}" for k, v in data.get("meta", {}).items()]
+    if rows:
+        cols = list(rows[0])
+        lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def page(files: list[Path]) -> str:
+    parts = [HEADER]
+    for f in files:
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, ValueError) as e:
+            raise click.UsageError(f"cannot read benchmark results {f}: {e}") from None
+        if not isinstance(data, dict) or "rows" not in data:
+            raise click.UsageError(f"{f} is not a benchmark result (no 'rows'); write it with --json")
+        parts.append(section(data, f.stem))
+    return "\n".join(parts)
+
+
+@click.command("page")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write the markdown here (default: print it)")
+@click.option("--force", is_flag=True, help="overwrite an existing --out file")
+def command(files, out, force):
+    """Write the benchmarks page (markdown) from the JSON that `gatherlens bench ... --json` wrote."""
+    text = page(list(files))
+    if out is None:
+        click.echo(text)
+        return
+    if out.exists() and not force:
+        raise click.UsageError(f"{out} exists; pass --force to overwrite it")
+    out.write_text(text, encoding="utf-8")
+    click.echo(f"wrote {out}")

@@ -1,0 +1,67 @@
+"""The torch path of sparse decode: gather the chosen pages, then exact attention over them.
+
+    >>> out, lse = attend_pages(q, cache, pages, scale)             # q (B, Hq, 1, D), pages (B, Hsel, n)
+    >>> out, lse = attend_pages(q, cache, pages, scale, key_mask)   # key_mask (B, L), True = attend
+
+`cache.gather_pages` copies the n chosen pages of every selection head into a reusable workspace
+(one index_select each for K and V); `attend_gathered` then runs exact attention over those rows.
+The Triton path (triton_decode.py) computes the same result without the copy.
+"""
+from __future__ import annotations
+
+import torch
+
+from gatherlens.ops.dtypes import NEG_INF, compute_dtype
+
+from .cache import PagedKVCache
+
+__all__ = ["attend_pages", "attend_gathered"]
+
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def attend_pages(q: torch.Tensor, cache: PagedKVCache, pages: torch.Tensor, scale: float,
+                 key_mask: torch.Tensor | None = None):
+    """Attention of q (B, Hq, 1, D) over the pages (B, Hsel, n, ascending) of `cache`.
+
+    key_mask: optional (B, L) bool, True = attend (padded batches): masked keys inside the chosen
+    pages get no weight. Returns out (B, Hq, 1, D) in the compute dtype and lse (B, Hq, 1) float32.
+    """
+    B, Hq, _, D = q.shape
+    Hsel = pages.shape[1]
+    k, v = cache.gather_pages(pages)  # (B, Hsel, n*P, D) each
+    valid = pages.shape[-1] * cache.page_size - (cache.num_pages * cache.page_size - cache.length)
+    keep = None
+    if key_mask is not None:
+        pos = cache.page_positions(pages)  # (B, Hsel, n*P)
+        flags = key_mask.gather(-1, pos.clamp(max=cache.length - 1).reshape(B, -1)).view_as(pos)
+        keep = flags & (pos < cache.length)  # (B, Hsel, n*P)
+    qs = q.view(B, Hsel, Hq // Hsel, D)  # (B, Hsel, R, D)
+    out, lse = attend_gathered(qs, k, v, valid, scale, keep)  # (B, Hsel, R, D), (B, Hsel, R)
+    return out.reshape(B, Hq, 1, D), lse.reshape(B, Hq, 1)
+
+
+def attend_gathered(q, k, v, valid: int, scale: float, keep: torch.Tensor | None = None):
+    """Exact attention of q (B, Hs, R, D) over the first `valid` rows of k, v (B, Hs, S, D).
+
+    keep: optional (B, Hs, S) bool, False = no weight; a row with no key left gets out 0, lse -inf.
+    On CPU without `keep` this is one fused call (PyTorch's flash-attention CPU kernel, which also
+    returns the log-sum-exp): one parallel region instead of ~10, which matters on a busy machine.
+    Otherwise the explicit matmul / logsumexp / matmul below, in float32 for half-precision input
+    so the logits keep their precision. Returns out (B, Hs, R, D) and lse (B, Hs, R) float32.
+    """
+    k, v = k[:, :, :valid], v[:, :, :valid]  # (B, Hs, S', D)
+    if keep is None and q.device.type == "cpu" and _CPU_FLASH is not None:
+        out, lse = _CPU_FLASH(q, k, v, 0.0, False, scale=scale)  # (B, Hs, R, D), (B, Hs, R)
+        return out, lse.float()
+    cd = compute_dtype(k.dtype)
+    q, k, v = q.to(cd), k.to(cd), v.to(cd)
+    logits = torch.matmul(q, k.transpose(-1, -2))  # (B, Hs, R, S')
+    logits.mul_(scale)
+    if keep is not None:
+        logits.masked_fill_(~keep[:, :, None, :valid], NEG_INF)  # (B, Hs, R, S')
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # (B, Hs, R, 1)
+    probs = logits.sub_(lse).exp_()  # (B, Hs, R, S')
+    if keep is not None:
+        probs.nan_to_num_(0.0)  # a row with every key masked: exp(-inf - -inf)
+    return torch.matmul(probs, v), lse.squeeze(-1).float()  # (B, Hs, R, D), (B, Hs, R)

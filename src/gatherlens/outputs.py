@@ -1,0 +1,89 @@
+"""The user's output paths: checked writable before any slow work, written whole or not at all.
+
+    >>> out = writable_file("figs/pick.png", "-o/--out")      # before the model loads
+    >>> with replacing(out) as tmp:                             # figs/.pick.png.<pid>.tmp.png
+    ...     draw_png(tmp)                                       # moved over `out` only on success
+    >>> writable_dir("report", "--out")                         # may not exist yet
+
+A check creates (and removes) a probe file where the output will go: that is the one test a
+read-only mount, a folder without write permission, a path under a file and a missing parent
+all fail the same way, for root too. Errors are GatherValueError naming the option and path.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from gatherlens.errors import GatherValueError
+
+__all__ = ["writable_file", "writable_dir", "replacing"]
+
+
+def writable_file(path: str | os.PathLike, what: str) -> Path:
+    """`path` as a Path when a file can be written there (its folder must exist)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise GatherValueError(f"{what} {str(p)!r} is a folder; give a file path")
+    parent = p.parent
+    if not parent.exists():
+        blocker = _file_on_the_way(parent)
+        if blocker is not None:
+            raise GatherValueError(f"{what} {str(p)!r} cannot be written: {str(blocker)!r} is a file, "
+                                   f"not a folder")
+        raise GatherValueError(f"{what} {str(p)!r} cannot be written: folder {str(parent)!r} does not exist")
+    _probe(parent, p, what)
+    if p.exists() and not os.access(p, os.W_OK):
+        raise GatherValueError(f"{what} {str(p)!r} exists and is not writable")
+    return p
+
+
+def writable_dir(path: str | os.PathLike, what: str) -> Path:
+    """`path` as a Path when files can be written into it (it is created later if missing)."""
+    p = Path(path).expanduser()
+    blocker = _file_on_the_way(p)
+    if blocker is not None:
+        raise GatherValueError(f"{what} {str(p)!r} cannot be a folder: {str(blocker)!r} is a file")
+    existing = next(a for a in (p, *p.parents) if a.exists())
+    _probe(existing, p, what)
+    return p
+
+
+def _file_on_the_way(p: Path) -> Path | None:
+    """The first path component of `p` that exists and is not a folder, if any."""
+    for a in reversed((p, *p.parents)):
+        if a.exists() and not a.is_dir():
+            return a
+        if not a.exists():
+            return None
+    return None
+
+
+def _probe(folder: Path, target: Path, what: str) -> None:
+    try:
+        fd, name = tempfile.mkstemp(prefix=".gatherlens-probe-", dir=folder)
+    except OSError as err:
+        raise GatherValueError(f"{what} {str(target)!r} cannot be written: {err.strerror or err} "
+                               f"in {str(folder)!r}") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(name)
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path` (same suffix); on success it replaces `path`.
+
+    On any error the temporary file is removed and `path` (the user's old file, if any) is
+    left exactly as it was.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise

@@ -1,0 +1,127 @@
+"""The `explain` report's two pictures that are not records: the score grid and the head groups.
+
+    >>> svg = scores_svg(view, labels, lang="en")     # the (Q, L) score grid, top-k outlined
+    >>> svg = heads_svg(HeadMap(9, 3), head=0)         # which query heads share a KV head
+
+Drawn from plain data (an attention view with `scores`, `dense`, `allowed`, `indices`; a head
+map with `q_heads`, `kv_heads`, `group`, `kv_of`). Geometry is computed here in integers (same
+data, same bytes); the templates (templates.py) only place it, with autoescaping on, so a token
+such as `<script>` is drawn as text.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gatherlens.i18n import text
+from gatherlens.render.templates import render_template
+from gatherlens.render.theme import (FONTS, MASKED, MONO, PICKED, colour, fmt_value, short,
+                                     text_width, weight_colour)
+
+__all__ = ["scores_svg", "heads_svg"]
+
+MARGIN = 16
+
+
+@dataclass
+class _Grid:
+    """Where the score grid sits: cell size, label size and angle, the grid's top-left corner."""
+
+    cw: int
+    ch: int
+    font: int           # label size
+    angle: int          # -45, or -90 (upright) for narrow columns
+    x0: int
+    y0: int
+    numbers: bool       # cells wide enough to print their score
+
+
+def _grid(qlab: list[str], klab: list[str], L: int) -> _Grid:
+    cw = 44 if L <= 16 else max(12, min(44, 720 // L))
+    ch = max(cw * 2 // 3, 12) if cw < 44 else 28
+    if cw < 24:
+        ch = cw
+    font = 11 if ch >= 14 else 9
+    angle = -45 if cw >= 24 else -90
+    left = max(text_width(s, font) for s in qlab) + 28
+    widest = max(text_width(s, font) for s in klab)
+    top_h = (widest * 71 // 100 if angle == -45 else widest) + 24
+    return _Grid(cw=cw, ch=ch, font=font, angle=angle, x0=MARGIN + left, y0=MARGIN + 24 + top_h,
+                 numbers=cw >= 34)
+
+
+def _score_cells(view, g: _Grid, queries: list[str], keys: list[str], qoff: int) -> list[dict]:
+    """One cell per (query, key): its score, dense weight as colour, and whether top-k kept it."""
+    Q, L = view.scores.shape
+    picked = {(i, j) for i in range(Q) for j in view.indices[i].tolist() if j >= 0}
+    cells = []
+    for i in range(Q):
+        for j in range(L):
+            ok = bool(view.allowed[i, j])
+            w = float(view.dense[i, j]) if ok else 0.0
+            s = float(view.scores[i, j])
+            kept = (i, j) in picked
+            about = (f"score {s:.3f}, dense weight {w:.3f}" + (" (kept)" if kept else "")
+                     if ok else "not allowed")
+            cells.append(dict(
+                x=g.x0 + j * g.cw, y=g.y0 + i * g.ch, w=g.cw, h=g.ch,
+                fill=weight_colour(w) if ok else MASKED,
+                text=fmt_value(s) if (g.numbers and ok) else "", light=w > 0.45, picked=kept,
+                info=f"query {qoff + i} {queries[i]!s} → key {j} {keys[j]!s}: {about}"))
+    return cells
+
+
+def scores_svg(view, labels: list[str], lang: str = "en") -> str:
+    """The (Q, L) score grid of one head: numbers, dense weight as colour, top-k outlined."""
+    Q, L = view.scores.shape
+    keys = labels[-L:] if len(labels) >= L else [str(j) for j in range(L)]
+    queries = labels[-Q:] if len(labels) >= Q else [str(i) for i in range(Q)]
+    qoff = len(labels) - Q if len(labels) >= Q else 0
+    qlab = [f"{qoff + i} {short(t, 12)}" for i, t in enumerate(queries)]
+    klab = [f"{j} {short(t, 12)}" for j, t in enumerate(keys)]
+    g = _grid(qlab, klab, L)
+    title = f"scores · layer {view.layer}, head {view.head} · top-{view.top_k}"
+    legend = text("scores_legend", lang, k=view.top_k)
+    qrow = view.query - qoff
+    mid = g.ch // 2 + g.font // 3                                    # a row label's baseline
+    rows = [dict(x=g.x0 - 6, y=g.y0 + i * g.ch + mid, text=qlab[i], bold=(i == qrow))
+            for i in range(Q)]
+    cols = [dict(x=g.x0 + j * g.cw + g.cw // 2 + (0 if g.angle == -45 else g.font // 3),
+                 y=g.y0 - 6, text=klab[j]) for j in range(L)]
+    marker = dict(x=MARGIN, y=g.y0 + qrow * g.ch + mid) if 0 <= qrow < Q else None
+    width = max(g.x0 + L * g.cw + MARGIN, text_width(title, 13) + 2 * MARGIN,
+                text_width(legend, 11) + 2 * MARGIN)
+    return render_template(
+        "scores.svg.j2", width=width, height=g.y0 + Q * g.ch + 44, title=title, font=FONTS[lang],
+        mono=MONO, cells=_score_cells(view, g, queries, keys, qoff), rows=rows, cols=cols,
+        legend=legend, axes=text("scores_axes", lang), legend_y=g.y0 + Q * g.ch + 22,
+        margin=MARGIN, numbers=g.numbers, picked_colour=PICKED, label_size=g.font, angle=g.angle,
+        marker=marker, x0=g.x0, y0=g.y0, grid_w=L * g.cw, grid_h=Q * g.ch,
+    )
+
+
+def heads_svg(heads, head: int = 0, lang: str = "en") -> str:
+    """Query heads (top) joined to the key/value head they read (bottom), one colour per group."""
+    box_w, box_h, gap = 44, 26, 10
+    label_w = max(text_width(text(key, lang), 11) for key in ("heads_q", "heads_kv")) + 16
+    Hq, Hkv, g = heads.q_heads, heads.kv_heads, heads.group
+    x0 = MARGIN + label_w
+    qy, kvy = MARGIN + 8, MARGIN + 8 + box_h + 70
+    qboxes = [dict(x=x0 + h * (box_w + gap), y=qy, w=box_w, h=box_h, text=f"q{h}",
+                   fill=colour(h // g), chosen=h == head) for h in range(Hq)]
+    kvboxes, links = [], []
+    for k in range(Hkv):
+        members = qboxes[k * g:(k + 1) * g]
+        cx = (members[0]["x"] + members[-1]["x"] + box_w) // 2
+        kvboxes.append(dict(x=cx - box_w // 2, y=kvy, w=box_w, h=box_h, text=f"kv{k}",
+                            fill=colour(k), chosen=k == heads.kv_of(head)))
+        for m, q in zip(range(k * g, (k + 1) * g), members):
+            links.append(dict(x1=q["x"] + box_w // 2, y1=qy + box_h, x2=cx, y2=kvy,
+                              chosen=m == head))
+    return render_template(
+        "heads.svg.j2", width=x0 + Hq * box_w + (Hq - 1) * gap + MARGIN,
+        height=kvy + box_h + MARGIN, font=FONTS[lang], mono=MONO, qboxes=qboxes, kvboxes=kvboxes,
+        links=links,
+        qlabel=dict(x=MARGIN, y=qy + box_h // 2 + 4, text=text("heads_q", lang)),
+        kvlabel=dict(x=MARGIN, y=kvy + box_h // 2 + 4, text=text("heads_kv", lang)),
+        title=f"{Hq} query heads → {Hkv} key/value heads",
+    )

@@ -1,0 +1,111 @@
+"""The look shared by every picture: fonts, colours, text measuring and value formatting.
+
+    >>> colour(2), fmt_value(0.12345), text_width("cat", 11), human_bytes(1536)
+    ('#bebada', '0.12', 21, '1.5 KiB')
+
+Every renderer (svg.py, html.py, terminal.py, png.py, report_figures.py, summary.py) takes its
+fonts, palette, widths and number formats from here, so one change restyles all of them.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+__all__ = ["FONTS", "MONO", "PALETTE", "UNPICKED", "BLANK", "MASKED", "PICKED", "TONES",
+           "colour", "weight_colour", "text_width", "wrap", "fmt_value", "short", "human_bytes"]
+
+FONTS = {
+    "en": "DejaVu Sans, Noto Sans, Arial, sans-serif",
+    "zh": "Noto Sans CJK SC, Droid Sans Fallback, WenQuanYi Micro Hei, Microsoft YaHei, "
+          "PingFang SC, sans-serif",
+}
+MONO = "DejaVu Sans Mono, Noto Sans Mono, Menlo, Consolas, monospace"
+
+# ColorBrewer Set3 without its grey: light hues with dark text stay readable in print.
+PALETTE = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69",
+           "#fccde5", "#bc80bd", "#ccebc5", "#ffed6f")
+UNPICKED = "#f2f2f2"     # a source cell no output copied
+BLANK = "#ffffff"
+MASKED = "#e4e4e4"       # a score a query may not look at
+PICKED = "#d62728"       # the outline of what top-k kept
+TONES = {                # text boxes: tone -> (fill, stroke)
+    "error": ("#fdecea", "#d62728"),
+    "warn": ("#fff4e5", "#ff7f0e"),
+    "ok": ("#edf7ed", "#2ca02c"),
+}
+
+
+def colour(key: int | None) -> str:
+    """The palette colour of position `key` (blank for None)."""
+    return BLANK if key is None else PALETTE[key % len(PALETTE)]
+
+
+def weight_colour(w: float) -> str:
+    """A weight in [0, 1] -> white .. dark blue."""
+    w = min(max(w, 0.0), 1.0) ** 0.6
+    lo, hi = (255, 255, 255), (33, 84, 160)
+    r, g, b = (round(a + (c - a) * w) for a, c in zip(lo, hi))
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def text_width(s: str, size: float) -> int:
+    """Estimated width in px: CJK glyphs are square, Latin ones about 0.6 em."""
+    w = 0.0
+    for ch in s:
+        w += size if ord(ch) >= 0x2E80 else size * 0.62
+    return int(w + 0.999)
+
+
+def wrap(s: str, width_px: int, size: float) -> list[str]:
+    """Greedy wrap of English words and single CJK characters to `width_px`."""
+    tokens = re.findall(r"[\u2e80-\uffff]|[^\s\u2e80-\uffff]+\s*|\s+", s)
+    lines, cur = [], ""
+    for tok in tokens:
+        if cur and text_width((cur + tok).rstrip(), size) > width_px:
+            lines.append(cur.rstrip())
+            cur = tok.lstrip()
+        else:
+            cur += tok
+    if cur.strip():
+        lines.append(cur.rstrip())
+    return lines or [""]
+
+
+def fmt_value(v) -> str:
+    """Short, fixed text for a tensor value (deterministic, <= 6 characters where possible)."""
+    if isinstance(v, bool):
+        return "T" if v else "F"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, complex):
+        return f"{v.real:.1f}{v.imag:+.1f}j"
+    if math.isnan(v):
+        return ""
+    if math.isinf(v):
+        return "∞" if v > 0 else "-∞"
+    if v == int(v) and abs(v) < 1e6:
+        return str(int(v))
+    a = abs(v)
+    if a >= 1e6 or a < 1e-3:
+        return f"{v:.0e}"
+    if a >= 100:
+        return f"{v:.0f}"
+    if a >= 10:
+        return f"{v:.1f}".rstrip("0").rstrip(".")
+    return f"{v:.2f}".rstrip("0").rstrip(".")
+
+
+def short(s: str, n: int) -> str:
+    """`s` on one line, cut to `n` characters with '…'."""
+    s = s.replace("\n", "\\n").replace("\t", "\\t")
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def human_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"

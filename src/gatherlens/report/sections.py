@@ -1,0 +1,203 @@
+"""The sections of the `explain` report, one function each: words, figures and a table per step.
+
+    >>> [s.id for s in sections(story, lang="en")]
+    ['tokens', 'embedding', 'heads', 'scores', 'values', 'prediction', 'gathers']
+
+Figures of gathers come from selection records through `gatherlens.render` (the record's SVG,
+and on the page its hover fragment: point at an output cell to see where it came from); the
+score grid and the head groups come from `gatherlens.render.report_figures`. Every word comes
+from `gatherlens.i18n`. Nothing here writes files.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+from markupsafe import Markup
+
+from gatherlens.i18n import op_meaning, text
+from gatherlens.render.html import render_html_fragment
+from gatherlens.render.layout import Limits
+from gatherlens.render.report_figures import heads_svg, scores_svg
+from gatherlens.render.theme import human_bytes
+
+__all__ = ["Figure", "Section", "sections"]
+
+
+@dataclass
+class Figure:
+    name: str            # file stem, e.g. "01-embedding"
+    title: str
+    svg: str             # standalone SVG document
+    inline: Markup       # what the page embeds (the record's hover fragment, or the SVG)
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}.svg"
+
+
+@dataclass
+class Section:
+    id: str
+    title: str
+    body: list[str]                                       # paragraphs above the figures
+    figures: list[Figure] = field(default_factory=list)
+    table: dict | None = None                             # head, rows (, numeric: column ids)
+    after: list[str] = field(default_factory=list)        # paragraphs below the table
+    after_figures: list[Figure] = field(default_factory=list)
+
+    @property
+    def all_figures(self) -> list[Figure]:
+        return self.figures + self.after_figures
+
+
+def _record_figure(name: str, title: str, record, lang: str, limits: Limits) -> Figure:
+    return Figure(name=name, title=title, svg=record.to_svg(lang=lang, limits=limits),
+                  inline=Markup(render_html_fragment(record, lang=lang, limits=limits)))
+
+
+def _svg_figure(name: str, title: str, svg: str) -> Figure:
+    return Figure(name=name, title=title, svg=svg, inline=Markup(svg))
+
+
+def sections(story, lang: str = "en") -> list[Section]:
+    """Every section of the report of `story` (a gatherlens.report.collect.Story), in order."""
+    return [_tokens(story, lang), *_embeddings(story, lang), _heads(story, lang),
+            _scores(story, lang), _values(story, lang), _prediction(story, lang),
+            _gathers(story, lang)]
+
+
+# 1. text -> tokens -> ids
+def _tokens(story, lang: str) -> Section:
+    toks = story.shown_tokens
+    body = [text("tokens_body", lang, n=len(toks))]
+    if any(re.fullmatch(r"(<0x[0-9A-F]{2}>)+", t) for t in story.tokens):
+        body.append(text("tokens_bytes", lang))
+    head = [text(k, lang) for k in ("col_pos", "col_token", "col_id")]
+    rows = [[i, t, d] for i, (t, d) in enumerate(zip(toks, story.ids))]
+    return Section("tokens", text("tokens_title", lang), body, table=dict(head=head, rows=rows))
+
+
+# 2. the embedding lookups: the word table, then (BERT) positions and token types
+def _embeddings(story, lang: str) -> list[Section]:
+    word = [e for e in story.embeddings if e.kind == "word"] or story.embeddings[:1]
+    others = [e for e in story.embeddings if e not in word]
+    out = [_word_lookup(story, word[0], bool(others), lang)] if word else []
+    return out + ([_other_lookups(story, others, lang)] if others else [])
+
+
+def _word_lookup(story, e, others: bool, lang: str) -> Section:
+    V, d = e.table_shape
+    item = e.record.source.element_size()
+    fig = _record_figure("01-embedding", text("emb_title", lang), e.record, lang,
+                         Limits(rows=10, cols=7, slices=3))
+    body = [text("emb_body", lang, sym=e.record.source_name, V=V, d=d, n=len(e.ids),
+                 kb=human_bytes(len(e.ids) * d * item), mb=human_bytes(V * d * item))]
+    if not others and getattr(story, "rope", False):
+        body.append(text("emb_rope", lang, model=story.model_name))
+    return Section("embedding", text("emb_title", lang), body, figures=[fig])
+
+
+def _other_lookups(story, others: list, lang: str) -> Section:
+    figs = []
+    for n, e in enumerate(others):
+        slug = {"position": "position", "token_type": "token-type"}.get(e.kind, f"lookup-{n}")
+        figs.append(_record_figure(f"02-{slug}", e.module, e.record, lang,
+                                   Limits(rows=10, cols=6, slices=3)))
+    return Section("lookups", text("emb_extra_title", lang),
+                   [text("emb_extra_body", lang, model=story.model_name)], figures=figs)
+
+
+# 3. which query heads share which key/value head
+def _heads(story, lang: str) -> Section:
+    hm, att = story.heads, story.attention
+    fig = _svg_figure("03-heads", text("heads_title", lang), heads_svg(hm, att.head, lang))
+    if hm.group > 1:
+        body = text("heads_gqa", lang, q=hm.q_heads, kv=hm.kv_heads, g=hm.group, head=att.head,
+                    kvh=att.kv_head)
+    else:
+        body = text("heads_mha", lang, q=hm.q_heads, head=att.head)
+    return Section("heads", text("heads_title", lang), [body], figures=[fig])
+
+
+# 4. the score grid, and the same selection as scores.gather
+def _scores(story, lang: str) -> Section:
+    att = story.attention
+    title = text("scores_title", lang, k=att.top_k)
+    grid = _svg_figure("04-scores", title, scores_svg(att, story.shown_tokens, lang))
+    pick = _record_figure("05-score-gather", "scores.gather", att.score_record, lang,
+                          Limits(rows=12, cols=10, slices=3))
+    causal = bool(torch.equal(att.allowed, torch.ones_like(att.allowed).tril()))
+    why = "why_none" if bool(att.allowed.all()) else ("why_causal" if causal else "why_masked")
+    body = text("scores_body", lang, layer=att.layer, head=att.head, scale=att.scale, k=att.top_k,
+                why=text(why, lang))
+    return Section("scores", title, [body], figures=[grid],
+                   after=[text("score_gather_body", lang)], after_figures=[pick])
+
+
+# 5. the value rows one query gathers
+def _values(story, lang: str) -> Section:
+    att, toks = story.attention, story.shown_tokens
+    Q, L = att.scores.shape
+    qrow = att.query - (len(toks) - Q)
+    picked = [j for j in att.indices[qrow].tolist() if j >= 0]
+    w = att.weights[qrow].tolist()[: len(picked)]
+    keys = toks[-L:]
+    fig = _record_figure("06-value-gather", text("values_title", lang), att.value_record, lang,
+                         Limits(rows=12, cols=6, slices=3))
+    body = [text("values_body", lang, q=att.query, tok=toks[att.query],
+                 keys=", ".join(f"{j} {keys[j]}" for j in picked), kvh=att.kv_head,
+                 formula=" + ".join(f"{wi:.3g}·V[{j}]" for wi, j in zip(w, picked)),
+                 n=len(picked), mass=att.mass, allowed=int(att.allowed[qrow].sum()))]
+    sink = float(att.dense[qrow, 0])
+    if sink > 0.5 and att.query > 0:
+        body.append(text("sink", lang, tok=keys[0], w=sink))
+    head = [text(k, lang) for k in ("col_key", "col_token", "col_score", "col_weight", "col_dense")]
+    rows = [[j, keys[j], f"{float(att.scores[qrow, j]):.3f}", f"{wi:.3f}",
+             f"{float(att.dense[qrow, j]):.3f}"] for j, wi in zip(picked, w)]
+    return Section("values", text("values_title", lang), body, figures=[fig],
+                   table=dict(head=head, rows=rows))
+
+
+# 6. the next token: top-k attention against dense
+def _prediction(story, lang: str) -> Section:
+    p, model, title = story.prediction, story.model_name, text("pred_title", lang)
+    if p is None:
+        return Section("prediction", title, [text("pred_none", lang, model=model)])
+    fig = _record_figure("07-next-token", title, p.record, lang, Limits(rows=1, cols=7, slices=1))
+    body = text("pred_body", lang, V=story.vocab_size, tok=story.shown_tokens[-1], k=story.top_k,
+                best=f"“{p.top[0][1]}”", dense=f"“{p.dense_top[0][1]}”")
+    if story.tied:
+        body += text("pred_tied", lang, model=model)
+    rows = [[r + 1, f"{a[1]} ({a[0]})", f"{a[2]:.2f}", f"{a[3]:.1%}", f"{b[1]} ({b[0]})",
+             f"{b[2]:.2f}", f"{b[3]:.1%}"] for r, (a, b) in enumerate(zip(p.top, p.dense_top))]
+    token, logit, prob = (text(k, lang) for k in ("col_token", "col_logit", "col_prob"))
+    topk, dense = text("topk_run", lang, k=story.top_k), text("dense_run", lang)
+    head = [text("col_rank", lang), f"{topk}: {token}", logit, prob, f"{dense}: {token}", logit,
+            prob]
+    return Section("prediction", title, [body], figures=[fig], table=dict(head=head, rows=rows))
+
+
+# 7. every gather of the forward pass
+def _gathers(story, lang: str) -> Section:
+    rows = [[g["op"], op_meaning(g["op"], lang), g["module"] or "(top)", g["count"], _shapes(g),
+             human_bytes(g["bytes_read"])] for g in story.gathers]
+    rows.append([text("total", lang), "", "", story.events, "", human_bytes(story.bytes_read)])
+    body = [text("table_body", lang, events=story.events, bytes=human_bytes(story.bytes_read))]
+    attn_modules = {g["module"] for g in story.gathers if g["op"] == "topk_attention"}
+    if any(g["module"] in attn_modules and g["op"] != "topk_attention" for g in story.gathers):
+        body.append(text("table_kernel", lang))
+    head = [text(k, lang) for k in ("col_op", "col_meaning", "col_module", "col_count",
+                                    "col_shapes", "col_bytes")]
+    return Section("gathers", text("table_title", lang), body,
+                   table=dict(head=head, rows=rows, numeric=(3, 5)))
+
+
+def _shapes(g: dict) -> str:
+    return " → ".join(shape_text(g[k]) for k in ("input_shape", "index_shape", "output_shape"))
+
+
+def shape_text(shape) -> str:
+    """(3,) -> '(3,)', (2, 5) -> '(2, 5)'."""
+    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
