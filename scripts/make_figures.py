@@ -89,6 +89,35 @@ def topk_values(lang):
     return rec
 
 
+WORLD = 3  # the sharded pictures: a vocabulary and a KV cache split over 3 ranks
+
+
+def dist_vocab_shard(rank):
+    """Rank `rank`'s masked partial lookup when W (8, 5) is split by rows over 3 ranks."""
+    from gatherlens.trace.sharded import record_vocab_shard, shard_rows
+
+    lo, hi = shard_rows(toy_table().shape[0], WORLD)[rank]
+    return lambda lang: record_vocab_shard(IDS, toy_table()[lo:hi], lo, toy_table().shape[0], rank=rank,
+                                           world=WORLD, labels=TOKENS, lang=lang)
+
+
+def dist_vocab_sum(lang):
+    from gatherlens.trace.sharded import record_vocab_sum
+
+    return record_vocab_sum(IDS, toy_table(), WORLD, labels=TOKENS, lang=lang)
+
+
+def dist_pages(lang):
+    """Sparse decode over 37 tokens split [16, 12, 9] over 3 ranks (pages of 4), budget 17: 5 pages."""
+    from gatherlens.dist import shard_cache, simulate_sharded_decode
+
+    g = torch.Generator().manual_seed(3)
+    k, v = (torch.randn(1, 1, 37, 4, generator=g) for _ in range(2))  # (B, Hkv, L, D)
+    q = torch.randn(1, 1, 1, 4, generator=g)  # (B, Hq, 1, D)
+    _, _, sel = simulate_sharded_decode(q, shard_cache(k, v, [16, 12, 9], page_size=4), budget=17)
+    return sel
+
+
 FIGURES = {
     "embedding": embedding,
     "gather_dim0": EXAMPLES["gather_dim0"],
@@ -99,6 +128,9 @@ FIGURES = {
     "embedding_large": EXAMPLES["embedding_large"],
     "topk_scores": topk_scores,
     "topk_values": topk_values,
+    **{f"dist_vocab_rank{r}": dist_vocab_shard(r) for r in range(WORLD)},
+    "dist_vocab_sum": dist_vocab_sum,
+    "dist_pages": dist_pages,
 }
 
 

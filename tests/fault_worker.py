@@ -1,13 +1,16 @@
-"""A gatherlens process for tests/test_faults.py to kill, run beside it, or load in.
+"""gatherlens processes for tests/test_faults.py to kill or run side by side: a fork server.
 
-    python tests/fault_worker.py FILE.gguf [--rebuild]
+    python tests/fault_worker.py          # then one JSON spec per stdin line; prints each child's pid
 
-Loads FILE.gguf through `gatherlens.models.load` with the GGUF conversion replaced by a tiny
-random Llama (a few KB of weights, same code path from there on: lock, temporary folder,
-manifest, os.replace). Each conversion appends this pid to $FAULT_COUNT, then waits until the
-file $FAULT_CONVERT_UNTIL exists (if set). "waiting ..." progress messages are appended to
-$FAULT_LOG (if set). $GATHERLENS_FAULT_PAUSE / $GATHERLENS_FAULT_MARKER make it stop at a
-named point of the conversion (see gatherlens.models.cache.checkpoint). Prints one JSON line.
+The server imports gatherlens and transformers once, then forks one child per spec (so a
+child starts in milliseconds, not seconds). A child sets the spec's environment, loads the
+spec's .gguf through `gatherlens.models.load` with the GGUF conversion replaced by a tiny random
+Llama (from there on the real path: lock, temporary folder, manifest, os.replace), and writes
+{"from_cache", "cache_dir"} (or {"error"}) to the spec's "result" file. Environment knobs:
+$FAULT_COUNT gets one line per conversion; a conversion waits until $FAULT_CONVERT_UNTIL
+exists; "waiting ..." progress messages go to $FAULT_LOG; $GATHERLENS_FAULT_PAUSE and
+$GATHERLENS_FAULT_MARKER stop the child at a named point (gatherlens.models.cache.checkpoint).
+Nothing is computed in the server before forking (no thread pools to inherit).
 """
 from __future__ import annotations
 
@@ -15,8 +18,10 @@ import json
 import os
 import sys
 import time
+import traceback
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def tiny_model(seed: int = 0):
@@ -57,14 +62,42 @@ def log_waits(message: str) -> None:
             f.write(message + "\n")
 
 
-def main(argv: list[str]) -> None:
+def child(spec: dict) -> None:
     from gatherlens.models import load, loading
 
+    os.environ.update(spec.get("env", {}))
     loading._convert_gguf = fake_convert
-    lm = load(argv[0], rebuild="--rebuild" in argv, progress=log_waits)
-    print(json.dumps({"pid": os.getpid(), "from_cache": lm.from_cache,
-                      "cache_dir": str(lm.cache_dir) if lm.cache_dir else None}), flush=True)
+    try:
+        lm = load(spec["gguf"], rebuild=spec.get("rebuild", False), progress=log_waits)
+        result = {"from_cache": lm.from_cache, "cache_dir": str(lm.cache_dir) if lm.cache_dir else None}
+    except BaseException:  # noqa: BLE001 - reported to the test through the result file
+        result = {"error": traceback.format_exc()}
+    with open(spec["result"] + ".tmp", "w") as f:
+        json.dump(result, f)
+    os.replace(spec["result"] + ".tmp", spec["result"])
+
+
+def serve() -> None:
+    import transformers  # noqa: F401 - imported once, before forking
+
+    import gatherlens.models.loading  # noqa: F401
+
+    print("ready", flush=True)
+    for line in sys.stdin:
+        spec = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                child(spec)
+            finally:
+                os._exit(0)
+        print(pid, flush=True)
+    while True:  # stdin closed: reap the children
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    serve()

@@ -28,6 +28,7 @@ CASES = {
     "sum_groups_2": ((160, 3), 1, 8, 2, 16, 16, 64, True, "sum", torch.float32),
     "dense_budget_2": ((32, 21), 1, 4, 2, 16, 16, 4096, True, "max", torch.float32),
     "tiny_budget_2": ((48, 48), 1, 4, 1, 16, 16, 1, True, "max", torch.float32),
+    "one_group_tail_2": ((64, 45), 1, 4, 1, 16, 16, 40, True, "max", torch.float32),
     "bf16_2": ((64, 50), 1, 8, 2, 32, 16, 48, True, "max", torch.bfloat16),
     "uneven_4": ((64, 32, 96, 7), 1, 8, 2, 16, 16, 64, True, "max", torch.float32),
     "empty_rank_4": ((32, 48, 13, 0), 2, 4, 2, 16, 16, 40, True, "max", torch.float32),
@@ -196,6 +197,17 @@ def test_candidates_merge_to_the_whole_cache_choice(sizes, n, levels, seed):
     assert torch.equal(pages, _whole_rule(bounds, n))
 
 
+@settings(max_examples=60, deadline=None)
+@given(N=st.integers(1, 40), n=st.integers(1, 40), levels=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_best_set_is_the_first_n_of_the_ranking(N, n, levels, seed):
+    from gatherlens.dist.pages import best_set, rank_pages
+
+    n = min(n, N)
+    bounds = torch.randint(0, levels, (2, 3, N), generator=torch.Generator().manual_seed(seed)).float()
+    _, first = rank_pages(bounds, torch.arange(N).expand(2, 3, N), n)  # (2, 3, n) by (bound desc, id asc)
+    assert torch.equal(best_set(bounds, n), first.sort(dim=-1).values)
+
+
 def test_layout_rules():
     assert split_sequence(100, 3, 16) == [48, 48, 4]
     assert split_sequence(20, 4, 16) == [16, 4, 0, 0]
@@ -213,3 +225,27 @@ def test_needs_an_initialised_group():
     c.append(torch.randn(1, 1, 9, 8), torch.randn(1, 1, 9, 8))
     with pytest.raises(GatherValueError, match="init_process_group"):
         sparse_decode_sharded(torch.randn(1, 1, 1, 8), c, 4)
+
+
+def cuda_worker(name: str):
+    import torch.distributed as dist
+
+    lengths, B, Hq, Hkv, D, P, budget, share, gs, dtype = CASES[name]
+    k, v, q = (t.cuda() for t in case_data(name))
+    world = dist.get_world_size()
+    parts = split_sequence(sum(lengths), world, P)
+    out, lse = sparse_decode_sharded(q, shard_cache(k, v, parts, P)[dist.get_rank()], budget, return_lse=True)
+    return out.cpu(), lse.cpu(), dist.get_backend()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the NCCL path)")
+def test_nccl_path_once():
+    """One GPU per rank (NCCL allows no two ranks on one device): as many ranks as GPUs, up to 2."""
+    name = "uneven_gqa_2"
+    world = min(2, torch.cuda.device_count())
+    results = run_ranks(cuda_worker, world, name, timeout=TIMEOUT, backend="nccl")
+    out1, lse1, _ = _one_process(name)
+    for out, lse, backend in results:
+        assert backend == "nccl"
+        torch.testing.assert_close(out, out1, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(lse, lse1, atol=1e-4, rtol=1e-4)

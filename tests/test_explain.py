@@ -15,6 +15,7 @@ from gatherlens.errors import GatherIndexError, GatherValueError
 from gatherlens.report.build import build_report, write_report
 from gatherlens.report.collect import HeadMap, collect
 from gatherlens.render.report_figures import heads_svg, scores_svg
+from tiny_models import make_tiny_llama
 
 TEXT = "The cat sat on the mat because it was"
 EVIL = "<script>alert(1)</script>"
@@ -23,22 +24,7 @@ EVIL = "<script>alert(1)</script>"
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     """A random 2-layer Llama (4 query heads over 2 KV heads) with MiniLM's tokenizer, on disk."""
-    transformers = pytest.importorskip("transformers")
-    from gatherlens.models.registry import resolve
-
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(resolve("minilm").path, local_files_only=True)
-    except Exception as err:  # noqa: BLE001 - the tokenizer package is an optional install
-        pytest.skip(f"MiniLM's tokenizer is not installed ({err})")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=128)
-    model = transformers.LlamaForCausalLM(cfg)
-    folder = tmp_path_factory.mktemp("models") / "tiny-llama"
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +159,11 @@ def test_token_markup_stays_text(tiny, tmp_path):
     assert EVIL not in html  # the user's text and every token string are escaped
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     n_fragments = html.count('<div class="gatherlens">')
-    assert html.count("<script") == n_fragments  # only the hover scripts of record figures
+    # the hover scripts of record figures, the explorer's data block and its one script
+    assert html.count("<script") == n_fragments + 2
+    assert html.count('<script type="application/json" id="gl-data">') == 1
+    data = html.split('id="gl-data">', 1)[1].split("</script>", 1)[0]
+    assert "<" not in data and "\\u003cscript\\u003e" in data  # tokens in the data block stay JSON text
     # the report's own SVG templates, fed the raw string as a token label
     a = s.attention
     labels = [EVIL] + s.shown_tokens[1:]

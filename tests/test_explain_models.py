@@ -75,40 +75,118 @@ def test_minilm_report_shows_three_lookups_and_no_prediction(minilm_report):
     assert set(data["embeddings"][2]["ids"]) == {0}                       # one segment
 
 
-@pytest.mark.browser
-@pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                    reason=f"{CHROMIUM} missing: apt-get install chromium (Debian's build)")
-def test_smollm2_report_in_chromium(smollm2_report):
+needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                    reason=f"{CHROMIUM} missing: apt-get install chromium (Debian's build)")
+
+
+@pytest.fixture(scope="module")
+def browser():
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright missing: pip install playwright")
-    out, _ = smollm2_report
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--disable-sync", "--no-first-run"])
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            requests, errors = [], []
-            page.on("request", lambda r: requests.append(r.url))
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto((out / "index.html").as_uri())
-            page.wait_for_load_state("load")
+        yield b
+        b.close()
 
-            assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
-            assert errors == []
-            assert page.locator("h2").count() == 7
-            assert page.locator("section svg").count() == 6  # every figure drawn on the page
-            for sel in ("#fig-01-embedding svg", "#fig-04-scores svg", "#fig-06-value-gather svg"):
-                box = page.locator(sel).bounding_box()
-                assert box and box["width"] > 200 and box["height"] > 100, sel
-            assert page.locator("#fig-04-scores .gl-kept").count() > 0  # top-k cells outlined
-            # hover highlighting works inside the report: an output cell of the embedding lookup
-            cell = page.locator("#fig-01-embedding .gl-cell.gl-out").first
-            src = cell.get_attribute("data-src")
-            cell.hover()
-            assert "hl" in (page.get_attribute(f'#fig-01-embedding [data-key="{src}"]', "class") or "")
-            assert "←" in page.locator("#fig-01-embedding .gl-info").inner_text()
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "explain_report.png"), full_page=True)
-        finally:
-            browser.close()
+
+def _open(browser, path: Path):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    requests, errors = [], []
+    page.on("request", lambda r: requests.append(r.url))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(path.as_uri())
+    page.wait_for_load_state("load")
+    return page, requests, errors
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_smollm2_report_in_chromium(smollm2_report, browser):
+    out, _ = smollm2_report
+    page, requests, errors = _open(browser, out / "index.html")
+    assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
+    assert errors == []
+    assert page.locator("h2").count() == 7
+    assert page.locator("section svg").count() == 6  # every figure drawn on the page
+    for sel in ("#fig-01-embedding svg", "#fig-04-scores svg", "#fig-06-value-gather svg"):
+        box = page.locator(sel).bounding_box()
+        assert box and box["width"] > 200 and box["height"] > 100, sel
+    assert page.locator("#fig-04-scores .gl-kept").count() > 0  # top-k cells outlined
+    # hover highlighting works inside the report: an output cell of the embedding lookup
+    cell = page.locator("#fig-01-embedding .gl-cell.gl-out").first
+    src = cell.get_attribute("data-src")
+    cell.hover()
+    assert "hl" in (page.get_attribute(f'#fig-01-embedding [data-key="{src}"]', "class") or "")
+    assert "←" in page.locator("#fig-01-embedding .gl-info").inner_text()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "explain_report.png"), full_page=True)
+    page.close()
+
+
+def _page_data(out: Path) -> dict:
+    html = (out / "index.html").read_text(encoding="utf-8")
+    return json.loads(html.split('id="gl-data">', 1)[1].split("</script>", 1)[0])
+
+
+def _top_keys(data: dict, layer: int, head: int, query: int, k: int) -> list[int]:
+    """Top-k of the page's own float16 scores for one (layer, head, query), ties to the lower key."""
+    import base64
+
+    import numpy as np
+
+    x = data["explore"]
+    allowed = np.frombuffer(base64.b64decode(x["allowed"]), np.uint8).reshape(x["Q"], x["L"]).astype(bool)
+    cells = np.frombuffer(base64.b64decode(x["scores"]), "<f2").reshape(x["layers"], x["heads"], -1)
+    row = np.full((x["Q"], x["L"]), -np.inf, np.float32)
+    row[allowed] = cells[layer, head]
+    keys = [j for j in range(x["L"]) if row[query, j] > -np.inf]
+    return sorted(keys, key=lambda j: (-float(row[query, j]), j))[:k]
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_smollm2_report_explores_layer_29_head_8(smollm2_report, browser):
+    out, _ = smollm2_report
+    page, requests, errors = _open(browser, out / "index.html")
+    titles = lambda: page.locator(".gl-fig-title").all_text_contents()  # noqa: E731
+    assert all("layer 15, head 0" in t for t in titles())
+    before = page.locator("#fig-04-scores svg").inner_html()
+    page.select_option('select[name="layer"]', "29")
+    page.select_option('select[name="head"]', "8")
+    assert all("layer 29, head 8" in t for t in titles()) and len(titles()) == 4
+    assert page.locator("#fig-04-scores svg").inner_html() != before
+    data = _page_data(out)
+    last = len(data["tokens"]) - 1
+    keys = [int(x) for x in page.locator("#table-values tbody tr td:first-child").all_text_contents()]
+    assert keys == _top_keys(data, 29, 8, last, 4)            # k = 4: what the model ran with
+    page.fill('input[name="k"]', "7")
+    assert any("top-7" in t for t in titles())
+    keys = [int(x) for x in page.locator("#table-values tbody tr td:first-child").all_text_contents()]
+    assert keys == _top_keys(data, 29, 8, last, 7) and len(keys) == 7
+    assert page.locator("#fig-04-scores .gl-kept-outline").count() == sum(min(7, i + 1) for i in range(last + 1))
+    assert "The model ran with top-4" in page.locator("#gl-knote").inner_text()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "explain_layer29_head8.png"), full_page=True)
+    assert [u for u in requests if not u.startswith(("file:", "data:"))] == [] and errors == []
+    page.close()
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_minilm_report_explores_too(minilm_report, browser):
+    out, _ = minilm_report
+    page, requests, errors = _open(browser, out / "index.html")
+    page.select_option('select[name="layer"]', "5")
+    page.select_option('select[name="head"]', "11")
+    page.select_option('select[name="query"]', "0")
+    page.fill('input[name="k"]', "2")
+    titles = page.locator(".gl-fig-title").all_text_contents()
+    assert all("layer 5, head 11" in t for t in titles) and len(titles) == 4
+    data = _page_data(out)
+    assert not data["explore"]["causal"]                      # bidirectional: query 0 sees every key
+    keys = [int(x) for x in page.locator("#table-values tbody tr td:first-child").all_text_contents()]
+    assert keys == _top_keys(data, 5, 11, 0, 2) and max(keys) > 0
+    assert [u for u in requests if not u.startswith(("file:", "data:"))] == [] and errors == []
+    page.close()

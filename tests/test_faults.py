@@ -75,25 +75,57 @@ def gatherlens_warnings(caught) -> list[str]:
     return [str(w.message) for w in caught if issubclass(w.category, GatherLensWarning)]
 
 
-def spawn(gguf: Path, cache: Path, *args: str, pause: str | None = None, **env) -> subprocess.Popen:
-    full = {**os.environ, "GATHERLENS_CACHE": str(cache), "FAULT_COUNT": str(cache.parent / "count"),
-            **{k: str(v) for k, v in env.items()}}
-    if pause:
-        full.update(GATHERLENS_FAULT_PAUSE=pause, GATHERLENS_FAULT_MARKER=str(cache.parent / "paused"))
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([sys.executable, str(WORKER), str(gguf), *args], env=full,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+class Forks:
+    """The fork server of tests/fault_worker.py: each start() is a new gatherlens process."""
+
+    def __init__(self):
+        self.server = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if self.server.stdout.readline().strip() != "ready":
+            pytest.fail(f"the fork server did not start: {self.server.stderr.read()[-2000:]}")
+        self.results: dict[int, Path] = {}
+
+    def start(self, gguf: Path, cache: Path, rebuild: bool = False, pause: str | None = None, **env) -> int:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        env = {"GATHERLENS_CACHE": str(cache), "FAULT_COUNT": str(cache.parent / "count"),
+               **{k: str(v) for k, v in env.items()}}
+        if pause:
+            env.update(GATHERLENS_FAULT_PAUSE=pause, GATHERLENS_FAULT_MARKER=str(cache.parent / "paused"))
+        result = cache.parent / f"result-{len(self.results)}.json"
+        spec = {"gguf": str(gguf), "rebuild": rebuild, "env": env, "result": str(result)}
+        self.server.stdin.write(json.dumps(spec) + "\n")
+        self.server.stdin.flush()
+        pid = int(self.server.stdout.readline())
+        self.results[pid] = result
+        return pid
+
+    def result(self, pid: int) -> dict:
+        wait_for(self.results[pid], f"process {pid} to finish")
+        out = json.loads(self.results[pid].read_text())
+        assert "error" not in out, out["error"]
+        return out
+
+    def close(self) -> None:
+        self.server.stdin.close()
+        try:
+            self.server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
 
 
-def wait_for(path: Path, proc: subprocess.Popen, what: str, timeout: float = 240) -> None:
+@pytest.fixture(scope="module")
+def forks():
+    server = Forks()
+    yield server
+    server.close()
+
+
+def wait_for(path: Path, what: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
-        if proc.poll() is not None:
-            pytest.fail(f"{what}: the worker exited ({proc.returncode}) first: {proc.stderr.read()[-2000:]}")
         if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"{what}: the worker never got there")
-        time.sleep(0.05)
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
 
 
 def conversions(cache: Path) -> int:
@@ -111,51 +143,58 @@ KILL_POINTS = {
 }
 
 
-def test_kill_9_at_each_point_of_a_conversion(tmp_path, gguf, converts, monkeypatch):
+def test_kill_9_at_each_point_of_a_conversion(tmp_path, gguf, converts, forks, monkeypatch):
     """Must hold after kill -9 at any point: while the killed process lived its files were left
     alone; the next load removes every leftover (temporary folder, trash, lock file), converts
     once and leaves a sound cache that a third load reads without converting."""
     caches = {point: tmp_path / point / "cache" for point in KILL_POINTS}
     monkeypatch.setenv("GATHERLENS_CACHE", str(caches["discard"]))
-    load(str(gguf))  # the copy the "discard" worker's rebuild moves aside
-    procs = {point: spawn(gguf, cache, *(["--rebuild"] if point == "discard" else []), pause=point)
-             for point, cache in caches.items()}
-    for point, proc in procs.items():
-        wait_for(caches[point].parent / "paused", proc, point)
+    load(str(gguf))  # the copy the "discard" process's rebuild moves aside
+    pids = {point: forks.start(gguf, cache, rebuild=point == "discard", pause=point)
+            for point, cache in caches.items()}
+    for point in KILL_POINTS:
+        wait_for(caches[point].parent / "paused", f"the process paused at {point!r}")
     for point, cache in caches.items():  # live writers: the sweep must not touch their files
         monkeypatch.setenv("GATHERLENS_CACHE", str(cache))
         before = leftovers(cache)
         assert before, f"{point}: {KILL_POINTS[point]}, so something should be in progress"
         assert mcache.sweep() == [] and leftovers(cache) == before, point
-    for proc in procs.values():
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    for pid in pids.values():
+        os.kill(pid, signal.SIGKILL)
     for point, cache in caches.items():
         monkeypatch.setenv("GATHERLENS_CACHE", str(cache))
         n = len(converts)
-        lm = load(str(gguf))
+        lm = _load_when_dead(gguf, pids[point])
         assert not lm.from_cache and len(converts) == n + 1, point
         assert leftovers(cache) == [], (point, leftovers(cache))
         assert mcache.is_valid(lm.cache_dir) and [p.name for p in (cache / "models").iterdir()] == [lm.cache_dir.name]
         assert load(str(gguf)).from_cache and len(converts) == n + 1, point
 
 
-def test_two_processes_converting_at_once_convert_once(tmp_path, gguf, monkeypatch):
+def _load_when_dead(gguf: Path, pid: int):
+    """Load once the killed process is gone (its lock is released when it exits)."""
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}/status").exists() and "State:\tZ" not in Path(f"/proc/{pid}/status").read_text():
+        assert time.monotonic() < deadline, f"process {pid} survived kill -9"
+        time.sleep(0.02)
+    return load(str(gguf))
+
+
+def test_two_processes_converting_at_once_convert_once(tmp_path, gguf, forks, monkeypatch):
     """Must hold: while one process converts, a second one waits for it (it says so) instead of
     converting too; it then reads the first one's copy. One conversion in all, both models
     sound, nothing left behind."""
     cache = tmp_path / "cache"
     release = tmp_path / "release"
-    first = spawn(gguf, cache, FAULT_CONVERT_UNTIL=release)
-    wait_for(cache.parent / "count", first, "first conversion")
-    second = spawn(gguf, cache, FAULT_LOG=tmp_path / "second.log")
-    wait_for(tmp_path / "second.log", second, "second process waiting")
-    assert f"waiting for process {first.pid}" in (tmp_path / "second.log").read_text()
+    first = forks.start(gguf, cache, FAULT_CONVERT_UNTIL=release)
+    wait_for(cache.parent / "count", "the first conversion to start")
+    second = forks.start(gguf, cache, FAULT_LOG=tmp_path / "second.log")
+    wait_for(tmp_path / "second.log", "the second process to wait")
+    assert f"waiting for process {first}" in (tmp_path / "second.log").read_text()
     release.touch()
-    out = [json.loads(p.communicate(timeout=240)[0]) for p in (first, second)]
+    out = [forks.result(first), forks.result(second)]
     assert [o["from_cache"] for o in out] == [False, True] and conversions(cache) == 1
     assert out[0]["cache_dir"] == out[1]["cache_dir"] and mcache.is_valid(Path(out[0]["cache_dir"]))
-    monkeypatch.setenv("GATHERLENS_CACHE", str(cache))
     assert leftovers(cache) == []
 
 
@@ -472,7 +511,7 @@ def test_non_finite_report_numbers_fail_naming_where(tiny_dir, tmp_path):
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(folder / "model.safetensors")
-    tensors = {k: v * 1e30 if k.endswith("lm_head.weight") or "embed" in k else v for k, v in tensors.items()}
+    tensors = {k: v * 1e30 if k in ("model.norm.weight", "lm_head.weight") else v for k, v in tensors.items()}
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     result = run("explain", "The cat sat", "--model", str(folder), "--out", str(tmp_path / "r"))
     assert result.exit_code == 1 and "non-finite number at" in result.output, result.output
@@ -485,3 +524,26 @@ def test_long_bad_inputs_are_quoted_shortened():
                  ["explain", "hi", "--top-k", "9" * 5000]):
         result = run(*args)
         assert result.exit_code == 2 and "…" in result.output and len(result.output) < 600, result.output
+
+
+def test_cache_list_shows_sizes_and_clear_keeps_what_a_live_process_writes(root, gguf, converts):
+    """Must hold: `cache list` shows each converted model with its size and state and a killed
+    conversion's leftover as such; `cache clear` removes everything no live process is writing,
+    says how much it freed, and keeps (and names) what a live process holds."""
+    from gatherlens.models import locks
+
+    folder = load(str(gguf)).cache_dir
+    leftover = root / "models" / f".{folder.name}.tmp-killed"
+    leftover.mkdir()
+    (leftover / "model.safetensors").write_bytes(b"\0" * 5000)
+    listing = run("cache", "list").output
+    assert f"{folder.name}: ok" in listing and "interrupted conversion" in listing
+    assert "4.9 KiB  .tiny-" in listing and "MiB  in all" in listing and str(root) in listing
+    busy = root / "models" / "other-0123456789abcdef"
+    busy.mkdir()
+    with locks.hold(busy):  # another process building "other": its lock is held
+        result = run("cache", "clear")
+    assert result.exit_code == 0 and "removed 3 entries" in result.output, result.output
+    assert "kept other-0123456789abcdef: process" in result.output
+    assert sorted(p.name for p in (root / "models").iterdir()) == ["other-0123456789abcdef"]
+    assert not (root / "hashes.json").exists()

@@ -34,7 +34,9 @@ COMMANDS = {
     "eval": "gatherlens.commands.evaluate:evaluate",
     "eval-sparse": "gatherlens.commands.evaluate_sparse:evaluate_sparse",
     "lookup": "gatherlens.commands.lookup:lookup",
+    "dist": "gatherlens.commands.dist:dist",
     "cache": "gatherlens.commands.cache:cache",
+    "serve": "gatherlens.commands.serve:serve",
 }
 
 LONG = re.compile(r"\S{201,}")  # a pasted blob in a message: shown as its first 40 characters
@@ -99,8 +101,17 @@ def save_traceback(e: BaseException) -> str:
 
 
 def shorten_long(message: str) -> str:
-    """Cut any run of over 200 non-space characters (a pasted number or list) to 40 + '…'."""
-    return LONG.sub(lambda m: f"{m[0][:40]}… ({len(m[0]):,} characters)", message)
+    """Cut any run of over 200 non-space characters (a pasted number or list) to 40 + '…'.
+
+    >>> shorten_long("could not read '" + "9" * 5000 + "';")
+    "could not read '999999999999999999999999999999999999999…' (5,003 characters);"
+    """
+    def cut(m: re.Match) -> str:
+        tail = re.search(r"\W{0,4}$", m[0])[0]          # closing quotes and brackets
+        sep = tail[-1] if tail and tail[-1] in ";:,." else ""
+        return f"{m[0][:40]}…{tail[:len(tail) - len(sep)]} ({len(m[0]):,} characters){sep}"
+
+    return LONG.sub(cut, message)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):

@@ -258,6 +258,75 @@ STRINGS: dict[str, dict[str, str]] = {
     "col_score": {"en": "score", "zh": "分数"},
     "col_weight": {"en": "top-k weight", "zh": "top-k 权重"},
     "col_dense": {"en": "dense weight", "zh": "稠密权重"},
+    # the explorer (the page's controls and the figures its script draws; {name} placeholders only)
+    "ex_controls": {"en": "Explore every head: pick a layer, a head and a query, and move k. The "
+                          "figures and tables of sections 3–5 follow.",
+                    "zh": "探索每个头：选一层、一个头和一个查询，再移动 k。第 3–5 节的图和表会随之更新。"},
+    "ex_layer": {"en": "layer", "zh": "层"},
+    "ex_head": {"en": "head", "zh": "头"},
+    "ex_query": {"en": "query", "zh": "查询"},
+    "ex_k": {"en": "k", "zh": "k"},
+    "ex_k_run": {"en": "k = {k} is what the model ran with: the outlines, weights and value rows "
+                       "are the model's own top-{k} picks.",
+                 "zh": "k = {k} 就是模型运行时用的 k：红框、权重和 value 行都是模型自己的 top-{k} 选择。"},
+    "ex_k_moved": {"en": "k = {k} shows the selection k would make from this run's scores (best "
+                         "first, ties to the lower key). The model ran with top-{run}: the next-token "
+                         "prediction and the table of gathers are for k = {run}.",
+                   "zh": "k = {k} 显示的是用本次运行的分数按这个 k 会做出的选择（从高到低，分数相同取较小的键）。"
+                         "模型实际用的是 top-{run}：下一个 token 的预测和 gather 总表都是 k = {run} 的结果。"},
+    "ex_k_dense": {"en": "Top-k was off: the model ran dense attention (every allowed key). k = {k} "
+                         "shows the selection k would make from this run's scores.",
+                   "zh": "top-k 已关闭：模型运行的是稠密注意力（所有允许的键）。k = {k} 显示的是用本次运行的分数按这个 k 会做出的选择。"},
+    "ex_scores_title": {"en": "scores · layer {layer}, head {head} · top-{k}",
+                        "zh": "分数 · 第 {layer} 层，头 {head} · top-{k}"},
+    "ex_gather_title": {"en": "scores.gather(-1, topk_idx) · layer {layer}, head {head} · top-{k}",
+                        "zh": "scores.gather(-1, topk_idx) · 第 {layer} 层，头 {head} · top-{k}"},
+    "ex_value_title": {"en": "V.index_select(0, topk_idx) · layer {layer}, head {head} (KV head "
+                             "{kvh}), query {q} {tok}",
+                       "zh": "V.index_select(0, topk_idx) · 第 {layer} 层，头 {head}（键/值头 {kvh}），"
+                             "查询 {q} {tok}"},
+    "ex_heads_title": {"en": "{q} query heads → {kv} key/value heads · layer {layer}, head {head} "
+                             "reads KV head {kvh}",
+                       "zh": "{q} 个查询头 → {kv} 个键/值头 · 第 {layer} 层，头 {head} 读键/值头 {kvh}"},
+    "ex_scores_info": {"en": "query {q} {qt} → key {j} {kt}: score {s}, dense weight {w}",
+                       "zh": "查询 {q} {qt} → 键 {j} {kt}：分数 {s}，稠密权重 {w}"},
+    "ex_not_allowed": {"en": "not allowed", "zh": "不允许"},
+    "ex_kept": {"en": "(kept)", "zh": "（保留）"},
+    "ex_more": {"en": "+{n} more", "zh": "另有 {n} 个"},
+    "ex_sum": {"en": "out = Σ w·V", "zh": "out = Σ w·V"},
+    "ex_weight": {"en": "w", "zh": "w"},
+    "ex_noscript": {"en": "This figure is drawn by the page's script for the layer, head, query "
+                          "and k you pick; without scripts, open {file} beside this page.",
+                    "zh": "这张图由页面脚本按你选的层、头、查询和 k 绘制；不运行脚本时，请打开本页旁边的 {file}。"},
+    # the live explorer (`gatherlens serve`)
+    "live_title": {"en": "gatherlens explorer", "zh": "gatherlens 探索器"},
+    "live_text": {"en": "Your text (the report follows as you type)",
+                  "zh": "你的文本（输入时报告随之更新）"},
+    "live_model": {"en": "model", "zh": "模型"},
+    "live_topk": {"en": "top-k attention on", "zh": "开启 top-k 注意力"},
+    "live_generate": {"en": "Generate with sparse decoding", "zh": "用稀疏解码生成"},
+    "live_tokens": {"en": "new tokens", "zh": "新 token 数"},
+    "live_stop": {"en": "Stop", "zh": "停止"},
+    "ex_busy": {"en": "running the model…", "zh": "模型运行中…"},
+    "ex_error": {"en": "error: {message}", "zh": "错误：{message}"},
+    "ex_stopped": {"en": "generation stopped", "zh": "生成已停止"},
+    "ex_steps_title": {"en": "pages × steps · layer {layer}: which pages of the KV cache each "
+                             "decode step gathered (page size {P}, budget {budget} tokens)",
+                       "zh": "页 × 步 · 第 {layer} 层：每个解码步 gather 了 KV 缓存的哪些页（页大小 {P}，预算 {budget} 个 token）"},
+    "ex_steps_prefill": {"en": "prompt (dense prefill)", "zh": "提示（稠密预填充）"},
+    "ex_pages_axis": {"en": "steps ↓ · pages →  (colour: share of the KV heads that read the page)",
+                      "zh": "步 ↓ · 页 →（颜色：读了该页的键/值头所占比例）"},
+    "ex_no_steps": {"en": "Press the button to decode token by token with page-selected sparse "
+                          "attention and watch which pages each step reads.",
+                    "zh": "按下按钮，用按页选择的稀疏注意力逐个 token 解码，看每一步读了哪些页。"},
+    "live_steps_title": {"en": "Generate: sparse decoding, step by step",
+                         "zh": "生成：逐步的稀疏解码"},
+    "live_steps_body": {"en": "Each decode step scores every page of the KV cache from its key "
+                              "summary and gathers only the best pages within the budget (page 0 "
+                              "and the newest page always). Rows are steps, with the token each "
+                              "step produced; columns are pages.",
+                        "zh": "每个解码步用每页键的摘要给 KV 缓存的所有页打分，只在预算内 gather 最好的页"
+                              "（第 0 页和最新一页总会读）。每行是一步及其生成的 token，每列是一页。"},
     # 6. prediction
     "pred_title": {"en": "6. The next token: a row of the logits",
                    "zh": "6. 下一个 token：logits 的一行"},

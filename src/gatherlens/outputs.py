@@ -28,6 +28,8 @@ def writable_file(path: str | os.PathLike, what: str) -> Path:
     if p.is_dir():
         raise GatherValueError(f"{what} {str(p)!r} is a folder; give a file path")
     parent = p.parent
+    if parent.exists() and not parent.is_dir():
+        raise GatherValueError(f"{what} {str(p)!r} cannot be written: {str(parent)!r} is a file, not a folder")
     if not parent.exists():
         blocker = _file_on_the_way(parent)
         if blocker is not None:
@@ -65,8 +67,8 @@ def _probe(folder: Path, target: Path, what: str) -> None:
     try:
         fd, name = tempfile.mkstemp(prefix=".gatherlens-probe-", dir=folder)
     except OSError as err:
-        raise GatherValueError(f"{what} {str(target)!r} cannot be written: {err.strerror or err} "
-                               f"in {str(folder)!r}") from None
+        raise GatherValueError(f"{what} {str(target)!r} cannot be written ({err.strerror or err} when "
+                               f"creating a file in {str(folder)!r})") from None
     os.close(fd)
     with contextlib.suppress(OSError):
         os.unlink(name)

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import click
 
+from gatherlens.errors import GatherValueError
+from gatherlens.outputs import writable_file
+
 
 def check_json_path(path: Path, force: bool) -> Path:
     """Refuse, before any timing, a --json path that exists (without --force) or cannot be written."""
@@ -24,8 +27,10 @@ def check_json_path(path: Path, force: bool) -> Path:
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise click.UsageError(f"folder {folder} does not exist (for --json)")
-    if not os.access(folder, os.W_OK):
-        raise click.UsageError(f"folder {folder} is not writable (for --json)")
+    try:  # a probe file: os.access can say yes where writing fails (root on NFS, ACLs)
+        writable_file(path, "--json")
+    except GatherValueError as e:
+        raise click.UsageError(str(e)) from None
     return path
 
 

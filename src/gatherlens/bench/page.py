@@ -1,6 +1,6 @@
 """`gatherlens bench page`: docs/benchmarks.md from the benchmarks' JSON files.
 
-    gatherlens bench page docs/bench/*.json -o docs/benchmarks.md --force
+    gatherlens bench page docs/bench/*.json --notes docs/bench/notes.md -o docs/benchmarks.md --force
 
 Each file (written by `gatherlens bench <suite> --json`, layout in bench/output.py) becomes one
 section: how it was run (its meta) and its rows as a table. The numbers live in the JSON; this page is
@@ -16,7 +16,8 @@ import click
 HEADER = """# Benchmarks
 
 Measured by `gatherlens bench <suite> --json docs/bench/<suite>.json`; this page is regenerated from
-those files by `gatherlens bench page docs/bench/*.json -o docs/benchmarks.md --force`. Every speed is a
+those files by
+`gatherlens bench page docs/bench/*.json --notes docs/bench/notes.md -o docs/benchmarks.md --force`. Every speed is a
 ratio against a baseline timed side by side in the same run (the strongest dense form where one exists:
 SDPA with each KV group's query heads folded into one matmul for decode). The figures are from the
 machine named in each section's meta; rerun them on yours.
@@ -43,7 +44,8 @@ def section(data: dict, name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def page(files: list[Path]) -> str:
+def page(files: list[Path], notes: Path | None = None) -> str:
+    """The whole page: the header, one section per results file, then the notes file verbatim."""
     parts = [HEADER]
     for f in files:
         try:
@@ -53,6 +55,8 @@ def page(files: list[Path]) -> str:
         if not isinstance(data, dict) or "rows" not in data:
             raise click.UsageError(f"{f} is not a benchmark result (no 'rows'); write it with --json")
         parts.append(section(data, f.stem))
+    if notes is not None:
+        parts.append(notes.read_text(encoding="utf-8"))
     return "\n".join(parts)
 
 
@@ -60,10 +64,12 @@ def page(files: list[Path]) -> str:
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the markdown here (default: print it)")
+@click.option("--notes", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="a markdown file appended as it is (what the tables cannot say)")
 @click.option("--force", is_flag=True, help="overwrite an existing --out file")
-def command(files, out, force):
+def command(files, out, notes, force):
     """Write the benchmarks page (markdown) from the JSON that `gatherlens bench ... --json` wrote."""
-    text = page(list(files))
+    text = page(list(files), notes)
     if out is None:
         click.echo(text)
         return

@@ -9,6 +9,7 @@ SUITES = {
     "embedding": "gatherlens.bench.embedding:command",
     "attention": "gatherlens.bench.attention:command",
     "decode": "gatherlens.bench.decode:command",
+    "dist": "gatherlens.bench.dist:command",
     "page": "gatherlens.bench.page:command",
 }
 

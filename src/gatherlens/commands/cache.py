@@ -27,27 +27,15 @@ def cache():
 @click.option("--no-verify", is_flag=True, help="Skip re-hashing each model folder.")
 def list_(no_verify):
     """Every converted model in the cache, its size and whether it is sound."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
     from gatherlens.models.cache import cache_root
     from gatherlens.models.inventory import inventory
 
     items = inventory(verify=not no_verify)
-    console = Console()
-    console.print(f"cache: {cache_root()}  (move it with GATHERLENS_CACHE=/some/folder)")
-    if not items:
-        console.print("empty")
-        return
-    table = Table(box=box.SIMPLE_HEAD, show_footer=True)
-    table.add_column("entry", footer="total")
-    table.add_column("size", justify="right", footer=_size(sum(i.size for i in items)))
-    table.add_column("state", overflow="fold")
-    table.add_column("converted from", overflow="fold")
+    click.echo(f"cache: {cache_root()}  (move it with GATHERLENS_CACHE=/some/folder)")
     for i in items:
-        table.add_row(i.name, _size(i.size), i.state, i.source)
-    console.print(table)
+        source = f"  (from {i.source})" if i.source else ""
+        click.echo(f"{_size(i.size):>11}  {i.name}: {i.state}{source}")
+    click.echo(f"{_size(sum(i.size for i in items)):>11}  in all" if items else "empty")
 
 
 @cache.command("clear")

@@ -37,6 +37,7 @@ def evaluate(model_name, corpus, text_file, ks, tokens, window, stride, out, plo
     from rich.console import Console
 
     from gatherlens.errors import GatherLensError
+    from gatherlens.models.integrity import require_finite
 
     ks_list = positive_ints(",".join(ks) or "8,32,128,512", "-k/--top-k", "k")
     if window is not None and stride is not None and stride > window:
@@ -48,6 +49,7 @@ def evaluate(model_name, corpus, text_file, ks, tokens, window, stride, out, plo
         lm, ids = _load(model_name, corpus, text_file, tokens)
         window, stride = _window_and_stride(lm, window, stride)
         report = _measure(lm, ids, ks_list, window, stride, console)
+        require_finite([vars(r) for r in report.rows], "the eval results")
     except GatherLensError as err:
         raise click.ClickException(str(err)) from None
     source = text_file or corpus

@@ -21,6 +21,7 @@ import click
 from gatherlens.commands.params import (
     number, output_file, positive_ints, print_table, progress_bar, text_source_options,
 )
+from gatherlens.outputs import writable_dir
 
 
 @dataclass
@@ -64,6 +65,7 @@ def evaluate_sparse(model_name, corpus, text_file, context, budgets, page_size, 
     from rich.console import Console
 
     from gatherlens.errors import GatherLensError
+    from gatherlens.models.integrity import require_finite
 
     plan = _Plan(positive_ints(budgets, "--budgets", "budget"), context, page_size, decode_tokens, passkey_trials,
                  dense_layers, share_selection=not per_head)
@@ -82,6 +84,7 @@ def evaluate_sparse(model_name, corpus, text_file, context, budgets, page_size, 
     except GatherLensError as err:
         raise click.ClickException(str(err)) from None
     meta, rows = _results(lm, text_file or corpus, ids, plan, report, passkeys)
+    require_finite(rows, "the eval results")  # NaN/inf: an error naming where, nothing written
     _print(rows, f"{lm.name}: sparse decoding vs dense, {meta['text']}, context {ids.shape[1]}, "
                  f"{decode_tokens} decoded tokens, page {page_size}")
     _write(json_path, csv_path, meta, rows, passkeys, console)
@@ -106,7 +109,7 @@ def _picture_folder(pictures: str | None, force: bool) -> Path | None:
     if folder.exists() and any(folder.glob("pages_*")) and not force:
         raise click.BadParameter(f"{pictures!r} already holds pictures; pass --force to overwrite them",
                                  param_hint="--pictures")
-    return folder
+    return writable_dir(folder, "--pictures")  # before the model loads
 
 
 def _load(model_name: str, corpus: str, text_file: str | None, context: int, threads: int | None):

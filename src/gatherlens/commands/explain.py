@@ -69,7 +69,9 @@ def explain(text, model, top_k, layer, head, query, lang, out, force):
 
     from gatherlens.errors import GatherLensError
     from gatherlens.render.summary import print_summary
-    from gatherlens.report.build import check_out_dir, write_report
+    from gatherlens.models.integrity import require_finite
+    from gatherlens.outputs import writable_dir
+    from gatherlens.report.build import check_out_dir, story_data, write_report
 
     err = Console(stderr=True, log_path=False)
     if not text.strip():
@@ -77,6 +79,7 @@ def explain(text, model, top_k, layer, head, query, lang, out, force):
                                  param_hint="TEXT")
     try:
         check_out_dir(out, force)  # fail before the model loads, not after
+        writable_dir(out, "--out")
     except GatherLensError as e:
         raise click.ClickException(str(e)) from None
     t0 = time.perf_counter()
@@ -93,6 +96,7 @@ def explain(text, model, top_k, layer, head, query, lang, out, force):
             err.log(f"loaded {lm.name} in {lm.seconds:.1f} s"
                     + (" (from the converted copy in the cache)" if lm.from_cache else ""))
             story = collect(lm, text, top_k=top_k, layer=layer, head=head, query=query, say=say)
+            require_finite(story_data(story), "the report's numbers (story.json)")
             say("drawing the figures and writing the report")
             command = _command_line(text, model, top_k, layer, head, query, lang, out)
             paths = write_report(story, out, lang=lang, force=force, command=command)

@@ -156,6 +156,7 @@ def gather(op, shape, values, dim, index, ids, vocab, labels, mistakes, lang, ou
     """Draw a toy gather: source grid, index grid, output grid, coloured by where each
     output element came from."""
     from gatherlens.errors import GatherLensError
+    from gatherlens.outputs import writable_file
     from gatherlens.render.layout import Limits
 
     if out is not None:
@@ -168,6 +169,10 @@ def gather(op, shape, values, dim, index, ids, vocab, labels, mistakes, lang, ou
                                        f"--force to replace it")
         if not out.parent.exists():
             raise click.ClickException(f"directory {out.parent} does not exist")
+        try:  # before drawing: a read-only folder is one clear line
+            writable_file(out, "-o/--out")
+        except GatherLensError as e:
+            raise click.ClickException(str(e)) from None
     limits = Limits(rows=max_rows, cols=max_cols)
     try:
         if mistakes:

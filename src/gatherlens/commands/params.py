@@ -13,6 +13,9 @@ from pathlib import Path
 
 import click
 
+from gatherlens.errors import GatherValueError
+from gatherlens.outputs import writable_file
+
 
 def positive_ints(value: str, hint: str, what: str) -> list[int]:
     """"8,32,128" -> [8, 32, 128] (sorted, unique); a clear error for anything else."""
@@ -36,7 +39,10 @@ def output_file(path: str | None, force: bool, suffixes: tuple[str, ...], hint: 
         raise click.BadParameter(f"{path!r} exists; pass --force to overwrite it", param_hint=hint)
     if not p.parent.exists():
         raise click.BadParameter(f"folder {str(p.parent)!r} does not exist", param_hint=hint)
-    return p
+    try:  # can it be written (read-only disk, a folder without write permission)?
+        return writable_file(p, hint)
+    except GatherValueError as e:
+        raise click.BadParameter(str(e), param_hint=hint) from None
 
 
 def text_source_options(model_help: str):

@@ -54,8 +54,6 @@ def all_gather_stacked(tensor: torch.Tensor, group=None) -> torch.Tensor:
     world = dist.get_world_size(group)
     for t in _active:
         t.calls.append(("all_gather", tensor.numel() * tensor.element_size()))
-    if world == 1:
-        return tensor.unsqueeze(0)
     parts = [torch.empty_like(tensor) for _ in range(world)]
     dist.all_gather(parts, tensor, group=group)
     return torch.stack(parts)  # (W, *shape)

@@ -85,7 +85,9 @@ def _agree(query, cache, budget, share_selection, group_score, scale, group) -> 
 
 
 def local_bounds(q: torch.Tensor, cache: PagedKVCache, share_selection: bool, group_score: str):
-    """(B, Hsel, N_r) float32 page bounds of this rank's pages (as select_pages scores them)."""
+    """(B, Hsel, N_r) float32 page bounds of this rank's pages (as select_pages scores them).
+
+        >>> local_bounds(q, local_cache, share_selection=True, group_score="max").shape   # (B, Hkv, N_r)"""
     B, Hq = q.shape[:2]
     Hsel = cache.kv_heads if share_selection else Hq
     if cache.length == 0:
@@ -95,6 +97,8 @@ def local_bounds(q: torch.Tensor, cache: PagedKVCache, share_selection: bool, gr
 
 def local_partial(q: torch.Tensor, cache: PagedKVCache, pages: torch.Tensor, offset: int, scale: float):
     """Attention of q (B, Hq, 1, D) over the chosen global `pages` (B, Hsel, n) this rank holds.
+
+        >>> out, lse = local_partial(q, local_cache, pages, offset=32, scale=0.125)
 
     returns out (B, Hq, 1, D) and lse (B, Hq, 1); a head none of whose pages are here gets
     out 0 and lse -inf (no weight in the merge).
@@ -110,8 +114,13 @@ def local_partial(q: torch.Tensor, cache: PagedKVCache, pages: torch.Tensor, off
     ok = mine.gather(-1, first)  # (B, Hsel, m)
     lp = torch.where(ok, local.gather(-1, first), 0)  # (B, Hsel, m) local page ids; padding reads page 0
     k, v = cache.gather_pages(lp)  # (B, Hsel, m*P, D) each
-    keep = ok.repeat_interleave(P, dim=-1) & (cache.page_positions(lp) < cache.length)  # (B, Hsel, m*P)
-    out, lse = attend_gathered(q.view(B, Hsel, Hq // Hsel, D), k, v, m * P, scale, keep)  # (B, Hsel, R, D)
+    valid, keep = m * P, None
+    tail = cache.num_pages * P - cache.length  # unused rows of this rank's last page
+    if bool(ok.all()) and (tail == 0 or bool((lp[..., -1] == cache.num_pages - 1).all())):
+        valid -= tail  # every head reads m pages here: no mask, the fused kernel (as sparse_decode)
+    else:
+        keep = ok.repeat_interleave(P, dim=-1) & (cache.page_positions(lp) < cache.length)  # (B, Hsel, m*P)
+    out, lse = attend_gathered(q.view(B, Hsel, Hq // Hsel, D), k, v, valid, scale, keep)  # (B, Hsel, R, D)
     return out.reshape(B, Hq, 1, D), lse.reshape(B, Hq, 1)
 
 
@@ -127,6 +136,8 @@ def dense_partial(q: torch.Tensor, cache: PagedKVCache, scale: float):
 
 def merge_partials(outs: torch.Tensor, lses: torch.Tensor):
     """Softmax over the union of the ranks' keys from their partial results.
+
+        >>> out, lse = merge_partials(torch.stack(outs), torch.stack(lses))   # stacked by rank
 
     outs (W, B, Hq, 1, D), lses (W, B, Hq, 1) -> out (B, Hq, 1, D), lse (B, Hq, 1) float32:
     lse = m + log(sum_r exp(lse_r - m)) with m = max_r lse_r; out = sum_r exp(lse_r - lse) out_r.
@@ -163,11 +174,6 @@ def sparse_decode_sharded(query: torch.Tensor, local_cache: PagedKVCache, budget
                           group_score: str = "max"):
     r"""``sparse_decode`` over a KV cache split by sequence across the ranks of ``group``.
 
-    Example::
-
-        >>> # 2 ranks, 1000 tokens: rank 0 holds tokens 0..511 (32 pages of 16), rank 1 the rest
-        >>> out, lse = sparse_decode_sharded(q, local_cache, budget=256, return_lse=True)
-
     Every rank gets what ``sparse_decode(query, whole_cache, budget)`` gives on one process: the
     same pages (global ranking of page bounds; page 0 and the newest page always; ties towards
     the lower page id), the same out and lse up to float rounding. ``budget >= length`` is
@@ -191,6 +197,12 @@ def sparse_decode_sharded(query: torch.Tensor, local_cache: PagedKVCache, budget
         ``out`` in ``query.dtype``; then ``lse`` (float32) if ``return_lse``; then the
         selection if ``return_selection``. Collectives: three all_gathers of at most
         ``B * Hq * (D + 1)`` floats each (see the module docstring); none of the cache moves.
+        Inference only: no gradient flows through the collectives.
+
+    Example::
+
+        >>> # 2 ranks, 1000 tokens: rank 0 holds tokens 0..511 (32 pages of 16), rank 1 the rest
+        >>> out, lse = sparse_decode_sharded(q, local_cache, budget=256, return_lse=True)
     """
     layout = _agree(query, local_cache, budget, share_selection, group_score, scale, group)
     rank = dist.get_rank(group)
@@ -213,9 +225,15 @@ def sparse_decode_sharded(query: torch.Tensor, local_cache: PagedKVCache, budget
     if return_selection:
         if bounds is None:
             bounds = local_bounds(q, local_cache, share_selection, group_score)  # (B, Hsel, N_r)
-        result.append(ShardedPageSelection(
-            pages=pages, bounds=[bounds if r == rank else None for r in range(layout.world_size)],
-            lse=lse, lengths=layout.lengths, rank=rank, page_size=layout.page_size, budget=budget,
-            query_heads=Hq, kv_heads=local_cache.kv_heads, share_selection=share_selection,
-            group_score=group_score))
+        result.append(_selection(pages, bounds, lse, layout, rank, budget, Hq, local_cache.kv_heads,
+                                 share_selection, group_score))
     return result[0] if len(result) == 1 else tuple(result)
+
+
+def _selection(pages, bounds, lse, layout: SequenceLayout, rank: int, budget: int, Hq: int, Hkv: int,
+               share_selection: bool, group_score: str) -> ShardedPageSelection:
+    """The step's selection as this rank knows it: the global pages, its own bounds only."""
+    return ShardedPageSelection(
+        pages=pages, bounds=[bounds if r == rank else None for r in range(layout.world_size)], lse=lse,
+        lengths=layout.lengths, rank=rank, page_size=layout.page_size, budget=budget, query_heads=Hq,
+        kv_heads=Hkv, share_selection=share_selection, group_score=group_score)

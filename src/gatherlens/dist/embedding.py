@@ -74,13 +74,6 @@ def _check_ids_hook(module: nn.Embedding, args):
 def parallelize_embedding(embedding, mesh: DeviceMesh) -> nn.Embedding:
     """Shard an embedding table by vocabulary rows over a 1-D DeviceMesh; ids checked first.
 
-    Example::
-
-        >>> mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-        >>> emb = parallelize_embedding(nn.Embedding(50257, 64), mesh)
-        >>> emb.weight.to_local().shape          # this rank's rows, e.g. (12565, 64) of 4 ranks
-        >>> emb(ids)                             # ids (B, S), the same on every rank -> (B, S, 64)
-
     Args:
         embedding: an ``nn.Embedding`` (changed in place and returned) or a gatherlens
             ``Embedding`` (an ``nn.Embedding`` sharing its weight is built and returned).
@@ -89,6 +82,13 @@ def parallelize_embedding(embedding, mesh: DeviceMesh) -> nn.Embedding:
     Returns:
         the parallelized ``nn.Embedding``: its weight a DTensor sharded Shard(0), its output the
         full (replicated) lookup. An id outside [0, V) raises GatherIndexError on every rank.
+
+    Example::
+
+        >>> mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        >>> emb = parallelize_embedding(nn.Embedding(50257, 64), mesh)
+        >>> emb.weight.to_local().shape          # this rank's rows, e.g. (12565, 64) of 4 ranks
+        >>> emb(ids)                             # ids (B, S), the same on every rank -> (B, S, 64)
     """
     if not isinstance(mesh, DeviceMesh) or mesh.ndim != 1:
         raise GatherValueError(f"mesh must be a 1-D torch.distributed DeviceMesh, got {mesh!r}")
@@ -109,7 +109,12 @@ def parallelize_embedding(embedding, mesh: DeviceMesh) -> nn.Embedding:
 
 
 def check_targets(target: torch.Tensor, vocab: int, ignore_index: int = -100) -> None:
-    """Every target in [0, vocab) or equal to ignore_index, else GatherIndexError (no collective)."""
+    """Every target in [0, vocab) or equal to ignore_index, else GatherIndexError (no collective).
+
+        >>> check_targets(torch.tensor([0, 4, -100]), vocab=5)          # fine
+        >>> check_targets(torch.tensor([0, 5]), vocab=5)
+        GatherIndexError: target 5 at position (1,) is outside the vocabulary [0, 5) (ignore_index = -100)
+    """
     if not isinstance(target, torch.Tensor) or target.dtype not in (torch.int64, torch.int32):
         raise GatherTypeError(f"target must be an int64 or int32 tensor of token ids, got "
                               f"{getattr(target, 'dtype', type(target).__name__)}")
@@ -125,16 +130,27 @@ def vocab_parallel_cross_entropy(logits: DTensor, target: torch.Tensor, ignore_i
                                  reduction: str = "mean") -> torch.Tensor:
     """Cross-entropy of vocabulary-sharded logits: torch's loss_parallel, with the targets checked.
 
+    The target gather (each row's target logit) and the log-sum-exp run on the shards; only
+    per-row statistics are reduced. Call it, and ``backward``, inside ``loss_parallel()`` as
+    PyTorch requires.
+
+    Args:
+        logits (DTensor): sharded ``Shard(-1)`` on the vocabulary.
+        target (Tensor): token ids in [0, V), or ``ignore_index``.
+        ignore_index, reduction: as ``F.cross_entropy``.
+
+    Shape:
+        - logits: :math:`(*, V)`; target: :math:`(*)`
+
+    Returns:
+        the loss, as ``F.cross_entropy`` returns it under ``loss_parallel``.
+
     Example::
 
         >>> logits = lm_head(h)          # a DTensor sharded on the vocabulary (last) dim
         >>> with loss_parallel():        # torch.distributed.tensor.parallel.loss_parallel
         ...     loss = vocab_parallel_cross_entropy(logits, target)
         ...     loss.backward()
-
-    The target gather (each row's target logit) and the log-sum-exp run on the shards; only
-    per-row statistics are reduced. Call it, and ``backward``, inside ``loss_parallel()`` as
-    PyTorch requires. Shape: logits (*, V) sharded Shard(-1); target (*).
     """
     if not isinstance(logits, DTensor):
         raise GatherTypeError(f"logits must be a DTensor sharded on the vocabulary dim, got {type(logits).__name__}")

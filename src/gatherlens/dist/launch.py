@@ -79,6 +79,8 @@ def run_ranks(fn, world_size: int, *args, timeout: float = 120.0, backend: str =
               threads: int = 1) -> list:
     """Call `fn(*args)` on `world_size` processes in one process group; their return values, by rank.
 
+        >>> run_ranks(torch.distributed.get_rank, 3)          # [0, 1, 2]
+
     Args:
         fn: a module-level function (it is pickled by reference into each spawned process).
         world_size: number of processes (ranks), >= 1.

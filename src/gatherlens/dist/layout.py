@@ -85,6 +85,9 @@ class SequenceLayout:
 def split_sequence(length: int, world_size: int, page_size: int) -> list[int]:
     """Tokens per rank for `length` tokens over `world_size` ranks: whole pages, as even as can be.
 
+        >>> split_sequence(20, 4, 16)
+        [16, 4, 0, 0]
+
     Pages are dealt like torch.chunk deals rows: ceil(pages / W) to each rank in order, the
     last non-empty rank taking the rest (with the partial last page); trailing ranks may get none.
     """

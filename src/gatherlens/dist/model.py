@@ -23,6 +23,7 @@ from transformers.cache_utils import Cache
 from gatherlens.errors import GatherValueError
 from gatherlens.models.attention import switch_attention
 from gatherlens.models.sparse import PagedLayer
+from gatherlens.ops.sparse import PagedKVCache
 
 from .decode import sparse_decode_sharded
 from .layout import split_sequence
@@ -51,6 +52,15 @@ class ShardedLayer(PagedLayer):
         self.group = group
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.lengths: list[int] = [0] * self.world  # every rank's part, known without communication
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """A PagedKVCache sized for this rank's share of the prompt, not the whole prompt."""
+        B, H, T, D = key_states.shape
+        share = split_sequence(T, self.world, self.page_size)[self.rank]
+        self.device = key_states.device
+        self.paged = PagedKVCache(batch=B, kv_heads=H, head_dim=D, page_size=self.page_size,
+                                  dtype=key_states.dtype, device=key_states.device, capacity=max(share, 1))
+        self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, kwargs=None, **kw):
         """Keep this rank's share of (B, Hkv, T, D) new keys/values; return them (prefill attends to them)."""
@@ -136,6 +146,9 @@ def register_sharded() -> None:
 def use_sharded_decoding(model, budget: int | None = 1024, *, share_selection: bool = True,
                          group_score: str = "max"):
     """Make `model` decode over a sequence-sharded cache (pass `cache=ShardedKVCache(config)` to generate).
+
+        >>> use_sharded_decoding(model, budget=1024)
+        >>> model.generate(ids, cache=ShardedKVCache(model.config, page_size=16), max_new_tokens=8)
 
     Call it on every rank. budget: tokens each decode step reads per KV head over the whole
     sequence (page 0 and the newest page always); None decodes densely. The ranks sharing the

@@ -28,7 +28,11 @@ __all__ = ["shard_cache", "simulate_sharded_decode", "gather_selection"]
 
 
 def shard_cache(keys: torch.Tensor, values: torch.Tensor, lengths, page_size: int = 16) -> list[PagedKVCache]:
-    """Split (B, Hkv, L, D) keys and values by sequence into one PagedKVCache per rank."""
+    """Split (B, Hkv, L, D) keys and values by sequence into one PagedKVCache per rank.
+
+        >>> [c.length for c in shard_cache(k, v, [32, 5], page_size=16)]     # k, v: (B, Hkv, 37, D)
+        [32, 5]
+    """
     SequenceLayout(tuple(lengths), page_size)  # checks the split
     B, Hkv, L, D = keys.shape
     caches, start = [], 0
@@ -44,6 +48,9 @@ def simulate_sharded_decode(query: torch.Tensor, caches: list[PagedKVCache], bud
                             share_selection: bool = True, scale: float | None = None,
                             group_score: str = "max"):
     """What `sparse_decode_sharded` returns with len(caches) ranks: (out, lse, ShardedPageSelection).
+
+        >>> out, lse, sel = simulate_sharded_decode(q, shard_cache(k, v, [16, 12, 9], 4), budget=17)
+        >>> sel.to_svg()                  # every rank's pages, the chosen ones coloured by their rank
 
     The selection holds every rank's bounds (what `gather_selection` collects on real ranks).
     """
@@ -71,6 +78,9 @@ def simulate_sharded_decode(query: torch.Tensor, caches: list[PagedKVCache], bud
 
 def gather_selection(selection: ShardedPageSelection, group=None) -> ShardedPageSelection:
     """The selection with every rank's page bounds (one all_gather of B * Hsel * max N_r floats).
+
+        >>> out, sel = sparse_decode_sharded(q, local_cache, 2048, return_selection=True)
+        >>> gather_selection(sel).to_svg()                       # on every rank of the group
 
     For pictures and inspection, off the decode path: call it on every rank of the group.
     """

@@ -33,7 +33,11 @@ def render_blocks_html(blocks: list, lang: str = "en", title: str = "", page_tit
 
 def render_html_fragment(record, lang: str = "en", limits: Limits | None = None) -> str:
     """The picture with its hover script and style, to embed in a notebook or another page."""
-    svg = render_blocks_svg([record], lang=lang, limits=limits)
+    return svg_fragment(render_blocks_svg([record], lang=lang, limits=limits))
+
+
+def svg_fragment(svg: str) -> str:
+    """A record's SVG (render_svg) with the hover script and style: render_html_fragment's body."""
     style = render_template("style.css.j2", mono=MONO)
     body = render_template("fragment.html.j2", svg=Markup(svg))
     return f"<style>{style}</style>\n{body}"

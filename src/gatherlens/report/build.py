@@ -21,14 +21,19 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from markupsafe import Markup
+
 from gatherlens.errors import GatherValueError
 from gatherlens.i18n import check_lang, text
+from gatherlens.render.explorer import (csp, explorer_js, fragment_script, inline_scripts,
+                                        json_block, strings_data, theme_data)
 from gatherlens.render.templates import render_template
 from gatherlens.render.theme import FONTS, MONO
 from gatherlens.report.collect import Story
 from gatherlens.report.sections import Figure, Section, sections
 
-__all__ = ["Figure", "Report", "build_report", "write_report", "REPORT_FILES"]
+__all__ = ["Figure", "Report", "build_report", "write_report", "story_data", "page_data",
+           "controls", "REPORT_FILES"]
 
 # what a report writes: anything else in the folder is the user's and is never touched
 REPORT_FILES = re.compile(r"^(index\.html|story\.json|\d\d-[a-z0-9-]+\.svg)$")
@@ -39,31 +44,78 @@ class Report:
     html: str
     figures: list[Figure]
     data: dict = field(default_factory=dict)
+    csp: str = ""          # the page's Content-Security-Policy (a server sends it as a header too)
 
 
-def build_report(story: Story, lang: str = "en", command: str = "") -> Report:
-    """Every figure and the HTML page of a story (nothing is written)."""
+def build_report(story: Story, lang: str = "en", command: str = "", live: dict | None = None) -> Report:
+    """Every figure and the HTML page of a story (nothing is written).
+
+    live: the settings of `gatherlens serve`'s page (models, limits); None for the offline page.
+    """
     check_lang(lang)
     parts = sections(story, lang)
     figures = [f for s in parts for f in s.all_figures]
-    html = _page(story, parts, figures, lang, command)
-    return Report(html=html, figures=figures, data=story_data(story))
+    html, policy = _page(story, parts, figures, lang, command, live)
+    return Report(html=html, figures=figures, data=story_data(story), csp=policy)
 
 
 def _page(story: Story, parts: list[Section], figures: list[Figure], lang: str,
-          command: str) -> str:
-    """The one HTML page: title, the model's facts, the text and its tokens, then the sections."""
+          command: str, live: dict | None) -> tuple[str, str]:
+    """The one HTML page: title, the model's facts, the text and its tokens, the explorer's
+    controls, then the sections; its data block and script make every attention figure follow
+    the reader's layer, head, query and k."""
     hm, model = story.heads, story.model_name
     facts = text("facts", lang, cls=story.model_class, layers=story.layers, q_heads=hm.q_heads,
                  kv_heads=hm.kv_heads, vocab=story.vocab_size, d=story.hidden_size, k=story.top_k)
+    js = explorer_js()
+    scripts = [x for f in figures for x in inline_scripts(str(f.inline))] + [js, fragment_script()]
+    policy = csp(scripts, connect_self=live is not None)
     return render_template(
         "report.html.j2", lang=lang, title=text("page_title", lang, model=model),
         intro=text("intro", lang, model=model), facts=facts, text_label=text("your_text", lang),
         text=story.text, tokens=story.shown_tokens, sections=parts, toc=text("toc", lang),
         font=FONTS[lang], mono=MONO, files_title=text("files_title", lang),
         files_body=text("files_body", lang), files=[f.filename for f in figures],
-        rerun=text("rerun", lang), command=command,
-    )
+        rerun=text("rerun", lang), command=command, csp=Markup(policy),
+        controls=controls(story, lang, live), data=json_block(page_data(story, lang, live)),
+        js=Markup(js), live=live, words=_words(lang),
+    ), policy
+
+
+def _words(lang: str) -> dict:
+    """The page's own labels (controls, live panel) from the string table."""
+    keys = ("ex_controls", "ex_layer", "ex_head", "ex_query", "ex_k", "live_title", "live_text",
+            "live_model", "live_topk", "live_generate", "live_tokens", "live_stop",
+            "live_steps_title", "live_steps_body", "ex_no_steps")
+    return {k: text(k, lang) for k in keys}
+
+
+def _view_k(story: Story, live: dict | None) -> int:
+    """The k the page opens with: the run's, or after a dense run the k the reader asked for."""
+    if story.dense_run and live and live.get("k"):
+        return min(int(live["k"]), story.explore.scores.shape[3])
+    return story.attention.top_k
+
+
+def controls(story: Story, lang: str, live: dict | None = None) -> dict:
+    """The explorer's controls (layer, head, query, k) with the run's choice selected."""
+    att, n = story.attention, story.explore.scores.shape
+    return {"layers": list(range(n[0])), "heads": list(range(n[1])),
+            "queries": [f"{i} {t}" for i, t in enumerate(story.shown_tokens)],
+            "layer": att.layer, "head": att.head, "query": att.query, "k": _view_k(story, live),
+            "k_max": n[3], "noscript": {f"{f}": text("ex_noscript", lang, file=f"{f}.svg")
+                                        for f in ("03-heads", "04-scores", "05-score-gather",
+                                                  "06-value-gather")}}
+
+
+def page_data(story: Story, lang: str, live: dict | None = None) -> dict:
+    """What the page's script reads: the run's every layer and head, the words, the theme."""
+    att = story.attention
+    return {"explore": story.explore.pack(), "tokens": story.shown_tokens,
+            "sel": {"layer": att.layer, "head": att.head, "query": att.query,
+                    "k": _view_k(story, live)},
+            "model": story.model_name, "strings": strings_data(lang), "theme": theme_data(lang),
+            "lang": lang, "live": live}
 
 
 def story_data(story: Story) -> dict:

@@ -22,6 +22,8 @@ import torch
 
 from gatherlens.errors import GatherIndexError, GatherValueError
 from gatherlens.report.defaults import DEFAULT_TEXT, MAX_TOKENS
+from gatherlens.report.explore import explore_calls
+from gatherlens.report.scores import call_scale, layer_scores
 
 __all__ = ["Story", "EmbeddingStep", "HeadMap", "AttentionView", "Prediction", "collect",
            "DEFAULT_TEXT", "MAX_TOKENS", "shown_token", "token_texts"]
@@ -116,6 +118,8 @@ class Story:
     tied: bool = False                    # the LM head reuses the word embedding table
     rope: bool = False                    # positions enter as rotations of q and k (RoPE)
     seconds: dict = field(default_factory=dict)
+    explore: object = None                # ExploreData: every layer and head, for the page
+    dense_run: bool = False               # top-k off: every query kept every allowed key
 
     @property
     def shown_tokens(self) -> list[str]:
@@ -160,28 +164,32 @@ def token_texts(tokenizer, ids: list[int]) -> list[str]:
 
 
 # -- the run ---------------------------------------------------------------------------------
-def collect(lm, text: str, *, top_k: int = 4, layer: int | None = None, head: int = 0,
+def collect(lm, text: str, *, top_k: int | None = 4, layer: int | None = None, head: int = 0,
             query: int = -1, say: Callable[[str], None] | None = None) -> Story:
     """Run `lm` (a gatherlens.models.LoadedModel) once on `text` and gather the story.
 
-    layer: the attention layer drawn in detail (default: the middle one); head: its query
-    head; query: the query position whose value gather is drawn (default: the last token).
+    top_k: keys each query keeps in every layer; None keeps every allowed key (top-k off: the
+    run is dense attention, drawn as a selection of all keys). layer: the attention layer
+    drawn in detail (default: the middle one); head: its query head; query: the query
+    position whose value gather is drawn (default: the last token).
     """
     say = say or (lambda message: None)
     if not isinstance(text, str) or not text.strip():
         raise GatherValueError(f"text must be a non-empty string, got {text!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise GatherValueError(f"top_k {top_k!r} is outside the valid range [1, inf)")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise GatherValueError(f"top_k {top_k!r} is outside the valid range [1, inf) (or None: dense)")
     enc = lm.tokenizer(text, return_tensors="pt")
     ids = enc["input_ids"]                                                   # (1, S)
     n_layers, layer, query = _positions(lm.model, ids.shape[1], layer, query)
+    dense_run, top_k = top_k is None, top_k or ids.shape[1]
     tokens = token_texts(lm.tokenizer, ids[0].tolist())
     run = _run(lm, enc, top_k, say)
     say("collecting the gathers")
     path, call = _chosen_call(run.calls, layer, lm.model)
     Hq, Hkv = call.query.shape[1], call.key.shape[1]
     if not -Hq <= head < Hq:
-        raise GatherIndexError(f"head {head} is outside the query heads [0, {Hq}) of layer {layer}")
+        raise GatherIndexError(f"head {head} is outside the query heads [0, {Hq}) of layer {layer}: "
+                               f"there are {Hq} heads")
     heads = HeadMap(q_heads=Hq, kv_heads=Hkv)
     display = [shown_token(x) for x in tokens]
     prediction = None
@@ -190,7 +198,8 @@ def collect(lm, text: str, *, top_k: int = 4, layer: int | None = None, head: in
     return _story(lm, text, ids, tokens, n_layers or len(run.calls), run, heads, top_k,
                   embeddings=_embeddings(run.trace, lm.model, ids, display),
                   attention=_attention(call, path, layer, head % Hq, heads, query, top_k, display),
-                  prediction=prediction)
+                  prediction=prediction, explore=explore_calls(run.calls, top_k, dense_run),
+                  dense_run=dense_run)
 
 
 def _positions(model, S: int, layer: int | None, query: int) -> tuple[int, int, int]:
@@ -203,10 +212,11 @@ def _positions(model, S: int, layer: int | None, query: int) -> tuple[int, int, 
     if layer is None:
         layer = n_layers // 2 if n_layers else 0
     if n_layers and not -n_layers <= layer < n_layers:
-        raise GatherIndexError(f"layer {layer} is outside the model's layers [0, {n_layers})")
+        raise GatherIndexError(f"layer {layer} is outside the model's layers [0, {n_layers}): "
+                               f"there are {n_layers} layers")
     layer = layer % n_layers if n_layers else layer
     if not -S <= query < S:
-        raise GatherIndexError(f"query {query} is outside the token positions [{-S}, {S})")
+        raise GatherIndexError(f"query {query} is outside the token positions [{-S}, {S}): the text has {S} tokens")
     return n_layers, layer, query % S
 
 
@@ -264,7 +274,8 @@ def _chosen_call(calls: list, layer: int, model):
             f"{type(model).__name__} ran no attention through transformers' attention "
             f"interface, so there is no top-k selection to draw")
     if layer >= len(calls):
-        raise GatherIndexError(f"layer {layer} is outside the model's layers [0, {len(calls)})")
+        raise GatherIndexError(f"layer {layer} is outside the model's layers [0, {len(calls)}): "
+                               f"there are {len(calls)} layers")
     return calls[layer]
 
 
@@ -338,36 +349,16 @@ def _embeddings(t, model, ids, display) -> list[EmbeddingStep]:
     return steps
 
 
-def _allowed(call, sel, head: int, Q: int, L: int) -> torch.Tensor:
-    """(Q, L) bool: which keys each query of this head may attend to (causal and mask rules)."""
-    allowed = torch.ones(Q, L, dtype=torch.bool)
-    if sel.is_causal:
-        off = int(sel.meta.get("causal_offset", 0) or 0)
-        allowed &= torch.ones(Q, L, dtype=torch.bool).tril(diagonal=off)
-    mask = call.mask
-    if mask is not None:
-        m = mask[0] if mask.shape[0] > 0 else mask                            # (1|H, Q, L)
-        m = m[head if m.shape[0] > 1 else 0][-Q:, :L]                        # (Q, L)
-        allowed &= m.cpu() if m.dtype == torch.bool else (m.cpu() > float("-inf"))
-    return allowed
-
-
 def _attention(call, path, layer, head, heads: HeadMap, query, top_k, display) -> AttentionView:
     from gatherlens.trace.builders import record_attention_selection, record_index_select
 
     sel = call.selection
     kv = heads.kv_of(head)
-    q = call.query[0, head].detach().float().cpu()                          # (Q, D)
-    k = call.key[0, kv].detach().float().cpu()                              # (L, D)
     v = call.value[0, kv].detach().float().cpu()                            # (L, Dv)
-    Q, L = q.shape[0], k.shape[0]
-    scale = float(sel.meta.get("scale") or call.scale or q.shape[-1] ** -0.5)
-    logits = (q @ k.T) * scale                                               # (Q, L)
-    allowed = _allowed(call, sel, head, Q, L)                                # (Q, L)
-    if call.mask is not None and call.mask.dtype != torch.bool:
-        m = call.mask[0][head if call.mask.shape[1] > 1 else 0][-Q:, :L].float().cpu()
-        logits = logits + m.masked_fill(~allowed, 0.0)
-    scores = logits.masked_fill(~allowed, float("-inf"))                     # (Q, L)
+    all_scores, all_allowed = layer_scores(call)                             # (Hq, Q, L) each
+    scores, allowed = all_scores[head], all_allowed[head]                    # (Q, L)
+    Q, L = scores.shape
+    scale = call_scale(call)
     dense = torch.softmax(scores, dim=-1).nan_to_num(0.0)                   # (Q, L)
     indices = sel.indices[0, head].cpu()                                     # (Q, k)
     weights = sel.weights[0, head].float().cpu()                             # (Q, k)

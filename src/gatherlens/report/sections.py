@@ -17,7 +17,8 @@ import torch
 from markupsafe import Markup
 
 from gatherlens.i18n import op_meaning, text
-from gatherlens.render.html import render_html_fragment
+from gatherlens.render.explorer import Slot, plain, slotted
+from gatherlens.render.html import svg_fragment
 from gatherlens.render.layout import Limits
 from gatherlens.render.report_figures import heads_svg, scores_svg
 from gatherlens.render.theme import human_bytes
@@ -31,6 +32,7 @@ class Figure:
     title: str
     svg: str             # standalone SVG document
     inline: Markup       # what the page embeds (the record's hover fragment, or the SVG)
+    draw: str = ""       # drawn on the page by the explorer script instead ("scores", ...)
 
     @property
     def filename(self) -> str:
@@ -53,12 +55,18 @@ class Section:
 
 
 def _record_figure(name: str, title: str, record, lang: str, limits: Limits) -> Figure:
-    return Figure(name=name, title=title, svg=record.to_svg(lang=lang, limits=limits),
-                  inline=Markup(render_html_fragment(record, lang=lang, limits=limits)))
+    svg = record.to_svg(lang=lang, limits=limits)          # drawn once: the file and the page
+    return Figure(name=name, title=title, svg=svg, inline=Markup(svg_fragment(svg)))
 
 
 def _svg_figure(name: str, title: str, svg: str) -> Figure:
     return Figure(name=name, title=title, svg=svg, inline=Markup(svg))
+
+
+def _drawn_figure(name: str, title: str, svg: str, draw: str) -> Figure:
+    """A figure the page's script draws for the reader's layer, head, query and k; the file
+    keeps the picture of the run's own choice."""
+    return Figure(name=name, title=title, svg=svg, inline=Markup(""), draw=draw)
 
 
 def sections(story, lang: str = "en") -> list[Section]:
@@ -112,27 +120,30 @@ def _other_lookups(story, others: list, lang: str) -> Section:
 # 3. which query heads share which key/value head
 def _heads(story, lang: str) -> Section:
     hm, att = story.heads, story.attention
-    fig = _svg_figure("03-heads", text("heads_title", lang), heads_svg(hm, att.head, lang))
+    fig = _drawn_figure("03-heads", text("heads_title", lang), heads_svg(hm, att.head, lang),
+                        "heads")
+    head, kvh = Slot("head", att.head), Slot("kvh", att.kv_head)
     if hm.group > 1:
-        body = text("heads_gqa", lang, q=hm.q_heads, kv=hm.kv_heads, g=hm.group, head=att.head,
-                    kvh=att.kv_head)
+        body = text("heads_gqa", lang, q=hm.q_heads, kv=hm.kv_heads, g=hm.group, head=head,
+                    kvh=kvh)
     else:
-        body = text("heads_mha", lang, q=hm.q_heads, head=att.head)
-    return Section("heads", text("heads_title", lang), [body], figures=[fig])
+        body = text("heads_mha", lang, q=hm.q_heads, head=head)
+    return Section("heads", text("heads_title", lang), [slotted(body)], figures=[fig])
 
 
 # 4. the score grid, and the same selection as scores.gather
 def _scores(story, lang: str) -> Section:
     att = story.attention
-    title = text("scores_title", lang, k=att.top_k)
-    grid = _svg_figure("04-scores", title, scores_svg(att, story.shown_tokens, lang))
-    pick = _record_figure("05-score-gather", "scores.gather", att.score_record, lang,
-                          Limits(rows=12, cols=10, slices=3))
+    title = text("scores_title", lang, k=Slot("k", att.top_k))
+    grid = _drawn_figure("04-scores", plain(title), scores_svg(att, story.shown_tokens, lang),
+                         "scores")
+    pick = Figure("05-score-gather", "scores.gather", inline=Markup(""), draw="gather",
+                  svg=att.score_record.to_svg(lang=lang, limits=Limits(rows=12, cols=10, slices=3)))
     causal = bool(torch.equal(att.allowed, torch.ones_like(att.allowed).tril()))
     why = "why_none" if bool(att.allowed.all()) else ("why_causal" if causal else "why_masked")
-    body = text("scores_body", lang, layer=att.layer, head=att.head, scale=att.scale, k=att.top_k,
-                why=text(why, lang))
-    return Section("scores", title, [body], figures=[grid],
+    body = text("scores_body", lang, layer=Slot("layer", att.layer), head=Slot("head", att.head),
+                scale=Slot("scale", att.scale), k=Slot("k", att.top_k), why=text(why, lang))
+    return Section("scores", slotted(title), [slotted(body)], figures=[grid],
                    after=[text("score_gather_body", lang)], after_figures=[pick])
 
 
@@ -144,15 +155,18 @@ def _values(story, lang: str) -> Section:
     picked = [j for j in att.indices[qrow].tolist() if j >= 0]
     w = att.weights[qrow].tolist()[: len(picked)]
     keys = toks[-L:]
-    fig = _record_figure("06-value-gather", text("values_title", lang), att.value_record, lang,
-                         Limits(rows=12, cols=6, slices=3))
-    body = [text("values_body", lang, q=att.query, tok=toks[att.query],
-                 keys=", ".join(f"{j} {keys[j]}" for j in picked), kvh=att.kv_head,
-                 formula=" + ".join(f"{wi:.3g}·V[{j}]" for wi, j in zip(w, picked)),
-                 n=len(picked), mass=att.mass, allowed=int(att.allowed[qrow].sum()))]
+    fig = Figure("06-value-gather", text("values_title", lang), inline=Markup(""), draw="values",
+                 svg=att.value_record.to_svg(lang=lang, limits=Limits(rows=12, cols=6, slices=3)))
+    slots = dict(q=Slot("query", att.query), tok=Slot("query_token", toks[att.query]),
+                 keys=Slot("keys", ", ".join(f"{j} {keys[j]}" for j in picked)),
+                 kvh=Slot("kvh", att.kv_head), n=Slot("n", len(picked)), mass=Slot("mass", att.mass),
+                 formula=Slot("formula", " + ".join(f"{wi:.3g}·V[{j}]" for wi, j in zip(w, picked))),
+                 allowed=Slot("allowed", int(att.allowed[qrow].sum())))
     sink = float(att.dense[qrow, 0])
-    if sink > 0.5 and att.query > 0:
-        body.append(text("sink", lang, tok=keys[0], w=sink))
+    shown = " hidden" if not (sink > 0.5 and att.query > 0) else ""
+    sink_text = slotted(text("sink", lang, tok=Slot("sink_token", keys[0]), w=Slot("sink", sink)))
+    body = [slotted(text("values_body", lang, **slots)),
+            Markup(f'<span class="gl-sink"{shown}>{sink_text}</span>')]
     head = [text(k, lang) for k in ("col_key", "col_token", "col_score", "col_weight", "col_dense")]
     rows = [[j, keys[j], f"{float(att.scores[qrow, j]):.3f}", f"{wi:.3f}",
              f"{float(att.dense[qrow, j]):.3f}"] for j, wi in zip(picked, w)]

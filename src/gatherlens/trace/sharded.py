@@ -61,6 +61,9 @@ def record_vocab_shard(ids, shard: torch.Tensor, offset: int, vocab: int, *, ran
                        world: int = 1, labels=None, lang: str = "en") -> GatherRecord:
     """One rank's masked partial lookup in a vocabulary-parallel embedding.
 
+        >>> rec = record_vocab_shard(torch.tensor([[5, 2, 7]]), W[3:6], offset=3, vocab=8, rank=1, world=3)
+        >>> rec.index                     # tensor([[ 2, -1, -1]]): only id 5 is this rank's (local row 2)
+
     ids: global token ids (any shape, in [0, vocab)); shard: this rank's rows (V_r, d) of the
     table, global rows offset .. offset + V_r - 1. The record's source is the shard (rows named
     by their global id), the index the local ids (-1 where masked), the output the partial.
@@ -94,7 +97,11 @@ def record_vocab_shard(ids, shard: torch.Tensor, offset: int, vocab: int, *, ran
 
 
 def record_vocab_sum(ids, table: torch.Tensor, world: int, *, labels=None, lang: str = "en") -> GatherRecord:
-    """The all_reduce(SUM) of every rank's partial lookup: the whole table's lookup, row owners named."""
+    """The all_reduce(SUM) of every rank's partial lookup: the whole table's lookup, row owners named.
+
+        >>> record_vocab_sum(torch.tensor([[5, 2, 7]]), W, world=3).output.equal(W[[[5, 2, 7]]])
+        True
+    """
     check_lang(lang)
     table = table.detach().cpu()
     rows = shard_rows(table.shape[0], world)
@@ -171,6 +178,9 @@ class ShardedPageSelection(Drawable):
 def record_sharded_pages(selection: ShardedPageSelection, batch: int = 0, head: int = 0,
                          lang: str = "en") -> GatherRecord:
     """One (batch, selection head) of a sharded page choice as a gather record.
+
+        >>> rec = record_sharded_pages(sel, head=0)     # sel with every rank's bounds
+        >>> rec.source_coords                          # (n, 2): (rank, local page) of each page read
 
     Source: (W, max N_r) every rank's page bounds, one row per rank (blank past its pages);
     output: (n,) the bounds of the chosen pages, gathered as bounds[owner, local page], so each

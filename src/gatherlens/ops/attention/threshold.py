@@ -15,10 +15,16 @@ Row blocks run on worker threads (numpy releases the GIL), one per torch thread.
 """
 from __future__ import annotations
 
+import ctypes
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import torch
+
+from gatherlens.ops.native import load_kernel
+
+KERNEL = Path(__file__).with_name("threshold_select.cpp")
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_SIZE = 0
@@ -50,29 +56,38 @@ def exact_keep(a: np.ndarray, edge: np.ndarray, k: int) -> np.ndarray:
     return above | (tied & (np.cumsum(tied, axis=-1) <= need))
 
 
-def _block(a: np.ndarray, k: int):
-    keep = keep_block(a, k)                                     # (r, L)
-    return np.flatnonzero(keep), keep.shape[0]
-
-
-def threshold_select(x: torch.Tensor, k: int):
-    """x (R, L) float32/float64 on CPU -> flat (N,) int64 positions r * L + j of the kept keys
-    (ascending: row by row, each row's keys by index) and counts (R,) int64 (keys kept per row)."""
+def topk_rows(x: torch.Tensor, k: int, *, native: bool | None = None):
+    """x (R, L) float32/float64 on CPU -> vals, idx (R, min(k, L)): each row's kept keys in ascending
+    key index, padded with -inf / -1. native=None: the C++ kernel if it builds, else numpy."""
     R, L = x.shape
-    a = x.detach().contiguous().numpy()                         # (R, L), shares memory
-    parts = map_row_blocks(a, lambda b: _block(b, k))
-    flats, row0 = [], 0
-    for flat, r in parts:
-        flats.append(flat + row0 * L)
-        row0 += r
-    flat = np.concatenate(flats) if len(flats) > 1 else flats[0]  # (N,)
-    bounds = np.searchsorted(flat, np.arange(R + 1, dtype=np.int64) * L)  # (R + 1,) row starts
-    return torch.from_numpy(flat.astype(np.int64, copy=False)), torch.from_numpy(np.diff(bounds))
+    k = min(k, L)
+    a = x.detach().contiguous()                                 # (R, L)
+    vals = torch.empty(R, k, dtype=a.dtype)
+    idx = torch.empty(R, k, dtype=torch.long)
+    lib = load_kernel(KERNEL) if native is not False else None
+    if native and lib is None:
+        raise RuntimeError(f"the native kernel {KERNEL.name} did not build (see the warning)")
+    if R == 0 or k == 0:
+        return vals, idx
+    if lib is not None:
+        fn = lib.select_rows_f64 if a.dtype == torch.float64 else lib.select_rows_f32
+        ptr = lambda t, r0, width: ctypes.c_void_p(t.data_ptr() + r0 * width * t.element_size())
+        map_row_ranges(R, lambda r0, r1: fn(ptr(a, r0, L), r1 - r0, L, k, ptr(vals, r0, k), ptr(idx, r0, k)))
+        return vals, idx
+    av, vv, iv = a.numpy(), vals.numpy(), idx.numpy()
+    map_row_ranges(R, lambda r0, r1: _numpy_rows(av[r0:r1], k, vv[r0:r1], iv[r0:r1]))
+    return vals, idx
 
 
-def map_row_blocks(a: np.ndarray, fn) -> list:
-    """[fn(block) for each block of rows of a], one block per torch thread, on worker threads."""
-    return map_row_ranges(a.shape[0], lambda r0, r1: fn(a[r0:r1]))
+def _numpy_rows(a: np.ndarray, k: int, vals: np.ndarray, idx: np.ndarray) -> None:
+    """The same as the kernel with numpy: keep_block, then each row's kept keys packed to the left."""
+    keep = keep_block(a, k)                                     # (r, L)
+    row, col = np.nonzero(keep)                                 # row-major: ascending key per row
+    counts = np.bincount(row, minlength=a.shape[0])             # (r,)
+    slot = np.arange(row.shape[0]) - np.repeat(np.cumsum(counts) - counts, counts)
+    vals.fill(-np.inf)
+    idx.fill(-1)
+    vals[row, slot], idx[row, slot] = a[row, col], col
 
 
 def map_row_ranges(rows: int, fn) -> list:

@@ -55,6 +55,7 @@ class PagedKVCache:
         append(keys, values): add ``T`` tokens; updates only the touched pages' summaries.
         gather_pages(pages): the chosen pages' keys and values, copied into the workspace.
         page_positions(pages): the key position of every row ``gather_pages`` returns.
+        truncate(length): keep the first ``length`` tokens (exact summaries).
 
     Shape:
         - append keys, values: :math:`(B, H_{kv}, T, D)`, any ``T``
@@ -104,6 +105,7 @@ class PagedKVCache:
         self.summary_dtype = summary_dtype
         self.length = 0
         self._work: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._rows, self._rows_key = None, None  # gather_pages' row offsets, see _first_rows
         self._alloc(max(1, _cdiv(capacity or page_size, page_size)))
         self.device = self._k.device  # "cuda" -> "cuda:0": the device the storage is on
 
@@ -150,6 +152,8 @@ class PagedKVCache:
         T = keys.shape[2]
         if T == 0:
             return
+        if T == 1:
+            return self._append_one(keys, values)
         L0, L1, P = self.length, self.length + T, self.page_size
         self.reserve(L1)
         cap = self._k.shape[2]
@@ -170,6 +174,37 @@ class PagedKVCache:
             tail = flat_k[:, :, full * P:L1]  # (B, Hkv, r, D)
             self._s[:, :, full, :D] = tail.amax(dim=2)
             self._s[:, :, full, D:] = tail.amin(dim=2)
+
+    def _append_one(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """One decode token: two row copies and a running max/min of its page (4 small ops)."""
+        L, P, D = self.length, self.page_size, self.head_dim
+        self.reserve(L + 1)
+        page, slot = divmod(L, P)
+        self._k[:, :, page, slot] = keys.detach()[:, :, 0]  # (B, Hkv, D)
+        self._v[:, :, page, slot] = values.detach()[:, :, 0]
+        s = self._s[:, :, page].view(self.batch, self.kv_heads, 2, D)  # (B, Hkv, [max|min], D)
+        k = self._k[:, :, page, slot:slot + 1].to(self.summary_dtype)  # (B, Hkv, 1, D) as stored
+        if slot == 0:  # a new page: its box is the one key
+            s.copy_(k.expand(-1, -1, 2, -1))
+        else:
+            torch.maximum(s[:, :, 0], k[:, :, 0], out=s[:, :, 0])
+            torch.minimum(s[:, :, 1], k[:, :, 0], out=s[:, :, 1])
+        self.length = L + 1
+
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` tokens (assisted decoding's rollback, a benchmark's reset).
+
+        Exact: pages before the new last page were never touched by the dropped tokens; the new
+        last page's summary is recomputed from the tokens it keeps.
+        """
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.length:
+            raise GatherValueError(f"truncate({length!r}): length must be an int in [0, {self.length}]")
+        self.length = length
+        page, slot = divmod(length, self.page_size)
+        if slot:  # the partial last page: its box over its remaining tokens
+            kept = self._k[:, :, page, :slot]  # (B, Hkv, slot, D)
+            self._s[:, :, page, :self.head_dim] = kept.amax(dim=2)
+            self._s[:, :, page, self.head_dim:] = kept.amin(dim=2)
 
     def _check(self, x, name: str) -> None:
         if not isinstance(x, torch.Tensor):
@@ -214,13 +249,21 @@ class PagedKVCache:
         B, Hsel, n = pages.shape
         Hkv, P, D = self.kv_heads, self.page_size, self.head_dim
         cap = self._k.shape[2]
-        kv_of = torch.arange(Hsel, device=pages.device) * Hkv // Hsel  # (Hsel,) KV head of each
-        row0 = (torch.arange(B, device=pages.device).view(B, 1) * Hkv + kv_of.view(1, Hsel)) * cap  # (B, Hsel)
-        rows = (pages + row0.unsqueeze(-1)).reshape(-1)  # (B * Hsel * n,) rows of the (B*Hkv*cap, P*D) view
+        rows = (pages + self._first_rows(Hsel, cap, pages.device)).reshape(-1)  # (B*Hsel*n,) of (B*Hkv*cap, P*D)
         k, v = self.workspace(rows.numel())  # (B*Hsel*n, P*D) each, reused across steps
         torch.index_select(self._k.view(B * Hkv * cap, P * D), 0, rows, out=k)  # (B*Hsel*n, P*D)
         torch.index_select(self._v.view(B * Hkv * cap, P * D), 0, rows, out=v)  # (B*Hsel*n, P*D)
         return k.view(B, Hsel, n * P, D), v.view(B, Hsel, n * P, D)
+
+    def _first_rows(self, Hsel: int, cap: int, device) -> torch.Tensor:
+        """(B, Hsel, 1): the row of page 0 of each selection head's KV head; kept until storage grows."""
+        key = (Hsel, cap, str(device))
+        if self._rows_key != key:
+            B, Hkv = self.batch, self.kv_heads
+            kv_of = torch.arange(Hsel, device=device) * Hkv // Hsel  # (Hsel,) KV head of each
+            row0 = (torch.arange(B, device=device).view(B, 1) * Hkv + kv_of.view(1, Hsel)) * cap  # (B, Hsel)
+            self._rows, self._rows_key = row0.unsqueeze(-1), key
+        return self._rows
 
     def page_positions(self, pages: torch.Tensor) -> torch.Tensor:
         """(B, Hsel, n * P) int64: the key position of every row `gather_pages(pages)` returns.

@@ -14,9 +14,9 @@ import torch
 from gatherlens.errors import GatherTypeError, GatherValueError
 
 from .cache import PagedKVCache
-from .page_choice import GROUP_SCORES, check_budget
+from .page_choice import CHOOSERS, GROUP_SCORES, check_budget
 
-__all__ = ["BACKENDS", "check_decode_args", "check_key_mask"]
+__all__ = ["BACKENDS", "check_decode_args", "check_key_mask", "check_choice"]
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -62,6 +62,14 @@ def _check_query_and_cache(query, cache, budget, page_size) -> None:
             f"query heads Hq = {Hq} must be a multiple of the cache's kv_heads = {cache.kv_heads}")
     if cache.length == 0:
         raise GatherValueError("cache is empty (length 0): append keys and values before decoding")
+
+
+def check_choice(recent, choose) -> None:
+    """recent must be an int >= 0 (tokens always read); choose one of CHOOSERS."""
+    if isinstance(recent, bool) or not isinstance(recent, int) or recent < 0:
+        raise GatherValueError(f"recent = {recent!r} must be an int >= 0 (newest tokens always read)")
+    if choose not in CHOOSERS:
+        raise GatherValueError(f"choose = {choose!r} must be one of {CHOOSERS}")
 
 
 def check_key_mask(key_mask, cache: PagedKVCache) -> None:

@@ -19,18 +19,19 @@ import torch
 from gatherlens.errors import GatherValueError
 
 from .cache import PagedKVCache
-from .checks import check_decode_args
-from .page_choice import select_pages
+from .checks import check_choice, check_decode_args
+from .page_choice import first_recent_page, pages_for_budget, select_pages
 from .selection import PageSelection
-from .torch_decode import attend_pages
+from .torch_decode import attend_all, attend_pages
 
-__all__ = ["sparse_decode", "sparse_decode_triton"]
+__all__ = ["sparse_decode", "sparse_decode_triton", "reads_every_page"]
 
 
 def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = 2048,
                   page_size: int | None = None, share_selection: bool = True, return_lse: bool = False,
                   return_selection: bool = False, *, scale: float | None = None, group_score: str = "max",
-                  backend: str = "auto", key_mask: torch.Tensor | None = None):
+                  backend: str = "auto", key_mask: torch.Tensor | None = None, recent: int = 0,
+                  choose: str = "bound"):
     r"""Decode attention over the ``budget`` cached tokens whose pages score highest.
 
     Pages are scored by an upper bound of q.k from their keys' element-wise min and max (Quest);
@@ -53,6 +54,11 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = 2048,
             ``"auto"`` (triton for CUDA tensors when it imports and no ``key_mask``, else torch).
         key_mask (Tensor, optional): bool, ``True`` = attend; keys of padded sequences to ignore.
             Pages are chosen as without it; masked keys in them get no weight (torch backend).
+        recent (int): the pages of the ``recent`` newest tokens are always read, within the
+            budget (a local window beside the chosen pages). Default: 0 (the last page only).
+        choose (str): ``"bound"`` ranks pages by Quest's bound (reads the summaries only);
+            ``"oracle"`` by their true attention mass (reads every key: for measuring how good
+            a page choice could be; torch backend). Default: ``"bound"``.
 
     Shape:
         - query: :math:`(B, H_q, 1, D)`, :math:`H_q` a multiple of ``cache.kv_heads``
@@ -73,37 +79,55 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = 2048,
         (torch.Size([1, 8, 1, 64]), torch.Size([1, 2, 8]))
     """
     scale = check_decode_args(query, cache, budget, page_size, group_score, backend, scale, key_mask)
+    check_choice(recent, choose)
     q = query.to(cache.dtype)  # (B, Hq, 1, D)
-    backend = _pick_backend(q, backend, key_mask)
-    pages, bounds, out, lse = _decode(backend, q, cache, budget, share_selection, group_score, scale,
-                                      key_mask)  # (B, Hsel, n), (B, Hsel, N), (B, Hq, 1, D), (B, Hq, 1)
+    backend = _pick_backend(q, backend, key_mask, choose)
+    how = dict(share_selection=share_selection, group_score=group_score, recent=recent, choose=choose)
+    if backend == "torch" and reads_every_page(cache, budget, recent):  # dense: no scoring, no gather
+        out, lse = attend_all(q, cache, scale, key_mask)  # (B, Hq, 1, D), (B, Hq, 1)
+        pages = bounds = None
+        if return_selection:
+            pages, bounds = select_pages(q, cache, budget, scale=scale, **how)  # every page
+    else:
+        pages, bounds, out, lse = _decode(backend, q, cache, budget, how, scale,
+                                          key_mask)  # (B, Hsel, n), (B, Hsel, N), (B, Hq, 1, D), (B, Hq, 1)
     result = [out.to(query.dtype)] + ([lse] if return_lse else [])
     if return_selection:
         pages = pages.sort(dim=-1).values if backend == "triton" else pages  # (B, Hsel, n) ascending
         result.append(PageSelection(pages, bounds, lse, cache.page_size, cache.length, budget,
-                                    query.shape[1], cache.kv_heads, share_selection, group_score))
+                                    query.shape[1], cache.kv_heads, share_selection, group_score,
+                                    recent=recent, choose=choose))
     return result[0] if len(result) == 1 else tuple(result)
 
 
-def _decode(backend, q, cache, budget, share_selection, group_score, scale, key_mask):
+def _decode(backend, q, cache, budget, how: dict, scale, key_mask):
     """pages (B, Hsel, n; unsorted from triton), bounds (B, Hsel, N), out (B, Hq, 1, D), lse (B, Hq, 1)."""
     if backend == "triton":  # scoring in one kernel too: fewer launches per step on a GPU
         from .triton_decode import triton_attend_pages, triton_select_pages
 
-        pages, bounds = triton_select_pages(q, cache, budget, share_selection, group_score)
+        pages, bounds = triton_select_pages(q, cache, budget, how["share_selection"], how["group_score"],
+                                            recent=how["recent"])
         return (pages, bounds, *triton_attend_pages(q, cache, pages, scale))
-    pages, bounds = select_pages(q, cache, budget, share_selection, group_score)  # ascending
+    pages, bounds = select_pages(q, cache, budget, scale=scale, **how)  # ascending
     return (pages, bounds, *attend_pages(q, cache, pages, scale, key_mask))
 
 
-def _pick_backend(q: torch.Tensor, backend: str, key_mask) -> str:
+def reads_every_page(cache: PagedKVCache, budget: int, recent: int = 0) -> bool:
+    """True when `budget` (and the `recent` window) buys every page: decode is dense attention."""
+    n = pages_for_budget(budget, cache.length, cache.page_size)
+    return n >= cache.num_pages or first_recent_page(cache.length, cache.page_size, recent) <= 1
+
+
+def _pick_backend(q: torch.Tensor, backend: str, key_mask, choose: str) -> str:
     """"torch" or "triton" for this call; a clear error when triton was asked for and cannot run."""
     if backend == "auto":
         supported = q.dtype in (torch.float32, torch.bfloat16, torch.float16)
-        fits = q.is_cuda and supported and key_mask is None
+        fits = q.is_cuda and supported and key_mask is None and choose == "bound"
         return "triton" if fits and triton_available() else "torch"
     if backend == "triton" and key_mask is not None:
         raise GatherValueError("key_mask is supported by backend='torch' only; use backend='torch' or 'auto'")
+    if backend == "triton" and choose != "bound":
+        raise GatherValueError(f"choose = {choose!r} is supported by backend='torch' only; use 'torch' or 'auto'")
     if backend == "triton" and not triton_available():
         raise GatherValueError("backend = 'triton' but triton does not import; use backend='torch'")
     if backend == "triton" and not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":

@@ -9,6 +9,10 @@ The bound (Quest): for a key k in a page whose keys lie in the box [min, max] el
           = relu(q) . max + (-relu(-q)) . min,
 so the bounds of all pages are ONE matmul of [relu(q) | -relu(-q)] (2D) against the stored
 [max | min] summaries (2D per page): scoring reads 2/page_size of the bytes of K.
+
+Always read: page 0 (attention sinks) and the pages of the `recent` newest tokens (at least the
+last page). `choose="oracle"` ranks pages by their true share of the softmax instead (it reads
+every key: an evaluation tool that shows how good a choice could be, not a fast path).
 """
 from __future__ import annotations
 
@@ -16,9 +20,11 @@ import torch
 
 from gatherlens.errors import GatherTypeError, GatherValueError
 
-__all__ = ["page_bounds", "pages_for_budget", "select_pages", "choose_pages", "GROUP_SCORES"]
+__all__ = ["page_bounds", "pages_for_budget", "select_pages", "choose_pages", "page_mass", "first_recent_page",
+           "GROUP_SCORES", "CHOOSERS"]
 
 GROUP_SCORES = ("max", "sum")
+CHOOSERS = ("bound", "oracle")  # what ranks the pages: Quest's bound, or the true attention mass
 
 
 def split_query(q: torch.Tensor) -> torch.Tensor:
@@ -61,45 +67,79 @@ def check_budget(budget) -> int:
     return budget
 
 
+def first_recent_page(length: int, page_size: int, recent: int) -> int:
+    """The first page that holds one of the `recent` newest tokens (the last page when recent <= 1).
+
+    >>> first_recent_page(100, 16, 0), first_recent_page(100, 16, 40), first_recent_page(100, 16, 500)
+    (6, 3, 0)
+    """
+    n_pages = -(-length // page_size)
+    return max(0, min(n_pages - 1, (length - max(recent, 1)) // page_size))
+
+
 def select_pages(
     query: torch.Tensor,
     cache,
     budget: int,
     share_selection: bool = True,
     group_score: str = "max",
+    *,
+    recent: int = 0,
+    choose: str = "bound",
+    scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pages each (batch, selection head) reads, sorted ascending, and all page bounds.
+    """The pages each (batch, selection head) reads, sorted ascending, and the score of every page.
 
     query: (B, Hq, 1, D) with Hq a multiple of cache.kv_heads (G = Hq // Hkv per group).
-    share_selection=True: one choice per KV group (Hsel = Hkv), from the group's bounds reduced
-        by `group_score` ("max": the best bound of any head in the group; "sum": their sum).
+    share_selection=True: one choice per KV group (Hsel = Hkv), from the group's scores reduced
+        by `group_score` ("max": the best score of any head in the group; "sum": their sum).
     share_selection=False: one choice per query head (Hsel = Hq).
+    recent: the newest `recent` tokens' pages are always read (they count against the budget).
+    choose: "bound" (Quest's upper bound of q.k, from the summaries) or "oracle" (each page's
+        true softmax mass under `scale`, from every key).
     Always keeps page 0 (attention sinks) and the last page (the most recent tokens).
-    returns pages (B, Hsel, n) int64 ascending, bounds (B, Hsel, num_pages) float32.
+    returns pages (B, Hsel, n) int64 ascending, scores (B, Hsel, num_pages) float32.
     """
     B, Hq, _, D = query.shape
     Hkv, N = cache.kv_heads, cache.num_pages
-    G = Hq // Hkv
-    summaries = cache.summaries  # (B, Hkv, N, 2D)
-    q = query.view(B, Hkv, G, D)  # (B, Hkv, G, D)
-    # (N, 2D) @ (2D, G) reads the summaries row by row (faster on CPU than (G, 2D) @ (2D, N))
-    qq = split_query(q).to(summaries.dtype)  # (B, Hkv, G, 2D)
-    bounds = torch.matmul(summaries, qq.transpose(-1, -2))  # (B, Hkv, N, G)
+    q = query.view(B, Hkv, Hq // Hkv, D)  # (B, Hkv, G, D)
+    if choose == "oracle":
+        scores = page_mass(q, cache, 1.0 / D ** 0.5 if scale is None else scale)  # (B, Hkv, N, G)
+    else:  # (N, 2D) @ (2D, G) reads the summaries row by row (faster on CPU than (G, 2D) @ (2D, N))
+        summaries = cache.summaries  # (B, Hkv, N, 2D)
+        scores = torch.matmul(summaries, split_query(q).to(summaries.dtype).transpose(-1, -2))  # (B, Hkv, N, G)
     if share_selection:
-        bounds = bounds.amax(dim=-1) if group_score == "max" else bounds.sum(dim=-1)  # (B, Hkv, N)
+        scores = scores.amax(dim=-1) if group_score == "max" else scores.sum(dim=-1)  # (B, Hkv, N)
     else:
-        bounds = bounds.transpose(-1, -2).reshape(B, Hq, N)  # (B, Hq, N)
-    bounds = bounds.float()  # (B, Hsel, N)
-    return choose_pages(bounds, pages_for_budget(budget, cache.length, cache.page_size)), bounds
+        scores = scores.transpose(-1, -2).reshape(B, Hq, N)  # (B, Hq, N)
+    scores = scores.float()  # (B, Hsel, N)
+    first = first_recent_page(cache.length, cache.page_size, recent)
+    n = max(pages_for_budget(budget, cache.length, cache.page_size), min(N, N - first + 1))
+    return choose_pages(scores, n, first), scores
 
 
-def choose_pages(bounds: torch.Tensor, n: int) -> torch.Tensor:
-    """Page 0, the last page and the n - 2 best others by bound: (B, Hsel, N) -> (B, Hsel, n) ascending."""
+def page_mass(q: torch.Tensor, cache, scale: float) -> torch.Tensor:
+    """Each page's share of the softmax of q (B, Hkv, G, D) over every cached key: (B, Hkv, N, G).
+
+    Reads all of K: the oracle a page choice is measured against.
+    """
+    B, Hkv, G, _ = q.shape
+    N, P, L = cache.num_pages, cache.page_size, cache.length
+    logits = torch.matmul(q.to(cache.dtype).float(), cache.keys.float().transpose(-1, -2)) * scale  # (B, Hkv, G, L)
+    probs = torch.nn.functional.pad(torch.softmax(logits, dim=-1), (0, N * P - L))  # (B, Hkv, G, N*P)
+    return probs.view(B, Hkv, G, N, P).sum(-1).transpose(-1, -2)  # (B, Hkv, N, G)
+
+
+def choose_pages(bounds: torch.Tensor, n: int, first_recent: int | None = None) -> torch.Tensor:
+    """Page 0, pages first_recent.. (default: the last page) and the best others by score.
+
+    (B, Hsel, N) -> (B, Hsel, n) ascending; n counts the forced pages too.
+    """
     B, Hsel, N = bounds.shape
     if n >= N:
         return torch.arange(N, device=bounds.device).expand(B, Hsel, N)  # (B, Hsel, N)
     ranked = bounds.clone()
     ranked[..., 0] = float("inf")  # sinks
-    ranked[..., N - 1] = float("inf")  # the most recent tokens
+    ranked[..., N - 1 if first_recent is None else first_recent:] = float("inf")  # the most recent tokens
     pages = ranked.topk(n, dim=-1, sorted=False).indices  # (B, Hsel, n)
     return pages.sort(dim=-1).values

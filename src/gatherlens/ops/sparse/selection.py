@@ -32,7 +32,8 @@ class PageSelection(Drawable):
     length:     tokens in the cache (the last page holds length - (num_pages - 1) * page_size).
     budget:     the token budget asked for.
     query_heads, kv_heads: Hq and Hkv.
-    share_selection, group_score: how the choice was made.
+    share_selection, group_score, recent, choose: how the choice was made (see sparse_decode);
+                with choose="oracle", `bounds` holds each page's true attention mass instead.
     """
 
     pages: torch.Tensor
@@ -46,6 +47,8 @@ class PageSelection(Drawable):
     share_selection: bool = True
     group_score: str = "max"
     meta: dict = field(default_factory=dict)
+    recent: int = 0
+    choose: str = "bound"
 
     @property
     def num_pages(self) -> int:

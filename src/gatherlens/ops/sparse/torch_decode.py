@@ -15,7 +15,7 @@ from gatherlens.ops.dtypes import NEG_INF, compute_dtype
 
 from .cache import PagedKVCache
 
-__all__ = ["attend_pages", "attend_gathered"]
+__all__ = ["attend_pages", "attend_gathered", "attend_all"]
 
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
@@ -38,6 +38,21 @@ def attend_pages(q: torch.Tensor, cache: PagedKVCache, pages: torch.Tensor, scal
         keep = flags & (pos < cache.length)  # (B, Hsel, n*P)
     qs = q.view(B, Hsel, Hq // Hsel, D)  # (B, Hsel, R, D)
     out, lse = attend_gathered(qs, k, v, valid, scale, keep)  # (B, Hsel, R, D), (B, Hsel, R)
+    return out.reshape(B, Hq, 1, D), lse.reshape(B, Hq, 1)
+
+
+def attend_all(q: torch.Tensor, cache: PagedKVCache, scale: float, key_mask: torch.Tensor | None = None):
+    """Dense attention of q (B, Hq, 1, D) over every cached token, read in place (no gather).
+
+    The KV group's query heads are folded into one (G, D) block per KV head, so K and V are
+    read once per group, not repeated per head. key_mask: optional (B, L) bool, True = attend.
+    Returns out (B, Hq, 1, D) in the compute dtype and lse (B, Hq, 1) float32.
+    """
+    B, Hq, _, D = q.shape
+    Hkv, L = cache.kv_heads, cache.length
+    keep = None if key_mask is None else key_mask[:, None, :].expand(B, Hkv, L)  # (B, Hkv, L)
+    qs = q.reshape(B, Hkv, Hq // Hkv, D)  # (B, Hkv, G, D)
+    out, lse = attend_gathered(qs, cache.keys, cache.values, L, scale, keep)  # (B, Hkv, G, D), (B, Hkv, G)
     return out.reshape(B, Hq, 1, D), lse.reshape(B, Hq, 1)
 
 

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .page_choice import pages_for_budget
+from .page_choice import first_recent_page, pages_for_budget
 
 __all__ = ["triton_page_bounds", "triton_select_pages", "triton_attend_pages"]
 
@@ -202,12 +202,16 @@ def triton_page_bounds(q: torch.Tensor, cache, share_selection: bool = True, gro
 
 
 def triton_select_pages(q: torch.Tensor, cache, budget: int, share_selection: bool = True,
-                        group_score: str = "max"):
+                        group_score: str = "max", recent: int = 0):
     """Pages (B, Hsel, n), NOT sorted (the kernel does not need it), and bounds (B, Hsel, N):
-    the scoring kernel, then one top-k: 2 launches instead of ~10."""
+    the scoring kernel, then one top-k: 2 launches instead of ~10 (3 with a `recent` window)."""
     bounds, rank = triton_page_bounds(q, cache, share_selection, group_score, ranked=True)
-    n = pages_for_budget(budget, cache.length, cache.page_size)
-    if n >= rank.shape[-1]:
+    N = rank.shape[-1]
+    first = first_recent_page(cache.length, cache.page_size, recent)
+    n = max(pages_for_budget(budget, cache.length, cache.page_size), min(N, N - first + 1))
+    if first < N - 1 and n < N:
+        rank[..., first:] = float("inf")  # the recent window, forced like the last page
+    if n >= N:
         return torch.arange(n, device=q.device).expand(*rank.shape[:2], n), bounds
     return rank.topk(n, dim=-1, sorted=False).indices, bounds
 

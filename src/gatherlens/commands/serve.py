@@ -1,0 +1,50 @@
+"""`gatherlens serve`: the explain report as a live page on this machine.
+
+    gatherlens serve                                  # SmolLM2, http://127.0.0.1:8765
+    gatherlens serve --model minilm --port 9000
+    gatherlens serve --model ./my-hf-model            # a local folder (offered beside the others)
+
+Loads the model once and keeps it warm; the page updates as you type, switches model and
+top-k, and generates with sparse decoding, showing which pages each step read. Binds
+127.0.0.1 by default: any other host exposes the model (and your machine's CPU) to the network,
+which is said once on start. Ctrl-C stops it.
+"""
+from __future__ import annotations
+
+import click
+
+from gatherlens.i18n import LANGS
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@click.command("serve")
+@click.option("--model", default="smollm2", show_default=True,
+              help="smollm2, minilm, or a path to a local Hugging Face model folder or .gguf file "
+                   "(the page can switch between it and the two known models).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Anything but 127.0.0.1 / localhost exposes the model.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True)
+@click.option("--lang", type=click.Choice(LANGS), default="en", show_default=True,
+              help="Language of the page.")
+@click.option("--max-new-tokens", "max_new", type=click.IntRange(1, 512), default=64,
+              show_default=True, help="Most tokens one generation may produce.")
+def serve(model, host, port, lang, max_new):
+    """Serve the live explorer: type text, see every gather; generate with sparse decoding."""
+    import uvicorn
+
+    from gatherlens.serve import ServeSettings, create_app
+
+    if host not in LOOPBACK:
+        click.echo(f"warning: listening on {host}: anyone who can reach this address can run the "
+                   f"model on your machine and read what it is given. Use --host 127.0.0.1 to keep "
+                   f"it local.", err=True)
+    settings = ServeSettings(model=model, host=host, port=port, lang=lang, max_new_tokens=max_new,
+                             default_new_tokens=min(24, max_new))
+    click.echo(f"loading {model} and serving http://{_url_host(host)}:{port}/  (Ctrl-C stops)",
+               err=True)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,156 @@
+"""The paged KV cache inside transformers: `SparseKVCache` (a `transformers.Cache`) of `PagedLayer`s.
+
+    >>> cache = SparseKVCache(config=model.config, page_size=16)
+    >>> model.generate(ids, cache=cache, max_new_tokens=16)     # with use_sparse_decoding on
+    >>> cache.paged(0)                                          # layer 0's PagedKVCache
+    >>> cache.truncate(4096)                                    # back to the first 4096 tokens
+
+Each layer stores its keys and values in a `gatherlens.ops.sparse.PagedKVCache` (pages with Quest's
+per-page key min/max, kept up to date as tokens arrive); `update` appends and returns views, so no
+decode step copies the cache. How the attention function finds a layer's PagedKVCache: the layer
+puts it in the kwargs dict the attention module passes on (key PAGED_KWARG).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from gatherlens.errors import GatherValueError
+from gatherlens.ops.sparse import PagedKVCache
+
+__all__ = ["PAGED_KWARG", "PagedLayer", "SparseKVCache"]
+
+PAGED_KWARG = "gatherlens_paged"
+
+
+class PagedLayer(CacheLayerMixin):
+    """One layer's keys and values in a PagedKVCache; `update` returns (B, Hkv, L, D) views of it."""
+
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, page_size: int = 16):
+        # CacheLayerMixin.__init__ would assign self.keys / self.values, which are views here
+        self.page_size = page_size
+        self.paged: PagedKVCache | None = None
+        self.is_initialized = False
+
+    def __repr__(self) -> str:
+        return f"PagedLayer({self.paged!r})"
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self.paged.keys if self.paged is not None else None  # (B, Hkv, L, D)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return self.paged.values if self.paged is not None else None  # (B, Hkv, L, D)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        B, H, T, D = key_states.shape
+        self.device = key_states.device
+        self.paged = PagedKVCache(batch=B, kv_heads=H, head_dim=D, page_size=self.page_size,
+                                  dtype=key_states.dtype, device=key_states.device, capacity=T)
+        self.is_initialized = True
+
+    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> PagedKVCache:
+        """Append (B, Hkv, T, D) keys/values; return the layer's PagedKVCache (what decode reads)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.paged.append(key_states, value_states)
+        return self.paged
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, kwargs=None, **kw):
+        """Append (B, Hkv, T, D) keys/values; return all keys/values so far (views, no copy)."""
+        self.append(key_states, value_states)
+        if isinstance(kwargs, dict):  # the dict the attention function is called with (see module doc)
+            kwargs[PAGED_KWARG] = self.paged
+        return self.paged.keys, self.paged.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.paged.length if self.paged is not None else 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        if self.paged is not None:
+            self.paged.clear()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove != 0:
+            raise GatherValueError(
+                f"crop({tokens_to_remove}) is not supported by the paged sparse cache (page summaries "
+                f"cannot be shrunk); use a DynamicCache for assisted or speculative decoding")
+
+    def offload(self):
+        raise GatherValueError("offloading is not supported by the paged sparse cache")
+
+    def prefetch(self):
+        return None
+
+    def _rebuild(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Replace the contents with these (B', Hkv, L, D) keys/values (batch reorder/expand/select)."""
+        B, H, L, D = keys.shape
+        paged = PagedKVCache(batch=B, kv_heads=H, head_dim=D, page_size=self.page_size,
+                             dtype=keys.dtype, device=keys.device, capacity=L)
+        paged.append(keys, values)
+        self.paged = paged
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.get_seq_length() > 0:
+            idx = beam_idx.to(self.device)
+            self._rebuild(self.keys.index_select(0, idx), self.values.index_select(0, idx))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.get_seq_length() > 0:
+            self._rebuild(self.keys.repeat_interleave(repeats, 0), self.values.repeat_interleave(repeats, 0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.get_seq_length() > 0:
+            self._rebuild(self.keys[indices], self.values[indices])
+
+
+class SparseKVCache(Cache):
+    """A transformers Cache of `PagedLayer`s: what sparse decode reads from.
+
+        >>> cache = SparseKVCache(config=model.config, page_size=16)
+        >>> model.generate(ids, cache=cache, max_new_tokens=16)     # with use_sparse_decoding on
+        >>> cache.paged(0)                                          # layer 0's PagedKVCache
+
+    config: the model's config (one layer per decoder layer; only full-attention layers are
+    supported); without it, layers are created as `update` first sees each layer index.
+    """
+
+    def __init__(self, config=None, page_size: int = 16):
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+            raise GatherValueError(f"page_size = {page_size!r} must be an int >= 1 (tokens per page)")
+        self.page_size = page_size
+        if config is None:
+            super().__init__(layer_class_to_replicate=functools.partial(PagedLayer, page_size=page_size))
+            return
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        decoder = config.get_text_config(decoder=True)
+        layer_types, _ = get_layer_types_and_kwargs(decoder)
+        other = sorted({t for t in layer_types if t != "full_attention"})
+        if other:
+            raise GatherValueError(
+                f"{type(config).__name__} has layer types {other}; sparse decoding supports "
+                f"full-attention layers only (layer_types must all be 'full_attention')")
+        super().__init__(layers=[PagedLayer(page_size) for _ in layer_types])
+
+    def paged(self, layer_idx: int) -> PagedKVCache | None:
+        """The PagedKVCache of one layer (None before the layer has seen a token)."""
+        return self.layers[layer_idx].paged
+
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` tokens of every layer (exact page summaries; no copy)."""
+        for layer in self.layers:
+            if layer.paged is not None:
+                layer.paged.truncate(length)

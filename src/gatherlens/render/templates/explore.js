@@ -1,0 +1,596 @@
+/* gatherlens explorer: draws the attention figures of the `explain` page for any layer, head,
+   query and k, from the JSON data block the page carries (gatherlens.report.explore). The same
+   script runs the offline page and `gatherlens serve`'s live page (text box, model switch,
+   generation). Text only ever enters the page through textContent / setAttribute. */
+(function () {
+  "use strict";
+  var NS = "http://www.w3.org/2000/svg";
+  var MARGIN = 16;
+  var D, M, T, S, st = {}, steps = [], genInfo = null, source = null, pending = null, seq = 0;
+
+  // -- data -------------------------------------------------------------------------------------
+  function bytes(b64) {
+    var s = atob(b64), a = new Uint8Array(s.length);
+    for (var i = 0; i < s.length; i++) { a[i] = s.charCodeAt(i); }
+    return a;
+  }
+  function half(h) {
+    var sign = (h & 0x8000) ? -1 : 1, e = (h >> 10) & 0x1f, f = h & 0x3ff;
+    if (e === 0) { return sign * f * Math.pow(2, -24); }
+    if (e === 31) { return f ? NaN : sign * Infinity; }
+    return sign * (1 + f / 1024) * Math.pow(2, e - 15);
+  }
+  function Model(x) {
+    var allowed = bytes(x.allowed), n = 0, i;
+    this.x = x; this.cell = new Int32Array(x.Q * x.L);
+    for (i = 0; i < allowed.length; i++) { this.cell[i] = allowed[i] ? n++ : -1; }
+    this.cells = n;
+    this.scores = new DataView(bytes(x.scores).buffer);
+    this.picksView = new DataView(bytes(x.picks).buffer);
+    this.valuesView = new DataView(bytes(x.values).buffer);
+  }
+  Model.prototype.row = function (l, h, i) {
+    var x = this.x, out = new Float64Array(x.L), base = (l * x.heads + h) * this.cells;
+    for (var j = 0; j < x.L; j++) {
+      var c = this.cell[i * x.L + j];
+      out[j] = c < 0 ? -Infinity : half(this.scores.getUint16((base + c) * 2, true));
+    }
+    return out;
+  };
+  Model.prototype.picks = function (l, h, i) {
+    var x = this.x, ks = x.k_stored, base = ((l * x.heads + h) * x.Q + i) * ks, out = [];
+    for (var m = 0; m < ks; m++) {
+      var j = this.picksView.getInt16((base + m) * 2, true);
+      if (j >= 0) { out.push(j); }
+    }
+    return out;
+  };
+  Model.prototype.value = function (l, g, j, c) {
+    var x = this.x, C = x.value_cols.length;
+    return half(this.valuesView.getUint16((((l * x.kv_heads + g) * x.L + j) * C + c) * 2, true));
+  };
+  function topk(row, k) {
+    var idx = [];
+    for (var j = 0; j < row.length; j++) { if (row[j] > -Infinity) { idx.push(j); } }
+    idx.sort(function (a, b) { return row[b] - row[a] || a - b; });
+    return idx.slice(0, k);
+  }
+  // the keys query row i keeps at k: the model's own picks at its k, else chosen from the scores
+  function select(l, h, i, k, row) {
+    if (k === D.explore.run_k) { return M.picks(l, h, i).slice(0, k); }
+    return topk(row || M.row(l, h, i), k);
+  }
+  function softmax(xs) {
+    var m = -Infinity, s = 0, out = [];
+    xs.forEach(function (v) { if (v > m) { m = v; } });
+    xs.forEach(function (v) { var e = v > -Infinity ? Math.exp(v - m) : 0; out.push(e); s += e; });
+    return out.map(function (e) { return s > 0 ? e / s : 0; });
+  }
+
+  // -- formatting (the Python renderer's rules) -------------------------------------------------
+  function fill(template, args) {
+    return template.replace(/\{(\w+)\}/g, function (m, name) {
+      return Object.prototype.hasOwnProperty.call(args, name) ? String(args[name]) : m;
+    });
+  }
+  function stripZeros(s) { return s.indexOf(".") < 0 ? s : s.replace(/0+$/, "").replace(/\.$/, ""); }
+  function expo(s) { return s.replace(/e([+-])(\d)$/, "e$10$2"); }
+  function fmtG(v, p) {
+    if (v === 0) { return "0"; }
+    if (!isFinite(v)) { return isNaN(v) ? "nan" : (v > 0 ? "inf" : "-inf"); }
+    var r = Number(v.toPrecision(p)), e = Math.floor(Math.log10(Math.abs(r)));
+    if (e < -4 || e >= p) { return expo(r.toExponential(p - 1).replace(/\.?0+e/, "e")); }
+    return stripZeros(r.toFixed(Math.max(0, p - 1 - e)));
+  }
+  function pyfmt(v, spec) {
+    var m = /^\.(\d+)([gf%])$/.exec(spec || "");
+    if (typeof v !== "number" || !m) { return String(v); }
+    var p = +m[1];
+    if (m[2] === "f") { return v.toFixed(p); }
+    if (m[2] === "%") { return (v * 100).toFixed(p) + "%"; }
+    return fmtG(v, p);
+  }
+  function fmtValue(v) {
+    if (isNaN(v)) { return ""; }
+    if (!isFinite(v)) { return v > 0 ? "∞" : "-∞"; }
+    if (v === Math.trunc(v) && Math.abs(v) < 1e6) { return String(v); }
+    var a = Math.abs(v);
+    if (a >= 1e6 || a < 1e-3) { return expo(v.toExponential(0)); }
+    if (a >= 100) { return v.toFixed(0); }
+    return stripZeros(v.toFixed(a >= 10 ? 1 : 2));
+  }
+  function textWidth(s, size) {
+    var w = 0;
+    Array.from(s).forEach(function (ch) { w += ch.codePointAt(0) >= 0x2e80 ? size : size * 0.62; });
+    return Math.floor(w + 0.999);
+  }
+  function short(s, n) {
+    var c = Array.from(s.replace(/\n/g, "\\n").replace(/\t/g, "\\t"));
+    return c.length <= n ? c.join("") : c.slice(0, n - 1).join("") + "…";
+  }
+  function weightColour(w) {
+    w = Math.pow(Math.min(Math.max(w, 0), 1), 0.6);
+    var lo = [255, 255, 255], hi = [33, 84, 160];
+    return "#" + lo.map(function (a, i) {
+      return ("0" + Math.round(a + (hi[i] - a) * w).toString(16)).slice(-2);
+    }).join("");
+  }
+  function colour(key) { return T.palette[key % T.palette.length]; }
+
+  // -- SVG ----------------------------------------------------------------------------------------
+  function E(tag, attrs, text) {
+    var e = document.createElementNS(NS, tag);
+    Object.keys(attrs || {}).forEach(function (k) { e.setAttribute(k, attrs[k]); });
+    if (text !== undefined && text !== null) { e.textContent = text; }
+    return e;
+  }
+  function root(w, h, title, cls) {
+    var s = E("svg", {width: w, height: h, viewBox: "0 0 " + w + " " + h, "font-family": T.font,
+                      role: "img", "aria-label": title, "class": "gl-report-figure " + cls});
+    s.appendChild(E("title", {}, title));
+    s.appendChild(E("rect", {x: 0, y: 0, width: w, height: h, fill: "#ffffff"}));
+    s.appendChild(E("text", {x: MARGIN, y: MARGIN + 8, "font-size": 13, "font-weight": "bold",
+                             "font-family": T.mono, "class": "gl-fig-title"}, title));
+    return s;
+  }
+  function cell(parent, x, y, w, h, fillc, top, bottom, cls) {
+    var g = E("g", {"class": cls || "gl-c"});
+    g.appendChild(E("rect", {x: x, y: y, width: w, height: h, fill: fillc, stroke: "#888888",
+                             "stroke-width": 0.6}));
+    if (bottom === undefined) {
+      g.appendChild(E("text", {x: x + w / 2, y: y + h / 2 + 4, "font-size": 10,
+                               "text-anchor": "middle"}, top));
+    } else {
+      g.appendChild(E("text", {x: x + w / 2, y: y + 12, "font-size": 10, "font-weight": "bold",
+                               "text-anchor": "middle"}, top));
+      g.appendChild(E("text", {x: x + w / 2, y: y + h - 4, "font-size": 8,
+                               "text-anchor": "middle"}, bottom));
+    }
+    parent.appendChild(g);
+  }
+  function label(parent, x, y, s, attrs) {
+    var a = {x: x, y: y, "font-size": 11, fill: "#333333", "xml:space": "preserve"};
+    Object.keys(attrs || {}).forEach(function (k) { a[k] = attrs[k]; });
+    parent.appendChild(E("text", a, s));
+  }
+  function place(name, svg) {
+    var box = document.querySelector('.gl-draw[data-draw="' + name + '"]');
+    if (!box) { return null; }
+    box.replaceChildren(svg);
+    return box;
+  }
+  function info(box, s) {
+    var el = box && box.parentNode.querySelector(".gl-figinfo");
+    if (el) { el.textContent = s; }
+  }
+
+  // -- the view ------------------------------------------------------------------------------------
+  function tokens() { return D.tokens; }
+  function qoff() { return tokens().length - D.explore.Q; }
+  function keyLabel(j) { return tokens()[tokens().length - D.explore.L + j]; }
+  function view() {
+    var x = D.explore, qrow = st.query - qoff(), row = M.row(st.layer, st.head, qrow);
+    var picked = select(st.layer, st.head, qrow, st.k, row);
+    var dense = softmax(Array.from(row));
+    return {qrow: qrow, row: row, picked: picked, dense: dense,
+            weights: softmax(picked.map(function (j) { return row[j]; })),
+            kvh: Math.floor(st.head / (x.heads / x.kv_heads))};
+  }
+
+  // 4. the score grid (render/report_figures.py: scores_svg)
+  function grid(qlab, klab, L) {
+    var cw = L <= 16 ? 44 : Math.max(12, Math.min(44, Math.floor(720 / L)));
+    var ch = cw < 44 ? Math.max(Math.floor(cw * 2 / 3), 12) : 28;
+    if (cw < 24) { ch = cw; }
+    var font = ch >= 14 ? 11 : 9, angle = cw >= 24 ? -45 : -90;
+    var left = Math.max.apply(null, qlab.map(function (s) { return textWidth(s, font); })) + 28;
+    var widest = Math.max.apply(null, klab.map(function (s) { return textWidth(s, font); }));
+    var topH = (angle === -45 ? Math.floor(widest * 71 / 100) : widest) + 24;
+    return {cw: cw, ch: ch, font: font, angle: angle, x0: MARGIN + left,
+            y0: MARGIN + 24 + topH, numbers: cw >= 34};
+  }
+  function drawScores(v) {
+    var x = D.explore, Q = x.Q, L = x.L, off = qoff(), i, j;
+    var qlab = [], klab = [];
+    for (i = 0; i < Q; i++) { qlab.push((off + i) + " " + short(tokens()[off + i], 12)); }
+    for (j = 0; j < L; j++) { klab.push(j + " " + short(keyLabel(j), 12)); }
+    var g = grid(qlab, klab, L);
+    var title = fill(S.ex_scores_title, {layer: st.layer, head: st.head, k: st.k});
+    var legend = fill(S.scores_legend, {k: st.k});
+    var width = Math.max(g.x0 + L * g.cw + MARGIN, textWidth(title, 13) + 2 * MARGIN,
+                         textWidth(legend, 11) + 2 * MARGIN);
+    var svg = root(width, g.y0 + Q * g.ch + 44, title, "gl-scores");
+    var mid = Math.floor(g.ch / 2) + Math.floor(g.font / 3), rows = [], outlines = [];
+    label(svg, MARGIN, MARGIN + 26, "queries ↓ · keys →", {"font-size": 10, fill: "#555555"});
+    for (j = 0; j < L; j++) {
+      var cx = g.x0 + j * g.cw + Math.floor(g.cw / 2) + (g.angle === -45 ? 0 : Math.floor(g.font / 3));
+      label(svg, cx, g.y0 - 6, klab[j], {"font-size": g.font,
+            transform: "rotate(" + g.angle + " " + cx + " " + (g.y0 - 6) + ")"});
+    }
+    for (i = 0; i < Q; i++) {
+      var row = i === v.qrow ? v.row : M.row(st.layer, st.head, i);
+      var dense = i === v.qrow ? v.dense : softmax(Array.from(row));
+      var kept = {};
+      (i === v.qrow ? v.picked : select(st.layer, st.head, i, st.k, row)).forEach(function (k) { kept[k] = 1; });
+      rows.push({row: row, dense: dense, kept: kept});
+      label(svg, g.x0 - 6, g.y0 + i * g.ch + mid, qlab[i], {"font-size": g.font, "text-anchor": "end",
+            "font-weight": i === v.qrow ? "bold" : "normal"});
+      for (j = 0; j < L; j++) {
+        var ok = row[j] > -Infinity, xx = g.x0 + j * g.cw, yy = g.y0 + i * g.ch;
+        var gg = E("g", {"class": "gl-score" + (kept[j] ? " gl-kept" : "")});
+        gg.appendChild(E("rect", {x: xx, y: yy, width: g.cw, height: g.ch,
+                                  fill: ok ? weightColour(dense[j]) : T.masked, stroke: "#ffffff", "stroke-width": 1}));
+        if (g.numbers && ok) {
+          gg.appendChild(E("text", {x: xx + Math.floor(g.cw / 2), y: yy + Math.floor(g.ch / 2) + 4,
+                                    "font-size": 10, "text-anchor": "middle",
+                                    fill: dense[j] > 0.45 ? "#ffffff" : "#1a1a1a"}, fmtValue(row[j])));
+        }
+        svg.appendChild(gg);
+        if (kept[j]) { outlines.push([xx, yy]); }
+      }
+    }
+    outlines.forEach(function (p) {
+      svg.appendChild(E("rect", {"class": "gl-kept-outline", x: p[0] + 1, y: p[1] + 1, width: g.cw - 2,
+                                 height: g.ch - 2, fill: "none", stroke: T.picked, "stroke-width": 2.5,
+                                 "pointer-events": "none"}));
+    });
+    svg.appendChild(E("rect", {x: g.x0, y: g.y0, width: L * g.cw, height: Q * g.ch, fill: "none",
+                               stroke: "#999999", "stroke-width": 1}));
+    label(svg, MARGIN, g.y0 + v.qrow * g.ch + mid, "▶", {"font-size": 12, fill: T.picked, "font-weight": "bold"});
+    label(svg, MARGIN, g.y0 + Q * g.ch + 22, legend, {fill: "#555555"});
+    var box = place("scores", svg);
+    function at(ev) {
+      var r = svg.getBoundingClientRect();
+      var a = Math.floor((ev.clientY - r.top - g.y0) / g.ch), b = Math.floor((ev.clientX - r.left - g.x0) / g.cw);
+      return (a >= 0 && a < Q && b >= 0 && b < L) ? [a, b] : null;
+    }
+    svg.addEventListener("mousemove", function (ev) {
+      var p = at(ev);
+      if (!p) { info(box, ""); return; }
+      var r = rows[p[0]], ok = r.row[p[1]] > -Infinity;
+      info(box, fill(S.ex_scores_info, {q: off + p[0], qt: tokens()[off + p[0]], j: p[1], kt: keyLabel(p[1]),
+                     s: ok ? r.row[p[1]].toFixed(3) : S.ex_not_allowed, w: r.dense[p[1]].toFixed(3)})
+                + (r.kept[p[1]] ? " " + S.ex_kept : ""));
+    });
+    svg.addEventListener("click", function (ev) {
+      var p = at(ev);
+      if (p) { st.query = off + p[0]; syncControls(); update(); }
+    });
+  }
+
+  // 4b. the same selection as scores.gather(-1, topk_idx): index and output, rows near the query
+  function windowRows(n, centre, size) {
+    var w = Math.min(n, size), start = Math.min(Math.max(centre - Math.floor(w / 2), 0), n - w), out = [];
+    for (var i = start; i < start + w; i++) { out.push(i); }
+    return out;
+  }
+  function drawGather(v) {
+    var x = D.explore, rows = windowRows(x.Q, v.qrow, 12), kShow = Math.min(st.k, 12), off = qoff();
+    var title = fill(S.ex_gather_title, {layer: st.layer, head: st.head, k: st.k});
+    var cw = 40, ch = 28, lab = rows.map(function (i) { return (off + i) + " " + short(tokens()[off + i], 12); });
+    var left = MARGIN + Math.max.apply(null, lab.map(function (s) { return textWidth(s, 11); })) + 10;
+    var x1 = left, x2 = left + kShow * cw + 60, y0 = MARGIN + 62;
+    var width = Math.max(x2 + kShow * cw + MARGIN + 70, textWidth(title, 13) + 2 * MARGIN);
+    var svg = root(width, y0 + rows.length * ch + 40, title, "gl-gather");
+    label(svg, x1, y0 - 26, "topk_idx · index", {"font-weight": "bold", "font-size": 12});
+    label(svg, x2, y0 - 26, "picked · output", {"font-weight": "bold", "font-size": 12});
+    for (var m = 0; m < kShow; m++) {
+      label(svg, x1 + m * cw + cw / 2, y0 - 6, String(m), {"font-size": 10, "text-anchor": "middle"});
+      label(svg, x2 + m * cw + cw / 2, y0 - 6, String(m), {"font-size": 10, "text-anchor": "middle"});
+    }
+    rows.forEach(function (i, r) {
+      var row = M.row(st.layer, st.head, i), picked = select(st.layer, st.head, i, st.k, row), y = y0 + r * ch;
+      label(svg, left - 8, y + ch / 2 + 4, lab[r], {"text-anchor": "end", "font-weight": i === v.qrow ? "bold" : "normal"});
+      for (var m = 0; m < kShow; m++) {
+        var j = m < picked.length ? picked[m] : -1;
+        cell(svg, x1 + m * cw, y, cw, ch, j < 0 ? "#ffffff" : colour(j), String(j), undefined, "gl-c gl-idx");
+        cell(svg, x2 + m * cw, y, cw, ch, j < 0 ? "#ffffff" : colour(j), String(j),
+             j < 0 ? "-∞" : fmtValue(row[j]), "gl-c gl-out");
+      }
+    });
+    var more = st.k > kShow ? "  " + fill(S.ex_more, {n: st.k - kShow}) : "";
+    var cap = "(Q, k) = (" + x.Q + ", " + st.k + ")" + more;
+    label(svg, x1, y0 + rows.length * ch + 18, cap, {"font-size": 10, fill: "#555555", "font-family": T.mono});
+    label(svg, x2, y0 + rows.length * ch + 18, cap, {"font-size": 10, fill: "#555555", "font-family": T.mono});
+    place("gather", svg);
+  }
+
+  // 5. the value rows one query gathers, their weights, and the weighted sum
+  function sourceRows(L, picked) {
+    if (L <= 12) { return Array.from({length: L}, function (_, j) { return j; }); }
+    var set = {0: 1};
+    picked.slice(0, 10).forEach(function (j) { set[j] = 1; });
+    return Object.keys(set).map(Number).sort(function (a, b) { return a - b; });
+  }
+  function drawValues(v) {
+    var x = D.explore, cols = x.value_cols, C = cols.length, gap = x.dv > C ? 1 : 0, cw = 44, ch = 24;
+    var shown = v.picked.slice(0, 12), src = sourceRows(x.L, v.picked), isPicked = {};
+    v.picked.forEach(function (j) { isPicked[j] = 1; });
+    var qt = tokens()[st.query];
+    var title = fill(S.ex_value_title, {layer: st.layer, head: st.head, kvh: v.kvh, q: st.query, tok: qt});
+    var labs = src.concat(shown).map(function (j) { return j + " " + short(keyLabel(j), 12); });
+    var left = MARGIN + Math.max.apply(null, labs.map(function (s) { return textWidth(s, 11); })) + 10;
+    var panelW = (C + gap) * cw, x2 = left + panelW + 40, x3 = x2 + Math.min(v.picked.length, 12) * cw + 40 + left - MARGIN;
+    var y0 = MARGIN + 62, rowsY = [], y = y0, prev = -1;
+    src.forEach(function (j) { if (prev >= 0 && j > prev + 1) { y += 14; } rowsY.push(y); y += ch; prev = j; });
+    var height = Math.max(y, y0 + (shown.length + 1) * ch + 10) + 40;
+    var width = Math.max(x3 + (C + gap + 1) * cw + MARGIN, textWidth(title, 13) + 2 * MARGIN);
+    var svg = root(width, height, title, "gl-values");
+    function colX(x0, c) { return x0 + (c + (gap && c === C - 1 ? 1 : 0)) * cw; }
+    function header(x0) {
+      cols.forEach(function (col, c) { label(svg, colX(x0, c) + cw / 2, y0 - 6, String(col), {"font-size": 10, "text-anchor": "middle"}); });
+      if (gap) { label(svg, x0 + (C - 1) * cw + cw / 2, y0 - 6, "…", {"text-anchor": "middle"}); }
+    }
+    label(svg, left, y0 - 26, "V · source", {"font-weight": "bold", "font-size": 12});
+    header(left);
+    src.forEach(function (j, r) {
+      label(svg, left - 8, rowsY[r] + ch / 2 + 4, j + " " + short(keyLabel(j), 12), {"text-anchor": "end"});
+      cols.forEach(function (col, c) {
+        cell(svg, colX(left, c), rowsY[r], cw, ch, isPicked[j] ? colour(j) : T.unpicked,
+             fmtValue(M.value(st.layer, v.kvh, j, c)), undefined, "gl-c gl-src");
+      });
+    });
+    label(svg, x2, y0 - 26, "topk_idx · index", {"font-weight": "bold", "font-size": 12});
+    shown.forEach(function (j, m) { cell(svg, x2 + m * cw, y0, cw, ch, colour(j), String(j), undefined, "gl-c gl-idx"); });
+    label(svg, x3, y0 - 26, "out · output", {"font-weight": "bold", "font-size": 12});
+    header(x3);
+    var wx = colX(x3, C - 1) + cw + 6;
+    label(svg, wx + cw / 2, y0 - 6, S.ex_weight, {"font-size": 10, "text-anchor": "middle", "font-weight": "bold"});
+    var sum = cols.map(function () { return 0; });
+    v.picked.forEach(function (j, m) {
+      cols.forEach(function (col, c) { sum[c] += v.weights[m] * M.value(st.layer, v.kvh, j, c); });
+    });
+    shown.forEach(function (j, m) {
+      var yy = y0 + m * ch;
+      label(svg, x3 - 8, yy + ch / 2 + 4, j + " " + short(keyLabel(j), 12), {"text-anchor": "end"});
+      cols.forEach(function (col, c) {
+        cell(svg, colX(x3, c), yy, cw, ch, colour(j), String(j), fmtValue(M.value(st.layer, v.kvh, j, c)), "gl-c gl-out");
+      });
+      cell(svg, wx, yy, cw, ch, weightColour(v.weights[m]), v.weights[m].toFixed(3), undefined, "gl-c gl-weight");
+    });
+    var ys = y0 + shown.length * ch + 8;
+    label(svg, x3 - 8, ys + ch / 2 + 4, S.ex_sum, {"text-anchor": "end", "font-weight": "bold"});
+    sum.forEach(function (s, c) { cell(svg, colX(x3, c), ys, cw, ch, "#ffffff", fmtValue(s), undefined, "gl-c gl-sum"); });
+    label(svg, left, height - 14, "(L, Dv) = (" + x.L + ", " + x.dv + ")   (k,) = (" + v.picked.length + ",)   (k, Dv) = (" +
+          v.picked.length + ", " + x.dv + ")", {"font-size": 10, fill: "#555555", "font-family": T.mono});
+    place("values", svg);
+  }
+
+  // 3. which query heads read which KV head (render/report_figures.py: heads_svg)
+  function drawHeads(v) {
+    var x = D.explore, Hq = x.heads, Hkv = x.kv_heads, g = Hq / Hkv, bw = 44, bh = 26, gap = 10;
+    var lw = Math.max(textWidth(S.heads_q, 11), textWidth(S.heads_kv, 11)) + 16;
+    var x0 = MARGIN + lw, qy = MARGIN + 30, kvy = qy + bh + 70;
+    var title = fill(S.ex_heads_title, {q: Hq, kv: Hkv, layer: st.layer, head: st.head, kvh: v.kvh});
+    var width = Math.max(x0 + Hq * bw + (Hq - 1) * gap + MARGIN, textWidth(title, 13) + 2 * MARGIN);
+    var svg = root(width, kvy + bh + MARGIN, title, "gl-heads");
+    var boxes = [];
+    for (var kv = 0; kv < Hkv; kv++) {
+      var first = x0 + kv * g * (bw + gap), last = x0 + ((kv + 1) * g - 1) * (bw + gap);
+      var cx = Math.floor((first + last + bw) / 2);
+      for (var m = kv * g; m < (kv + 1) * g; m++) {
+        var chosen = m === st.head;
+        svg.appendChild(E("line", {x1: x0 + m * (bw + gap) + bw / 2, y1: qy + bh, x2: cx, y2: kvy,
+                                   stroke: chosen ? T.picked : "#888888", "stroke-width": chosen ? 2.5 : 1.2}));
+        boxes.push([x0 + m * (bw + gap), qy, "q" + m, colour(kv), chosen]);
+      }
+      boxes.push([cx - bw / 2, kvy, "kv" + kv, colour(kv), kv === v.kvh]);
+    }
+    label(svg, MARGIN, qy + bh / 2 + 4, S.heads_q, {fill: "#555555"});
+    label(svg, MARGIN, kvy + bh / 2 + 4, S.heads_kv, {fill: "#555555"});
+    boxes.forEach(function (b) {
+      var gg = E("g", {"class": b[4] ? "gl-head gl-chosen" : "gl-head"});
+      gg.appendChild(E("rect", {x: b[0], y: b[1], width: bw, height: bh, rx: 4, fill: b[3],
+                                stroke: b[4] ? T.picked : "#666666", "stroke-width": b[4] ? 2.5 : 1}));
+      gg.appendChild(E("text", {x: b[0] + bw / 2, y: b[1] + bh / 2 + 4, "font-size": 11, "text-anchor": "middle",
+                                "font-family": T.mono, "font-weight": b[4] ? "bold" : "normal"}, b[2]));
+      svg.appendChild(gg);
+    });
+    place("heads", svg);
+  }
+
+  // the table of the kept keys, the sentences' values, the note on k
+  function fillTable(v) {
+    var body = document.querySelector("#table-values tbody");
+    if (!body) { return; }
+    body.replaceChildren();
+    v.picked.forEach(function (j, m) {
+      var tr = document.createElement("tr");
+      [String(j), keyLabel(j), v.row[j].toFixed(3), v.weights[m].toFixed(3), v.dense[j].toFixed(3)].forEach(function (s, c) {
+        var td = document.createElement("td");
+        td.textContent = s;
+        if (c !== 1) { td.className = "num"; }
+        tr.appendChild(td);
+      });
+      body.appendChild(tr);
+    });
+  }
+  function fillSlots(v) {
+    var allowed = 0, mass = 0;
+    v.row.forEach(function (s) { if (s > -Infinity) { allowed++; } });
+    v.picked.forEach(function (j) { mass += v.dense[j]; });
+    var values = {layer: st.layer, head: st.head, kvh: v.kvh, k: st.k, scale: D.explore.scales[st.layer],
+                  query: st.query, query_token: tokens()[st.query], n: v.picked.length, mass: mass, allowed: allowed,
+                  keys: v.picked.map(function (j) { return j + " " + keyLabel(j); }).join(", "),
+                  formula: v.picked.map(function (j, m) { return fmtG(v.weights[m], 3) + "·V[" + j + "]"; }).join(" + "),
+                  sink: v.dense[0], sink_token: keyLabel(0)};
+    document.querySelectorAll(".gl-slot").forEach(function (el) {
+      var name = el.getAttribute("data-slot");
+      if (Object.prototype.hasOwnProperty.call(values, name)) { el.textContent = pyfmt(values[name], el.getAttribute("data-fmt")); }
+    });
+    document.querySelectorAll(".gl-sink").forEach(function (el) { el.hidden = !(v.dense[0] > 0.5 && st.query > 0); });
+    var note = document.getElementById("gl-knote"), x = D.explore;
+    if (note) {
+      var key = x.dense_run ? "ex_k_dense" : (st.k === x.run_k ? "ex_k_run" : "ex_k_moved");
+      note.textContent = fill(S[key], {k: st.k, run: x.run_k});
+      note.className = "gl-knote" + (key === "ex_k_run" ? "" : " moved");
+    }
+  }
+
+  // -- controls ----------------------------------------------------------------------------------
+  function controls() { return document.getElementById("gl-controls"); }
+  function readControls() {
+    var f = controls(), x = D.explore;
+    if (!f) { return; }
+    st.layer = clamp(parseInt(f.elements.layer.value, 10), 0, x.layers - 1, st.layer);
+    st.head = clamp(parseInt(f.elements.head.value, 10), 0, x.heads - 1, st.head);
+    st.query = clamp(parseInt(f.elements.query.value, 10), qoff(), tokens().length - 1, st.query);
+    st.k = clamp(parseInt(f.elements.k.value, 10), 1, x.L, st.k);
+  }
+  function clamp(v, lo, hi, fallback) { return isNaN(v) ? fallback : Math.min(Math.max(v, lo), hi); }
+  function syncControls() {
+    var f = controls();
+    if (!f) { return; }
+    ["layer", "head", "query"].forEach(function (n) { f.elements[n].value = String(st[n]); });
+    if (document.activeElement !== f.elements.k) { f.elements.k.value = String(st.k); }
+  }
+  function update() {
+    var v = view();
+    drawHeads(v); drawScores(v); drawGather(v); drawValues(v); fillTable(v); fillSlots(v);
+    drawSteps();
+  }
+  function bind() {
+    var f = controls();
+    if (!f) { return; }
+    f.addEventListener("submit", function (ev) { ev.preventDefault(); });
+    f.addEventListener("input", onControl);
+    f.addEventListener("change", onControl);
+  }
+  function onControl(ev) {
+    var kBefore = st.k;
+    readControls(); update();
+    if (D.live && ev.target.name === "k" && st.k !== kBefore && !D.explore.dense_run) { schedule(350, {}); }
+  }
+  function load(doc) {
+    D = JSON.parse(doc.getElementById("gl-data").textContent);
+    M = new Model(D.explore); T = D.theme; S = D.strings;
+    st = {layer: D.sel.layer, head: D.sel.head, query: D.sel.query, k: D.sel.k};
+  }
+
+  // -- live: the served page -----------------------------------------------------------------------
+  function live() { return document.getElementById("gl-live"); }
+  function status(id, s, bad) {
+    var el = document.getElementById(id);
+    if (el) { el.textContent = s; el.className = "gl-status" + (bad ? " error" : ""); }
+  }
+  function params(extra) {
+    var f = live().elements, p = new URLSearchParams();
+    p.set("text", f.text.value); p.set("model", f.model.value); p.set("topk", f.topk.checked ? "1" : "0");
+    p.set("k", String(st.k)); p.set("layer", String(st.layer)); p.set("head", String(st.head));
+    p.set("query", String(extra.query !== undefined ? extra.query : st.query)); p.set("lang", D.lang);
+    return p;
+  }
+  function schedule(ms, extra) {
+    if (pending) { clearTimeout(pending); }
+    pending = setTimeout(function () { pending = null; refresh(extra); }, ms);
+  }
+  function refresh(extra) {
+    var mine = ++seq, p = params(extra);
+    p.set("html", "1");
+    status("gl-status", S.ex_busy);
+    fetch("/api/explain?" + p.toString(), {headers: {Accept: "application/json"}})
+      .then(function (r) { return r.json().then(function (body) { return {ok: r.ok, body: body}; }); })
+      .then(function (res) {
+        if (mine !== seq) { return; }
+        if (!res.ok) { status("gl-status", fill(S.ex_error, {message: res.body.error || "?"}), true); return; }
+        swap(res.body.html);
+        status("gl-status", "");
+      })
+      .catch(function (err) { if (mine === seq) { status("gl-status", fill(S.ex_error, {message: String(err)}), true); } });
+  }
+  function swap(html) {
+    var doc = new DOMParser().parseFromString(html, "text/html");
+    var active = document.activeElement && document.activeElement.name, fresh = doc.getElementById("gl-report");
+    var node = document.importNode(fresh, true);
+    document.getElementById("gl-report").replaceWith(node);
+    node.querySelectorAll("script:not([type])").forEach(function (old) {  // the hover scripts
+      var s = document.createElement("script");
+      s.textContent = old.textContent;
+      old.replaceWith(s);
+    });
+    load(document); bind(); update();
+    var again = active && controls() && controls().elements[active];
+    if (again && again.focus) { again.focus(); }
+  }
+  function bindLive() {
+    var f = live();
+    if (!f) { return; }
+    f.addEventListener("submit", function (ev) { ev.preventDefault(); });
+    f.elements.text.addEventListener("input", function () { schedule(350, {query: -1}); });
+    f.elements.model.addEventListener("change", function () { schedule(0, {query: -1}); });
+    f.elements.topk.addEventListener("change", function () { schedule(0, {}); });
+    var g = document.getElementById("gl-gen");
+    g.addEventListener("submit", function (ev) { ev.preventDefault(); generate(); });
+    g.elements.stop.addEventListener("click", function () { stop(S.ex_stopped); });
+  }
+
+  // -- live: generation, the pages x steps picture ----------------------------------------------------
+  function stop(message) {
+    if (source) { source.close(); source = null; }
+    var g = document.getElementById("gl-gen");
+    g.elements.generate.disabled = false; g.elements.stop.disabled = true;
+    if (message !== undefined) { status("gl-gen-status", message); }
+  }
+  function generate() {
+    stop();
+    var g = document.getElementById("gl-gen"), p = params({});
+    p.set("max_new", g.elements.max_new.value);
+    steps = []; genInfo = null;
+    g.elements.generate.disabled = true; g.elements.stop.disabled = false;
+    status("gl-gen-status", S.ex_busy);
+    document.getElementById("gl-gen-text").textContent = "";
+    source = new EventSource("/api/generate?" + p.toString());
+    source.addEventListener("start", function (ev) {
+      genInfo = JSON.parse(ev.data);
+      document.getElementById("gl-gen-text").textContent = genInfo.prompt + genInfo.token;
+      drawSteps();
+    });
+    source.addEventListener("step", function (ev) {
+      var s = JSON.parse(ev.data);
+      steps.push(s);
+      document.getElementById("gl-gen-text").textContent += s.token;
+      status("gl-gen-status", "step " + s.step + ": " + JSON.stringify(s.token));
+      drawSteps();
+    });
+    source.addEventListener("done", function (ev) { stop(JSON.parse(ev.data).message); });
+    source.addEventListener("failure", function (ev) { stop(); status("gl-gen-status", fill(S.ex_error, {message: JSON.parse(ev.data).error}), true); });
+    source.onerror = function () { if (source) { stop(S.ex_stopped); } };
+  }
+  function drawSteps() {
+    var box = document.querySelector('.gl-draw[data-draw="steps"]');
+    if (!box || !genInfo) { return; }
+    var layer = Math.min(st.layer, genInfo.layers - 1), P = genInfo.page_size;
+    var pages = Math.max.apply(null, [genInfo.pages].concat(steps.map(function (s) { return s.pages_total; })));
+    var labs = [S.ex_steps_prefill + " → " + short(genInfo.shown, 10)].concat(steps.map(function (s) { return s.step + " " + short(s.shown, 14); }));
+    var left = MARGIN + Math.max.apply(null, labs.map(function (s) { return textWidth(s, 11); })) + 10;
+    var cw = Math.max(10, Math.min(28, Math.floor(760 / Math.max(pages, 1)))), ch = 18, y0 = MARGIN + 44;
+    var title = fill(S.ex_steps_title, {layer: layer, P: P, budget: genInfo.budget});
+    var svg = root(Math.max(left + pages * cw + MARGIN, textWidth(title, 13) + 2 * MARGIN), y0 + labs.length * ch + 40, title, "gl-steps");
+    label(svg, MARGIN, MARGIN + 26, S.ex_pages_axis, {"font-size": 10, fill: "#555555"});
+    for (var p = 0; p < pages; p++) {
+      if (pages <= 40 || p % 5 === 0) { label(svg, left + p * cw + cw / 2, y0 - 4, String(p), {"font-size": 9, "text-anchor": "middle"}); }
+    }
+    labs.forEach(function (s, r) {
+      label(svg, left - 6, y0 + r * ch + ch / 2 + 4, s, {"text-anchor": "end", "font-family": T.mono, "font-size": 10});
+      var have = r === 0 ? genInfo.pages : steps[r - 1].pages_total, share = {};
+      if (r > 0) {
+        var heads = steps[r - 1].layers[layer] || [];
+        heads.forEach(function (ids) { ids.forEach(function (id) { share[id] = (share[id] || 0) + 1 / heads.length; }); });
+      }
+      for (var q = 0; q < pages; q++) {
+        var w = r === 0 ? (q < have ? 1 : 0) : (share[q] || 0);
+        svg.appendChild(E("rect", {x: left + q * cw, y: y0 + r * ch, width: cw, height: ch, "class": w > 0 ? "gl-page gl-read" : "gl-page",
+                                   fill: q < have ? (w > 0 ? weightColour(w) : T.unpicked) : "#ffffff",
+                                   stroke: "#ffffff", "stroke-width": 1}));
+      }
+    });
+    box.replaceChildren(svg);
+  }
+
+  // -- start -----------------------------------------------------------------------------------------
+  function start() {
+    if (!document.getElementById("gl-data")) { return; }
+    load(document); bind(); bindLive(); syncControls(); update();
+  }
+  if (document.readyState === "loading") { document.addEventListener("DOMContentLoaded", start); } else { start(); }
+})();

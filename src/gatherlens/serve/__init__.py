@@ -1,0 +1,27 @@
+"""`gatherlens serve`: the explain report as a live page, with the model kept warm.
+
+    >>> from gatherlens.serve import ServeSettings, create_app
+    >>> app = create_app(ServeSettings(model="smollm2"))       # a Starlette (ASGI) app
+    >>> import uvicorn; uvicorn.run(app, host="127.0.0.1", port=8765)
+
+The page is the `explain` report's page (the same template and script), with a text box, a
+model switch and top-k on/off, and a panel that decodes token by token with sparse decoding.
+It calls the JSON API: GET /api/explain (the story of story.json, plus `tokens`, and on request
+the page's data and HTML) and GET /api/generate (server-sent events, one per decode step).
+
+- settings.py: the limits and defaults (text length, generated tokens, page size, budget).
+- params.py: query parameters -> checked values, or a 400 naming the argument and its range.
+- pool.py: the loaded models, kept warm, and the one lock every model call takes.
+- decode.py: decoding step by step with sparse decoding, as plain data per step.
+- app.py: the routes, security headers (Content-Security-Policy, allowed hosts), error bodies.
+"""
+from gatherlens.serve.settings import ServeSettings
+
+__all__ = ["ServeSettings", "create_app"]
+
+
+def create_app(settings: ServeSettings | None = None, **kw):
+    """The ASGI app (see gatherlens.serve.app.create_app)."""
+    from gatherlens.serve.app import create_app as make
+
+    return make(settings, **kw)

@@ -1,0 +1,151 @@
+"""The Starlette app of `gatherlens serve`: the page, the JSON API, the generation stream.
+
+    GET /                 the live page (the explain report's page, with a text box)
+    GET /api/explain      ?text=&model=&k=&topk=&layer=&head=&query=&lang=  -> the story (JSON)
+                          (&explore=1 adds the page's data, &html=1 the page itself)
+    GET /api/generate     ?text=&model=&max_new=&page_size=&budget=  -> server-sent events
+    GET /api/health       the loaded models and whether one is running
+
+Every answer carries a Content-Security-Policy (the page may run only its own scripts and talk
+only to this server) and refuses other Host headers. A bad argument is a 400 with
+{"error": "..."} naming it and its valid range; an unexpected failure is a 500 with one line,
+and the next request is served as usual.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import traceback
+
+import anyio
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from gatherlens.errors import GatherLensError
+from gatherlens.serve.params import explain_params, generate_params
+from gatherlens.serve.pool import ModelPool
+from gatherlens.serve.settings import ServeSettings
+
+__all__ = ["create_app", "API_POLICY"]
+
+API_POLICY = "default-src 'none'; frame-ancestors 'none'"
+HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+           "X-Frame-Options": "DENY", "Cache-Control": "no-store"}
+
+
+def _error(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=_headers(API_POLICY))
+
+
+def _headers(policy: str) -> dict:
+    return {**HEADERS, "Content-Security-Policy": policy}
+
+
+def _explain(lm, p, settings: ServeSettings) -> dict:
+    """The story of one request (runs in a worker thread, with the model's lock held)."""
+    from gatherlens.report.build import build_report, page_data, story_data
+    from gatherlens.report.collect import collect
+
+    story = collect(lm, p.text, top_k=p.k if p.topk else None, layer=p.layer, head=p.head,
+                    query=p.query)
+    body = story_data(story)
+    live = settings.live(p.model, p.topk, p.k)
+    if p.explore:
+        body["page"] = page_data(story, p.lang, live)
+    if p.html:
+        report = build_report(story, lang=p.lang, live=live)
+        body["html"], body["csp"] = report.html, report.csp
+    return body
+
+
+async def explain(request: Request) -> Response:
+    """GET /api/explain: the same story as story.json, with `tokens`."""
+    pool: ModelPool = request.app.state.pool
+    p = explain_params(request.query_params, pool.settings)
+    async with pool.using(p.model) as lm:
+        body = await pool.run(_explain, lm, p, pool.settings)
+    return JSONResponse(body, headers=_headers(API_POLICY))
+
+
+async def page(request: Request) -> Response:
+    """GET /: the live page for the text in the query (or the default one)."""
+    pool: ModelPool = request.app.state.pool
+    p = explain_params({**request.query_params, "html": "1"}, pool.settings)
+    async with pool.using(p.model) as lm:
+        body = await pool.run(_explain, lm, p, pool.settings)
+    return HTMLResponse(body["html"], headers=_headers(body["csp"]))
+
+
+async def _stream(request: Request, pool: ModelPool, p):
+    """Server-sent events of one generation; the model is freed when the client goes away."""
+    from gatherlens.serve.decode import decode_steps
+
+    async with pool.using(p.model) as lm:
+        steps = decode_steps(lm, p.text, p.max_new, p.budget, p.page_size, pool.settings.max_tokens)
+        try:
+            while True:
+                if await request.is_disconnected():
+                    pool.cancelled += 1
+                    return
+                item = await anyio.to_thread.run_sync(next, steps, None)
+                if item is None:
+                    pool.served += 1
+                    return
+                yield {"event": item[0], "data": json.dumps(item[1], ensure_ascii=False)}
+        except GatherLensError as e:
+            yield {"event": "failure", "data": json.dumps({"error": str(e)})}
+        except anyio.get_cancelled_exc_class():
+            pool.cancelled += 1
+            raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(steps.close)   # back to dense decoding
+
+
+async def generate(request: Request) -> Response:
+    """GET /api/generate: one event per decode step (start, step..., done; failure on error)."""
+    pool: ModelPool = request.app.state.pool
+    p = generate_params(request.query_params, pool.settings)
+    return EventSourceResponse(_stream(request, pool, p), ping=10, headers=_headers(API_POLICY))
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse(request.app.state.pool.status(), headers=_headers(API_POLICY))
+
+
+async def _bad_input(request: Request, exc: GatherLensError) -> Response:
+    return _error(str(exc))
+
+
+async def _failure(request: Request, exc: Exception) -> Response:
+    """An unexpected error: one line to the client, the traceback on the server's stderr."""
+    traceback.print_exception(type(exc), exc, exc.__traceback__)
+    return _error(f"internal error ({type(exc).__name__}); the server keeps running", 500)
+
+
+def create_app(settings: ServeSettings | None = None, loader=None, warm: bool = True) -> Starlette:
+    """The app. loader(name) -> LoadedModel (default gatherlens.models.load); warm: load the
+    starting model before the first request."""
+    settings = settings or ServeSettings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        pool = ModelPool(settings, loader=loader)
+        app.state.pool = pool
+        if warm:
+            async with pool.using(settings.model):
+                pass
+        yield
+
+    return Starlette(
+        routes=[Route("/", page), Route("/api/explain", explain), Route("/api/generate", generate),
+                Route("/api/health", health)],
+        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts)],
+        exception_handlers={GatherLensError: _bad_input, Exception: _failure},
+        lifespan=lifespan,
+    )

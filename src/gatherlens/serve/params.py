@@ -1,0 +1,110 @@
+"""Query parameters of the API -> checked values; a bad one is a GatherValueError naming it.
+
+    >>> p = explain_params({"text": "The cat sat", "k": "4"}, ServeSettings())
+    >>> p.text, p.k, p.topk, p.layer
+    ('The cat sat', 4, True, None)
+    >>> explain_params({"text": "x", "k": "0"}, ServeSettings())
+    Traceback (most recent call last):
+    GatherValueError: k = 0 is outside the valid range [1, 4096]
+
+The app answers such an error with 400 and {"error": message}. Range checks that need the
+model (layer, head, query, text length in tokens) are made by gatherlens.report.collect, whose
+messages name the range too ("layer 999 is outside the model's layers [0, 30): there are 30
+layers").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from gatherlens.errors import GatherValueError
+from gatherlens.i18n import LANGS
+from gatherlens.serve.settings import ServeSettings
+
+__all__ = ["ExplainParams", "GenerateParams", "explain_params", "generate_params"]
+
+
+@dataclass(frozen=True)
+class ExplainParams:
+    text: str
+    model: str
+    k: int
+    topk: bool
+    layer: int | None
+    head: int
+    query: int
+    lang: str
+    html: bool
+    explore: bool
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    text: str
+    model: str
+    max_new: int
+    page_size: int
+    budget: int
+
+
+def _int(q: Mapping[str, str], name: str, default: int | None, lo: int, hi: int) -> int | None:
+    raw = q.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise GatherValueError(f"{name} = {raw[:40]!r} is not an integer; give one in [{lo}, {hi}]") from None
+    if not lo <= value <= hi:
+        raise GatherValueError(f"{name} = {value} is outside the valid range [{lo}, {hi}]")
+    return value
+
+
+def _flag(q: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = q.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "on", "yes"):
+        return True
+    if raw.lower() in ("0", "false", "off", "no"):
+        return False
+    raise GatherValueError(f"{name} = {raw[:40]!r} must be 1 or 0 (true or false)")
+
+
+def _text(q: Mapping[str, str], s: ServeSettings) -> str:
+    text = q.get("text")
+    text = s.text if text is None else text
+    if not text.strip():
+        raise GatherValueError("text is empty; type a sentence")
+    if len(text) > s.max_chars:
+        raise GatherValueError(f"text has {len(text):,} characters; the limit is {s.max_chars:,} "
+                               f"(and {s.max_tokens} tokens)")
+    return text
+
+
+def _model(q: Mapping[str, str], s: ServeSettings) -> str:
+    model = q.get("model") or s.model
+    if model not in s.models:
+        raise GatherValueError(f"model = {model[:80]!r} is not one this server offers: {s.models}")
+    return model
+
+
+def explain_params(q: Mapping[str, str], s: ServeSettings) -> ExplainParams:
+    """The checked parameters of GET /api/explain (and of the page itself)."""
+    lang = q.get("lang") or s.lang
+    if lang not in LANGS:
+        raise GatherValueError(f"lang = {lang[:20]!r} must be one of {list(LANGS)}")
+    big = 1 << 20
+    return ExplainParams(
+        text=_text(q, s), model=_model(q, s), k=_int(q, "k", s.top_k, 1, s.max_k),
+        topk=_flag(q, "topk", True), layer=_int(q, "layer", None, -big, big),
+        head=_int(q, "head", 0, -big, big), query=_int(q, "query", -1, -big, big), lang=lang,
+        html=_flag(q, "html", False), explore=_flag(q, "explore", False))
+
+
+def generate_params(q: Mapping[str, str], s: ServeSettings) -> GenerateParams:
+    """The checked parameters of GET /api/generate."""
+    return GenerateParams(
+        text=_text(q, s), model=_model(q, s),
+        max_new=_int(q, "max_new", s.default_new_tokens, 1, s.max_new_tokens),
+        page_size=_int(q, "page_size", s.page_size, 1, 64), budget=_int(q, "budget", s.budget, 1, 4096))

@@ -1,0 +1,55 @@
+"""The limits and defaults of `gatherlens serve` (importable without torch).
+
+    >>> s = ServeSettings(model="minilm", port=9000)
+    >>> s.max_chars, s.max_new_tokens
+    (1000, 64)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gatherlens.report.defaults import DEFAULT_TEXT, MAX_TOKENS
+
+__all__ = ["ServeSettings", "KNOWN", "LOCAL_HOSTS"]
+
+KNOWN = ("smollm2", "minilm")               # the models any page may switch to
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass
+class ServeSettings:
+    """What the server runs and how far a request may go."""
+
+    model: str = "smollm2"          # the model loaded (and kept warm) at start: a name or a path
+    host: str = "127.0.0.1"
+    port: int = 8765
+    lang: str = "en"
+    text: str = DEFAULT_TEXT        # the text the page opens with
+    top_k: int = 4                  # the k the page opens with
+    max_chars: int = 1000           # longest text accepted, in characters
+    max_tokens: int = MAX_TOKENS    # longest text accepted, in tokens (the report's own limit)
+    max_k: int = 4096
+    max_new_tokens: int = 64        # most tokens one generation may produce
+    default_new_tokens: int = 24
+    page_size: int = 4              # sparse decoding: tokens per page of the KV cache
+    budget: int = 16                # sparse decoding: tokens each decode step reads
+    extra_hosts: list[str] = field(default_factory=list)   # Host headers accepted besides the bind host
+
+    @property
+    def models(self) -> list[str]:
+        """The models a page may switch between: the one given at start, then the known ones."""
+        return list(dict.fromkeys([self.model, *KNOWN]))
+
+    @property
+    def allowed_hosts(self) -> list[str]:
+        """Host headers answered (a page of another site cannot reach the server by DNS tricks)."""
+        hosts = [self.host, *self.extra_hosts]
+        if self.host in LOCAL_HOSTS or self.host in ("0.0.0.0", "::"):
+            hosts += [*LOCAL_HOSTS, "[::1]"]
+        return ["*"] if self.host in ("0.0.0.0", "::") and not self.extra_hosts else hosts
+
+    def live(self, model: str, topk: bool, k: int) -> dict:
+        """The live page's settings (what its controls offer)."""
+        return {"models": self.models, "model": model, "topk": topk, "k": k,
+                "max_chars": self.max_chars, "max_new": self.max_new_tokens,
+                "default_new": self.default_new_tokens}

@@ -1,0 +1,44 @@
+"""The demo from one command: `gatherlens dist demo --nproc 2` (torchrun underneath), checked end to end."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from gatherlens.cli import main as cli_main
+
+
+def test_demo_from_one_command(tmp_path):
+    out = tmp_path / "pics"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gatherlens", "dist", "demo", "--nproc", "2", "--vocab", "1000",
+         "--context", "300", "--budget", "64", "--out", str(out)],
+        capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = proc.stdout
+    assert "gatherlens.dist demo on 2 ranks (gloo)" in text
+    assert "rank 0: embedding rows [0, 500) of 1000" in text and "rank 1: embedding rows [500, 1000)" in text
+    assert "rank 0: KV tokens [0, 160)" in text and "rank 1: KV tokens [160, 300)" in text
+    assert text.count("same pages as one process: True") == 2
+    assert text.rstrip().endswith("every rank equals one process")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "sharded_pages.svg", "vocab_shard_rank0.svg", "vocab_shard_rank1.svg", "vocab_sum.svg"]
+
+
+def test_demo_keeps_a_non_empty_folder(tmp_path):
+    (tmp_path / "mine.svg").write_text("keep me")
+    result = CliRunner().invoke(cli_main, ["dist", "demo", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "not empty; pass --force" in result.output
+    assert (tmp_path / "mine.svg").read_text() == "keep me"
+
+
+def test_module_without_torchrun_says_how_to_start(monkeypatch, capsys):
+    from gatherlens.dist.__main__ import main
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(["demo"]) == 2
+    assert "torchrun --nproc-per-node 2 -m gatherlens.dist demo" in capsys.readouterr().err
