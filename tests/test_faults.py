@@ -284,6 +284,19 @@ def test_a_conversion_giving_nan_fails_clearly_and_caches_nothing(root, gguf, mo
     assert not any((root / "models").iterdir()) and leftovers(root) == []
 
 
+def test_truncated_gguf_is_a_clear_error_and_leaves_nothing(root, tmp_path):
+    """Must hold: a truncated GGUF (a partial download or copy) is one error naming the file;
+    nothing is cached, no temporary folder or lock file is left."""
+    from gatherlens.models import resolve
+
+    path = tmp_path / "partial.gguf"
+    with open(resolve("smollm2").path, "rb") as f:
+        path.write_bytes(f.read(1_000_000))
+    with pytest.raises(GatherValueError, match=r"partial.gguf' could not be read \(damaged or truncated\?\)"):
+        load(str(path))
+    assert not any((root / "models").iterdir()) and leftovers(root) == []
+
+
 # -- read-only and full disks ------------------------------------------------------------------
 def read_only(monkeypatch, folder: Path) -> None:
     """Writes under `folder` fail with EROFS (os.open for writing, os.mkdir), as on a read-only mount."""

@@ -92,7 +92,7 @@ def test_explain_with_page_data_and_html(client):
     ({"text": "x" * 1001}, 400, ["1,001 characters", "the limit is 1,000"]),
     ({"text": "a " * 140}, 400, ["text has 142 tokens", "within [1, 128] tokens"]),
     ({"text": TEXT, "layer": 999}, 400, ["layer 999", "there are 2 layers"]),
-    ({"text": TEXT, "head": 9}, 400, ["head 9", "[0, 4)", "there are 4 heads"]),
+    ({"text": TEXT, "head": 9}, 400, ["head 9", "there are 4 heads"]),
     ({"text": TEXT, "k": 0}, 400, ["k = 0", "[1, 4096]"]),
     ({"text": TEXT, "k": "many"}, 400, ["k = 'many' is not an integer"]),
     ({"text": TEXT, "query": 50}, 400, ["query 50", "has 11 tokens"]),

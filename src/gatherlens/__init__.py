@@ -63,12 +63,14 @@ _EXPORTS = {
 # eagerly, so that importing a submodule later (gatherlens.trace.record) cannot shadow it.
 from gatherlens.trace import trace  # noqa: E402
 
-__all__ = sorted(_EXPORTS) + ["models", "trace"]
+_SUBPACKAGES = ("models", "eval", "dist")  # the edge, imported on first use
+
+__all__ = sorted(_EXPORTS) + [*_SUBPACKAGES, "trace"]
 
 
 def __getattr__(name: str):
-    if name == "models":
-        return importlib.import_module("gatherlens.models")
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"gatherlens.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'gatherlens' has no attribute {name!r}")

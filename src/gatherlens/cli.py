@@ -15,6 +15,7 @@ its full traceback was written. gatherlens' warnings are one `warning:` line eac
 """
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import re
@@ -39,6 +40,13 @@ COMMANDS = {
     "serve": "gatherlens.commands.serve:serve",
 }
 
+HINTS = {
+    errno.ENOENT: " (was it, or its folder, removed meanwhile?)",
+    errno.ENOSPC: " (the disk is full: free some space, or write elsewhere)",
+    errno.EDQUOT: " (over the disk quota: free some space, or write elsewhere)",
+    errno.EROFS: " (a read-only disk: write elsewhere)",
+    errno.EACCES: " (no permission: write elsewhere)",
+}
 LONG = re.compile(r"\S{201,}")  # a pasted blob in a message: shown as its first 40 characters
 
 
@@ -76,10 +84,10 @@ def one_line(e: BaseException) -> str:
 
     if isinstance(e, GatherLensError):
         return str(e)
-    if isinstance(e, OSError):
-        where = f" {e.filename!r}" if e.filename else ""
-        also = f" -> {e.filename2!r}" if getattr(e, "filename2", None) else ""
-        return f"could not use{where}{also}: {e.strerror or e}"
+    if isinstance(e, OSError):  # an environment fault: say which path and what to do
+        path = getattr(e, "filename2", None) or e.filename  # a rename's target is the user's path
+        where = f": {str(path)!r}" if path else ""
+        return f"{e.strerror or e}{where}{HINTS.get(e.errno, '')}"
     if isinstance(e, MemoryError):
         return "out of memory; try a shorter input or a smaller setting"
     path = save_traceback(e)

@@ -416,6 +416,27 @@ STRINGS: dict[str, dict[str, str]] = {
                "每页用其键的逐元素最小值和最大值给出 q.k 的上界打分，在预算内 gather 得分最高的页"
                "（第 0 页即注意力汇聚点、最后一页即最新的 token 总会保留），再在这些键上精确计算注意力。"),
     },
+    # -- the pages x steps picture of a generation (render/page_trace.py) ------------------------
+    "page_trace_title": {
+        "en": "Pages read by every layer at every decode step ({steps} steps, page {P} tokens, {budget})",
+        "zh": "每一层在每个解码步读取的页（{steps} 步，每页 {P} 个 token，{budget}）",
+    },
+    "page_trace_legend": {
+        "en": ("Each panel is one layer: columns are decode steps (left to right), rows are pages of the "
+               "KV cache (page 0 at the top; the cache grows downwards). Blue: the page was gathered "
+               "(darker = more of the layer's KV groups read it); grey: in the cache, not read; orange: "
+               "the layer read every page without choosing (dense)."),
+        "zh": ("每个小图是一层：列是解码步（从左到右），行是 KV 缓存的页（第 0 页在最上方，缓存向下增长）。"
+               "蓝色：该页被 gather（颜色越深，该层读取它的 KV 组越多）；灰色：在缓存中但未读取；"
+               "橙色：该层不做选择、读取了全部页（稠密）。"),
+    },
+    "page_trace_panel": {
+        "en": "layer {layer}: {pages:.1f} of {total} pages per step on average",
+        "zh": "第 {layer} 层：平均每步读取 {total} 页中的 {pages:.1f} 页",
+    },
+    "page_trace_dense": {"en": "dense", "zh": "稠密"},
+    "page_trace_budget": {"en": "budget {budget} tokens", "zh": "预算 {budget} 个 token"},
+    "page_trace_no_budget": {"en": "dense decoding", "zh": "稠密解码"},
     # -- record captions of gatherlens.dist (trace/sharded.py) ------------------------------------
     "caption_vocab_shard": {
         "en": ("Rank {rank} of {world} holds rows {rows} of the ({V}, d) table. It looks up only the "

@@ -1,4 +1,4 @@
-"""`gatherlens bench embedding|attention|decode|page`: each suite lives in gatherlens.bench.<name>."""
+"""`gatherlens bench embedding|attention|decode|generate|page`: each suite lives in gatherlens.bench.<name>."""
 from __future__ import annotations
 
 import importlib
@@ -9,6 +9,7 @@ SUITES = {
     "embedding": "gatherlens.bench.embedding:command",
     "attention": "gatherlens.bench.attention:command",
     "decode": "gatherlens.bench.decode:command",
+    "generate": "gatherlens.bench.generate:command",
     "dist": "gatherlens.bench.dist:command",
     "page": "gatherlens.bench.page:command",
 }

@@ -56,8 +56,10 @@ class _Plan:
 @click.option("--csv", "csv_out", default=None, help="Write the table to a .csv file.")
 @click.option("--pictures", "pictures", default=None, type=click.Path(file_okay=False),
               help="Folder for SVG/HTML pictures of the pages one layer read (one per budget).")
-@click.option("--layer", default=None, type=click.IntRange(min=0), help="Layer to draw (default: the middle one).")
-@click.option("--head", default=0, show_default=True, type=click.IntRange(min=0), help="KV group (or query head) to draw.")
+@click.option("--layer", default=None, type=int,
+              help="Layer to draw (default: the middle one; negative counts from the end).")
+@click.option("--head", default=0, show_default=True, type=int,
+              help="KV group (or query head) to draw; negative counts from the end.")
 @click.option("--force", is_flag=True, help="Overwrite output files that exist.")
 def evaluate_sparse(model_name, corpus, text_file, context, budgets, page_size, decode_tokens, passkey_trials,
                     dense_layers, per_head, threads, json_out, csv_out, pictures, layer, head, force):
@@ -77,9 +79,10 @@ def evaluate_sparse(model_name, corpus, text_file, context, budgets, page_size, 
     try:
         lm, ids = _load(model_name, corpus, text_file, context, threads)
         draw_layer = layer if layer is not None else lm.config.num_hidden_layers // 2
-        if draw_layer >= lm.config.num_hidden_layers:
-            raise click.BadParameter(f"layer {draw_layer} is outside [0, {lm.config.num_hidden_layers})",
-                                     param_hint="--layer")
+        n = lm.config.num_hidden_layers
+        if not -n <= draw_layer < n:  # one policy with explain: [-n, n), negatives from the end
+            raise click.BadParameter(f"layer {draw_layer} is outside [{-n}, {n})", param_hint="--layer")
+        draw_layer %= n
         report, passkeys, last = _measure(lm, ids, plan, draw_layer, console)
     except GatherLensError as err:
         raise click.ClickException(str(err)) from None
@@ -198,8 +201,10 @@ def _pictures(folder: Path, selections: dict, layer: int, head: int, console) ->
 
     folder.mkdir(parents=True, exist_ok=True)
     for budget, sel in sorted(selections.items()):
-        if head >= sel.pages.shape[1]:
-            raise click.BadParameter(f"head {head} is outside [0, {sel.pages.shape[1]})", param_hint="--head")
+        H = sel.pages.shape[1]
+        if not -H <= head < H:
+            raise click.BadParameter(f"head {head} is outside [{-H}, {H})", param_hint="--head")
+        head %= H
         try:
             record = sel.to_record(batch=0, head=head)
             stem = folder / f"pages_layer{layer}_head{head}_budget{budget}"

@@ -13,6 +13,7 @@ unless --force; --force replaces only the report's own files (index.html, story.
 """
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import time
@@ -50,7 +51,8 @@ def _command_line(text, model, top_k, layer, head, query, lang, out) -> str:
 @click.option("--layer", type=int, default=None,
               help="Attention layer drawn in detail (default: the middle layer; negative counts "
                    "from the end).")
-@click.option("--head", type=int, default=0, show_default=True, help="Query head drawn in detail.")
+@click.option("--head", type=int, default=0, show_default=True,
+              help="Query head drawn in detail (negative counts from the end).")
 @click.option("--query", type=int, default=-1, show_default=True,
               help="Token position whose value gather is drawn (-1 = the last token).")
 @click.option("--lang", type=click.Choice(LANGS), default="en", show_default=True,
@@ -65,6 +67,9 @@ def explain(text, model, top_k, layer, head, query, lang, out, force):
     TEXT defaults to "The cat sat on the mat because it was". Writes --out/index.html (one
     offline page), story.json and one SVG per figure, and prints a summary here.
     """
+    # Before torch loads OpenMP: idle threads sleep instead of spinning. On a busy machine spinning
+    # threads fight the other jobs for the cores and a forward pass gets many times slower.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from rich.console import Console
 
     from gatherlens.errors import GatherLensError

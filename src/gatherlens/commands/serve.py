@@ -11,6 +11,8 @@ which is said once on start. Ctrl-C stops it.
 """
 from __future__ import annotations
 
+import os
+
 import click
 
 from gatherlens.i18n import LANGS
@@ -31,6 +33,8 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
               show_default=True, help="Most tokens one generation may produce.")
 def serve(model, host, port, lang, max_new):
     """Serve the live explorer: type text, see every gather; generate with sparse decoding."""
+    # Before torch loads OpenMP: idle threads sleep instead of spinning (see commands/explain.py).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import uvicorn
 
     from gatherlens.serve import ServeSettings, create_app

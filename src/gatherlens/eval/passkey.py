@@ -13,7 +13,6 @@ generated ones, all by decode steps, so sparse selection decides what the answer
 """
 from __future__ import annotations
 
-import copy
 import random
 import re
 from dataclasses import asdict, dataclass
@@ -21,7 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from gatherlens.errors import GatherValueError
-from gatherlens.eval.sparse_quality import SparseQualityReport, prefill
+from gatherlens.eval.sparse_quality import SparseQualityReport, SparseSetup, prefill, repage, setups_for_budgets
 from gatherlens.models.sparse import use_dense_decoding, use_sparse_decoding
 
 __all__ = ["PasskeyResult", "passkey_prompt", "passkey_trials", "greedy_decode", "table_rows", "TABLE_COLUMNS"]
@@ -81,18 +80,22 @@ def greedy_decode(model, cache, first: torch.Tensor, steps: int) -> list[int]:
 @torch.no_grad()
 def passkey_trials(model, tokenizer, context: int = 8192, trials: int = 5, budgets=(256, 512, 1024, 2048), *,
                    page_size: int = 16, share_selection: bool = True, new_tokens: int = 8, seed: int = 0,
-                   dense_layers: int = 0, depths=None, progress=None) -> list[PasskeyResult]:
-    """Run `trials` passkey prompts (depths spread over (0, 1)) for dense and each budget.
+                   dense_layers: int = 0, depths=None, progress=None,
+                   setups: list[SparseSetup] | None = None) -> list[PasskeyResult]:
+    """Run `trials` passkey prompts (depths spread over (0, 1)) for dense and each budget (or setup).
 
     depths: the needle depths to use instead (then `trials` = len(depths)); keys come from `seed`.
-
-    dense_layers: leading layers decoded densely (Quest: 2). progress(advance, description) is
-    called after each (trial, setting). Leaves the model dense.
+    setups: the settings to try (see SparseSetup); without them one per budget with page_size,
+    share_selection and dense_layers (leading layers decoded densely; Quest: 2).
+    progress(advance, description) is called after each (trial, setting). Leaves the model dense.
     """
     if depths is None:
         if trials < 1:
             raise GatherValueError(f"trials = {trials} must be >= 1")
         depths = [(t + 0.5) / trials for t in range(trials)]
+    if setups is None:
+        setups = setups_for_budgets(sorted(budgets), page_size=page_size, share_selection=share_selection,
+                                    dense_layers=dense_layers)
     rng = random.Random(seed)
     results = []
     try:
@@ -101,23 +104,28 @@ def passkey_trials(model, tokenizer, context: int = 8192, trials: int = 5, budge
             ids = passkey_prompt(tokenizer, context, depth, key)  # (1, S)
             use_sparse_decoding(model, None, page_size)
             cache0, _ = prefill(model, ids[:, :-1], page_size)
-            for budget in [None, *sorted(budgets)]:
-                use_sparse_decoding(model, budget, page_size, share_selection, dense_layers=dense_layers)
-                made = greedy_decode(model, copy.deepcopy(cache0), ids[:, -1:], new_tokens)
-                answer = tokenizer.decode(made)
-                found = re.findall(r"\d{5}", answer)
-                results.append(PasskeyResult(
-                    setting="dense" if budget is None else f"budget={budget}", budget=budget, trial=trial,
-                    depth=round(depth, 3), context=ids.shape[1], key=key, answer=answer,
-                    ok=bool(found) and found[0] == key))
+            for setup in [SparseSetup(None, page_size=page_size, label="dense"), *setups]:
+                results.append(_one_trial(model, tokenizer, cache0, ids, setup, new_tokens, trial, depth, key))
                 if progress:
-                    progress(1, f"passkey trial {trial + 1}/{trials}")
+                    progress(1, f"passkey trial {trial + 1}/{len(depths)}")
     finally:
         use_dense_decoding(model)
     return results
 
 
-def table_rows(report: SparseQualityReport | None, passkeys: list[PasskeyResult], budgets) -> list[dict]:
+def _one_trial(model, tokenizer, cache0, ids, setup: SparseSetup, new_tokens: int, trial: int, depth: float,
+               key: str) -> PasskeyResult:
+    """Greedy answer of one setting from a copy of the prefilled prompt."""
+    use_sparse_decoding(model, setup.budget, **setup.options())
+    made = greedy_decode(model, repage(cache0, setup.page_size), ids[:, -1:], new_tokens)
+    answer = tokenizer.decode(made)
+    found = re.findall(r"\d{5}", answer)
+    return PasskeyResult(setting=setup.name, budget=setup.budget, trial=trial, depth=round(depth, 3),
+                         context=ids.shape[1], key=key, answer=answer, ok=bool(found) and found[0] == key)
+
+
+def table_rows(report: SparseQualityReport | None, passkeys: list[PasskeyResult], budgets,
+               setups: list[SparseSetup] | None = None) -> list[dict]:
     """The sparse table: the report's rows (or empty rows per setting) plus passkey_ok / passkey_trials.
 
         >>> table_rows(None, [], [64])[1]["setting"], table_rows(None, [], [64])[1]["passkey_trials"]
@@ -126,8 +134,9 @@ def table_rows(report: SparseQualityReport | None, passkeys: list[PasskeyResult]
     if report is not None:
         rows = report.as_dicts()
     else:  # passkey only
-        rows = [{k: None for k in TABLE_COLUMNS} | {"setting": "dense" if b is None else f"budget={b}", "budget": b}
-                for b in [None, *budgets]]
+        setups = setups if setups is not None else setups_for_budgets(budgets)
+        rows = [{k: None for k in TABLE_COLUMNS} | {"setting": s.name, "budget": s.budget}
+                for s in [SparseSetup(None), *setups]]
     for row in rows:
         mine = [p for p in passkeys if p.setting == row["setting"]]
         row["passkey_ok"] = sum(p.ok for p in mine) if mine else None

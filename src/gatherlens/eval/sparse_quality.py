@@ -5,13 +5,18 @@
     >>> [r.setting for r in report.rows]
     ['dense', 'budget=256', 'budget=512', 'budget=1024', 'budget=2048']
     >>> report.rows[1].ppl_ratio, report.rows[1].recall, report.rows[1].cosine
+    >>> setups = [SparseSetup(512), SparseSetup(512, dense_layers=2, recent=128), SparseSetup(512, choose="oracle")]
+    >>> evaluate_sparse_quality(lm.model, ids, setups=setups, decode_tokens=512)   # one row per setup
 
 Protocol (sparse selection applies to decoding only, as in Quest, so it is measured by decoding):
 the first len(ids) - N tokens are prefilled densely once into a paged cache; then, for dense and
-for every budget, a copy of that cache is extended one token at a time over the last N tokens,
+for every budget (or `SparseSetup`: page size, dense first layers, group score, recent window,
+per-head choice, oracle), a copy of that cache (re-paged to the setup's page size) is extended
+one token at a time over the last N tokens,
 teacher-forced (each step feeds the true token, as in perplexity), so every one of the N
 predictions is made by decode steps that see the whole long context through their budget.
-- perplexity over those N tokens, and its ratio to dense (`ppl_ratio`, 1.0 = unchanged);
+- perplexity over those N tokens, and its ratio to dense (`ppl_ratio`, 1.0 = unchanged), with a
+  95% interval from the paired per-token log-likelihood differences (`ppl_ratio_ci`);
 - attention-mass recall: at each layer and step, the share of the dense softmax weight (same q, all
   keys) that falls on the tokens of the pages read, averaged over query heads, steps and layers;
 - output cosine: cosine between the sparse attention output and the dense one for the same q.
@@ -19,8 +24,8 @@ Recall and cosine are taken along the sparse run (its own hidden states), like `
 """
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
@@ -31,14 +36,59 @@ from gatherlens.models.sparse import (
     SparseCall, SparseKVCache, observe_sparse, use_dense_decoding, use_sparse_decoding,
 )
 
-__all__ = ["SparseQualityRow", "SparseQualityReport", "SparseStats", "evaluate_sparse_quality", "prefill",
-           "decode_teacher_forced", "call_recall_cosine"]
+__all__ = ["SparseSetup", "SparseQualityRow", "SparseQualityReport", "SparseStats", "evaluate_sparse_quality",
+           "prefill", "repage", "decode_teacher_forced", "call_recall_cosine", "setups_for_budgets"]
+
+
+@dataclass(frozen=True)
+class SparseSetup:
+    """One row of the sparse quality table: a budget and how decode steps choose pages.
+
+        >>> SparseSetup(512, dense_layers=2, recent=128).name
+        'budget=512 dense_layers=2 recent=128'
+        >>> SparseSetup(None).name, SparseSetup(256, label="mine").name
+        ('dense', 'mine')
+
+    The fields are use_sparse_decoding's (budget None: dense); `label` names the row (default:
+    the budget and every field that differs from Quest's plain setting).
+    """
+
+    budget: int | None
+    page_size: int = 16
+    dense_layers: int = 0
+    group_score: str = "max"
+    share_selection: bool = True
+    recent: int = 0
+    choose: str = "bound"
+    label: str | None = None
+
+    @property
+    def name(self) -> str:
+        if self.label is not None:
+            return self.label
+        if self.budget is None:
+            return "dense"
+        plain = SparseSetup(self.budget)
+        parts = [f"budget={self.budget}"]
+        parts += [f"{k}={v}" for k, v in self.options().items() if getattr(plain, k) != v]
+        return " ".join(parts).replace("share_selection=False", "per-head")
+
+    def options(self) -> dict:
+        """use_sparse_decoding's keyword arguments besides the budget."""
+        return {k: v for k, v in asdict(self).items() if k not in ("budget", "label")}
+
+
+def setups_for_budgets(budgets, **common) -> list[SparseSetup]:
+    """One setup per budget, named "budget=B", with the same other settings."""
+    return [SparseSetup(b, label=f"budget={b}", **common) for b in budgets]
 
 
 @dataclass(kw_only=True)
 class SparseQualityRow(EvalRow):
     budget: int | None           # None for dense
     ppl_ratio: float = 1.0       # perplexity / dense perplexity
+    ppl_ratio_ci: list | None = None  # 95% interval of ppl_ratio from paired per-token differences
+    setup: dict = field(default_factory=dict)
 
 
 class SparseQualityReport(EvalReport):
@@ -52,6 +102,15 @@ def prefill(model, ids: torch.Tensor, page_size: int = 16) -> tuple[SparseKVCach
     cache = SparseKVCache(config=model.config, page_size=page_size)
     out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
     return cache, out.logits[:, -1].float()  # (1, V)
+
+
+def repage(cache: SparseKVCache, page_size: int) -> SparseKVCache:
+    """A copy of `cache` (same keys and values) in pages of `page_size` tokens."""
+    out = SparseKVCache(config=None, page_size=page_size)
+    for i, layer in enumerate(cache.layers):
+        if layer.paged is not None:
+            out.update(layer.paged.keys, layer.paged.values, i)
+    return out
 
 
 @torch.no_grad()
@@ -99,50 +158,61 @@ class SparseStats(LayerStats):
         return call_recall_cosine(call)
 
 
-def _measure_setting(model, cache0, logits0, targets, budget: int | None, progress) -> SparseQualityRow:
-    """Decode the targets from a copy of the prefilled cache with the decoding the model has now."""
-    label = "dense" if budget is None else f"budget={budget}"
+def _measure_setting(model, cache0, logits0, targets, setup: SparseSetup, dense_nll, progress):
+    """Decode the targets from a copy of the prefilled cache with the decoding the model has now.
+
+    Returns the row and the per-token negative log-likelihoods (N,)."""
     stats = SparseStats()
-    step = (lambda n: progress(n, label)) if progress else None
+    step = (lambda n: progress(n, setup.name)) if progress else None
     with observe_sparse(stats):
-        nll = decode_teacher_forced(model, copy.deepcopy(cache0), logits0, targets, step)
+        nll = decode_teacher_forced(model, repage(cache0, setup.page_size), logits0, targets, step)
     mean = float(nll.mean())
-    return SparseQualityRow(setting=label, budget=budget, perplexity=perplexity(mean), nll=mean,
-                            tokens=targets.shape[1], **stats.summary())
+    row = SparseQualityRow(setting=setup.name, budget=setup.budget, perplexity=perplexity(mean), nll=mean,
+                           tokens=targets.shape[1], setup=setup.options(), **stats.summary())
+    if dense_nll is not None:
+        diff = nll - dense_nll  # (N,) paired per-token differences
+        se = float(diff.std()) / math.sqrt(len(diff)) if len(diff) > 1 else 0.0
+        row.ppl_ratio = math.exp(float(diff.mean()))
+        row.ppl_ratio_ci = [math.exp(float(diff.mean()) - 1.96 * se), math.exp(float(diff.mean()) + 1.96 * se)]
+    return row, nll
 
 
 @torch.no_grad()
 def evaluate_sparse_quality(model, ids: torch.Tensor, budgets=(256, 512, 1024, 2048), *, page_size: int = 16,
                             decode_tokens: int = 256, share_selection: bool = True, group_score: str = "max",
-                            dense_layers: int = 0,
+                            dense_layers: int = 0, setups: list[SparseSetup] | None = None,
                             progress: Callable[[int, str], None] | None = None) -> SparseQualityReport:
-    """Perplexity, recall and cosine of sparse decoding for each budget against dense (see module doc).
+    """Perplexity, recall and cosine of sparse decoding for each setup against dense (see module doc).
 
     model: a causal LM (Llama family). ids: (1, S) token ids, S > decode_tokens; the last
-    `decode_tokens` are scored. dense_layers: leading layers decoded densely (Quest: 2).
-    progress(advance, description) is called after each decode step.
-    The model is left with dense decoding (SDPA).
+    `decode_tokens` are scored. setups: the rows to measure; without them, one per budget with
+    page_size, share_selection, group_score and dense_layers (leading layers decoded densely).
+    progress(advance, description) is called after each decode step. The model is left dense.
     """
     check_ids(ids, "S")
-    budgets = positive_settings(budgets, "budgets", " (tokens)")
+    if setups is None:
+        setups = setups_for_budgets(positive_settings(budgets, "budgets", " (tokens)"), page_size=page_size,
+                                    share_selection=share_selection, group_score=group_score,
+                                    dense_layers=dense_layers)
     S, N = ids.shape[1], int(decode_tokens)
     if not 1 <= N < S:
         raise GatherValueError(
             f"decode_tokens = {N} must be in [1, {S}) for a text of {S} tokens (the rest is the prefix)")
     prefix, targets = ids[:, :S - N], ids[:, S - N:]  # (1, S-N), (1, N)
-    use_sparse_decoding(model, None, page_size)  # dense prefill into a paged cache
     rows: list[SparseQualityRow] = []
     try:
+        use_sparse_decoding(model, None, page_size)  # dense prefill into a paged cache
         cache0, logits0 = prefill(model, prefix, page_size)
-        for budget in [None, *budgets]:
-            use_sparse_decoding(model, budget, page_size, share_selection, group_score=group_score,
-                                dense_layers=dense_layers)
-            rows.append(_measure_setting(model, cache0, logits0, targets, budget, progress))
+        dense_nll = None
+        for setup in [SparseSetup(None, page_size=page_size, label="dense"), *setups]:
+            use_sparse_decoding(model, setup.budget, **setup.options())
+            row, nll = _measure_setting(model, cache0, logits0, targets, setup, dense_nll, progress)
+            rows.append(row)
+            dense_nll = nll if dense_nll is None else dense_nll
     finally:
         use_dense_decoding(model)
-    for r in rows:
-        r.ppl_ratio = r.perplexity / rows[0].perplexity
     meta = {"context": S, "prefix_tokens": S - N, "decode_tokens": N, "page_size": page_size,
             "share_selection": share_selection, "group_score": group_score, "dense_layers": dense_layers,
-            "model_type": model.config.model_type, "protocol": "dense prefill, teacher-forced sparse decode"}
+            "model_type": model.config.model_type, "protocol": "dense prefill, teacher-forced sparse decode",
+            "ppl_ratio_ci": "95% interval from the paired per-token log-likelihood differences"}
     return SparseQualityReport(rows=rows, meta=meta)

@@ -46,7 +46,7 @@ def supports_lean_step(layer: torch.nn.Module) -> bool:
     attn = layer.self_attn
     plain_norms = all(type(n).__name__.endswith("RMSNorm") and hasattr(n, "variance_epsilon") for n in parts[:2])
     no_qk_norm = not hasattr(attn, "q_norm") and not hasattr(attn, "k_norm")
-    silu = isinstance(getattr(layer.mlp, "act_fn", None), torch.nn.SiLU)
+    silu = type(getattr(layer.mlp, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation")  # torch's or HF's
     return plain_norms and no_qk_norm and silu and all(hasattr(attn, a) for a in ("head_dim", "scaling", "layer_idx"))
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import struct
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -136,8 +137,8 @@ def _readable(path: Path):
         yield
     except GatherValueError:
         raise
-    except (OSError, ValueError, KeyError) as e:
-        raise GatherValueError(f"model {str(path)!r} could not be read: {e}") from None
+    except (OSError, ValueError, KeyError, EOFError, struct.error) as e:  # struct: a truncated GGUF
+        raise GatherValueError(f"model {str(path)!r} could not be read (damaged or truncated?): {e}") from None
 
 
 def _from_folder(folder: Path, attn_implementation: str | None, check_weights: bool = True):

@@ -22,7 +22,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC")
 _LOADED: dict[str, ctypes.CDLL | None] = {}
 
 

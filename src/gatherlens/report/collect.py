@@ -13,6 +13,7 @@ prediction top-k attention is compared against. Nothing here draws or writes fil
 """
 from __future__ import annotations
 
+import inspect
 import re
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from gatherlens.errors import GatherIndexError, GatherValueError
+from gatherlens.errors import GatherIndexError, GatherValueError, shorten
 from gatherlens.report.defaults import DEFAULT_TEXT, MAX_TOKENS
 from gatherlens.report.explore import explore_calls
 from gatherlens.report.scores import call_scale, layer_scores
@@ -181,15 +182,15 @@ def collect(lm, text: str, *, top_k: int | None = 4, layer: int | None = None, h
     enc = lm.tokenizer(text, return_tensors="pt")
     ids = enc["input_ids"]                                                   # (1, S)
     n_layers, layer, query = _positions(lm.model, ids.shape[1], layer, query)
-    dense_run, top_k = top_k is None, top_k or ids.shape[1]
+    dense_run, top_k = top_k is None, min(top_k or ids.shape[1], ids.shape[1])  # k as run: at most S keys
     tokens = token_texts(lm.tokenizer, ids[0].tolist())
     run = _run(lm, enc, top_k, say)
     say("collecting the gathers")
     path, call = _chosen_call(run.calls, layer, lm.model)
     Hq, Hkv = call.query.shape[1], call.key.shape[1]
     if not -Hq <= head < Hq:
-        raise GatherIndexError(f"head {head} is outside the query heads [0, {Hq}) of layer {layer}: "
-                               f"there are {Hq} heads")
+        raise GatherIndexError(f"head {shorten(head)} is outside the query heads [{-Hq}, {Hq}) of layer "
+                               f"{layer}: there are {Hq} heads (negative counts from the end)")
     heads = HeadMap(q_heads=Hq, kv_heads=Hkv)
     display = [shown_token(x) for x in tokens]
     prediction = None
@@ -212,11 +213,12 @@ def _positions(model, S: int, layer: int | None, query: int) -> tuple[int, int, 
     if layer is None:
         layer = n_layers // 2 if n_layers else 0
     if n_layers and not -n_layers <= layer < n_layers:
-        raise GatherIndexError(f"layer {layer} is outside the model's layers [0, {n_layers}): "
-                               f"there are {n_layers} layers")
+        raise GatherIndexError(f"layer {shorten(layer)} is outside the model's layers [{-n_layers}, {n_layers}): "
+                               f"there are {n_layers} layers (negative counts from the end)")
     layer = layer % n_layers if n_layers else layer
     if not -S <= query < S:
-        raise GatherIndexError(f"query {query} is outside the token positions [{-S}, {S}): the text has {S} tokens")
+        raise GatherIndexError(f"query {shorten(query)} is outside the token positions [{-S}, {S}): the text has "
+                               f"{S} tokens (negative counts from the end)")
     return n_layers, layer, query % S
 
 
@@ -243,6 +245,8 @@ def _run(lm, enc, top_k: int, say) -> _Run:
 
     inputs = {k: v for k, v in enc.items()
               if k in ("input_ids", "attention_mask", "token_type_ids")}
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        inputs["logits_to_keep"] = 1       # the prediction reads the last position's logits only
     before = model.config._attn_implementation
     restore = before if before != "gatherlens_topk" else None
     say(f"running {lm.name} on {enc['input_ids'].shape[1]} tokens under trace() "
@@ -254,7 +258,9 @@ def _run(lm, enc, top_k: int, say) -> _Run:
             out = model(**inputs)
         seconds = time.perf_counter() - t0
         dense_out = None
-        if lm.is_causal and hasattr(out, "logits"):
+        if lm.is_causal and hasattr(out, "logits") and top_k >= enc["input_ids"].shape[1]:
+            dense_out = out                # k >= L keeps every allowed key: the run was dense
+        elif lm.is_causal and hasattr(out, "logits"):
             say("running it again with dense attention, to compare the prediction")
             use_dense_attention(model, restore)
             with torch.no_grad():
@@ -274,7 +280,7 @@ def _chosen_call(calls: list, layer: int, model):
             f"{type(model).__name__} ran no attention through transformers' attention "
             f"interface, so there is no top-k selection to draw")
     if layer >= len(calls):
-        raise GatherIndexError(f"layer {layer} is outside the model's layers [0, {len(calls)}): "
+        raise GatherIndexError(f"layer {layer} is outside the model's layers [{-len(calls)}, {len(calls)}): "
                                f"there are {len(calls)} layers")
     return calls[layer]
 

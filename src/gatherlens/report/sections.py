@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from markupsafe import Markup
@@ -28,11 +29,18 @@ __all__ = ["Figure", "Section", "sections"]
 
 @dataclass
 class Figure:
-    name: str            # file stem, e.g. "01-embedding"
+    name: str                        # file stem, e.g. "01-embedding"
     title: str
-    svg: str             # standalone SVG document
-    inline: Markup       # what the page embeds (the record's hover fragment, or the SVG)
-    draw: str = ""       # drawn on the page by the explorer script instead ("scores", ...)
+    picture: str | Callable[[], str]  # the standalone SVG, or how to draw it when first asked
+    inline: Markup                   # what the page embeds (the record's hover fragment)
+    draw: str = ""                   # drawn on the page by the explorer script instead ("scores", ...)
+
+    @property
+    def svg(self) -> str:
+        """The standalone SVG document (the file); drawn on first use, as a live page needs none."""
+        if callable(self.picture):
+            self.picture = self.picture()
+        return self.picture
 
     @property
     def filename(self) -> str:
@@ -56,17 +64,13 @@ class Section:
 
 def _record_figure(name: str, title: str, record, lang: str, limits: Limits) -> Figure:
     svg = record.to_svg(lang=lang, limits=limits)          # drawn once: the file and the page
-    return Figure(name=name, title=title, svg=svg, inline=Markup(svg_fragment(svg)))
+    return Figure(name, title, svg, inline=Markup(svg_fragment(svg)))
 
 
-def _svg_figure(name: str, title: str, svg: str) -> Figure:
-    return Figure(name=name, title=title, svg=svg, inline=Markup(svg))
-
-
-def _drawn_figure(name: str, title: str, svg: str, draw: str) -> Figure:
+def _drawn_figure(name: str, title: str, picture: Callable[[], str], draw: str) -> Figure:
     """A figure the page's script draws for the reader's layer, head, query and k; the file
     keeps the picture of the run's own choice."""
-    return Figure(name=name, title=title, svg=svg, inline=Markup(""), draw=draw)
+    return Figure(name, title, picture, inline=Markup(""), draw=draw)
 
 
 def sections(story, lang: str = "en") -> list[Section]:
@@ -120,8 +124,8 @@ def _other_lookups(story, others: list, lang: str) -> Section:
 # 3. which query heads share which key/value head
 def _heads(story, lang: str) -> Section:
     hm, att = story.heads, story.attention
-    fig = _drawn_figure("03-heads", text("heads_title", lang), heads_svg(hm, att.head, lang),
-                        "heads")
+    fig = _drawn_figure("03-heads", text("heads_title", lang),
+                        lambda: heads_svg(hm, att.head, lang), "heads")
     head, kvh = Slot("head", att.head), Slot("kvh", att.kv_head)
     if hm.group > 1:
         body = text("heads_gqa", lang, q=hm.q_heads, kv=hm.kv_heads, g=hm.group, head=head,
@@ -135,10 +139,10 @@ def _heads(story, lang: str) -> Section:
 def _scores(story, lang: str) -> Section:
     att = story.attention
     title = text("scores_title", lang, k=Slot("k", att.top_k))
-    grid = _drawn_figure("04-scores", plain(title), scores_svg(att, story.shown_tokens, lang),
-                         "scores")
-    pick = Figure("05-score-gather", "scores.gather", inline=Markup(""), draw="gather",
-                  svg=att.score_record.to_svg(lang=lang, limits=Limits(rows=12, cols=10, slices=3)))
+    grid = _drawn_figure("04-scores", plain(title),
+                         lambda: scores_svg(att, story.shown_tokens, lang), "scores")
+    pick = _drawn_figure("05-score-gather", "scores.gather", lambda: att.score_record.to_svg(
+        lang=lang, limits=Limits(rows=12, cols=10, slices=3)), "gather")
     causal = bool(torch.equal(att.allowed, torch.ones_like(att.allowed).tril()))
     why = "why_none" if bool(att.allowed.all()) else ("why_causal" if causal else "why_masked")
     body = text("scores_body", lang, layer=Slot("layer", att.layer), head=Slot("head", att.head),
@@ -155,8 +159,8 @@ def _values(story, lang: str) -> Section:
     picked = [j for j in att.indices[qrow].tolist() if j >= 0]
     w = att.weights[qrow].tolist()[: len(picked)]
     keys = toks[-L:]
-    fig = Figure("06-value-gather", text("values_title", lang), inline=Markup(""), draw="values",
-                 svg=att.value_record.to_svg(lang=lang, limits=Limits(rows=12, cols=6, slices=3)))
+    fig = _drawn_figure("06-value-gather", text("values_title", lang), lambda: att.value_record.to_svg(
+        lang=lang, limits=Limits(rows=12, cols=6, slices=3)), "values")
     slots = dict(q=Slot("query", att.query), tok=Slot("query_token", toks[att.query]),
                  keys=Slot("keys", ", ".join(f"{j} {keys[j]}" for j in picked)),
                  kvh=Slot("kvh", att.kv_head), n=Slot("n", len(picked)), mass=Slot("mass", att.mass),

@@ -64,38 +64,70 @@ def sparse_chunk(p: AttentionProblem, q5, key, table, q0: int, q1: int, *, need_
                  ordered: bool = False, buf: torch.Tensor | None = None):
     """Queries [q0, q1) -> out (B, Hkv, G, C, Dv), lse (B, Hkv, G, C), vals/idx (..., C, k') or None."""
     B, Hkv, G, C, Dv = p.batch, p.kv_heads, p.groups, q1 - q0, p.value_dim
-    sd = stat_dtype(q5.dtype)
     Lc = p.key_end(q1)
     if Lc == 0:                                                 # no query here sees any key
-        lse = torch.full((B, Hkv, G, C), NEG_INF, dtype=sd)
+        lse = torch.full((B, Hkv, G, C), NEG_INF, dtype=stat_dtype(q5.dtype))
         return q5.new_zeros(B, Hkv, G, C, Dv), lse, None, None
     s = logits_into(p, q5, key, q0, q1, Lc, buf)                # (B, Hkv, G, C, Lc) in cd
-    shared = p.share_selection and G > 1
-    rank = s.to(sd).sum(2, keepdim=True) if shared else s      # (B, Hkv, G|1, C, Lc)
-    rv, idx = topk_rows(rank.reshape(-1, Lc), p.top_k)          # (R, k) ascending key, padded
-    k = idx.shape[-1]
-    rv, idx = rv.view(B, Hkv, -1, C, k), idx.view(B, Hkv, -1, C, k).expand(B, Hkv, G, C, k)
-    vals = s.gather(-1, idx.clamp_min(0)).masked_fill_(idx < 0, NEG_INF) if shared else rv
-    m = vals.amax(-1, keepdim=True).to(sd)                      # (B, Hkv, G, C, 1)
-    m = torch.where(m > NEG_INF, m, torch.zeros_like(m))        # empty rows: exp(-inf - 0) = 0
-    w = torch.exp(vals.to(sd) - m)                              # (B, Hkv, G, C, k), 0 where padded
-    l = w.sum(-1)                                               # (B, Hkv, G, C)
-    if k * BAG_RATIO <= Lc:
-        total = bag_sum(w, idx, table, p.key_len)               # (B, Hkv, G, C, Dv)
+    lens = None
+    if p.mask is not None or not p.causal:
+        apply_masks(p, s, q0, q1)
+    else:                                                       # causal only: each row a prefix
+        lens = (torch.arange(q0, q1) + p.causal_offset + 1).clamp(0, Lc)  # (C,)
+    if p.share_selection and G > 1:
+        vals, idx, w, lse, rank = shared_weights(p, s, lens)    # idx: key index (-1 = none)
+        rows = idx.clamp_min(0) + _bases(p)
     else:
-        total = dense_sum(w, idx, s, table.view(B, Hkv, p.key_len, Dv)[:, :, :Lc])
-    alive = l > 0
-    out = total / torch.where(alive, l, torch.ones_like(l)).unsqueeze(-1).to(total.dtype)
-    lse = torch.where(alive, m.squeeze(-1) + torch.log(l), torch.full_like(l, NEG_INF))
-    if need_idx and ordered:                                    # best first by the ranking, ties by index
-        order = rv.argsort(dim=-1, descending=True, stable=True).expand(B, Hkv, G, C, k)
+        R = B * Hkv * G * C
+        lens = None if lens is None else lens.repeat(B * Hkv * G)  # (R,)
+        base = _bases(p).expand(B, Hkv, G, C, 1).reshape(R)     # (R,) first table row of the head
+        vals, rows, w, lse = topk_rows(s.view(R, Lc), p.top_k, lens=lens, base=base, weights=True)
+        k = vals.shape[-1]
+        vals, rows, w = (t.view(B, Hkv, G, C, k) for t in (vals, rows, w))
+        lse = lse.view(B, Hkv, G, C)
+        idx = torch.where(vals > NEG_INF, rows - _bases(p), -1) if need_idx else None
+        rank = vals
+    k = vals.shape[-1]
+    if k * BAG_RATIO <= Lc:
+        out = F.embedding_bag(rows.reshape(-1, k), table, mode="sum",
+                              per_sample_weights=w.reshape(-1, k).to(table.dtype)).view(B, Hkv, G, C, Dv)
+    else:
+        out = dense_sum(w, rows - _bases(p), s, table.view(B, Hkv, p.key_len, Dv)[:, :, :Lc])
+    if not need_idx:
+        return out.to(q5.dtype), lse.to(stat_dtype(q5.dtype)), None, None
+    if ordered:                                                 # best first by the ranking, ties by index
+        order = rank.argsort(dim=-1, descending=True, stable=True).expand(B, Hkv, G, C, k)
         vals, idx = vals.gather(-1, order), idx.gather(-1, order)
-    return out.to(q5.dtype), lse, (vals if need_idx else None), (idx if need_idx else None)
+    return out.to(q5.dtype), lse.to(stat_dtype(q5.dtype)), vals, idx
+
+
+def shared_weights(p: AttentionProblem, s: torch.Tensor, lens):
+    """share_selection: rank a KV group's keys by the sum of its G heads' logits; each head then
+    weighs the kept keys by its own logits. s (B, Hkv, G, C, Lc), lens (C,) or None ->
+    vals, idx (key index, -1 padded), w, lse (B, Hkv, G, C[, k]) and the ranking rank (B, Hkv, 1, C, k)."""
+    B, Hkv, G, C, Lc = s.shape
+    rank = s.to(stat_dtype(s.dtype)).sum(2)                     # (B, Hkv, C, Lc)
+    lens = None if lens is None else lens.repeat(B * Hkv)       # (B*Hkv*C,)
+    rank, idx = topk_rows(rank.reshape(-1, Lc), p.top_k, lens=lens)  # (B*Hkv*C, k)
+    k = idx.shape[-1]
+    rank, idx = rank.view(B, Hkv, 1, C, k), idx.view(B, Hkv, 1, C, k).expand(B, Hkv, G, C, k)
+    vals = s.gather(-1, idx.clamp_min(0)).masked_fill_(idx < 0, NEG_INF)  # (B, Hkv, G, C, k)
+    m = vals.amax(-1, keepdim=True)                             # (B, Hkv, G, C, 1)
+    m = torch.where(m > NEG_INF, m, torch.zeros_like(m))        # empty rows: exp(-inf - 0) = 0
+    w = torch.exp(vals - m)                                     # (B, Hkv, G, C, k), 0 where padded
+    l = w.sum(-1, keepdim=True)                                 # (B, Hkv, G, C, 1)
+    lse = torch.where(l > 0, m + torch.log(l), NEG_INF).squeeze(-1)
+    return vals, idx, w / torch.where(l > 0, l, 1.0), lse, rank
+
+
+def _bases(p: AttentionProblem) -> torch.Tensor:
+    """(B, Hkv, 1, 1, 1): the first row of each KV head in the value table (B*Hkv*L, Dv)."""
+    return torch.arange(0, p.batch * p.kv_heads * p.key_len, p.key_len).view(p.batch, p.kv_heads, 1, 1, 1)
 
 
 def logits_into(p: AttentionProblem, q5, key, q0: int, q1: int, Lc: int, buf=None) -> torch.Tensor:
-    """chunk_logits (logits.py) written into buf: one 2-D matmul per KV head for its G query heads,
-    (G*C, D) @ (D, Lc); measured here faster than one batched matmul, and no fresh 8 MiB per chunk."""
+    """chunk_logits (logits.py) before the masks, written into buf: one 2-D matmul per KV head for
+    its G query heads, (G*C, D) @ (D, Lc) (faster here than one batched matmul; no fresh buffer)."""
     B, Hkv, G, C = p.batch, p.kv_heads, p.groups, q1 - q0
     cd = compute_dtype(q5.dtype)
     n = B * Hkv * G * C * Lc
@@ -105,19 +137,7 @@ def logits_into(p: AttentionProblem, q5, key, q0: int, q1: int, Lc: int, buf=Non
     for b in range(B):
         for h in range(Hkv):
             torch.mm(q[b, h].reshape(G * C, -1), k[b, h].t(), out=s[b, h])  # (G*C, Lc)
-    return apply_masks(p, s.view(B, Hkv, G, C, Lc), q0, q1)
-
-
-def bag_sum(w, idx, table, key_len: int) -> torch.Tensor:
-    """sum_j w_j * V[idx_j] per row: `F.embedding_bag` over the value table (B*Hkv*L, Dv).
-
-    w, idx (B, Hkv, G, C, k), padding idx -1 with weight 0 -> (B, Hkv, G, C, Dv).
-    """
-    B, Hkv, G, C, k = idx.shape
-    base = torch.arange(0, B * Hkv * key_len, key_len).view(B, Hkv, 1, 1, 1)  # first row of each head
-    rows = (idx.clamp_min(0) + base).reshape(-1, k)             # (B*Hkv*G*C, k)
-    out = F.embedding_bag(rows, table, mode="sum", per_sample_weights=w.reshape(-1, k).to(table.dtype))
-    return out.view(B, Hkv, G, C, -1)
+    return s.view(B, Hkv, G, C, Lc)
 
 
 def dense_sum(w, idx, s, value) -> torch.Tensor:

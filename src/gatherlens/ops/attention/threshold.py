@@ -56,27 +56,59 @@ def exact_keep(a: np.ndarray, edge: np.ndarray, k: int) -> np.ndarray:
     return above | (tied & (np.cumsum(tied, axis=-1) <= need))
 
 
-def topk_rows(x: torch.Tensor, k: int, *, native: bool | None = None):
-    """x (R, L) float32/float64 on CPU -> vals, idx (R, min(k, L)): each row's kept keys in ascending
-    key index, padded with -inf / -1. native=None: the C++ kernel if it builds, else numpy."""
-    R, L = x.shape
-    k = min(k, L)
-    a = x.detach().contiguous()                                 # (R, L)
-    vals = torch.empty(R, k, dtype=a.dtype)
-    idx = torch.empty(R, k, dtype=torch.long)
+def topk_rows(x: torch.Tensor, k: int, *, lens=None, base=None, weights: bool = False, native=None):
+    """Each row's kept keys (the rule above), in ascending key index.
+
+    x (R, W) float32/float64 on CPU; row r ranks keys [0, lens[r]) (lens (R,) int64; default all
+    W: a causal row passes its prefix). Returns vals, idx (R, k'), k' = min(k, W), padded with
+    -inf and -1; with base (R,) int64, idx + base[r] (padding: base[r]), rows of a value table.
+    weights=True also returns w (R, k'), the softmax over each row's kept logits (0 where padded),
+    and lse (R,). native=None: the C++ kernel if it builds, else numpy (False: numpy; True: kernel).
+    """
+    R, W = x.shape
+    k = min(k, W)
+    a = x.detach().contiguous()                                 # (R, W)
     lib = load_kernel(KERNEL) if native is not False else None
     if native and lib is None:
         raise RuntimeError(f"the native kernel {KERNEL.name} did not build (see the warning)")
-    if R == 0 or k == 0:
+    if lib is None:
+        return _numpy_topk_rows(a, k, lens, base, weights)
+    vals, idx = torch.empty(R, k, dtype=a.dtype), torch.empty(R, k, dtype=torch.long)
+    w, lse = (torch.empty(R, k, dtype=a.dtype), torch.empty(R, dtype=a.dtype)) if weights else (None, None)
+    args = [t.contiguous() if t is not None else None for t in (lens, base)]
+    fn = lib.select_rows_f64 if a.dtype == torch.float64 else lib.select_rows_f32
+
+    def ptr(t, r0, width=1):                                   # address of row r0, or NULL
+        return None if t is None else ctypes.c_void_p(t.data_ptr() + r0 * width * t.element_size())
+
+    def block(r0, r1):
+        fn(ptr(a, r0, W), ctypes.c_int64(r1 - r0), ctypes.c_int64(W), ptr(args[0], r0), ctypes.c_int64(k),
+           ptr(args[1], r0), ptr(vals, r0, k), ptr(idx, r0, k), ptr(w, r0, k), ptr(lse, r0))
+
+    if R and k:
+        map_row_ranges(R, block)
+    return (vals, idx, w, lse) if weights else (vals, idx)
+
+
+def _numpy_topk_rows(a: torch.Tensor, k: int, lens, base, weights: bool):
+    """topk_rows without the kernel: numpy's introselect per row, then torch for the rest."""
+    R, W = a.shape
+    if lens is not None:                                        # keys past a row's length: forbidden
+        a = a.masked_fill(torch.arange(W) >= lens.view(R, 1), float("-inf"))
+    vals, idx = torch.empty(R, k, dtype=a.dtype), torch.empty(R, k, dtype=torch.long)
+    if R and k:
+        av, vv, iv = a.numpy(), vals.numpy(), idx.numpy()
+        map_row_ranges(R, lambda r0, r1: _numpy_rows(av[r0:r1], k, vv[r0:r1], iv[r0:r1]))
+    if base is not None:
+        idx = torch.where(idx < 0, 0, idx) + base.view(R, 1)
+    if not weights:
         return vals, idx
-    if lib is not None:
-        fn = lib.select_rows_f64 if a.dtype == torch.float64 else lib.select_rows_f32
-        ptr = lambda t, r0, width: ctypes.c_void_p(t.data_ptr() + r0 * width * t.element_size())
-        map_row_ranges(R, lambda r0, r1: fn(ptr(a, r0, L), r1 - r0, L, k, ptr(vals, r0, k), ptr(idx, r0, k)))
-        return vals, idx
-    av, vv, iv = a.numpy(), vals.numpy(), idx.numpy()
-    map_row_ranges(R, lambda r0, r1: _numpy_rows(av[r0:r1], k, vv[r0:r1], iv[r0:r1]))
-    return vals, idx
+    m = vals.amax(-1, keepdim=True)                             # (R, 1)
+    m = torch.where(m > float("-inf"), m, torch.zeros_like(m))
+    w = torch.exp(vals - m)                                     # (R, k), 0 where padded
+    l = w.sum(-1, dtype=torch.float64)                          # (R,)
+    lse = torch.where(l > 0, m.squeeze(-1).double() + l.log(), float("-inf")).to(a.dtype)
+    return vals, idx, (w / torch.where(l > 0, l, 1.0).unsqueeze(-1)).to(a.dtype), lse
 
 
 def _numpy_rows(a: np.ndarray, k: int, vals: np.ndarray, idx: np.ndarray) -> None:

@@ -1,6 +1,6 @@
 // Exact top-k of each row of logits, by the rule of threshold.py, for one block of rows.
 //
-//   select_rows_f32(s, rows, L, k, vals, idx)   s (rows, L) -> vals/idx (rows, k), ascending key index
+//   select_rows_f32(s, rows, L, lens, k, base, vals, idx, w, lse)   s (rows, L) -> (rows, k) each
 //
 // Rule: a row keeps its k allowed (> -inf) keys of highest logit; a tie at the k-th value goes to
 // the lower key index; a row with fewer than k allowed keys keeps them all; the other slots get
@@ -13,6 +13,8 @@
 //      step counts the candidates >= the midpoint: a vectorized loop, no unpredictable branches);
 //   4. in index order: every key above t, and the first (k - #above) keys equal to t.
 // If `lo` was too high (fewer than k candidates), the row is redone with every allowed key.
+// Optionally the softmax weights of the kept keys and the log-sum-exp, so that the caller's
+// weighted sum of value rows (F.embedding_bag) is one more call.
 // No Python objects: the caller runs row blocks on several threads (ctypes releases the GIL).
 #include <cmath>
 #include <cstdint>
@@ -41,9 +43,9 @@ inline int64_t order_key(double v) {
 
 template <typename K>
 int64_t count_ge(const K* keys, int64_t n, K x) {
-  int64_t c = 0;
-  for (int64_t i = 0; i < n; ++i) c += keys[i] >= x;  // vectorized by the compiler
-  return c;
+  K c = 0;                                     // a counter as wide as the keys: 8 lanes of int32
+  for (int64_t i = 0; i < n; ++i) c += K(keys[i] >= x);  // vectorized by the compiler
+  return int64_t(c);
 }
 
 template <typename K>
@@ -123,15 +125,15 @@ K sample_bound(const T* s, int64_t L, int64_t k, std::vector<K>& tmp) {
 }
 
 template <typename T, typename K>
-void select_row(const T* s, int64_t L, int64_t k, T* vals, int64_t* idx,
-                std::vector<K>& ck, std::vector<int32_t>& ci, std::vector<K>& tmp) {
+int64_t select_row(const T* s, int64_t L, int64_t k, T* vals, int64_t* idx,
+                   std::vector<K>& ck, std::vector<int32_t>& ci, std::vector<K>& tmp) {
   const K floor = order_key(-std::numeric_limits<T>::infinity());
   K lo = k < L ? sample_bound<T, K>(s, L, k, tmp) : floor;
   int64_t c = candidates(s, L, lo, ck.data(), ci.data());
   if (c < k && lo > floor) c = candidates(s, L, floor, ck.data(), ci.data());
   int64_t out = 0;
   if (c <= k) {                                // every candidate is kept
-    for (; out < c; ++out) { vals[out] = s[ci[out]]; idx[out] = ci[out]; }
+    for (; out < c; ++out) idx[out] = ci[out];
   } else {
     K t = kth_largest(ck.data(), c, k);        // the k-th largest key
     if (count_ge(ck.data(), c, t) == k) {      // no tie across the cut: keep every key >= t
@@ -146,26 +148,76 @@ void select_row(const T* s, int64_t L, int64_t k, T* vals, int64_t* idx,
         out += keep;
       }
     }
-    for (int64_t i = 0; i < out; ++i) vals[i] = s[idx[i]];
   }
-  for (; out < k; ++out) { vals[out] = -std::numeric_limits<T>::infinity(); idx[out] = -1; }
+  for (int64_t i = 0; i < out; ++i) vals[i] = s[idx[i]];
+  return out;
 }
 
+inline float exp_neg(float x) {                // exp(x) for x <= 0, Cephes' expf: vectorizable
+  x = x > -87.0f ? x : -87.0f;                 // below: about 1e-38, as good as 0 for a weight
+  float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23)
+  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * __builtin_bit_cast(float, (int32_t(n) + 127) << 23);  // times 2^n
+}
+
+inline double exp_neg(double x) { return std::exp(x); }
+
+template <typename T>
+void weigh_row(const T* vals, int64_t n, T* w, T* lse) {  // w = softmax(vals[:n]), lse = log-sum-exp
+  if (n == 0) { *lse = -std::numeric_limits<T>::infinity(); return; }
+  T m = vals[0];
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 1; i < n; ++i) m = vals[i] > m ? vals[i] : m;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) w[i] = exp_neg(vals[i] - m);
+  double l = 0.0;
+#pragma omp simd reduction(+ : l)
+  for (int64_t i = 0; i < n; ++i) l += double(w[i]);
+  T inv = T(1.0 / l);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) w[i] *= inv;
+  *lse = T(double(m) + std::log(l));
+}
+
+// Rows [0, rows) of s (row stride `stride`; row r uses keys [0, lens[r]) if lens, else all): the
+// kept keys' logits and indices (+ base[r] if base; padding index base[r], else -1), and with w
+// the softmax weights over them (0 where padded) and each row's log-sum-exp.
 template <typename T, typename K>
-void select_rows(const T* s, int64_t rows, int64_t L, int64_t k, T* vals, int64_t* idx) {
-  std::vector<K> ck(L + 8), tmp;
-  std::vector<int32_t> ci(L + 8);
-  for (int64_t r = 0; r < rows; ++r)
-    select_row<T, K>(s + r * L, L, k, vals + r * k, idx + r * k, ck, ci, tmp);
+void select_rows(const T* s, int64_t rows, int64_t stride, const int64_t* lens, int64_t k,
+                 const int64_t* base, T* vals, int64_t* idx, T* w, T* lse) {
+  std::vector<K> ck(stride + 8), tmp;
+  std::vector<int32_t> ci(stride + 8);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t L = lens ? lens[r] : stride, kr = k < L ? k : L;
+    T* v = vals + r * k;
+    int64_t* ix = idx + r * k;
+    int64_t n = kr > 0 ? select_row<T, K>(s + r * stride, L, kr, v, ix, ck, ci, tmp) : 0;
+    int64_t b = base ? base[r] : 0;
+    for (int64_t i = 0; i < n; ++i) ix[i] += b;
+    for (int64_t i = n; i < k; ++i) { v[i] = -std::numeric_limits<T>::infinity(); ix[i] = base ? b : -1; }
+    if (w) {
+      weigh_row(v, n, w + r * k, lse + r);
+      for (int64_t i = n; i < k; ++i) w[r * k + i] = 0;
+    }
+  }
 }
 
 }  // namespace
 
 extern "C" {
-void select_rows_f32(const float* s, int64_t rows, int64_t L, int64_t k, float* vals, int64_t* idx) {
-  select_rows<float, int32_t>(s, rows, L, k, vals, idx);
+void select_rows_f32(const float* s, int64_t rows, int64_t stride, const int64_t* lens, int64_t k,
+                     const int64_t* base, float* vals, int64_t* idx, float* w, float* lse) {
+  select_rows<float, int32_t>(s, rows, stride, lens, k, base, vals, idx, w, lse);
 }
-void select_rows_f64(const double* s, int64_t rows, int64_t L, int64_t k, double* vals, int64_t* idx) {
-  select_rows<double, int64_t>(s, rows, L, k, vals, idx);
+void select_rows_f64(const double* s, int64_t rows, int64_t stride, const int64_t* lens, int64_t k,
+                     const int64_t* base, double* vals, int64_t* idx, double* w, double* lse) {
+  select_rows<double, int64_t>(s, rows, stride, lens, k, base, vals, idx, w, lse);
 }
 }
