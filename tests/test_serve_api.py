@@ -220,3 +220,21 @@ def test_serve_command_warns_when_not_local(monkeypatch):
     calls.clear()
     res = CliRunner().invoke(serve, [])
     assert "warning" not in res.output and calls[0]["host"] == "127.0.0.1" and calls[0]["port"] == 8765
+
+
+@pytest.mark.slow
+def test_switching_to_minilm_explains_with_its_three_tables(model_dir):
+    """The page's model switch: MiniLM (bidirectional BERT) from a server started on another model."""
+    app = create_app(ServeSettings(model=model_dir), warm=False)
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        r = c.get("/api/explain", params={"text": "A cat sat.", "model": "minilm", "layer": 5, "head": 11,
+                                          "query": 0, "explore": 1})
+    if r.status_code == 400 and "not installed" in r.text:
+        pytest.skip(r.json()["error"])
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == "minilm" and body["tokens"][0] == "[CLS]" and body["prediction"] is None
+    assert [e["kind"] for e in body["embeddings"]] == ["word", "position", "token_type"]
+    x = body["page"]["explore"]
+    assert (x["layers"], x["heads"], x["kv_heads"], x["causal"]) == (6, 12, 12, False)
+    assert body["attention"]["layer"] == 5 and body["attention"]["head"] == 11

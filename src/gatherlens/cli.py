@@ -34,6 +34,7 @@ COMMANDS = {
     "bench": "gatherlens.commands.bench:bench",
     "eval": "gatherlens.commands.evaluate:evaluate",
     "eval-sparse": "gatherlens.commands.evaluate_sparse:evaluate_sparse",
+    "generate": "gatherlens.commands.generate:generate",
     "lookup": "gatherlens.commands.lookup:lookup",
     "dist": "gatherlens.commands.dist:dist",
     "cache": "gatherlens.commands.cache:cache",

@@ -1,19 +1,24 @@
 """`gatherlens eval-sparse`: how much page-selected sparse decoding changes a real model.
 
-    gatherlens eval-sparse                                   # SmolLM2, 8K of Pride and Prejudice
+    gatherlens eval-sparse                                   # the comparison table: SmolLM2, 8K of Austen
+    gatherlens eval-sparse --budgets 256,512,1024,2048       # one row per budget, default settings
     gatherlens eval-sparse --context 2048 --budgets 128,512 --decode-tokens 64 --passkey-trials 2
     gatherlens eval-sparse --json q.json --csv q.csv --pictures figs/ --force
 
-The first context - N tokens of the text are prefilled densely; the last N (--decode-tokens) are
-decoded one step at a time, teacher-forced, with dense attention and with each budget. Prints a
-table: perplexity and its ratio to dense, attention-mass recall, output cosine, passkey trials
-retrieved (a 5-digit number hidden at spread depths in --context tokens of filler, greedy
-generation). --pictures DIR saves, per budget, an SVG and HTML of the pages one layer / KV head
-read at the last decode step. The metrics live in gatherlens.eval.sparse_quality / passkey.
+The first context - N tokens of the text are prefilled densely once; the last N (--decode-tokens)
+are decoded one step at a time, teacher-forced, from a copy of that cache, with dense attention
+and with each setting. Without --budgets the settings are the comparison table (eval.sparse_
+quality.comparison_setups: Quest's plain setting at --compare's first budget, one change at a
+time, the oracle, the default; then the second budget); with --budgets, one row per budget with
+--page-size, --dense-layers, --recent, --group-score, --per-head. Prints perplexity and its ratio
+to dense (with a 95% interval), attention-mass recall, output cosine, passkey trials retrieved (a
+5-digit number hidden at spread depths in --context tokens of filler, greedy generation).
+--pictures DIR saves, per setting, an SVG and HTML of the pages one layer / KV head read at the
+last decode step. The metrics live in gatherlens.eval.sparse_quality / passkey.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
@@ -21,6 +26,7 @@ import click
 from gatherlens.commands.params import (
     number, output_file, positive_ints, print_table, progress_bar, text_source_options,
 )
+from gatherlens.models.sparse_defaults import DEFAULTS
 from gatherlens.outputs import writable_dir
 
 
@@ -35,21 +41,29 @@ class _Plan:
     passkey_trials: int
     dense_layers: int
     share_selection: bool
+    setups: list = field(default_factory=list)
 
 
 @click.command("eval-sparse")
 @text_source_options('"smollm2" or a local Hugging Face Llama-family folder / .gguf file.')
 @click.option("--context", default=8192, show_default=True, type=click.IntRange(min=64),
               help="Tokens of context (prefix + decoded tokens; also the passkey prompt length).")
-@click.option("--budgets", default="256,512,1024,2048", show_default=True,
-              help="Comma-separated token budgets per decode step.")
-@click.option("--page-size", default=16, show_default=True, type=click.IntRange(min=1), help="Tokens per page.")
+@click.option("--budgets", default=None,
+              help="Comma-separated token budgets, one row each with the settings below (default: the comparison table).")
+@click.option("--compare", default="512,256", show_default=True,
+              help="The comparison table's two budgets: every setting at the first, the main ones at the second.")
+@click.option("--page-size", default=DEFAULTS["page_size"], show_default=True, type=click.IntRange(min=1),
+              help="Tokens per page (with --budgets).")
 @click.option("--decode-tokens", default=256, show_default=True, type=click.IntRange(min=0),
               help="Last N tokens of the context decoded step by step and scored; 0 skips perplexity.")
 @click.option("--passkey-trials", default=5, show_default=True, type=click.IntRange(min=0),
               help="Passkey prompts (needle depths spread over the context); 0 skips the test.")
-@click.option("--dense-layers", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Leading layers that decode densely (Quest keeps 2).")
+@click.option("--dense-layers", default=DEFAULTS["dense_layers"], show_default=True, type=click.IntRange(min=0),
+              help="Leading layers that decode densely (Quest keeps 2; with --budgets).")
+@click.option("--recent", default=DEFAULTS["recent"], show_default=True, type=click.IntRange(min=0),
+              help="Newest tokens always read, within the budget (with --budgets).")
+@click.option("--group-score", type=click.Choice(["max", "sum"]), default=DEFAULTS["group_score"], show_default=True,
+              help="How a KV group's heads' page bounds combine (with --budgets).")
 @click.option("--per-head", is_flag=True, help="Each query head chooses its pages (default: one choice per KV group).")
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="torch threads (default: torch's).")
 @click.option("--json", "json_out", default=None, help="Write rows, passkey trials and meta to a .json file.")
@@ -61,16 +75,17 @@ class _Plan:
 @click.option("--head", default=0, show_default=True, type=int,
               help="KV group (or query head) to draw; negative counts from the end.")
 @click.option("--force", is_flag=True, help="Overwrite output files that exist.")
-def evaluate_sparse(model_name, corpus, text_file, context, budgets, page_size, decode_tokens, passkey_trials,
-                    dense_layers, per_head, threads, json_out, csv_out, pictures, layer, head, force):
+def evaluate_sparse(model_name, corpus, text_file, context, budgets, compare, page_size, decode_tokens,
+                    passkey_trials, dense_layers, recent, group_score, per_head, threads, json_out, csv_out,
+                    pictures, layer, head, force):
     """Perplexity, attention-mass recall, output cosine and passkey: sparse decoding against dense."""
     from rich.console import Console
 
     from gatherlens.errors import GatherLensError
     from gatherlens.models.integrity import require_finite
 
-    plan = _Plan(positive_ints(budgets, "--budgets", "budget"), context, page_size, decode_tokens, passkey_trials,
-                 dense_layers, share_selection=not per_head)
+    plan = _plan(budgets, compare, context, page_size, decode_tokens, passkey_trials, dense_layers, recent,
+                 group_score, per_head)
     _check_plan(plan)
     json_path = output_file(json_out, force, (".json",), "--json")
     csv_path = output_file(csv_out, force, (".csv",), "--csv")
@@ -93,6 +108,23 @@ def evaluate_sparse(model_name, corpus, text_file, context, budgets, page_size, 
     _write(json_path, csv_path, meta, rows, passkeys, console)
     if pic_dir is not None:
         _pictures(pic_dir, last, draw_layer, head, console)
+
+
+def _plan(budgets, compare, context, page_size, decode_tokens, passkey_trials, dense_layers, recent, group_score,
+          per_head) -> _Plan:
+    """The settings to measure: the comparison table, or one row per --budgets budget."""
+    from gatherlens.eval.sparse_quality import comparison_setups, setups_for_budgets
+
+    if budgets is None:
+        pair = positive_ints(compare, "--compare", "budget")
+        if len(pair) != 2:
+            raise click.BadParameter(f"{compare!r}: give two budgets, like 512,256", param_hint="--compare")
+        return _Plan(pair, context, page_size, decode_tokens, passkey_trials, dense_layers, not per_head,
+                     comparison_setups(pair[1], pair[0]))
+    listed = positive_ints(budgets, "--budgets", "budget")
+    setups = setups_for_budgets(listed, page_size=page_size, dense_layers=dense_layers, recent=recent,
+                                group_score=group_score, share_selection=not per_head)
+    return _Plan(listed, context, page_size, decode_tokens, passkey_trials, dense_layers, not per_head, setups)
 
 
 def _check_plan(plan: _Plan) -> None:
@@ -136,29 +168,32 @@ def _load(model_name: str, corpus: str, text_file: str | None, context: int, thr
 
 
 def _measure(lm, ids, plan: _Plan, draw_layer: int, console):
-    """Quality and passkey under one progress bar; also the last PageSelection of draw_layer per budget."""
+    """Quality and passkey under one progress bar; also the last PageSelection of draw_layer per setting."""
     from gatherlens.eval.passkey import passkey_trials
     from gatherlens.eval.sparse_quality import evaluate_sparse_quality
     from gatherlens.models.sparse import observe_sparse
 
-    last = {}  # budget -> the last PageSelection of draw_layer
+    last, pending = {}, {}  # setting -> the last PageSelection of draw_layer; the newest one seen
 
     def keep(call):
         if call.layer == draw_layer:
-            last[call.selection.budget] = call.selection
+            pending["sel"] = call.selection
 
     report, passkeys = None, []
-    settings = {"page_size": plan.page_size, "share_selection": plan.share_selection,
-                "dense_layers": plan.dense_layers}
-    total = (plan.decode_tokens + plan.passkey_trials) * (len(plan.budgets) + 1)
-    with progress_bar(console, total, width=22) as advance:
+    total = (plan.decode_tokens + plan.passkey_trials) * (len(plan.setups) + 1)
+    with progress_bar(console, total, width=22) as bar:
+        def advance(n, description):  # after each decode step of setting `description`
+            if "sel" in pending:
+                last[description] = pending.pop("sel")
+            bar(n, description)
+
         if plan.decode_tokens:
             with observe_sparse(keep):
-                report = evaluate_sparse_quality(lm.model, ids, plan.budgets, decode_tokens=plan.decode_tokens,
-                                                 progress=advance, **settings)
+                report = evaluate_sparse_quality(lm.model, ids, setups=plan.setups, page_size=plan.page_size,
+                                                 decode_tokens=plan.decode_tokens, progress=advance)
         if plan.passkey_trials:
             passkeys = passkey_trials(lm.model, lm.tokenizer, context=plan.context, trials=plan.passkey_trials,
-                                      budgets=plan.budgets, progress=advance, **settings)
+                                      setups=plan.setups, page_size=plan.page_size, progress=bar)
     return report, passkeys, last
 
 
@@ -170,7 +205,7 @@ def _results(lm, source, ids, plan: _Plan, report, passkeys) -> tuple[dict, list
                                                     "dense_layers": plan.dense_layers,
                                                     "share_selection": plan.share_selection}
     meta.update({"model": lm.name, "text": str(source), "passkey_trials": plan.passkey_trials})
-    return meta, table_rows(report, passkeys, plan.budgets)
+    return meta, table_rows(report, passkeys, plan.budgets, plan.setups)
 
 
 def _print(rows: list[dict], title: str) -> None:

@@ -8,7 +8,8 @@
 Runs the model once under `gatherlens.trace()` with top-k attention on, prints a summary to the
 terminal (gatherlens.render.summary: tokens and ids, the embedding gather, one query's top-k
 keys, the next-token prediction, the table of every gather) and writes a self-contained HTML report with one SVG per
-figure to --out (default ./gatherlens-report). A folder that already holds files is refused
+figure to --out (default ./gatherlens-report). The page is explorable offline: pick any layer, head
+and query and move k (`gatherlens serve` is the same page, live). A folder that already holds files is refused
 unless --force; --force replaces only the report's own files (index.html, story.json, NN-*.svg).
 """
 from __future__ import annotations

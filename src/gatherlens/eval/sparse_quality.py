@@ -25,7 +25,7 @@ Recall and cosine are taken along the sparse run (its own hidden states), like `
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -33,11 +33,12 @@ import torch
 from gatherlens.errors import GatherValueError
 from gatherlens.eval.stats import EvalReport, EvalRow, LayerStats, check_ids, perplexity, positive_settings
 from gatherlens.models.sparse import (
-    SparseCall, SparseKVCache, observe_sparse, use_dense_decoding, use_sparse_decoding,
+    DEFAULTS, SparseCall, SparseKVCache, observe_sparse, use_dense_decoding, use_sparse_decoding,
 )
 
 __all__ = ["SparseSetup", "SparseQualityRow", "SparseQualityReport", "SparseStats", "evaluate_sparse_quality",
-           "prefill", "repage", "decode_teacher_forced", "call_recall_cosine", "setups_for_budgets"]
+           "prefill", "repage", "decode_teacher_forced", "call_recall_cosine", "setups_for_budgets",
+           "default_setup", "comparison_setups"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,37 @@ class SparseSetup:
 def setups_for_budgets(budgets, **common) -> list[SparseSetup]:
     """One setup per budget, named "budget=B", with the same other settings."""
     return [SparseSetup(b, label=f"budget={b}", **common) for b in budgets]
+
+
+def default_setup(budget: int) -> SparseSetup:
+    """use_sparse_decoding's default settings at this budget, labelled "budget=B (default)"."""
+    options = {k: v for k, v in DEFAULTS.items() if k != "budget"}
+    return SparseSetup(budget, label=f"{SparseSetup(budget, **options).name} (default)", **options)
+
+
+def comparison_setups(budget: int = 512, small: int = 256) -> list[SparseSetup]:
+    """The table `gatherlens eval-sparse` runs: what each choice does to quality at a small budget.
+
+    At `budget`: Quest's plain setting (page 16, group max, no dense layers, no window), then one
+    change at a time (dense first layers, group sum, page 8 and 32, a recent window of a quarter
+    of the budget, per-head choice, the oracle), then the default and its oracle; at `small`:
+    the plain setting, the default and its oracle.
+    """
+    plain = SparseSetup(budget)
+    rows = [plain, replace(plain, dense_layers=2), replace(plain, group_score="sum"), replace(plain, page_size=8),
+            replace(plain, page_size=32), replace(plain, recent=budget // 4), replace(plain, share_selection=False),
+            replace(plain, choose="oracle")]
+    for b in (budget, small):
+        best = default_setup(b)
+        rows += [SparseSetup(b)] if b == small else []
+        rows += [best, replace(best, choose="oracle", label=replace(best, label=None, choose="oracle").name)]
+    seen, out = set(), []
+    for r in rows:  # the default may be one of the single changes: measure it once
+        key = (r.budget, tuple(sorted(r.options().items())))
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
 
 
 @dataclass(kw_only=True)

@@ -35,6 +35,7 @@ from gatherlens.models.sparse_attention import (
     sparse_attention_forward, sparse_settings,
 )
 from gatherlens.models.sparse_cache import PAGED_KWARG, PagedLayer, SparseKVCache
+from gatherlens.models.sparse_defaults import DEFAULTS
 from gatherlens.ops.sparse.page_choice import CHOOSERS, GROUP_SCORES
 
 __all__ = [
@@ -43,10 +44,6 @@ __all__ = [
     "last_page_selections", "observe_sparse", "register_sparse", "decode_attention",
     "sparse_attention_forward", "lean_layers", "PAGED_KWARG", "DEFAULTS",
 ]
-
-
-# The best setting of `gatherlens eval-sparse` (docs/benchmarks.md): use_sparse_decoding's defaults.
-DEFAULTS = {"budget": 1024, "page_size": 16, "group_score": "max", "dense_layers": 0, "recent": 0}
 
 
 # -- switching a model ----------------------------------------------------------------------------

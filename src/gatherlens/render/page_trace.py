@@ -5,8 +5,8 @@
 
 One panel per layer, columns = decode steps, rows = pages of the KV cache (page 0 on top, the
 cache growing downwards). A panel holds (pages x steps) cells, tens of thousands for a long
-generation, so each is drawn as one small PNG (Pillow; one pixel per cell, scaled without
-smoothing) inside the SVG, while titles, labels and the legend stay SVG text in the theme's fonts.
+generation, so each is drawn as one PNG (Pillow; cells scaled by nearest neighbour, never
+smoothed) inside the SVG, while titles, labels and the legend stay SVG text in the theme's fonts.
 Same trace, same bytes.
 """
 from __future__ import annotations
@@ -46,12 +46,14 @@ def _rgb(hex_colour: str) -> tuple[int, int, int]:
     return tuple(int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
 
 
-def _png(img: np.ndarray) -> str:
-    """Base64 PNG of an (H, W, 3) uint8 image (Pillow writes no timestamps: same pixels, same bytes)."""
+def _png(img: np.ndarray, size: tuple[int, int]) -> str:
+    """Base64 PNG of an (H, W, 3) uint8 image scaled to `size` (w, h) by nearest neighbour, so every
+    viewer shows crisp cells (Pillow writes no timestamps: same pixels, same bytes)."""
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(img)).save(buf, format="PNG", optimize=False, compress_level=9)
+    image = Image.fromarray(np.ascontiguousarray(img)).resize(size, Image.Resampling.NEAREST)
+    image.save(buf, format="PNG", optimize=False, compress_level=9)
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -65,7 +67,7 @@ def _panels(trace: PageTrace, lang: str, columns: int, size: tuple[int, int], to
         label = f"{layer}" + (f" ({text('page_trace_dense', lang)})" if dense else "")
         info = text("page_trace_panel", lang, layer=layer, pages=float(per_step[layer]), total=trace.num_pages)
         out.append(dict(x=MARGIN + col * (w + GAP), y=top + row * (h + GAP + LABEL) + LABEL, w=w, h=h,
-                        label=label, info=info, png=_png(panel_pixels(trace, layer))))
+                        label=label, info=info, png=_png(panel_pixels(trace, layer), (w, h))))
     return out
 
 

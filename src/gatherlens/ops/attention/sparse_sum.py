@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from gatherlens.ops.attention.checks import AttentionProblem
 from gatherlens.ops.attention.chunked import chunk_size
 from gatherlens.ops.attention.logits import apply_masks
-from gatherlens.ops.attention.threshold import topk_rows
+from gatherlens.ops.attention.threshold import topk_rows, worker_pool
 from gatherlens.ops.dtypes import NEG_INF, compute_dtype, stat_dtype
 
 BUDGET = 1 << 21          # elements of one chunk's logits (8 MiB of float32; 16 MiB ran slower)
@@ -49,15 +49,43 @@ def sparse_forward(p: AttentionProblem, query, key, value, *, need_idx: bool, or
     vals = torch.full((B, Hkv, G, Q, k), NEG_INF, dtype=cd) if need_idx else None
     idx = torch.full((B, Hkv, G, Q, k), -1, dtype=torch.long) if need_idx else None
     C = chunk_size(p, BUDGET)
-    buf = torch.empty(B * Hkv * G * C * p.key_end(Q), dtype=cd)  # the logits of one chunk
-    for q0 in range(0, Q, C):
-        q1 = min(Q, q0 + C)
-        o, l, v, i = sparse_chunk(p, q5, key, table, q0, q1, need_idx=need_idx, ordered=ordered, buf=buf)
-        out[:, :, :, q0:q1], lse[:, :, :, q0:q1] = o, l
-        if need_idx and i is not None:
-            idx[..., q0:q1, : i.shape[-1]], vals[..., q0:q1, : v.shape[-1]] = i, v
+    starts = iter(range((Q - 1) // C * C, -1, -C))              # the longest (causal) chunks first
+
+    def work():                                                 # take chunks until none is left
+        buf = torch.empty(B * Hkv * G * C * p.key_end(Q), dtype=cd)  # this worker's chunk logits
+        for q0 in starts:
+            q1 = min(Q, q0 + C)
+            o, l, v, i = sparse_chunk(p, q5, key, table, q0, q1, need_idx=need_idx, ordered=ordered, buf=buf)
+            out[:, :, :, q0:q1], lse[:, :, :, q0:q1] = o, l
+            if need_idx and i is not None:
+                idx[..., q0:q1, : i.shape[-1]], vals[..., q0:q1, : v.shape[-1]] = i, v
+
+    in_workers(min(torch.get_num_threads(), -(-Q // C)), work)
     flat = lambda t: None if t is None else t.flatten(1, 2)     # (B, Hkv, G, ...) -> (B, Hq, ...)
     return flat(out), flat(lse) if need_idx else None, flat(vals), flat(idx)
+
+
+def in_workers(n: int, work) -> None:
+    """work() on n threads at once, each running torch single-threaded (n <= 1: here, as is).
+
+    Whole chunks per thread, not every op split across threads: one join per call instead of a
+    dozen thread barriers per chunk, which under a loaded machine cost more than the work.
+    """
+    if n <= 1:
+        work()
+        return
+    threads, inference = torch.get_num_threads(), torch.is_inference_mode_enabled()
+
+    def single():
+        torch.set_num_threads(1)                                # this thread's ops: one thread each
+        with torch.inference_mode(inference), torch.no_grad():  # modes are per thread: the caller's
+            work()
+
+    try:
+        for f in [worker_pool(n).submit(single) for _ in range(n)]:
+            f.result()
+    finally:
+        torch.set_num_threads(threads)                          # MKL's count is process-wide
 
 
 def sparse_chunk(p: AttentionProblem, q5, key, table, q0: int, q1: int, *, need_idx: bool,

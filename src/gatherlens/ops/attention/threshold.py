@@ -124,12 +124,17 @@ def _numpy_rows(a: np.ndarray, k: int, vals: np.ndarray, idx: np.ndarray) -> Non
 
 def map_row_ranges(rows: int, fn) -> list:
     """[fn(r0, r1) for each range of rows], one range per torch thread, on worker threads."""
-    global _POOL, _POOL_SIZE
     n = max(1, min(torch.get_num_threads(), rows))
     if n == 1:
         return [fn(0, rows)]
-    if _POOL is None or _POOL_SIZE < n:
-        _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="gatherlens-threshold")
-        _POOL_SIZE = n
     bounds = np.linspace(0, rows, n + 1).astype(int).tolist()
-    return list(_POOL.map(fn, bounds[:-1], bounds[1:]))
+    return list(worker_pool(n).map(fn, bounds[:-1], bounds[1:]))
+
+
+def worker_pool(n: int) -> ThreadPoolExecutor:
+    """A lasting pool of at least n threads (numpy, ctypes and torch release the GIL in them)."""
+    global _POOL, _POOL_SIZE
+    if _POOL is None or _POOL_SIZE < n:
+        _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="gatherlens-topk")
+        _POOL_SIZE = n
+    return _POOL

@@ -476,7 +476,8 @@
   function params(extra) {
     var f = live().elements, p = new URLSearchParams();
     p.set("text", f.text.value); p.set("model", f.model.value); p.set("topk", f.topk.checked ? "1" : "0");
-    p.set("k", String(st.k)); p.set("layer", String(st.layer)); p.set("head", String(st.head));
+    p.set("k", String(st.k));
+    if (!extra.reset) { p.set("layer", String(st.layer)); p.set("head", String(st.head)); }  // another model: its defaults
     p.set("query", String(extra.query !== undefined ? extra.query : st.query)); p.set("lang", D.lang);
     return p;
   }
@@ -517,7 +518,7 @@
     if (!f) { return; }
     f.addEventListener("submit", function (ev) { ev.preventDefault(); });
     f.elements.text.addEventListener("input", function () { schedule(350, {query: -1}); });
-    f.elements.model.addEventListener("change", function () { schedule(0, {query: -1}); });
+    f.elements.model.addEventListener("change", function () { schedule(0, {query: -1, reset: true}); });
     f.elements.topk.addEventListener("change", function () { schedule(0, {}); });
     var g = document.getElementById("gl-gen");
     g.addEventListener("submit", function (ev) { ev.preventDefault(); generate(); });

@@ -1,0 +1,139 @@
+"""`gatherlens generate`: continue a text with sparse decoding, live, and draw which pages it read.
+
+    gatherlens generate "It is a truth universally acknowledged" --max-new-tokens 40
+    gatherlens generate --file chapter.txt --budget 512 --pages pages.svg
+    gatherlens generate "Once upon a time" --dense
+
+The continuation streams as it is generated, with tokens/s and the context length; Ctrl-C stops
+cleanly and prints what was generated so far. A text longer than the model's positions keeps
+its end, with a warning saying how many tokens were dropped. --pages FILE.svg|.html draws, for
+every layer, which pages of the KV cache each decode step read (pages x steps). The work is done
+by gatherlens.models.streaming; this module parses and prints.
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import click
+
+from gatherlens.commands.params import output_file
+
+
+def _prompt_text(prompt: str | None, file: str | None) -> str:
+    if (prompt is None) == (file is None):
+        raise click.UsageError("give the text either as PROMPT or with --file FILE (one of the two)")
+    if file is not None:
+        from gatherlens.eval.corpus import load_text
+
+        return load_text(path=file)
+    if not prompt.strip():
+        raise click.BadParameter("the prompt is empty", param_hint="PROMPT")
+    return prompt
+
+
+@click.command("generate")
+@click.argument("prompt", required=False)
+@click.option("--file", "file", type=click.Path(dir_okay=False), default=None, help="Read the prompt from a UTF-8 text file.")
+@click.option("--model", "model_name", default="smollm2", show_default=True,
+              help='"smollm2" or a local Llama-family folder / .gguf file.')
+@click.option("--budget", type=click.IntRange(min=1), default=None,
+              help="Tokens each decode step reads per KV head (default: use_sparse_decoding's).")
+@click.option("--dense", is_flag=True, help="Decode densely (transformers' default path) instead.")
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=1), help="Tokens to generate.")
+@click.option("--pages", "pages", default=None, help="Write the pages x steps picture to FILE.svg or FILE.html.")
+@click.option("--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True, help="Language of the picture.")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="torch threads (default: torch's).")
+@click.option("--force", is_flag=True, help="Overwrite the --pages file if it exists.")
+def generate(prompt, file, model_name, budget, dense, max_new_tokens, pages, lang, threads, force):
+    """Continue PROMPT with sparse decoding, streaming tokens/s and the context length."""
+    from rich.console import Console
+
+    from gatherlens.errors import GatherLensError
+
+    if dense and budget is not None:
+        raise click.UsageError("--budget and --dense exclude each other")
+    pages_path = output_file(pages, force, (".svg", ".html"), "--pages")
+    text = _prompt_text(prompt, file)
+    err = Console(stderr=True)
+    try:
+        result = _run(text, model_name, budget, dense, max_new_tokens, pages_path is not None, threads)
+    except GatherLensError as e:
+        raise click.ClickException(str(e)) from None
+    _summary(result, err)
+    if pages_path is not None:
+        _write_pages(result, pages_path, lang, err)
+
+
+def _run(text: str, model_name: str, budget, dense: bool, max_new_tokens: int, pages: bool, threads):
+    """Load, fit the prompt to the model's positions, stream the continuation under a live status line."""
+    import torch
+    from rich.live import Live
+
+    from gatherlens.errors import GatherLensWarning
+    from gatherlens.models import load
+    from gatherlens.models.sparse import DEFAULTS
+    from gatherlens.models.streaming import fit_prompt, stream_generate
+
+    if threads:
+        torch.set_num_threads(threads)
+    lm = load(model_name, progress=True)
+    if not lm.is_causal:
+        raise click.ClickException(f"{lm.name} is an encoder; it does not generate (use a causal LM such as smollm2)")
+    ids, dropped = fit_prompt(lm, lm.encode(text, truncation=False), max_new_tokens)
+    if dropped:
+        warnings.warn(f"the prompt has {ids.shape[1] + dropped} tokens; kept its last {ids.shape[1]} (dropped "
+                      f"{dropped} from the start) so that it and {max_new_tokens} new tokens fit the model's "
+                      f"{lm.config.max_position_embeddings} positions", GatherLensWarning, stacklevel=1)
+    budget = None if dense else (budget or DEFAULTS["budget"])
+    if not sys.stdout.isatty():  # a pipe or a test: the plain continuation on stdout, stats at the end
+        return stream_generate(lm, ids, budget, max_new_tokens, pages=pages, on_token=_write)
+    view = _LiveView(budget)
+    with Live(view.render(None), transient=False, refresh_per_second=8, redirect_stdout=False) as live:
+        return stream_generate(lm, ids, budget, max_new_tokens, pages=pages,
+                               on_token=lambda piece, r: live.update(view.render(r, piece)))
+
+
+def _write(piece: str, result) -> None:
+    sys.stdout.write(piece)
+    sys.stdout.flush()
+
+
+class _LiveView:
+    """The continuation so far and one status line under it (tokens/s, context length)."""
+
+    def __init__(self, budget):
+        from rich.text import Text
+
+        self.text, self.how = Text(), "dense" if budget is None else f"sparse, budget {budget}"
+
+    def render(self, result, piece: str = ""):
+        from rich.console import Group
+
+        self.text.append(piece)
+        if result is None:
+            return Group(self.text, f"[dim]prefill ({self.how})…[/]")
+        speed = f"{result.tokens_per_s:.1f} tokens/s" if result.tokens_per_s else "first token"
+        return Group(self.text, f"[dim]{speed} · context {result.context} tokens · "
+                                f"{len(result.new_ids)} new · {self.how}[/]")
+
+
+def _summary(result, err) -> None:
+    if not sys.stdout.isatty():
+        sys.stdout.write("\n")
+    speed = f", {result.tokens_per_s:.2f} tokens/s" if result.tokens_per_s else ""
+    head = "stopped (Ctrl-C) after" if result.stopped else "generated"
+    err.print(f"{head} {len(result.new_ids)} tokens{speed}; context {result.context} tokens "
+              f"(prompt {result.prompt_tokens}, prefill {result.prefill_seconds:.2f} s)")
+
+
+def _write_pages(result, path: Path, lang: str, err) -> None:
+    from gatherlens.render.page_trace import page_trace_html, page_trace_svg
+
+    if result.trace is None:
+        err.print("no picture: fewer than two tokens were generated, so no decode step read any page")
+        return
+    draw = page_trace_html if path.suffix.lower() == ".html" else page_trace_svg
+    path.write_text(draw(result.trace, lang=lang), encoding="utf-8")
+    err.print(f"wrote {path}")
