@@ -199,3 +199,64 @@ def test_cache_beam_reorder_and_crop(fresh):
     cache = SparseKVCache(config=fresh.config, page_size=8)
     with pytest.raises(GatherValueError, match="crop"):
         cache.layers[0].crop(-1)
+
+
+# -- the lean decode step ----------------------------------------------------------------------------
+@pytest.mark.parametrize("budget", [None, 16, 4096], ids=["dense", "budget=16", "budget=4096"])
+def test_lean_step_equals_hf_layers(budget):
+    """The lean decode step computes what transformers' layers compute over the same paged cache."""
+    from gatherlens.models.sparse import lean_layers
+
+    m = tiny_llama(seed=7, layers=3)
+    ids = torch.randint(1, 101, (1, 45))
+    use_sparse_decoding(m, budget=budget, page_size=8, lean=False)
+    assert lean_layers(m) == 0
+    hf = _generate(m, ids, 8)
+    use_sparse_decoding(m, budget=budget, page_size=8)
+    assert lean_layers(m) == 3
+    lean = _generate(m, ids, 8)
+    assert torch.equal(hf.sequences, lean.sequences)
+    diff = max(float((a - b).abs().max()) for a, b in zip(hf.logits, lean.logits))
+    assert diff <= 1e-4
+    use_dense_decoding(m)
+    assert lean_layers(m) == 0
+
+
+def test_lean_step_leaves_prefill_and_other_caches_to_hf(fresh):
+    from transformers import DynamicCache
+
+    use_sparse_decoding(fresh, budget=16, page_size=8)
+    seen = []
+    with observe_sparse(lambda call: seen.append(call.query.shape)):
+        with torch.no_grad():
+            fresh(input_ids=torch.randint(1, 101, (1, 30)), cache=DynamicCache(config=fresh.config), use_cache=True)
+    assert seen == []  # a prefill (30 tokens) is dense SDPA
+
+
+def test_sparse_cache_truncate_rewinds_generation(fresh):
+    ids = torch.randint(1, 101, (1, 40))
+    use_sparse_decoding(fresh, budget=4096, page_size=8)
+    cache = SparseKVCache(config=fresh.config, page_size=8)
+    with torch.no_grad():
+        first = fresh.generate(ids, max_new_tokens=5, do_sample=False, cache=cache)
+        assert cache.get_seq_length() == 44
+        cache.truncate(39)  # back to the prompt minus its last token: generate feeds that one again
+        again = fresh.generate(ids, max_new_tokens=5, do_sample=False, cache=cache)
+    assert torch.equal(first, again)
+
+
+def test_recent_and_oracle_settings_reach_the_decode_step(fresh):
+    ids = torch.randint(1, 101, (1, 80))
+    use_sparse_decoding(fresh, budget=24, page_size=8, recent=20, keep_selection=True)
+    _generate(fresh, ids, 2)
+    from gatherlens.models.sparse import last_page_selections
+
+    sel = last_page_selections(fresh)[0]
+    assert sel.recent == 20 and bool(sel.mask()[..., -3:].all())
+    use_sparse_decoding(fresh, budget=24, page_size=8, choose="oracle", keep_selection=True)
+    _generate(fresh, ids, 2)
+    assert last_page_selections(fresh)[0].choose == "oracle"
+    with pytest.raises(GatherValueError, match="choose"):
+        use_sparse_decoding(fresh, budget=24, choose="best")
+    with pytest.raises(GatherValueError, match="recent"):
+        use_sparse_decoding(fresh, budget=24, recent=-2)

@@ -1,9 +1,8 @@
-"""The user's output paths: checked writable before any slow work, written whole or not at all.
+"""The user's output paths, checked writable before any slow work starts.
 
     >>> out = writable_file("figs/pick.png", "-o/--out")      # before the model loads
-    >>> with replacing(out) as tmp:                             # figs/.pick.png.<pid>.tmp.png
-    ...     draw_png(tmp)                                       # moved over `out` only on success
     >>> writable_dir("report", "--out")                         # may not exist yet
+    PosixPath('report')
 
 A check creates (and removes) a probe file where the output will go: that is the one test a
 read-only mount, a folder without write permission, a path under a file and a missing parent
@@ -15,15 +14,18 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator
 
 from gatherlens.errors import GatherValueError
 
-__all__ = ["writable_file", "writable_dir", "replacing"]
+__all__ = ["writable_file", "writable_dir"]
 
 
 def writable_file(path: str | os.PathLike, what: str) -> Path:
-    """`path` as a Path when a file can be written there (its folder must exist)."""
+    """`path` as a Path when a file can be written there (its folder must exist).
+
+    >>> writable_file("/proc/x.svg", "-o/--out")
+    GatherValueError: -o/--out '/proc/x.svg' cannot be written (No such file or directory when ...
+    """
     p = Path(path).expanduser()
     if p.is_dir():
         raise GatherValueError(f"{what} {str(p)!r} is a folder; give a file path")
@@ -43,7 +45,11 @@ def writable_file(path: str | os.PathLike, what: str) -> Path:
 
 
 def writable_dir(path: str | os.PathLike, what: str) -> Path:
-    """`path` as a Path when files can be written into it (it is created later if missing)."""
+    """`path` as a Path when files can be written into it (it is created later if missing).
+
+    >>> writable_dir("notes.txt/report", "--out")
+    GatherValueError: --out 'notes.txt/report' cannot be a folder: 'notes.txt' is a file
+    """
     p = Path(path).expanduser()
     blocker = _file_on_the_way(p)
     if blocker is not None:
@@ -72,20 +78,3 @@ def _probe(folder: Path, target: Path, what: str) -> None:
     os.close(fd)
     with contextlib.suppress(OSError):
         os.unlink(name)
-
-
-@contextlib.contextmanager
-def replacing(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path` (same suffix); on success it replaces `path`.
-
-    On any error the temporary file is removed and `path` (the user's old file, if any) is
-    left exactly as it was.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise

@@ -18,6 +18,7 @@ last decode step. The metrics live in gatherlens.eval.sparse_quality / passkey.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -213,9 +214,12 @@ def _print(rows: list[dict], title: str) -> None:
     for r in rows:
         pk = "-" if r["passkey_trials"] is None else f"{r['passkey_ok']}/{r['passkey_trials']}"
         ratio = "-" if r["ppl_ratio"] is None else f"{100 * (r['ppl_ratio'] - 1):+.2f}%"
+        if r.get("ppl_ratio_ci"):
+            lo, hi = r["ppl_ratio_ci"]
+            ratio += f" [{100 * (lo - 1):+.1f}, {100 * (hi - 1):+.1f}]"
         cells.append([r["setting"], number(r["perplexity"], 3), ratio, number(r["recall"]),
                       number(r["recall_min_layer"]), number(r["cosine"]), pk])
-    print_table(title, ("decode", "perplexity", "vs dense", "mass recall", "min layer recall", "output cosine",
+    print_table(title, ("decode", "perplexity", "vs dense [95%]", "mass recall", "min layer recall", "output cosine",
                         "passkey"), cells)
 
 
@@ -235,16 +239,17 @@ def _pictures(folder: Path, selections: dict, layer: int, head: int, console) ->
     from gatherlens.errors import GatherLensError
 
     folder.mkdir(parents=True, exist_ok=True)
-    for budget, sel in sorted(selections.items()):
+    for setting, sel in selections.items():
         H = sel.pages.shape[1]
         if not -H <= head < H:
             raise click.BadParameter(f"head {head} is outside [{-H}, {H})", param_hint="--head")
         head %= H
         try:
             record = sel.to_record(batch=0, head=head)
-            stem = folder / f"pages_layer{layer}_head{head}_budget{budget}"
+            slug = re.sub(r"[^A-Za-z0-9]+", "_", setting.replace("=", "")).strip("_")  # "budget512_dense_layers2"
+            stem = folder / f"pages_layer{layer}_head{head}_{slug}"
             stem.with_suffix(".svg").write_text(record.to_svg())
             stem.with_suffix(".html").write_text(record.to_html())
         except GatherLensError as err:
-            raise click.ClickException(f"drawing the pages of budget {budget}: {err}") from None
+            raise click.ClickException(f"drawing the pages of {setting}: {err}") from None
         console.print(f"wrote {stem}.svg / .html")

@@ -33,7 +33,7 @@ import xxhash
 from gatherlens.models import locks
 
 __all__ = ["cache_root", "models_dir", "file_sha256", "entry_dir", "problem", "is_valid",
-           "read_manifest", "build_atomically", "refresh_manifest", "discard", "sweep", "checkpoint",
+           "read_manifest", "manifest_says", "build_atomically", "refresh_manifest", "discard", "sweep", "checkpoint",
            "MANIFEST", "FORMAT"]
 
 MANIFEST = "gatherlens-manifest.json"
@@ -108,6 +108,14 @@ def entry_dir(name: str, digest: str) -> Path:
 
 def read_manifest(folder: Path) -> dict:
     return json.loads((folder / MANIFEST).read_text())
+
+
+def manifest_says(folder: Path, key: str) -> bool:
+    """True when the folder's manifest holds `key` with a true value (False if unreadable)."""
+    try:
+        return bool(read_manifest(folder).get(key))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def problem(folder: Path) -> str | None:

@@ -21,7 +21,10 @@ __all__ = ["nonfinite_weights", "first_nonfinite", "require_finite"]
 
 
 def nonfinite_weights(model: torch.nn.Module) -> str | None:
-    """Where the first parameter holding NaN or inf is, in words; None when all are finite."""
+    """Where the first parameter holding NaN or inf is, in words; None when all are finite.
+
+    >>> nonfinite_weights(torch.nn.Linear(2, 2))      # None
+    """
     seen = set()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -67,7 +70,11 @@ def first_nonfinite(data: Any, path: str = "") -> tuple[str, float] | None:
 
 
 def require_finite(data: Any, what: str) -> None:
-    """Raise GatherValueError naming where `data` holds NaN or inf (`what` names the result)."""
+    """Raise GatherValueError naming where `data` holds NaN or inf (`what` names the result).
+
+    >>> require_finite({"loss": float("inf")}, "the results")
+    GatherValueError: the results hold a non-finite number at loss (inf); nothing was written ...
+    """
     found = first_nonfinite(data)
     if found is not None:
         where, value = found

@@ -200,7 +200,7 @@ def _read_cached(source: ModelSource, folder: Path, attn_impl, digest: str, say)
         except Exception as err:  # noqa: BLE001 - damage the hashes may not see; the verdict names it
             model, failure = None, f"it could not be loaded: {type(err).__name__}"
         problem = verdict.result() or failure
-    if problem is None and not _cache.read_manifest(folder).get("weights_finite"):
+    if problem is None and not _cache.manifest_says(folder, "weights_finite"):
         problem = nonfinite_weights(model)  # a manifest from before this check: check once, record it
         if problem is None:
             _cache.refresh_manifest(folder, weights_finite=True)

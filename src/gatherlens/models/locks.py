@@ -63,6 +63,9 @@ def _pid(lock_file: Path) -> str:
 def hold(target: Path, wait: bool = True, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
     """Hold the exclusive lock of `target` (a file or folder path) for the `with` block.
 
+        >>> with hold(models / "smollm2-b179c9523d0e6a0f", on_wait=print):   # prints the holder's pid
+        ...     build()
+
     wait=False raises Busy at once when another process holds it; on_wait(pid) is called once
     before blocking. OSError (read-only or missing folder) propagates: the caller decides.
     """
@@ -126,6 +129,9 @@ def leftovers(folder: Path) -> dict[str, list[Path]]:
 
 def sweep(folder: Path) -> list[tuple[Path, int]]:
     """Remove the temporaries in `folder` that no live process holds; return (path, bytes) removed.
+
+        >>> sweep(models)
+        [(PosixPath('.../models/.smollm2-b179c9523d0e6a0f.tmp-k2x9'), 538113262)]
 
     Names whose lock is held are left alone; an unwritable folder is left as it is.
     """

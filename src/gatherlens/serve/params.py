@@ -9,7 +9,7 @@
 
 The app answers such an error with 400 and {"error": message}. Range checks that need the
 model (layer, head, query, text length in tokens) are made by gatherlens.report.collect, whose
-messages name the range too ("layer 999 is outside the model's layers [0, 30): there are 30
+messages name the range too ("layer 999 is outside the model's layers [-30, 30): there are 30
 layers").
 """
 from __future__ import annotations
