@@ -99,9 +99,23 @@ def run_case(spec: dict) -> dict:
                 wall[m.name].append(w)
                 cpu[m.name].append(c)
         attn = {m.name: attention_ms(lm.model, m, hf_cache, paged_cache, spec["context"]) for m in ms}
+        prof = {m.name: profile_step(lm.model, m, ids, hf_cache, paged_cache, spec["context"])
+                for m in ms if m.name in spec.get("profile", ())}
     return {"wall": {k: statistics.median(v) for k, v in wall.items()},
-            "cpu": {k: statistics.median(v) for k, v in cpu.items()}, "attention": attn,
+            "cpu": {k: statistics.median(v) for k, v in cpu.items()}, "attention": attn, "profile": prof,
             "positions": getattr(lm.config, "max_position_embeddings", None)}
+
+
+def profile_step(model, m: Method, ids, hf_cache, paged_cache, L: int, steps: int = 3, top: int = 12) -> list:
+    """torch.profiler over `steps` decode steps: the top ops by self CPU time, per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        _generate(model, m, ids, hf_cache, paged_cache, steps, L)
+    ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in ops)
+    return [{"op": e.key, "ms": e.self_cpu_time_total / 1e3 / steps, "calls": e.count / steps,
+             "share": e.self_cpu_time_total / total} for e in ops[:top]]
 
 
 def fill_caches(lm, L: int, tokens: int):
@@ -233,12 +247,13 @@ def _check_plot_path(path: Path, force: bool) -> Path:
 @click.option("--rounds", default=3, show_default=True, help="timed runs per method (the median is reported)")
 @click.option("--threads", default=2, show_default=True, help="torch threads in each case")
 @click.option("--ablation", is_flag=True, help="also time HF's own decoder layers over the paged cache")
+@click.option("--profile", is_flag=True, help="also print torch.profiler's top ops of one step of hf and sparse")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               default="bench-generate.json", show_default=True, help="where to write the results")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="the ms/token plot (.png or .svg; default: the --json path with .png)")
 @click.option("--force", is_flag=True, help="overwrite existing --json / --plot files")
-def command(model_name, contexts, budgets, tokens, rounds, threads, ablation, json_path, plot_path, force):
+def command(model_name, contexts, budgets, tokens, rounds, threads, ablation, profile, json_path, plot_path, force):
     """Decode speed of a real model in `generate`: HF dense, paged dense, sparse (fresh process per context)."""
     from rich.console import Console
 
@@ -250,16 +265,22 @@ def command(model_name, contexts, budgets, tokens, rounds, threads, ablation, js
     Ls = [parse_context(c) for c in (contexts or CONTEXTS)]
     console = Console(width=None if sys.stdout.isatty() else 140)
     plan = [vars(m) for m in methods(budget_list, ablation)]
-    start, rows = time.perf_counter(), []
+    profiled = ("hf", f"sparse-{budget_list[0]}") if profile else ()
+    start, rows, profiles = time.perf_counter(), [], {}
     for L in Ls:
-        spec = dict(model=model_name, context=L, tokens=tokens, rounds=rounds, threads=threads, methods=plan)
-        case = rows_of(spec, run_fresh("gatherlens.bench.generate", spec))
+        spec = dict(model=model_name, context=L, tokens=tokens, rounds=rounds, threads=threads, methods=plan,
+                    profile=profiled)
+        result = run_fresh("gatherlens.bench.generate", spec)
+        case = rows_of(spec, result)
         rows += case
+        profiles[L] = result.get("profile", {})
         best = max((r for r in case if r.method.startswith("sparse") and "/" not in r.method), key=lambda r: r.speedup,
                    default=None)
         console.log(f"L={L}: hf {case[0].ms:.0f} ms/token" + (f", {best.method} x{best.speedup:.2f}" if best else ""))
+    print_profiles(console, profiles)
     _report(console, rows, json_path, plot_path, dict(model=model_name, tokens=tokens, rounds=rounds,
-                                                      threads=threads, wall_s=time.perf_counter() - start))
+                                                      threads=threads, wall_s=time.perf_counter() - start,
+                                                      profiles={str(k): v for k, v in profiles.items() if v}))
 
 
 def _report(console, rows: list[Row], json_path: Path, plot_path: Path, meta: dict) -> None:
@@ -280,6 +301,20 @@ def _report(console, rows: list[Row], json_path: Path, plot_path: Path, meta: di
     write_results(json_path, "generate", meta, rows)
     plot_rows(rows, plot_path)
     console.print(f"wrote {json_path} and {plot_path}")
+
+
+def print_profiles(console, profiles: dict) -> None:
+    """One table per (context, method): the ops that took most of a decode step."""
+    from rich.table import Table
+
+    for L, by_method in profiles.items():
+        for name, ops in by_method.items():
+            table = Table(title=f"one decode step, L={L}, {name}: top ops by self CPU time (torch.profiler)")
+            for col in ("op", "ms/step", "calls/step", "share"):
+                table.add_column(col, justify="left" if col == "op" else "right")
+            for op in ops:
+                table.add_row(op["op"], f"{op['ms']:.2f}", f"{op['calls']:.0f}", f"{100 * op['share']:.0f}%")
+            console.print(table)
 
 
 def target_verdicts(rows: list[Row]) -> list[dict]:

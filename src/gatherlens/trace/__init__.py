@@ -21,6 +21,7 @@ from gatherlens.trace.diagnose import (
     diagnose_gather,
     explain_ndim_mismatch,
 )
+from gatherlens.trace.page_trace import PageTrace, PageTraceRecorder
 from gatherlens.trace.pages import record_page_selection
 from gatherlens.trace.record import GatherRecord
 from gatherlens.trace.tracer import TraceEvent, trace
@@ -39,6 +40,8 @@ __all__ = [
     "GatherDiagnosticWarning",
     "explain_ndim_mismatch",
     "record_page_selection",
+    "PageTrace",
+    "PageTraceRecorder",
     "trace",
     "TraceEvent",
 ]

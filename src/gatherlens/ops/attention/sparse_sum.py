@@ -22,13 +22,14 @@ import torch.nn.functional as F
 from gatherlens.ops.attention.checks import AttentionProblem
 from gatherlens.ops.attention.chunked import chunk_size
 from gatherlens.ops.attention.logits import apply_masks
-from gatherlens.ops.attention.threshold import topk_rows, worker_pool
+from gatherlens.ops.attention.threshold import topk_rows, topk_weights_, worker_pool
 from gatherlens.ops.dtypes import NEG_INF, compute_dtype, stat_dtype
 
 BUDGET = 1 << 22          # elements of one chunk's logits at most (16 MiB of float32) ...
 CHUNK_ROWS = 168          # ... and at most this many query rows per KV head (G * C): the matmul
-KEY_BLOCK = 1024          # (G*C, D) @ (D, KEY_BLOCK) blocks ran fastest here (55 GF/s vs 30)
-BAG_RATIO = 3             # gather-sum the k rows while k * BAG_RATIO <= keys seen; else dense
+KEY_BLOCK = 1024          # (G*C, D) @ (D, KEY_BLOCK) blocks ran fastest here (55 GF/s vs 30) ...
+KEY_BLOCK_ROWS = 64       # ... from this many rows G*C on; fewer (decoding): one batched matmul
+BAG_RATIO = 4             # gather-sum the k rows while k * BAG_RATIO <= keys seen; else dense
 ENABLED = True            # False: every call takes the chunked reference path (tests)
 
 
@@ -104,6 +105,13 @@ def sparse_chunk(p: AttentionProblem, q5, key, table, q0: int, q1: int, *, need_
         apply_masks(p, s, q0, q1)
     else:                                                       # causal only: each row a prefix
         lens = (torch.arange(q0, q1) + p.causal_offset + 1).clamp(0, Lc)  # (C,)
+    if not need_idx and not (p.share_selection and G > 1) and min(p.top_k, Lc) * BAG_RATIO > Lc:
+        R = B * Hkv * G * C                                     # large k: weights in place, times V
+        s = s.contiguous()
+        lse = topk_weights_(s.view(R, Lc), p.top_k, lens=None if lens is None else lens.repeat(B * Hkv * G))
+        value = table.view(B, Hkv, p.key_len, Dv)[:, :, :Lc]    # (B, Hkv, Lc, Dv)
+        out = torch.matmul(s.view(B, Hkv, G * C, Lc), value).view(B, Hkv, G, C, Dv)
+        return out.to(q5.dtype), lse.view(B, Hkv, G, C).to(stat_dtype(q5.dtype)), None, None
     if p.share_selection and G > 1:
         vals, idx, w, lse, rank = shared_weights(p, s, lens)    # idx: key index (-1 = none)
         rows = idx.clamp_min(0) + _bases(p)
@@ -111,7 +119,8 @@ def sparse_chunk(p: AttentionProblem, q5, key, table, q0: int, q1: int, *, need_
         R = B * Hkv * G * C
         lens = None if lens is None else lens.repeat(B * Hkv * G)  # (R,)
         base = _bases(p).expand(B, Hkv, G, C, 1).reshape(R)     # (R,) first table row of the head
-        vals, rows, w, lse = topk_rows(s.view(R, Lc), p.top_k, lens=lens, base=base, weights=True)
+        vals, rows, w, lse = topk_rows(s.reshape(B * Hkv, G * C, Lc), p.top_k, lens=lens, base=base,
+                                       weights=True)
         k = vals.shape[-1]
         vals, rows, w = (t.view(B, Hkv, G, C, k) for t in (vals, rows, w))
         lse = lse.view(B, Hkv, G, C)
@@ -136,7 +145,9 @@ def shared_weights(p: AttentionProblem, s: torch.Tensor, lens):
     weighs the kept keys by its own logits. s (B, Hkv, G, C, Lc), lens (C,) or None ->
     vals, idx (key index, -1 padded), w, lse (B, Hkv, G, C[, k]) and the ranking rank (B, Hkv, 1, C, k)."""
     B, Hkv, G, C, Lc = s.shape
-    rank = s.to(stat_dtype(s.dtype)).sum(2)                     # (B, Hkv, C, Lc)
+    rank = s[:, :, 0].to(stat_dtype(s.dtype), copy=True)        # (B, Hkv, C, Lc): the heads' sum,
+    for g in range(1, G):                                       # added in head order (as chunked.py)
+        rank += s[:, :, g]
     lens = None if lens is None else lens.repeat(B * Hkv)       # (B*Hkv*C,)
     rank, idx = topk_rows(rank.reshape(-1, Lc), p.top_k, lens=lens)  # (B*Hkv*C, k)
     k = idx.shape[-1]
@@ -164,6 +175,9 @@ def logits_into(p: AttentionProblem, q5, key, q0: int, q1: int, Lc: int, buf=Non
     s = (buf[:n] if buf is not None and buf.numel() >= n else torch.empty(n, dtype=cd)).view(B, Hkv, G * C, Lc)
     q = q5[:, :, :, q0:q1].to(cd) * p.scale                     # (B, Hkv, G, C, D)
     k = key[:, :, :Lc].to(cd)                                   # (B, Hkv, Lc, D)
+    if G * C < KEY_BLOCK_ROWS:                                  # decoding: K @ q^T (2x faster here than
+        st = torch.matmul(k, q.reshape(B, Hkv, G * C, -1).transpose(-1, -2))  # q @ K^T), (B, Hkv, Lc, G*C)
+        return st.transpose(-1, -2).unflatten(2, (G, C))        # a strided view, no copy
     for b in range(B):
         for h in range(Hkv):
             qh = q[b, h].reshape(G * C, -1)                     # (G*C, D)
@@ -178,5 +192,5 @@ def dense_sum(w, idx, s, value) -> torch.Tensor:
     -> (B, Hkv, G, C, Dv): for k near the keys seen, one matmul beats k row gathers."""
     B, Hkv, G, C, Lc = s.shape
     dense = s.zero_().scatter_add_(-1, idx.clamp_min(0), w.to(s.dtype))  # padding adds 0 at key 0
-    out = torch.matmul(dense.view(B, Hkv, G * C, Lc), value)    # (B, Hkv, G*C, Dv)
+    out = torch.matmul(dense.reshape(B, Hkv, G * C, Lc), value)  # (B, Hkv, G*C, Dv)
     return out.view(B, Hkv, G, C, -1)

@@ -25,6 +25,7 @@ import torch
 from gatherlens.ops.native import load_kernel
 
 KERNEL = Path(__file__).with_name("threshold_select.cpp")
+PARALLEL_MIN = 1 << 21    # logits per call below which the kernel runs on the calling thread
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_SIZE = 0
@@ -59,35 +60,62 @@ def exact_keep(a: np.ndarray, edge: np.ndarray, k: int) -> np.ndarray:
 def topk_rows(x: torch.Tensor, k: int, *, lens=None, base=None, weights: bool = False, native=None):
     """Each row's kept keys (the rule above), in ascending key index.
 
-    x (R, W) float32/float64 on CPU; row r ranks keys [0, lens[r]) (lens (R,) int64; default all
-    W: a causal row passes its prefix). Returns vals, idx (R, k'), k' = min(k, W), padded with
-    -inf and -1; with base (R,) int64, idx + base[r] (padding: base[r]), rows of a value table.
-    weights=True also returns w (R, k'), the softmax over each row's kept logits (0 where padded),
-    and lse (R,). native=None: the C++ kernel if it builds, else numpy (False: numpy; True: kernel).
+    x (R, W) float32/float64 on CPU, or (N, G, W) read as R = N*G rows, any strides (decode logits
+    stay (B*Hkv, L, G) in memory and are read as rows); row r ranks keys [0, lens[r]) (lens (R,)
+    int64; default all W: a causal row passes its prefix). Returns vals, idx (R, k'), k' = min(k, W),
+    padded with -inf and -1; with base (R,) int64, idx + base[r] (padding: base[r]), rows of a value
+    table. weights=True also returns w (R, k'), the softmax over each row's kept logits (0 where
+    padded), and lse (R,). native=None: the C++ kernel if it builds, else numpy (False: numpy).
     """
-    R, W = x.shape
-    k = min(k, W)
-    a = x.detach().contiguous()                                 # (R, W)
+    x3 = (x.unsqueeze(1) if x.dim() == 2 else x).detach()      # (N, G, W)
+    N, G, W = x3.shape
+    R, k = N * G, min(k, W)
     lib = load_kernel(KERNEL) if native is not False else None
     if native and lib is None:
         raise RuntimeError(f"the native kernel {KERNEL.name} did not build (see the warning)")
     if lib is None:
-        return _numpy_topk_rows(a, k, lens, base, weights)
-    vals, idx = torch.empty(R, k, dtype=a.dtype), torch.empty(R, k, dtype=torch.long)
-    w, lse = (torch.empty(R, k, dtype=a.dtype), torch.empty(R, dtype=a.dtype)) if weights else (None, None)
-    args = [t.contiguous() if t is not None else None for t in (lens, base)]
-    fn = lib.select_rows_f64 if a.dtype == torch.float64 else lib.select_rows_f32
-
-    def ptr(t, r0, width=1):                                   # address of row r0, or NULL
-        return None if t is None else ctypes.c_void_p(t.data_ptr() + r0 * width * t.element_size())
+        return _numpy_topk_rows(x3.reshape(R, W), k, lens, base, weights)
+    vals, idx = torch.empty(R, k, dtype=x3.dtype), torch.empty(R, k, dtype=torch.long)
+    w, lse = (torch.empty(R, k, dtype=x3.dtype), torch.empty(R, dtype=x3.dtype)) if weights else (None, None)
+    lens, base = (None if t is None else t.contiguous() for t in (lens, base))
+    fn = lib.select_rows_f64 if x3.dtype == torch.float64 else lib.select_rows_f32
+    start = ctypes.c_void_p(x3.data_ptr())
 
     def block(r0, r1):
-        fn(ptr(a, r0, W), ctypes.c_int64(r1 - r0), ctypes.c_int64(W), ptr(args[0], r0), ctypes.c_int64(k),
-           ptr(args[1], r0), ptr(vals, r0, k), ptr(idx, r0, k), ptr(w, r0, k), ptr(lse, r0))
+        layout = torch.tensor([r0, G, x3.stride(0), x3.stride(1) if G > 1 else 0, x3.stride(2), W])
+        fn(start, _ptr(layout, 0), ctypes.c_int64(r1 - r0), _ptr(lens, r0), ctypes.c_int64(k),
+           _ptr(base, r0), _ptr(vals, r0, k), _ptr(idx, r0, k), _ptr(w, r0, k), _ptr(lse, r0))
 
     if R and k:
-        map_row_ranges(R, block)
+        map_row_ranges(R, block, R * W)
     return (vals, idx, w, lse) if weights else (vals, idx)
+
+
+def topk_weights_(x: torch.Tensor, k: int, *, lens=None, native=None) -> torch.Tensor:
+    """In place: each row of x (R, W) becomes the softmax over its kept keys, 0 elsewhere (and past
+    lens[r]); returns lse (R,). For a matmul by V when k is a large part of the row."""
+    R, W = x.shape
+    lib = load_kernel(KERNEL) if native is not False else None
+    if lib is None or not x.is_contiguous():
+        vals, idx, w, lse = topk_rows(x, k, lens=lens, weights=True, native=native)
+        x.zero_().scatter_add_(-1, idx.clamp_min(0), w)        # padding adds 0 at key 0
+        return lse
+    lse = torch.empty(R, dtype=x.dtype)
+    fn = lib.dense_rows_f64 if x.dtype == torch.float64 else lib.dense_rows_f32
+    lens = None if lens is None else lens.contiguous()
+
+    def block(r0, r1):
+        fn(_ptr(x, r0, W), ctypes.c_int64(r1 - r0), ctypes.c_int64(W), _ptr(lens, r0), ctypes.c_int64(min(k, W)),
+           _ptr(lse, r0))
+
+    if R:
+        map_row_ranges(R, block, R * W)
+    return lse
+
+
+def _ptr(t, r0: int, width: int = 1):
+    """ctypes address of row r0 of t (rows of `width` elements), or NULL for None."""
+    return None if t is None else ctypes.c_void_p(t.data_ptr() + r0 * width * t.element_size())
 
 
 def _numpy_topk_rows(a: torch.Tensor, k: int, lens, base, weights: bool):
@@ -122,9 +150,12 @@ def _numpy_rows(a: np.ndarray, k: int, vals: np.ndarray, idx: np.ndarray) -> Non
     vals[row, slot], idx[row, slot] = a[row, col], col
 
 
-def map_row_ranges(rows: int, fn) -> list:
-    """[fn(r0, r1) for each range of rows], one range per torch thread, on worker threads."""
+def map_row_ranges(rows: int, fn, elements: int | None = None) -> list:
+    """[fn(r0, r1) for each range of rows], one range per torch thread, on worker threads;
+    here alone when the rows hold fewer than PARALLEL_MIN elements (a thread hand-off costs more)."""
     n = max(1, min(torch.get_num_threads(), rows))
+    if elements is not None and elements < PARALLEL_MIN:
+        n = 1
     if n == 1:
         return [fn(0, rows)]
     bounds = np.linspace(0, rows, n + 1).astype(int).tolist()

@@ -1,6 +1,6 @@
 // Exact top-k of each row of logits, by the rule of threshold.py, for one block of rows.
 //
-//   select_rows_f32(s, rows, L, lens, k, base, vals, idx, w, lse)   s (rows, L) -> (rows, k) each
+//   select_rows_f32(s, layout, rows, lens, k, base, vals, idx, w, lse)   rows of s -> (rows, k) each
 //
 // Rule: a row keeps its k allowed (> -inf) keys of highest logit; a tie at the k-th value goes to
 // the lower key index; a row with fewer than k allowed keys keeps them all; the other slots get
@@ -14,18 +14,41 @@
 //   4. in index order: every key above t, and the first (k - #above) keys equal to t.
 // If `lo` was too high (fewer than k candidates), the row is redone with every allowed key.
 // Optionally the softmax weights of the kept keys and the log-sum-exp, so that the caller's
-// weighted sum of value rows (F.embedding_bag) is one more call.
+// weighted sum of value rows (F.embedding_bag) is one more call. dense_rows_* instead overwrite
+// each row of s with its softmax weights (0 outside the selection), for one matmul by V when
+// k is a large part of the row.
 // No Python objects: the caller runs row blocks on several threads (ctypes releases the GIL).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
 
 namespace {
+
+#ifdef __AVX2__
+struct CompressTable {                         // lane order that packs the lanes set in an 8-bit mask
+  alignas(32) int32_t lanes[256][8];
+  CompressTable() {
+    for (int m = 0; m < 256; ++m) {
+      int n = 0;
+      for (int b = 0; b < 8; ++b) if (m >> b & 1) lanes[m][n++] = b;
+      while (n < 8) lanes[m][n++] = 0;
+    }
+  }
+};
+const CompressTable kCompress;
+
+inline __m256i pack_lanes(int mask, __m256i v) {  // the lanes set in mask, moved to the front
+  return _mm256_permutevar8x32_epi32(v, _mm256_load_si256(reinterpret_cast<const __m256i*>(kCompress.lanes[mask])));
+}
+
+inline void store8(int32_t* dst, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), v); }
+#endif
 
 inline int32_t order_key(float v) {            // float order -> int32 order
   v += 0.0f;                                   // -0.0 -> +0.0
@@ -41,6 +64,20 @@ inline int64_t order_key(double v) {
   return b ^ ((b >> 63) & 0x7FFFFFFFFFFFFFFF);
 }
 
+inline float key_value(int32_t key) {          // the inverse of order_key
+  int32_t b = key ^ ((key >> 31) & 0x7FFFFFFF);
+  float v;
+  std::memcpy(&v, &b, 4);
+  return v;
+}
+
+inline double key_value(int64_t key) {
+  int64_t b = key ^ ((key >> 63) & 0x7FFFFFFFFFFFFFFF);
+  double v;
+  std::memcpy(&v, &b, 8);
+  return v;
+}
+
 template <typename K>
 int64_t count_ge(const K* keys, int64_t n, K x) {
   K c = 0;                                     // a counter as wide as the keys: 8 lanes of int32
@@ -49,32 +86,63 @@ int64_t count_ge(const K* keys, int64_t n, K x) {
 }
 
 template <typename K>
-K kth_largest(const K* keys, int64_t n, int64_t rank) {  // 1 <= rank <= n
-  K lo = keys[0], hi = keys[0];
-  for (int64_t i = 1; i < n; ++i) { lo = keys[i] < lo ? keys[i] : lo; hi = keys[i] > hi ? keys[i] : hi; }
-  while (lo < hi) {                            // invariant: count(>= lo) >= rank > count(> hi)
-    uint64_t gap = uint64_t(hi) - uint64_t(lo);  // unsigned: no overflow
-    K mid = K(uint64_t(lo) + gap / 2 + (gap & 1));  // upper midpoint
-    if (count_ge(keys, n, mid) >= rank) lo = mid; else hi = mid - 1;
-  }
-  return lo;
+K min_at_least(const K* keys, int64_t n, K x) {  // the smallest key >= x (one exists)
+  K m = std::numeric_limits<K>::max();
+  for (int64_t i = 0; i < n; ++i) m = keys[i] >= x && keys[i] < m ? keys[i] : m;  // vectorized
+  return m;
 }
 
-inline float key_value(int32_t key) { int32_t b = key ^ ((key >> 31) & 0x7FFFFFFF); float v; std::memcpy(&v, &b, 4); return v; }
-inline double key_value(int64_t key) { int64_t b = key ^ ((key >> 63) & 0x7FFFFFFFFFFFFFFF); double v; std::memcpy(&v, &b, 8); return v; }
-
+template <typename K>
+int64_t keep_between(const K* keys, int64_t n, K lo, K hi, K* out) {  // keys in [lo, hi), in order;
+  int64_t c = 0, i = 0;                                               // out: room for n + 8
 #ifdef __AVX2__
-struct CompressTable {                         // lane order that packs the lanes set in an 8-bit mask
-  alignas(32) int32_t lanes[256][8];
-  CompressTable() {
-    for (int m = 0; m < 256; ++m) {
-      int n = 0;
-      for (int b = 0; b < 8; ++b) if (m >> b & 1) lanes[m][n++] = b;
-      while (n < 8) lanes[m][n++] = 0;
+  if constexpr (sizeof(K) == 4) {
+    const __m256i below = _mm256_set1_epi32(lo - 1), top = _mm256_set1_epi32(hi);
+    for (; i + 8 <= n; i += 8) {
+      __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys + i));
+      __m256i in = _mm256_and_si256(_mm256_cmpgt_epi32(v, below), _mm256_cmpgt_epi32(top, v));
+      int mask = _mm256_movemask_ps(_mm256_castsi256_ps(in));
+      store8(out + c, pack_lanes(mask, v));
+      c += __builtin_popcount(mask);
     }
   }
-};
-const CompressTable kCompress;
+#endif
+  for (; i < n; ++i) { out[c] = keys[i]; c += (keys[i] >= lo) & (keys[i] < hi); }
+  return c;
+}
+
+template <typename K>
+K kth_largest(const K* keys, int64_t n, int64_t rank, std::vector<K>& work) {  // 1 <= rank <= n
+  using U = std::make_unsigned_t<K>;           // key differences without overflow
+  K lk = keys[0], hk = keys[0];
+  for (int64_t i = 1; i < n; ++i) { lk = keys[i] < lk ? keys[i] : lk; hk = keys[i] > hk ? keys[i] : hk; }
+  if (hk == std::numeric_limits<K>::max()) return hk;  // a NaN logit: no order to keep
+  hk += 1;                                     // invariant: count(>= lk) = lc >= rank > hc = count(>= hk)
+  int64_t lc = n, hc = 0;
+  for (int step = 0; U(hk) - U(lk) > 1; ++step) {
+    if (lc == rank) return min_at_least(keys, n, lk);
+    if ((lc - hc) * 4 < n) {                   // few keys left in [lk, hk): work on those alone
+      work.resize(n + 8);
+      n = keep_between(keys, n, lk, hk, work.data());
+      keys = work.data();
+      rank -= hc, lc -= hc, hc = 0;
+    }
+    U gap = U(hk) - U(lk), off = gap / 2;      // halve, or on even steps interpolate the counts
+    if (step % 2 == 0) {                       // linearly in the logit's value
+      double vl = key_value(lk), vh = key_value(hk), frac = double(lc - rank) / double(lc - hc);
+      K km = order_key(decltype(key_value(lk))(vl + (vh - vl) * frac));
+      off = km > lk ? U(km) - U(lk) : 1;
+    }
+    off = off < 1 ? 1 : (off > gap - 1 ? gap - 1 : off);
+    K mid = K(U(lk) + off);
+    int64_t c = count_ge(keys, n, mid);
+    if (c >= rank) { lk = mid; lc = c; } else { hk = mid; hc = c; }
+  }
+  return lk;
+}
+
+
+#ifdef __AVX2__
 
 int64_t candidates_avx2(const float* s, int64_t L, float low, int32_t* ck, int32_t* ci, int64_t& j) {
   const __m256 vlo = _mm256_set1_ps(low), ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
@@ -86,9 +154,8 @@ int64_t candidates_avx2(const float* s, int64_t L, float low, int32_t* ck, int32
     int mask = _mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(v, vlo, _CMP_GE_OQ), _mm256_cmp_ps(v, ninf, _CMP_GT_OQ)));
     __m256i bits = _mm256_castps_si256(v);
     __m256i key = _mm256_xor_si256(bits, _mm256_and_si256(_mm256_srai_epi32(bits, 31), low31));
-    __m256i perm = _mm256_load_si256(reinterpret_cast<const __m256i*>(kCompress.lanes[mask]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ck + c), _mm256_permutevar8x32_epi32(key, perm));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ci + c), _mm256_permutevar8x32_epi32(pos, perm));
+    store8(ck + c, pack_lanes(mask, key));
+    store8(ci + c, pack_lanes(mask, pos));
     c += __builtin_popcount(mask);
   }
   return c;
@@ -96,22 +163,23 @@ int64_t candidates_avx2(const float* s, int64_t L, float low, int32_t* ck, int32
 #endif
 
 template <typename T, typename K>
-int64_t candidates(const T* s, int64_t L, K lo, K* ck, int32_t* ci) {  // ck, ci: room for L + 8
+int64_t candidates(const T* s, int64_t ks, int64_t L, K lo, K* ck, int32_t* ci) {  // room for L + 8
   const T low = key_value(lo), neg_inf = -std::numeric_limits<T>::infinity();
   int64_t c = 0, j = 0;
 #ifdef __AVX2__
-  if constexpr (sizeof(T) == 4) c = candidates_avx2(s, L, low, ck, ci, j);
+  if constexpr (sizeof(T) == 4) if (ks == 1) c = candidates_avx2(s, L, low, ck, ci, j);
 #endif
   for (; j < L; ++j) {                         // branch-free: write always, advance when kept
-    ck[c] = order_key(s[j]);
+    T v = s[j * ks];
+    ck[c] = order_key(v);
     ci[c] = int32_t(j);
-    c += (s[j] >= low) & (s[j] > neg_inf);
+    c += (v >= low) & (v > neg_inf);
   }
   return c;
 }
 
 template <typename T, typename K>
-K sample_bound(const T* s, int64_t L, int64_t k, std::vector<K>& tmp) {
+K sample_bound(const T* s, int64_t ks, int64_t L, int64_t k, std::vector<K>& tmp, std::vector<K>& work) {
   const K floor = order_key(-std::numeric_limits<T>::infinity());
   int64_t stride = k / 4 < 16 ? k / 4 : 16;
   if (stride <= 1) return floor;               // small k: every allowed key is a candidate
@@ -120,36 +188,60 @@ K sample_bound(const T* s, int64_t L, int64_t k, std::vector<K>& tmp) {
   int64_t rank = int64_t(std::ceil(expect + 3.0 * std::sqrt(expect) + 3.0));
   if (rank >= m) return floor;
   tmp.resize(m);
-  for (int64_t i = 0; i < m; ++i) tmp[i] = order_key(s[i * stride]);
-  return kth_largest(tmp.data(), m, rank);
+  for (int64_t i = 0; i < m; ++i) tmp[i] = order_key(s[i * stride * ks]);
+  return kth_largest(tmp.data(), m, rank, work);
+}
+
+struct Cut {                                   // which keys a row keeps: the allowed ones above t,
+  int64_t c;                                   // and those equal to t at indices <= last;
+  int64_t t;                                   // c candidates (the allowed keys >= a bound <= t,
+  int64_t last;                                // in index order, in ck/ci) hold them all
+};
+
+template <typename T, typename K>
+Cut find_cut(const T* s, int64_t ks, int64_t L, int64_t k, std::vector<K>& ck, std::vector<int32_t>& ci,
+             std::vector<K>& tmp, std::vector<K>& work) {
+  const K floor = order_key(-std::numeric_limits<T>::infinity());
+  K lo = k < L ? sample_bound<T, K>(s, ks, L, k, tmp, work) : floor;
+  int64_t c = candidates(s, ks, L, lo, ck.data(), ci.data());
+  if (c < k && lo > floor) c = candidates(s, ks, L, lo = floor, ck.data(), ci.data());
+  if (c <= k) return {c, int64_t(lo), L};      // every candidate
+  K t = kth_largest(ck.data(), c, k, work);    // the k-th largest key
+  int64_t need = k;
+  for (int64_t i = 0; i < c; ++i) need -= ck[i] > t;  // keys equal to t to keep, lowest index first
+  int64_t last = -1;
+  for (int64_t i = 0; i < c && need > 0; ++i)
+    if (ck[i] == t) { last = ci[i]; --need; }
+  return {c, int64_t(t), last};
 }
 
 template <typename T, typename K>
-int64_t select_row(const T* s, int64_t L, int64_t k, T* vals, int64_t* idx,
-                   std::vector<K>& ck, std::vector<int32_t>& ci, std::vector<K>& tmp) {
-  const K floor = order_key(-std::numeric_limits<T>::infinity());
-  K lo = k < L ? sample_bound<T, K>(s, L, k, tmp) : floor;
-  int64_t c = candidates(s, L, lo, ck.data(), ci.data());
-  if (c < k && lo > floor) c = candidates(s, L, floor, ck.data(), ci.data());
-  int64_t out = 0;
-  if (c <= k) {                                // every candidate is kept
-    for (; out < c; ++out) idx[out] = ci[out];
-  } else {
-    K t = kth_largest(ck.data(), c, k);        // the k-th largest key
-    if (count_ge(ck.data(), c, t) == k) {      // no tie across the cut: keep every key >= t
-      for (int64_t i = 0; i < c && out < k; ++i) { idx[out] = ci[i]; out += ck[i] >= t; }
-    } else {
-      int64_t need = k;
-      for (int64_t i = 0; i < c; ++i) need -= ck[i] > t;  // keys equal to t still to keep
-      for (int64_t i = 0; i < c && out < k; ++i) {  // branch-free: write always, advance when kept
-        int64_t tie = ck[i] == t, keep = (ck[i] > t) | (tie & (need > 0));
-        need -= tie & keep;
-        idx[out] = ci[i];
-        out += keep;
-      }
+int64_t select_row(const T* s, int64_t ks, int64_t L, int64_t k, T* vals, int64_t* idx,
+                   std::vector<K>& ck, std::vector<int32_t>& ci, std::vector<K>& tmp, std::vector<K>& work) {
+  Cut cut = find_cut<T, K>(s, ks, L, k, ck, ci, tmp, work);
+  const K t = K(cut.t);
+  const int64_t last = cut.last;
+  int32_t* kept = ci.data();                   // packed in place: the write never passes the read
+  int64_t out = 0, i = 0;
+#ifdef __AVX2__
+  if constexpr (sizeof(K) == 4) {
+    const __m256i vt = _mm256_set1_epi32(t), vlast = _mm256_set1_epi32(int32_t(last));
+    for (; i + 8 <= cut.c; i += 8) {
+      __m256i key = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ck.data() + i));
+      __m256i at = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ci.data() + i));
+      __m256i keep = _mm256_or_si256(_mm256_cmpgt_epi32(key, vt), _mm256_andnot_si256(
+          _mm256_cmpgt_epi32(at, vlast), _mm256_cmpeq_epi32(key, vt)));
+      int mask = _mm256_movemask_ps(_mm256_castsi256_ps(keep));
+      store8(kept + out, pack_lanes(mask, at));
+      out += __builtin_popcount(mask);
     }
   }
-  for (int64_t i = 0; i < out; ++i) vals[i] = s[idx[i]];
+#endif
+  for (; i < cut.c; ++i) {                     // branch-free: write always, advance when kept
+    kept[out] = ci[i];
+    out += (ck[i] > t) | ((ck[i] == t) & (ci[i] <= last));
+  }
+  for (i = 0; i < out; ++i) { idx[i] = kept[i]; vals[i] = s[kept[i] * ks]; }
   return out;
 }
 
@@ -186,38 +278,91 @@ void weigh_row(const T* vals, int64_t n, T* w, T* lse) {  // w = softmax(vals[:n
   *lse = T(double(m) + std::log(l));
 }
 
-// Rows [0, rows) of s (row stride `stride`; row r uses keys [0, lens[r]) if lens, else all): the
-// kept keys' logits and indices (+ base[r] if base; padding index base[r], else -1), and with w
-// the softmax weights over them (0 where padded) and each row's log-sum-exp.
+// Rows r0 .. r0 + rows - 1 of s: row r starts at (r / grp) * gs + (r % grp) * rs and holds key j at
+// + j * ks (a (R, W) matrix: grp 1, gs W, ks 1; decode logits (B*Hkv, L, G): grp G, gs L*G, rs 1,
+// ks G), and uses keys [0, lens[r]) if lens, else [0, W). Out (rows, k) from row r0 on: the kept
+// keys' logits and indices (+ base[r] if base; padding index base[r], else -1), and with w the
+// softmax weights over them (0 where padded) and each row's log-sum-exp.
+struct Layout { int64_t r0, grp, gs, rs, ks, W; };
+
 template <typename T, typename K>
-void select_rows(const T* s, int64_t rows, int64_t stride, const int64_t* lens, int64_t k,
+void select_rows(const T* s, Layout at, int64_t rows, const int64_t* lens, int64_t k,
                  const int64_t* base, T* vals, int64_t* idx, T* w, T* lse) {
-  std::vector<K> ck(stride + 8), tmp;
+  std::vector<K> ck(at.W + 8), tmp, work;
+  std::vector<int32_t> ci(at.W + 8);
+  for (int64_t i = 0; i < rows; ++i) {
+    int64_t r = at.r0 + i, L = lens ? lens[i] : at.W, kr = k < L ? k : L;
+    const T* row = s + (r / at.grp) * at.gs + (r % at.grp) * at.rs;
+    T* v = vals + i * k;
+    int64_t* ix = idx + i * k;
+    int64_t n = kr > 0 ? select_row<T, K>(row, at.ks, L, kr, v, ix, ck, ci, tmp, work) : 0;
+    int64_t b = base ? base[i] : 0;
+    for (int64_t j = 0; j < n; ++j) ix[j] += b;
+    for (int64_t j = n; j < k; ++j) { v[j] = -std::numeric_limits<T>::infinity(); ix[j] = base ? b : -1; }
+    if (w) {
+      weigh_row(v, n, w + i * k, lse + i);
+      for (int64_t j = n; j < k; ++j) w[i * k + j] = 0;
+    }
+  }
+}
+
+template <typename T, typename K>
+void dense_row(T* s, int64_t L, int64_t stride, int64_t k, T* lse,
+               std::vector<K>& ck, std::vector<int32_t>& ci, std::vector<K>& tmp, std::vector<K>& work) {
+  Cut cut = L > 0 ? find_cut<T, K>(s, 1, L, k, ck, ci, tmp, work) : Cut{0, 0, 0};
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  if (cut.c == 0) {                            // no allowed key: zero weights
+    for (int64_t j = 0; j < stride; ++j) s[j] = 0;
+    *lse = neg_inf;
+    return;
+  }
+  K top = ck[0];
+  for (int64_t i = 1; i < cut.c; ++i) top = ck[i] > top ? ck[i] : top;
+  const T m = key_value(top), tv = key_value(K(cut.t));
+  const int64_t last = cut.last;
+  double l = 0.0;
+#pragma omp simd reduction(+ : l)
+  for (int64_t j = 0; j < L; ++j) {            // the weight of every kept key, 0 elsewhere
+    T v = s[j];
+    bool keep = ((v > tv) | ((v == tv) & (j <= last))) & (v > neg_inf);
+    T e = keep ? exp_neg(v - m) : T(0);
+    s[j] = e;
+    l += double(e);
+  }
+  const T inv = T(1.0 / l);
+#pragma omp simd
+  for (int64_t j = 0; j < L; ++j) s[j] *= inv;
+  for (int64_t j = L; j < stride; ++j) s[j] = 0;
+  *lse = T(double(m) + std::log(l));
+}
+
+template <typename T, typename K>
+void dense_rows(T* s, int64_t rows, int64_t stride, const int64_t* lens, int64_t k, T* lse) {
+  std::vector<K> ck(stride + 8), tmp, work;
   std::vector<int32_t> ci(stride + 8);
   for (int64_t r = 0; r < rows; ++r) {
-    int64_t L = lens ? lens[r] : stride, kr = k < L ? k : L;
-    T* v = vals + r * k;
-    int64_t* ix = idx + r * k;
-    int64_t n = kr > 0 ? select_row<T, K>(s + r * stride, L, kr, v, ix, ck, ci, tmp) : 0;
-    int64_t b = base ? base[r] : 0;
-    for (int64_t i = 0; i < n; ++i) ix[i] += b;
-    for (int64_t i = n; i < k; ++i) { v[i] = -std::numeric_limits<T>::infinity(); ix[i] = base ? b : -1; }
-    if (w) {
-      weigh_row(v, n, w + r * k, lse + r);
-      for (int64_t i = n; i < k; ++i) w[r * k + i] = 0;
-    }
+    int64_t L = lens ? lens[r] : stride;
+    dense_row<T, K>(s + r * stride, L, stride, k < L ? k : L, lse + r, ck, ci, tmp, work);
   }
 }
 
 }  // namespace
 
 extern "C" {
-void select_rows_f32(const float* s, int64_t rows, int64_t stride, const int64_t* lens, int64_t k,
+void select_rows_f32(const float* s, const int64_t* layout, int64_t rows, const int64_t* lens, int64_t k,
                      const int64_t* base, float* vals, int64_t* idx, float* w, float* lse) {
-  select_rows<float, int32_t>(s, rows, stride, lens, k, base, vals, idx, w, lse);
+  Layout at{layout[0], layout[1], layout[2], layout[3], layout[4], layout[5]};
+  select_rows<float, int32_t>(s, at, rows, lens, k, base, vals, idx, w, lse);
 }
-void select_rows_f64(const double* s, int64_t rows, int64_t stride, const int64_t* lens, int64_t k,
+void select_rows_f64(const double* s, const int64_t* layout, int64_t rows, const int64_t* lens, int64_t k,
                      const int64_t* base, double* vals, int64_t* idx, double* w, double* lse) {
-  select_rows<double, int64_t>(s, rows, stride, lens, k, base, vals, idx, w, lse);
+  Layout at{layout[0], layout[1], layout[2], layout[3], layout[4], layout[5]};
+  select_rows<double, int64_t>(s, at, rows, lens, k, base, vals, idx, w, lse);
+}
+void dense_rows_f32(float* s, int64_t rows, int64_t stride, const int64_t* lens, int64_t k, float* lse) {
+  dense_rows<float, int32_t>(s, rows, stride, lens, k, lse);
+}
+void dense_rows_f64(double* s, int64_t rows, int64_t stride, const int64_t* lens, int64_t k, double* lse) {
+  dense_rows<double, int64_t>(s, rows, stride, lens, k, lse);
 }
 }

@@ -11,6 +11,7 @@ import torch
 from gatherlens.errors import GatherValueError
 from gatherlens.ops.embedding import checks
 from gatherlens.ops.embedding.methods import DEFAULT_METHOD, METHODS
+from gatherlens.ops.embedding.small import small_lookup
 
 __all__ = ["embedding_lookup", "get_embeddings"]
 
@@ -69,6 +70,10 @@ def embedding_lookup(ids: torch.Tensor, table: torch.Tensor, *, method: str = DE
         Traceback (most recent call last):
         gatherlens.errors.GatherIndexError: token id 5 at position (0,) is outside the vocabulary [0, 4)
     """
+    if method == "fast" and out is None and padding_idx is None and bounds == "raise":
+        rows = small_lookup(ids, table)                         # a few ids: the short path
+        if rows is not None:
+            return rows
     checks.check_table(table)
     checks.check_ids(ids, table)
     if method not in METHODS:
@@ -123,6 +128,10 @@ def get_embeddings(token_ids: torch.Tensor, embeddings_matrix: torch.Tensor) -> 
         >>> get_embeddings(torch.tensor([[3, 1, 4]]), torch.randn(10, 6)).shape
         torch.Size([1, 3, 6])
     """
+    if isinstance(token_ids, torch.Tensor) and token_ids.dim() == 2:
+        rows = small_lookup(token_ids, embeddings_matrix)       # a few ids: the short path
+        if rows is not None:
+            return rows
     checks.check_table(embeddings_matrix, "embeddings_matrix")
     checks.check_ids(token_ids, embeddings_matrix, "token_ids")
     if token_ids.dim() != 2:

@@ -21,9 +21,11 @@ __all__ = ["BACKENDS", "check_decode_args", "check_key_mask", "check_choice"]
 BACKENDS = ("auto", "torch", "triton")
 
 
-def check_decode_args(query, cache, budget, page_size, group_score, backend, scale, key_mask) -> float:
+def check_decode_args(query, cache, budget, page_size, group_score, backend, scale, key_mask, recent=0,
+                      choose="bound") -> float:
     """Validate the arguments of `sparse_decode`; return the logit scale (default 1 / sqrt(D))."""
     _check_query_and_cache(query, cache, budget, page_size)
+    check_choice(recent, choose)
     if group_score not in GROUP_SCORES:
         raise GatherValueError(f"group_score = {group_score!r} must be one of {GROUP_SCORES}")
     if backend not in BACKENDS:

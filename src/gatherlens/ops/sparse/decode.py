@@ -19,7 +19,7 @@ import torch
 from gatherlens.errors import GatherValueError
 
 from .cache import PagedKVCache
-from .checks import check_choice, check_decode_args
+from .checks import check_decode_args
 from .page_choice import first_recent_page, pages_for_budget, select_pages
 from .selection import PageSelection
 from .torch_decode import attend_all, attend_pages
@@ -34,8 +34,8 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = 2048,
                   choose: str = "bound"):
     r"""Decode attention over the ``budget`` cached tokens whose pages score highest.
 
-    Pages are scored by an upper bound of q.k from their keys' element-wise min and max (Quest);
-    page 0, the last page and the best others within ``budget`` are attended over exactly.
+    Pages are scored by an upper bound of q.k from their keys' min and max (Quest); page 0, the
+    last page and the best others within ``budget`` are attended over exactly.
 
     Args:
         query (Tensor): one decode query per head, in any float dtype (cast to ``cache.dtype``).
@@ -46,19 +46,17 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = 2048,
         share_selection (bool): ``True``: the ``G = Hq // Hkv`` query heads of a KV group read the
             same pages (memory traffic stays ``budget`` rows per KV head); ``False``: every query
             head chooses its own. Default: ``True``.
-        return_lse (bool): also return the log-sum-exp of each head's logits. Default: ``False``.
-        return_selection (bool): also return the :class:`PageSelection`. Default: ``False``.
+        return_lse, return_selection (bool): also return each head's log-sum-exp / the
+            :class:`PageSelection`. Default: ``False``.
         scale (float, optional): logit scale. Default: ``1 / sqrt(D)``.
         group_score (str): ``"max"`` or ``"sum"`` of a group's page bounds (shared selection).
         backend (str): ``"torch"``, ``"triton"`` (CUDA, or ``TRITON_INTERPRET=1`` on CPU) or
             ``"auto"`` (triton for CUDA tensors when it imports and no ``key_mask``, else torch).
         key_mask (Tensor, optional): bool, ``True`` = attend; keys of padded sequences to ignore.
             Pages are chosen as without it; masked keys in them get no weight (torch backend).
-        recent (int): the pages of the ``recent`` newest tokens are always read, within the
-            budget (a local window beside the chosen pages). Default: 0 (the last page only).
-        choose (str): ``"bound"`` ranks pages by Quest's bound (reads the summaries only);
-            ``"oracle"`` by their true attention mass (reads every key: for measuring how good
-            a page choice could be; torch backend). Default: ``"bound"``.
+        recent (int): the ``recent`` newest tokens' pages are always read, within the budget.
+        choose (str): ``"bound"`` (Quest) or ``"oracle"`` (pages by true attention mass; reads
+            every key: an evaluation tool, torch backend). Default: ``"bound"``.
 
     Shape:
         - query: :math:`(B, H_q, 1, D)`, :math:`H_q` a multiple of ``cache.kv_heads``
@@ -78,30 +76,29 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = 2048,
         >>> out.shape, sel.pages.shape
         (torch.Size([1, 8, 1, 64]), torch.Size([1, 2, 8]))
     """
-    scale = check_decode_args(query, cache, budget, page_size, group_score, backend, scale, key_mask)
-    check_choice(recent, choose)
+    scale = check_decode_args(query, cache, budget, page_size, group_score, backend, scale, key_mask, recent, choose)
     q = query.to(cache.dtype)  # (B, Hq, 1, D)
     backend = _pick_backend(q, backend, key_mask, choose)
     how = dict(share_selection=share_selection, group_score=group_score, recent=recent, choose=choose)
-    if backend == "torch" and reads_every_page(cache, budget, recent):  # dense: no scoring, no gather
-        out, lse = attend_all(q, cache, scale, key_mask)  # (B, Hq, 1, D), (B, Hq, 1)
-        pages = bounds = None
-        if return_selection:
-            pages, bounds = select_pages(q, cache, budget, scale=scale, **how)  # every page
-    else:
-        pages, bounds, out, lse = _decode(backend, q, cache, budget, how, scale,
-                                          key_mask)  # (B, Hsel, n), (B, Hsel, N), (B, Hq, 1, D), (B, Hq, 1)
+    pages, bounds, out, lse = _decode(backend, q, cache, budget, how, scale, key_mask, return_selection)
     result = [out.to(query.dtype)] + ([lse] if return_lse else [])
     if return_selection:
         pages = pages.sort(dim=-1).values if backend == "triton" else pages  # (B, Hsel, n) ascending
-        result.append(PageSelection(pages, bounds, lse, cache.page_size, cache.length, budget,
-                                    query.shape[1], cache.kv_heads, share_selection, group_score,
-                                    recent=recent, choose=choose))
+        result.append(PageSelection(pages, bounds, lse, cache.page_size, cache.length, budget, query.shape[1],
+                                    cache.kv_heads, share_selection, group_score, recent=recent, choose=choose))
     return result[0] if len(result) == 1 else tuple(result)
 
 
-def _decode(backend, q, cache, budget, how: dict, scale, key_mask):
-    """pages (B, Hsel, n; unsorted from triton), bounds (B, Hsel, N), out (B, Hq, 1, D), lse (B, Hq, 1)."""
+def _decode(backend, q, cache, budget, how: dict, scale, key_mask, want_selection: bool):
+    """pages (B, Hsel, n; unsorted from triton), bounds (B, Hsel, N), out (B, Hq, 1, D), lse (B, Hq, 1).
+
+    A budget that buys every page is dense attention in place (no scoring unless the selection
+    is wanted, no gather).
+    """
+    if backend == "torch" and reads_every_page(cache, budget, how["recent"]):
+        out, lse = attend_all(q, cache, scale, key_mask)  # (B, Hq, 1, D), (B, Hq, 1)
+        pages, bounds = select_pages(q, cache, budget, scale=scale, **how) if want_selection else (None, None)
+        return pages, bounds, out, lse
     if backend == "triton":  # scoring in one kernel too: fewer launches per step on a GPU
         from .triton_decode import triton_attend_pages, triton_select_pages
 

@@ -104,22 +104,33 @@ def select_pages(
     Hkv, N = cache.kv_heads, cache.num_pages
     q = query.view(B, Hkv, Hq // Hkv, D)  # (B, Hkv, G, D)
     if choose == "oracle":
-        scores = page_mass(q, cache, 1.0 / D ** 0.5 if scale is None else scale)  # (B, Hkv, N, G)
-    else:  # (N, 2D) @ (2D, G) reads the summaries row by row (faster on CPU than (G, 2D) @ (2D, N))
-        summaries = cache.summaries  # (B, Hkv, N, 2D)
-        scores = torch.matmul(summaries, split_query(q).to(summaries.dtype).transpose(-1, -2))  # (B, Hkv, N, G)
-    if share_selection:
-        scores = scores.amax(dim=-1) if group_score == "max" else scores.sum(dim=-1)  # (B, Hkv, N)
+        scores = page_mass(q, cache, 1.0 / D ** 0.5 if scale is None else scale)  # (B, Hkv, G, N)
     else:
-        scores = scores.transpose(-1, -2).reshape(B, Hq, N)  # (B, Hq, N)
+        scores = _bounds(split_query(q), cache.summaries)  # (B, Hkv, G, N)
+    if share_selection:
+        scores = scores.amax(dim=-2) if group_score == "max" else scores.sum(dim=-2)  # (B, Hkv, N)
+    else:
+        scores = scores.reshape(B, Hq, N)  # (B, Hq, N)
     scores = scores.float()  # (B, Hsel, N)
     first = first_recent_page(cache.length, cache.page_size, recent)
     n = max(pages_for_budget(budget, cache.length, cache.page_size), min(N, N - first + 1))
     return choose_pages(scores, n, first), scores
 
 
+def _bounds(qq: torch.Tensor, summaries: torch.Tensor) -> torch.Tensor:
+    """qq (B, Hkv, G, 2D) against summaries (B, Hkv, N, 2D): (B, Hkv, G, N), in the faster orientation.
+
+    Large summaries (past ~4 MiB) stream better read row by row, (N, 2D) @ (2D, G); small ones
+    are faster as (G, 2D) @ (2D, N) (docs/bench/notes.md).
+    """
+    qq = qq.to(summaries.dtype)
+    if summaries.numel() > 1 << 20:
+        return torch.matmul(summaries, qq.transpose(-1, -2)).transpose(-1, -2)  # (B, Hkv, G, N)
+    return torch.matmul(qq, summaries.transpose(-1, -2))  # (B, Hkv, G, N)
+
+
 def page_mass(q: torch.Tensor, cache, scale: float) -> torch.Tensor:
-    """Each page's share of the softmax of q (B, Hkv, G, D) over every cached key: (B, Hkv, N, G).
+    """Each page's share of the softmax of q (B, Hkv, G, D) over every cached key: (B, Hkv, G, N).
 
     Reads all of K: the oracle a page choice is measured against.
     """
@@ -127,7 +138,7 @@ def page_mass(q: torch.Tensor, cache, scale: float) -> torch.Tensor:
     N, P, L = cache.num_pages, cache.page_size, cache.length
     logits = torch.matmul(q.to(cache.dtype).float(), cache.keys.float().transpose(-1, -2)) * scale  # (B, Hkv, G, L)
     probs = torch.nn.functional.pad(torch.softmax(logits, dim=-1), (0, N * P - L))  # (B, Hkv, G, N*P)
-    return probs.view(B, Hkv, G, N, P).sum(-1).transpose(-1, -2)  # (B, Hkv, N, G)
+    return probs.view(B, Hkv, G, N, P).sum(-1)  # (B, Hkv, G, N)
 
 
 def choose_pages(bounds: torch.Tensor, n: int, first_recent: int | None = None) -> torch.Tensor:
