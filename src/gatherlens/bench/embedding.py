@@ -25,7 +25,8 @@ from gatherlens.bench.output import check_json_path, write_results
 import torch
 import torch.nn.functional as F
 
-from gatherlens.ops.embedding import METHODS, embedding_lookup
+from gatherlens.bench.plot import check_plot_path, plot_ratios
+from gatherlens.ops.embedding import METHODS, embedding_lookup, get_embeddings
 
 GRID = {"vocab": (49152, 128256), "dim": (576, 4096), "tokens": (1, 64, 4096, 32768),
         "dtype": ("float32", "bfloat16"), "threads": (1, 2)}
@@ -98,6 +99,8 @@ def _forward_ops(table, ids, methods):
         if name == "naive" and n > NAIVE_LIMIT:
             continue
         ops[name] = lambda name=name: embedding_lookup(ids, table, method=name)
+    ids2 = ids.view(1, n)                                       # (1, N): the article's (B, S) form
+    ops["get_embeddings"] = lambda: get_embeddings(ids2, table)
     ops["fast out="] = lambda: embedding_lookup(ids, table, out=out)
     ops["fast unchecked"] = lambda: embedding_lookup(ids, table, bounds="off")  # the check's cost
     return ops
@@ -173,14 +176,16 @@ def _ints(text):
 @click.option("--no-backward", is_flag=True, help="time the forward only")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               default="bench-embedding.json", show_default=True, help="where to write the results")
-@click.option("--force", is_flag=True, help="overwrite an existing --json file")
+@click.option("--force", is_flag=True, help="overwrite an existing --json or --plot file")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="also draw the default's and get_embeddings' time / F.embedding's against N")
 def command(vocab, dim, tokens, dtypes, threads, methods, backward_methods, repeats, no_backward, json_path,
-            force):
-    """Time the embedding lookup methods against F.embedding and a copy of the same bytes."""
+            force, plot_path):
+    """Time the embedding lookup methods against F.embedding (the baseline) and a copy of the same bytes."""
     from rich.console import Console
-    from rich.table import Table
 
     check_json_path(json_path, force)
+    check_plot_path(plot_path, force)
     methods = tuple(m for m in methods.split(",") if m)
     backward_methods = () if no_backward else tuple(m for m in backward_methods.split(",") if m)
     unknown = [m for m in methods + backward_methods if m not in METHODS]
@@ -208,7 +213,24 @@ def command(vocab, dim, tokens, dtypes, threads, methods, backward_methods, repe
                         progress=save)
     finally:
         torch.set_num_threads(before)
-    table = Table(title="embedding lookup: median time, GB/s (2*N*d*itemsize), vs F.embedding and vs a copy")
+    console.print(_table(rows))
+    if plot_path is not None:
+        mine = [r for r in rows if r.op in ("fast", "get_embeddings")]
+        plot_ratios(mine, plot_path, x="tokens", y="ratio_embedding", xlabel="N (ids per call)",
+                    series=("op", "direction", "vocab", "dim", "dtype", "threads"),
+                    title="embedding lookup / F.embedding (the baseline)")
+        console.print(f"wrote {plot_path}")
+    meta["complete"] = True
+    write_results(json_path, "embedding", meta, rows)
+    console.print(f"wrote {json_path}")
+
+
+def _table(rows):
+    """The results as a rich table, the default in bold."""
+    from rich.table import Table
+
+    table = Table(title="embedding lookup: median time, GB/s (2*N*d*itemsize), vs F.embedding (the "
+                        "baseline) and vs a copy")
     for col in ("V", "d", "N", "dtype", "thr", "dir", "op", "median", "GB/s", "xF.emb", "%copy fresh", "%copy into"):
         table.add_column(col, justify="left" if col in ("dtype", "dir", "op") else "right")
     for r in rows:
@@ -217,10 +239,7 @@ def command(vocab, dim, tokens, dtypes, threads, methods, backward_methods, repe
                       r.direction[:3], r.op,
                       _human(r.median_s), f"{r.gbps:.1f}", f"{r.ratio_embedding:.2f}",
                       f"{100 * r.copy_fresh_fraction:.0f}%", f"{100 * r.copy_into_fraction:.0f}%", style=style)
-    console.print(table)
-    meta["complete"] = True
-    write_results(json_path, "embedding", meta, rows)
-    console.print(f"wrote {json_path}")
+    return table
 
 
 def _human(seconds: float) -> str:

@@ -1,18 +1,20 @@
-"""Top-k attention as a sparse weighted sum: an exact threshold per row, then only the kept value rows.
+"""Top-k attention on the CPU as a sparse weighted sum: an exact threshold per row, then only the
+kept value rows (the fast path of `topk_attention` without autograd; chunked.py is its reference).
 
     >>> out, lse, vals, idx = sparse_forward(problem, query, key, value, need_idx=True)
 
 Per chunk of C queries, all heads at once:
-1. logits (B, Hkv, G, C, Lc): one matmul per KV head for its G query heads (logits.py);
-2. per row the kept keys (threshold.py: the k-th largest logit and the tie rule), as flat positions;
-3. per kept key its weight exp(s - max) and per row their sum l, over the kept keys only;
-4. the weighted sum of the kept value rows: `F.embedding_bag(mode="sum", per_sample_weights=w)`
-   gathers k rows per query and sums them in one kernel (reads k rows of V, not Lc) while
-   k * BAG_RATIO <= Lc; for larger k the weights go into the zeroed logit buffer, times V.
-Nothing masks, exponentiates or sums the logits outside the selection; the logits are computed
-once, so the selection and the sum see the same bits. lse = max + log(l). share_selection ranks the
-keys of a KV group by the sum of its query heads' logits; each head weighs them by its own logits.
-Workers (numpy, GIL released) do steps 2-3 on row blocks; chunked.py stays the reference.
+1. logits (B, Hkv, G, C, Lc): per KV head, (G*C, D) @ (D, 1024-key blocks) into one reused
+   buffer; decoding (few rows) computes K @ q^T and reads the result in place, strided;
+2. per row the kept keys, their softmax weights and the log-sum-exp in one C++ call
+   (threshold.py); a causal row passes its length instead of being masked;
+3. the weighted sum of the kept value rows: `F.embedding_bag(mode="sum", per_sample_weights=w)`
+   gathers k rows per query (reads k rows of V, not Lc) while k * BAG_RATIO <= Lc; for larger k
+   the row of logits becomes its row of weights in place, times V (one matmul).
+Nothing masks, exponentiates or sums the logits outside the selection, and they are computed
+once, so the selection and the sum see the same bits. share_selection ranks a KV group's keys by
+the sum of its heads' logits (added in head order, as chunked.py does); each head weighs them by
+its own logits. Prefill chunks run on one thread each (in_workers): one join per call.
 """
 from __future__ import annotations
 

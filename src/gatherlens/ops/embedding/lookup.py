@@ -70,7 +70,7 @@ def embedding_lookup(ids: torch.Tensor, table: torch.Tensor, *, method: str = DE
         Traceback (most recent call last):
         gatherlens.errors.GatherIndexError: token id 5 at position (0,) is outside the vocabulary [0, 4)
     """
-    if method == "fast" and out is None and padding_idx is None and bounds == "raise":
+    if method == "fast" and out is None and padding_idx is None and bounds in ("raise", "off"):
         rows = small_lookup(ids, table)                         # a few ids: the short path
         if rows is not None:
             return rows

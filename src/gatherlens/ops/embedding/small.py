@@ -6,10 +6,12 @@
     True
 
 A handful of ids on the CPU (int64 or int32, at most SMALL_MAX of them), a 2-D CPU table that needs no
-gradient, no `out=`, no padding_idx, bounds="raise": the bounds check reads the ids as a Python list
-(a reduction's dispatch costs more than the whole list for this few), then `torch.embedding`, the
-kernel behind F.embedding, without F.embedding's Python wrapper. Anything else, including an id out of
-range, returns None and the caller takes its full path, which raises the project's error.
+gradient, no `out=`, no padding_idx, bounds="raise": `torch.embedding`, the kernel behind F.embedding,
+without F.embedding's Python wrapper. The bounds check is the kernel's own: on the CPU it tests every
+id against [0, V) while it copies the rows and raises IndexError for the first one outside (any
+check written here, even `ids.tolist()` and min/max, cost more than the lookup of 8 rows). Then, and
+for anything else, this returns None and the caller takes its full path, which raises the project's
+GatherIndexError naming the id, its position and the range.
 """
 from __future__ import annotations
 
@@ -18,24 +20,22 @@ import torch
 __all__ = ["small_lookup", "SMALL_MAX"]
 
 SMALL_MAX = 64            # ids per call on this path
-LIST_MAX = 16             # up to this many ids the check reads them as a list; more: one aminmax
 _ID_DTYPES = (torch.int64, torch.int32)
 
 
 def small_lookup(ids, table) -> torch.Tensor | None:
-    """Rows `ids` of `table` (*ids.shape, d) when the small common case applies, else None."""
-    if not (isinstance(ids, torch.Tensor) and isinstance(table, torch.Tensor)):
+    """Rows `ids` of `table` (*ids.shape, d) when the small common case applies, else None.
+
+    Every test is a cheap attribute read, cheapest and likeliest to fail first: this runs on
+    every call of `embedding_lookup` and `get_embeddings`.
+    """
+    if type(ids) is not torch.Tensor or not isinstance(table, torch.Tensor):
         return None
-    n = ids.numel()
-    if not 0 < n <= SMALL_MAX or ids.dtype not in _ID_DTYPES or table.dim() != 2:
+    if ids.dtype not in _ID_DTYPES or not 0 < ids.numel() <= SMALL_MAX or table.dim() != 2:
         return None
     if not (ids.is_cpu and table.is_cpu) or (table.requires_grad and torch.is_grad_enabled()):
         return None
-    if n <= LIST_MAX:
-        values = ids.tolist() if ids.dim() == 1 else ids.reshape(-1).tolist()
-        low, high = min(values), max(values)
-    else:
-        low, high = (t.item() for t in torch.aminmax(ids))
-    if low < 0 or high >= table.shape[0]:
+    try:
+        return torch.embedding(table, ids)                      # (*ids.shape, d)
+    except IndexError:                                          # the kernel's bounds check failed:
         return None                                             # the full path names the bad id
-    return torch.embedding(table, ids)                          # (*ids.shape, d)

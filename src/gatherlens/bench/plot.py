@@ -1,0 +1,58 @@
+"""A benchmark's ratios as a picture: time against the strongest baseline, one line per series.
+
+    >>> plot_ratios(rows, "attention.png", x="context", series=("mode", "top_k"),
+    ...             title="top-k attention / SDPA")                        # one line per (mode, k)
+
+matplotlib is imported only when a plot is asked for. The y axis is the time ratio (log scale), with
+1 (the baseline) drawn dashed: below it the op is faster.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+
+import click
+
+__all__ = ["check_plot_path", "plot_ratios"]
+
+
+def check_plot_path(path: Path | None, force: bool) -> Path | None:
+    """Refuse, before any timing, a --plot path that exists (without --force) or is not a .png/.svg/.pdf."""
+    if path is None:
+        return None
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise click.UsageError(f"--plot {path}: give a .png, .svg or .pdf file name")
+    if path.exists() and not force:
+        raise click.UsageError(f"{path} exists; pass --force to overwrite it")
+    if not (path.parent if str(path.parent) else Path(".")).is_dir():
+        raise click.UsageError(f"folder {path.parent} does not exist (for --plot)")
+    return path
+
+
+def plot_ratios(rows, path: str | Path, *, x: str, series: tuple[str, ...], title: str,
+                y: str = "ratio", xlabel: str | None = None) -> Path:
+    """rows (dataclasses or dicts) -> a log-log plot of row[y] against row[x], one line per series key."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    rows = [asdict(r) if is_dataclass(r) else dict(r) for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for key in dict.fromkeys(tuple(r[s] for s in series) for r in rows):
+        mine = sorted((r for r in rows if tuple(r[s] for s in series) == key), key=lambda r: r[x])
+        label = ", ".join(f"{s}={v}" for s, v in zip(series, key))
+        ax.plot([r[x] for r in mine], [r[y] for r in mine], "o-", label=label)
+    ax.axhline(1.0, ls="--", color="gray", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel or x)
+    ax.set_ylabel("time / baseline's time (below 1: faster)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
