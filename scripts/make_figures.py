@@ -134,13 +134,31 @@ FIGURES = {
 }
 
 
+def page_trace():
+    """Which pages SmolLM2 read while continuing 2,048 tokens of Pride and Prejudice (budget 256, 32
+    decode steps, the default settings). Greedy float32 on one thread: the same pages on every run of
+    one machine (another CPU may round a logit differently)."""
+    from gatherlens.eval.corpus import load_text
+    from gatherlens.models import load
+    from gatherlens.models.streaming import stream_generate
+
+    torch.set_num_threads(1)
+    lm = load("smollm2")
+    ids = lm.encode(load_text("default"), truncation=False)[:, :2048]  # (1, 2048)
+    return stream_generate(lm, ids, 256, 33, pages=True).trace
+
+
 def main(png: bool = False) -> int:
+    from gatherlens.render.page_trace import page_trace_svg
+
     OUT.mkdir(parents=True, exist_ok=True)
     written = []
+    trace = page_trace()
     for lang in ("en", "zh"):
         for name, make in FIGURES.items():
             written.append((OUT / f"{name}.{lang}.svg", make(lang).to_svg(lang=lang)))
         written.append((OUT / f"mistakes.{lang}.svg", mistakes_svg(lang)))
+        written.append((OUT / f"page_trace.{lang}.svg", page_trace_svg(trace, lang=lang)))
     written.append((OUT / "readme_embedding.svg", embedding("en").to_svg()))
     for path, svg in written:
         path.write_text(svg, encoding="utf-8")

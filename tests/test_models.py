@@ -343,9 +343,15 @@ def test_both_models_load_offline(no_network):
 
 
 @pytest.mark.slow
-def test_cached_smollm2_reloads_under_two_seconds(smollm2):
-    again = load("smollm2")  # imports are warm; this is the cache read alone
-    assert again.from_cache and again.seconds < 2.0, again.seconds
+def test_cached_smollm2_reloads_without_converting(smollm2, monkeypatch):
+    # A second load reads the converted folder: the GGUF is never parsed again. (How long that takes
+    # is measured by `gatherlens cache` and the benchmarks, not asserted here.)
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("the cached model was converted again")
+
+    monkeypatch.setattr("gatherlens.models.loading._convert_gguf", no_conversion)
+    again = load("smollm2")
+    assert again.from_cache
     ids = smollm2.encode("Hello world")
     with torch.no_grad():
         assert torch.equal(smollm2.model(ids).logits, again.model(ids).logits)

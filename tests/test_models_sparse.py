@@ -14,6 +14,9 @@ from gatherlens.models.sparse import (  # noqa: E402
 )
 
 
+PLAIN = {"dense_layers": 0, "recent": 0, "dense_share": 1.0}  # Quest's plain rule: every layer, every budget < L
+
+
 def tiny_llama(seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -57,7 +60,7 @@ def test_full_budget_equals_dense_greedy(kv_heads):
 
 def test_generate_reads_the_paged_cache_and_matches_reference(fresh):
     ids = torch.randint(1, 101, (1, 70))
-    use_sparse_decoding(fresh, budget=24, page_size=8, keep_selection=True)
+    use_sparse_decoding(fresh, budget=24, page_size=8, keep_selection=True, **PLAIN)
     seen = []
 
     def check(call):
@@ -82,7 +85,7 @@ def test_small_budget_changes_tokens_not_shapes(fresh):
     torch.manual_seed(3)
     ids = torch.randint(1, 101, (1, 120))
     dense = _generate(fresh, ids, 8)
-    use_sparse_decoding(fresh, budget=16, page_size=8)
+    use_sparse_decoding(fresh, budget=16, page_size=8, **PLAIN)
     sparse = _generate(fresh, ids, 8)
     assert sparse.sequences.shape == dense.sequences.shape
     diff = max(float((a - b).abs().max()) for a, b in zip(dense.logits[1:], sparse.logits[1:]))
@@ -106,7 +109,7 @@ def test_padded_keys_get_no_weight(fresh):
     ids = torch.randint(1, 101, (2, 40))
     mask = torch.ones_like(ids)
     ids[1, :9], mask[1, :9] = 0, 0
-    use_sparse_decoding(fresh, budget=16, page_size=8)
+    use_sparse_decoding(fresh, budget=16, page_size=8, **PLAIN)
     seen = []
 
     def check(call):
@@ -247,16 +250,32 @@ def test_sparse_cache_truncate_rewinds_generation(fresh):
 
 def test_recent_and_oracle_settings_reach_the_decode_step(fresh):
     ids = torch.randint(1, 101, (1, 80))
-    use_sparse_decoding(fresh, budget=24, page_size=8, recent=20, keep_selection=True)
+    use_sparse_decoding(fresh, budget=24, page_size=8, recent=20, keep_selection=True, dense_layers=0)
     _generate(fresh, ids, 2)
     from gatherlens.models.sparse import last_page_selections
 
     sel = last_page_selections(fresh)[0]
     assert sel.recent == 20 and bool(sel.mask()[..., -3:].all())
-    use_sparse_decoding(fresh, budget=24, page_size=8, choose="oracle", keep_selection=True)
+    use_sparse_decoding(fresh, budget=24, page_size=8, choose="oracle", keep_selection=True, dense_layers=0)
     _generate(fresh, ids, 2)
     assert last_page_selections(fresh)[0].choose == "oracle"
     with pytest.raises(GatherValueError, match="choose"):
         use_sparse_decoding(fresh, budget=24, choose="best")
     with pytest.raises(GatherValueError, match="recent"):
         use_sparse_decoding(fresh, budget=24, recent=-2)
+
+
+def test_a_budget_of_a_third_of_the_cache_decodes_densely(fresh):
+    """dense_share: a budget of >= 1/3 of the cache reads every page (the selection says so)."""
+    from gatherlens.models.sparse import last_page_selections
+
+    ids = torch.randint(1, 101, (1, 100))
+    use_sparse_decoding(fresh, budget=24, page_size=8, dense_layers=0, recent=0, keep_selection=True)
+    _generate(fresh, ids, 2)  # the decode step sees 101 tokens: 24 < 101 / 3, sparse
+    assert last_page_selections(fresh)[0].pages.shape[-1] == 3
+    use_sparse_decoding(fresh, budget=24, page_size=8, dense_layers=0, recent=0, keep_selection=True, dense_share=0.2)
+    _generate(fresh, ids, 2)
+    sel = last_page_selections(fresh)[0]
+    assert sel.pages.shape[-1] == sel.num_pages == 13  # 24 >= 0.2 * 101: every page
+    with pytest.raises(GatherValueError, match="dense_share"):
+        use_sparse_decoding(fresh, budget=24, dense_share=0)

@@ -118,3 +118,25 @@ def test_select_pages_keeps_its_positional_signature():
     q, k, v, cache = make(L=40, P=4)
     pages, bounds = select_pages(q, cache, 40, True, "sum")
     assert pages.shape == (1, 2, 10) and bounds.shape == (1, 2, 10)
+
+
+@pytest.mark.parametrize("L", [40, 9000])
+def test_attention_layouts_for_one_and_several_threads_agree(L):
+    """attend_gathered gives the kernel one task per query head (several threads, small K) or one
+    per KV group (one thread, or large K): the same attention either way."""
+    from gatherlens.ops.sparse.torch_decode import attend_gathered
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 3, n, 64, generator=g) for n in (3, L, L))  # (B, Hs, R, D), (B, Hs, L, D)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = attend_gathered(q, k, v, L - 3, 0.125)
+        torch.set_num_threads(2)
+        two = attend_gathered(q, k, v, L - 3, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    ref, lse = dense_decode_reference(q.reshape(1, 9, 1, 64), k[:, :, :L - 3], v[:, :, :L - 3], scale=0.125)
+    for out, out_lse in (one, two):
+        torch.testing.assert_close(out.reshape(1, 9, 1, 64), ref, atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(out_lse.reshape(1, 9, 1), lse, atol=1e-4, rtol=1e-4)

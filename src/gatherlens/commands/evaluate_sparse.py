@@ -55,14 +55,14 @@ class _Plan:
               help="The comparison table's two budgets: every setting at the first, the main ones at the second.")
 @click.option("--page-size", default=DEFAULTS["page_size"], show_default=True, type=click.IntRange(min=1),
               help="Tokens per page (with --budgets).")
-@click.option("--decode-tokens", default=256, show_default=True, type=click.IntRange(min=0),
+@click.option("--decode-tokens", default=512, show_default=True, type=click.IntRange(min=0),
               help="Last N tokens of the context decoded step by step and scored; 0 skips perplexity.")
 @click.option("--passkey-trials", default=5, show_default=True, type=click.IntRange(min=0),
               help="Passkey prompts (needle depths spread over the context); 0 skips the test.")
 @click.option("--dense-layers", default=DEFAULTS["dense_layers"], show_default=True, type=click.IntRange(min=0),
               help="Leading layers that decode densely (Quest keeps 2; with --budgets).")
-@click.option("--recent", default=DEFAULTS["recent"], show_default=True, type=click.IntRange(min=0),
-              help="Newest tokens always read, within the budget (with --budgets).")
+@click.option("--recent", default=DEFAULTS["recent"], type=click.IntRange(min=0),
+              help="Newest tokens always read, within the budget (with --budgets; default: a quarter of it).")
 @click.option("--group-score", type=click.Choice(["max", "sum"]), default=DEFAULTS["group_score"], show_default=True,
               help="How a KV group's heads' page bounds combine (with --budgets).")
 @click.option("--per-head", is_flag=True, help="Each query head chooses its pages (default: one choice per KV group).")

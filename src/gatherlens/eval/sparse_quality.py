@@ -84,28 +84,30 @@ def setups_for_budgets(budgets, **common) -> list[SparseSetup]:
     return [SparseSetup(b, label=f"budget={b}", **common) for b in budgets]
 
 
-def default_setup(budget: int) -> SparseSetup:
-    """use_sparse_decoding's default settings at this budget, labelled "budget=B (default)"."""
-    options = {k: v for k, v in DEFAULTS.items() if k != "budget"}
-    return SparseSetup(budget, label=f"{SparseSetup(budget, **options).name} (default)", **options)
+def default_setup(budget: int, **change) -> SparseSetup:
+    """use_sparse_decoding's default settings at this budget (with `change`), labelled "... (default)"."""
+    options = {k: v for k, v in DEFAULTS.items() if k not in ("budget", "dense_share")} | change
+    if options["recent"] is None:  # the library's rule: a quarter of the budget
+        options["recent"] = budget // 4
+    name = SparseSetup(budget, **options).name
+    return SparseSetup(budget, label=name if change else f"{name} (default)", **options)
 
 
 def comparison_setups(budget: int = 512, small: int = 256) -> list[SparseSetup]:
-    """The table `gatherlens eval-sparse` runs: what each choice does to quality at a small budget.
+    """The table `gatherlens eval-sparse` runs: what each choice does to quality at small budgets.
 
     At `budget`: Quest's plain setting (page 16, group max, no dense layers, no window), then one
     change at a time (dense first layers, group sum, page 8 and 32, a recent window of a quarter
-    of the budget, per-head choice, the oracle), then the default and its oracle; at `small`:
-    the plain setting, the default and its oracle.
+    of the budget, per-head choice), then the default, the default with per-head choice and the
+    default's oracle (pages by true attention mass: the headroom of the page choice); at `small`:
+    the plain setting, the default, its per-head variant and its oracle.
     """
     plain = SparseSetup(budget)
     rows = [plain, replace(plain, dense_layers=2), replace(plain, group_score="sum"), replace(plain, page_size=8),
-            replace(plain, page_size=32), replace(plain, recent=budget // 4), replace(plain, share_selection=False),
-            replace(plain, choose="oracle")]
+            replace(plain, page_size=32), replace(plain, recent=budget // 4), replace(plain, share_selection=False)]
     for b in (budget, small):
-        best = default_setup(b)
         rows += [SparseSetup(b)] if b == small else []
-        rows += [best, replace(best, choose="oracle", label=replace(best, label=None, choose="oracle").name)]
+        rows += [default_setup(b), default_setup(b, share_selection=False), default_setup(b, choose="oracle")]
     seen, out = set(), []
     for r in rows:  # the default may be one of the single changes: measure it once
         key = (r.budget, tuple(sorted(r.options().items())))

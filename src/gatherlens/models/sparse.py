@@ -67,6 +67,9 @@ def _check_settings(settings: SparseSettings, dense_layers) -> None:
         raise GatherValueError(f"group_score = {settings.group_score!r} must be one of {GROUP_SCORES}")
     if isinstance(settings.recent, bool) or not isinstance(settings.recent, int) or settings.recent < 0:
         raise GatherValueError(f"recent = {settings.recent!r} must be an int >= 0 (newest tokens always read)")
+    if isinstance(settings.dense_share, bool) or not isinstance(settings.dense_share, (int, float)) \
+            or not settings.dense_share > 0:
+        raise GatherValueError(f"dense_share = {settings.dense_share!r} must be a number > 0 (share of the cache)")
     if settings.choose not in CHOOSERS:
         raise GatherValueError(f"choose = {settings.choose!r} must be one of {CHOOSERS}")
     if isinstance(dense_layers, bool) or not isinstance(dense_layers, int) or dense_layers < 0:
@@ -84,9 +87,10 @@ def _prepare_sparse_cache(self, generation_config, model_kwargs, *args, **kwargs
 
 
 def use_sparse_decoding(model, budget: int | None = DEFAULTS["budget"], page_size: int = DEFAULTS["page_size"],
-                        share_selection: bool = True, *, group_score: str = DEFAULTS["group_score"],
+                        share_selection: bool = DEFAULTS["share_selection"], *, group_score: str = DEFAULTS["group_score"],
                         keep_selection: bool = False, dense_layers: int = DEFAULTS["dense_layers"],
-                        recent: int = DEFAULTS["recent"], choose: str = "bound", lean: bool = True):
+                        recent: int | None = DEFAULTS["recent"], choose: str = "bound", lean: bool = True,
+                        dense_share: float = DEFAULTS["dense_share"]):
     """Make `model.generate` (and any forward given a SparseKVCache) decode with page-selected attention.
 
     budget: tokens each decode step reads per KV head (pages are whole; page 0 and the newest page
@@ -96,14 +100,20 @@ def use_sparse_decoding(model, budget: int | None = DEFAULTS["budget"], page_siz
     keep_selection: keep each layer's last PageSelection (see `last_page_selections`).
     dense_layers: the first this many decoder layers decode densely (Quest keeps its first two
         layers dense: their attention is spread too evenly for page selection to pay).
-    recent: the newest `recent` tokens are always read, within the budget (a local window).
+    recent: the newest `recent` tokens are always read, within the budget (a local window);
+        None: a quarter of the budget.
     choose: "bound" (Quest) or "oracle" (pages by true attention mass: reads every key; for evaluation).
     lean: Llama-family layers take the lean decode step (decode_step.py); False keeps HF's layers.
+    dense_share: a budget of at least this share of the cache decodes densely, in place (scoring
+        and gathering would cost more than they save); 1.0: only a budget that covers the cache.
     The defaults are the best setting of `gatherlens eval-sparse` (DEFAULTS). Prefill stays dense
     (SDPA). Returns the model.
     """
     model = _unwrap(model)
-    settings = SparseSettings(budget, page_size, share_selection, group_score, keep_selection, recent, choose)
+    if recent is None:
+        recent = budget // 4 if isinstance(budget, int) and not isinstance(budget, bool) else 0
+    settings = SparseSettings(budget, page_size, share_selection, group_score, keep_selection, recent, choose,
+                              dense_share)
     _check_settings(settings, dense_layers)
     if getattr(model.config, "is_encoder_decoder", False):
         raise GatherValueError(f"{type(model).__name__} is an encoder-decoder; sparse decoding needs a decoder-only LM")

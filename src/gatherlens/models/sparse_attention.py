@@ -38,6 +38,8 @@ class SparseSettings:
 
     recent: the newest `recent` tokens are always read (part of the budget). choose: "bound"
     (Quest's page bound) or "oracle" (true attention mass; reads every key, for evaluation).
+    dense_share: a budget of at least this share of the cache decodes densely (every page, in
+    place): there, scoring and gathering cost more than they save (`gatherlens bench generate`).
     """
 
     budget: int | None = 1024
@@ -47,6 +49,13 @@ class SparseSettings:
     keep_selection: bool = False
     recent: int = 0
     choose: str = "bound"
+    dense_share: float = 1.0
+
+    def budget_for(self, length: int) -> int:
+        """The budget a step over `length` cached tokens runs with: `length` (dense) or the budget."""
+        if self.budget is None or self.budget >= self.dense_share * length:
+            return length
+        return self.budget
 
 
 @dataclass
@@ -72,19 +81,20 @@ def sparse_settings(module: torch.nn.Module) -> SparseSettings | None:
 def decode_attention(module, query: torch.Tensor, paged: PagedKVCache, attention_mask, scale: float):
     """One decode step of `module` over its paged cache: query (B, Hq, 1, D) -> out (B, Hq, 1, D).
 
-    Dense (budget None or a budget that buys every page) unless observers or keep_selection
-    want the PageSelection; sparse otherwise. attention_mask: transformers' decode mask or None.
+    Dense (budget None, or a budget of dense_share of the cache or more: every page in place)
+    or sparse; with observers or keep_selection, a sparse-layer step also returns its PageSelection
+    (every page when it ran densely). attention_mask: transformers' decode mask or None.
     """
     settings = sparse_settings(module) or SparseSettings(budget=None)
     mask = padding_mask(attention_mask, paged.length)  # (B, 1, 1, L) bool or None
     key_mask = None if mask is None else mask[:, 0, 0]  # (B, L)
+    budget = settings.budget_for(paged.length)
     watched = settings.budget is not None and (settings.keep_selection or bool(_observers))
     if not watched:  # sparse_decode is dense in place when the budget buys every page
-        budget = paged.length if settings.budget is None else settings.budget
         return sparse_decode(query, paged, budget, share_selection=settings.share_selection, scale=scale,
                              group_score=settings.group_score, key_mask=key_mask, recent=settings.recent,
                              choose=settings.choose)  # (B, Hq, 1, D)
-    out, lse, sel = sparse_decode(query, paged, budget=settings.budget, share_selection=settings.share_selection,
+    out, lse, sel = sparse_decode(query, paged, budget=budget, share_selection=settings.share_selection,
                                   return_lse=True, return_selection=True, scale=scale,
                                   group_score=settings.group_score, key_mask=key_mask,
                                   recent=settings.recent, choose=settings.choose)  # (B, Hq, 1, D), (B, Hq, 1)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from gatherlens.ops.attention.checks import AttentionProblem
 from gatherlens.ops.attention.chunked import chunk_size
 from gatherlens.ops.attention.logits import apply_masks
-from gatherlens.ops.attention.threshold import topk_rows, topk_weights_, worker_pool
+from gatherlens.ops.attention.threshold import topk_rows, topk_summed_rows, topk_weights_, worker_pool
 from gatherlens.ops.dtypes import NEG_INF, compute_dtype, stat_dtype
 
 BUDGET = 1 << 22          # elements of one chunk's logits at most (16 MiB of float32) ...
@@ -147,11 +147,8 @@ def shared_weights(p: AttentionProblem, s: torch.Tensor, lens):
     weighs the kept keys by its own logits. s (B, Hkv, G, C, Lc), lens (C,) or None ->
     vals, idx (key index, -1 padded), w, lse (B, Hkv, G, C[, k]) and the ranking rank (B, Hkv, 1, C, k)."""
     B, Hkv, G, C, Lc = s.shape
-    rank = s[:, :, 0].to(stat_dtype(s.dtype), copy=True)        # (B, Hkv, C, Lc): the heads' sum,
-    for g in range(1, G):                                       # added in head order (as chunked.py)
-        rank += s[:, :, g]
     lens = None if lens is None else lens.repeat(B * Hkv)       # (B*Hkv*C,)
-    rank, idx = topk_rows(rank.reshape(-1, Lc), p.top_k, lens=lens)  # (B*Hkv*C, k)
+    rank, idx = topk_summed_rows(s, p.top_k, lens=lens)        # (B*Hkv*C, k): sums in head order
     k = idx.shape[-1]
     rank, idx = rank.view(B, Hkv, 1, C, k), idx.view(B, Hkv, 1, C, k).expand(B, Hkv, G, C, k)
     vals = s.gather(-1, idx.clamp_min(0)).masked_fill_(idx < 0, NEG_INF)  # (B, Hkv, G, C, k)

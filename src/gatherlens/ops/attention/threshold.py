@@ -82,19 +82,39 @@ def topk_rows(x: torch.Tensor, k: int, *, lens=None, base=None, weights: bool = 
         raise RuntimeError(f"the native kernel {KERNEL.name} did not build (see the warning)")
     if lib is None:
         return _numpy_topk_rows(x3.reshape(R, W), k, lens, base, weights)
-    vals, idx = torch.empty(R, k, dtype=x3.dtype), torch.empty(R, k, dtype=torch.long)
-    w, lse = (torch.empty(R, k, dtype=x3.dtype), torch.empty(R, dtype=x3.dtype)) if weights else (None, None)
+    layout = (G, x3.stride(0), x3.stride(1) if G > 1 else 0, x3.stride(2), W, 1, 0)
+    return _select(lib, x3, R, layout, k, lens, base, weights)
+
+
+def topk_summed_rows(s: torch.Tensor, k: int, *, lens=None, native=None):
+    """share_selection's ranking: rows of the sum over dim 2 of s (B, Hkv, G, C, Lc) (any strides),
+    added in head order -> vals, idx (B*Hkv*C, k') as topk_rows, vals being those sums."""
+    B, Hkv, G, C, Lc = s.shape
+    lib = load_kernel(KERNEL) if native is not False else None
+    if lib is None or s.stride(0) != Hkv * s.stride(1):
+        rank = s[:, :, 0].clone()                               # (B, Hkv, C, Lc), added as chunked.py does
+        for g in range(1, G):
+            rank += s[:, :, g]
+        return topk_rows(rank.reshape(-1, Lc), k, lens=lens, native=native)
+    layout = (C, s.stride(1), s.stride(3), s.stride(4), Lc, G, s.stride(2))
+    return _select(lib, s, B * Hkv * C, layout, min(k, Lc), lens, None, False)
+
+
+def _select(lib, x: torch.Tensor, R: int, layout: tuple, k: int, lens, base, weights: bool):
+    """The kernel over R rows of x, as `layout` (grp, gs, rs, ks, W, n, ss) places them."""
+    vals, idx = torch.empty(R, k, dtype=x.dtype), torch.empty(R, k, dtype=torch.long)
+    w, lse = (torch.empty(R, k, dtype=x.dtype), torch.empty(R, dtype=x.dtype)) if weights else (None, None)
     lens, base = (None if t is None else t.contiguous() for t in (lens, base))
-    fn = lib.select_rows_f64 if x3.dtype == torch.float64 else lib.select_rows_f32
-    start = ctypes.c_void_p(x3.data_ptr())
+    fn = lib.select_rows_f64 if x.dtype == torch.float64 else lib.select_rows_f32
+    start = ctypes.c_void_p(x.data_ptr())
 
     def block(r0, r1):
-        layout = torch.tensor([r0, G, x3.stride(0), x3.stride(1) if G > 1 else 0, x3.stride(2), W])
-        fn(start, _ptr(layout, 0), ctypes.c_int64(r1 - r0), _ptr(lens, r0), ctypes.c_int64(k),
+        at = torch.tensor((r0, *layout))
+        fn(start, _ptr(at, 0), ctypes.c_int64(r1 - r0), _ptr(lens, r0), ctypes.c_int64(k),
            _ptr(base, r0), _ptr(vals, r0, k), _ptr(idx, r0, k), _ptr(w, r0, k), _ptr(lse, r0))
 
     if R and k:
-        map_row_ranges(R, block, R * W)
+        map_row_ranges(R, block, R * layout[4] * layout[5])
     return (vals, idx, w, lse) if weights else (vals, idx)
 
 

@@ -162,15 +162,26 @@ int64_t candidates_avx2(const float* s, int64_t L, float low, int32_t* ck, int32
 }
 #endif
 
+template <typename T>
+struct Keys {                                  // one row's logits: key j is s[j * ks], or the sum
+  const T* s;                                  // over n rows ss apart, added in row order
+  int64_t ks, n, ss;
+  T at(int64_t j) const {
+    T v = s[j * ks];
+    for (int64_t g = 1; g < n; ++g) v += s[j * ks + g * ss];
+    return v;
+  }
+};
+
 template <typename T, typename K>
-int64_t candidates(const T* s, int64_t ks, int64_t L, K lo, K* ck, int32_t* ci) {  // room for L + 8
+int64_t candidates(const Keys<T>& row, int64_t L, K lo, K* ck, int32_t* ci) {  // room for L + 8
   const T low = key_value(lo), neg_inf = -std::numeric_limits<T>::infinity();
   int64_t c = 0, j = 0;
 #ifdef __AVX2__
-  if constexpr (sizeof(T) == 4) if (ks == 1) c = candidates_avx2(s, L, low, ck, ci, j);
+  if constexpr (sizeof(T) == 4) if (row.ks == 1 && row.n == 1) c = candidates_avx2(row.s, L, low, ck, ci, j);
 #endif
   for (; j < L; ++j) {                         // branch-free: write always, advance when kept
-    T v = s[j * ks];
+    T v = row.at(j);
     ck[c] = order_key(v);
     ci[c] = int32_t(j);
     c += (v >= low) & (v > neg_inf);
@@ -179,7 +190,7 @@ int64_t candidates(const T* s, int64_t ks, int64_t L, K lo, K* ck, int32_t* ci) 
 }
 
 template <typename T, typename K>
-K sample_bound(const T* s, int64_t ks, int64_t L, int64_t k, std::vector<K>& tmp, std::vector<K>& work) {
+K sample_bound(const Keys<T>& row, int64_t L, int64_t k, std::vector<K>& tmp, std::vector<K>& work) {
   const K floor = order_key(-std::numeric_limits<T>::infinity());
   int64_t stride = k / 4 < 16 ? k / 4 : 16;
   if (stride <= 1) return floor;               // small k: every allowed key is a candidate
@@ -188,7 +199,7 @@ K sample_bound(const T* s, int64_t ks, int64_t L, int64_t k, std::vector<K>& tmp
   int64_t rank = int64_t(std::ceil(expect + 3.0 * std::sqrt(expect) + 3.0));
   if (rank >= m) return floor;
   tmp.resize(m);
-  for (int64_t i = 0; i < m; ++i) tmp[i] = order_key(s[i * stride * ks]);
+  for (int64_t i = 0; i < m; ++i) tmp[i] = order_key(row.at(i * stride));
   return kth_largest(tmp.data(), m, rank, work);
 }
 
@@ -199,12 +210,12 @@ struct Cut {                                   // which keys a row keeps: the al
 };
 
 template <typename T, typename K>
-Cut find_cut(const T* s, int64_t ks, int64_t L, int64_t k, std::vector<K>& ck, std::vector<int32_t>& ci,
+Cut find_cut(const Keys<T>& row, int64_t L, int64_t k, std::vector<K>& ck, std::vector<int32_t>& ci,
              std::vector<K>& tmp, std::vector<K>& work) {
   const K floor = order_key(-std::numeric_limits<T>::infinity());
-  K lo = k < L ? sample_bound<T, K>(s, ks, L, k, tmp, work) : floor;
-  int64_t c = candidates(s, ks, L, lo, ck.data(), ci.data());
-  if (c < k && lo > floor) c = candidates(s, ks, L, lo = floor, ck.data(), ci.data());
+  K lo = k < L ? sample_bound<T, K>(row, L, k, tmp, work) : floor;
+  int64_t c = candidates(row, L, lo, ck.data(), ci.data());
+  if (c < k && lo > floor) c = candidates(row, L, lo = floor, ck.data(), ci.data());
   if (c <= k) return {c, int64_t(lo), L};      // every candidate
   K t = kth_largest(ck.data(), c, k, work);    // the k-th largest key
   int64_t need = k;
@@ -216,9 +227,9 @@ Cut find_cut(const T* s, int64_t ks, int64_t L, int64_t k, std::vector<K>& ck, s
 }
 
 template <typename T, typename K>
-int64_t select_row(const T* s, int64_t ks, int64_t L, int64_t k, T* vals, int64_t* idx,
+int64_t select_row(const Keys<T>& row, int64_t L, int64_t k, T* vals, int64_t* idx,
                    std::vector<K>& ck, std::vector<int32_t>& ci, std::vector<K>& tmp, std::vector<K>& work) {
-  Cut cut = find_cut<T, K>(s, ks, L, k, ck, ci, tmp, work);
+  Cut cut = find_cut<T, K>(row, L, k, ck, ci, tmp, work);
   const K t = K(cut.t);
   const int64_t last = cut.last;
   int32_t* kept = ci.data();                   // packed in place: the write never passes the read
@@ -241,7 +252,7 @@ int64_t select_row(const T* s, int64_t ks, int64_t L, int64_t k, T* vals, int64_
     kept[out] = ci[i];
     out += (ck[i] > t) | ((ck[i] == t) & (ci[i] <= last));
   }
-  for (i = 0; i < out; ++i) { idx[i] = kept[i]; vals[i] = s[kept[i] * ks]; }
+  for (i = 0; i < out; ++i) { idx[i] = kept[i]; vals[i] = row.at(kept[i]); }
   return out;
 }
 
@@ -280,22 +291,30 @@ void weigh_row(const T* vals, int64_t n, T* w, T* lse) {  // w = softmax(vals[:n
 
 // Rows r0 .. r0 + rows - 1 of s: row r starts at (r / grp) * gs + (r % grp) * rs and holds key j at
 // + j * ks (a (R, W) matrix: grp 1, gs W, ks 1; decode logits (B*Hkv, L, G): grp G, gs L*G, rs 1,
-// ks G), and uses keys [0, lens[r]) if lens, else [0, W). Out (rows, k) from row r0 on: the kept
+// ks G), and uses keys [0, lens[r]) if lens, else [0, W); with n > 1 a row's logit is the sum of
+// n such rows ss apart (share_selection ranks by the sum of a KV group's heads). Out (rows, k)
+// from row r0 on: the kept
 // keys' logits and indices (+ base[r] if base; padding index base[r], else -1), and with w the
 // softmax weights over them (0 where padded) and each row's log-sum-exp.
-struct Layout { int64_t r0, grp, gs, rs, ks, W; };
+struct Layout { int64_t r0, grp, gs, rs, ks, W, n, ss; };
 
 template <typename T, typename K>
 void select_rows(const T* s, Layout at, int64_t rows, const int64_t* lens, int64_t k,
                  const int64_t* base, T* vals, int64_t* idx, T* w, T* lse) {
   std::vector<K> ck(at.W + 8), tmp, work;
   std::vector<int32_t> ci(at.W + 8);
+  std::vector<T> line;
   for (int64_t i = 0; i < rows; ++i) {
     int64_t r = at.r0 + i, L = lens ? lens[i] : at.W, kr = k < L ? k : L;
-    const T* row = s + (r / at.grp) * at.gs + (r % at.grp) * at.rs;
+    Keys<T> row{s + (r / at.grp) * at.gs + (r % at.grp) * at.rs, at.ks, at.n, at.ss};
+    if (row.ks != 1 || row.n != 1) {           // strided or summed: one pass into a contiguous line
+      line.resize(L + 8);
+      for (int64_t j = 0; j < L; ++j) line[j] = row.at(j);
+      row = Keys<T>{line.data(), 1, 1, 0};
+    }
     T* v = vals + i * k;
     int64_t* ix = idx + i * k;
-    int64_t n = kr > 0 ? select_row<T, K>(row, at.ks, L, kr, v, ix, ck, ci, tmp, work) : 0;
+    int64_t n = kr > 0 ? select_row<T, K>(row, L, kr, v, ix, ck, ci, tmp, work) : 0;
     int64_t b = base ? base[i] : 0;
     for (int64_t j = 0; j < n; ++j) ix[j] += b;
     for (int64_t j = n; j < k; ++j) { v[j] = -std::numeric_limits<T>::infinity(); ix[j] = base ? b : -1; }
@@ -309,7 +328,7 @@ void select_rows(const T* s, Layout at, int64_t rows, const int64_t* lens, int64
 template <typename T, typename K>
 void dense_row(T* s, int64_t L, int64_t stride, int64_t k, T* lse,
                std::vector<K>& ck, std::vector<int32_t>& ci, std::vector<K>& tmp, std::vector<K>& work) {
-  Cut cut = L > 0 ? find_cut<T, K>(s, 1, L, k, ck, ci, tmp, work) : Cut{0, 0, 0};
+  Cut cut = L > 0 ? find_cut<T, K>(Keys<T>{s, 1, 1, 0}, L, k, ck, ci, tmp, work) : Cut{0, 0, 0};
   const T neg_inf = -std::numeric_limits<T>::infinity();
   if (cut.c == 0) {                            // no allowed key: zero weights
     for (int64_t j = 0; j < stride; ++j) s[j] = 0;
@@ -351,12 +370,12 @@ void dense_rows(T* s, int64_t rows, int64_t stride, const int64_t* lens, int64_t
 extern "C" {
 void select_rows_f32(const float* s, const int64_t* layout, int64_t rows, const int64_t* lens, int64_t k,
                      const int64_t* base, float* vals, int64_t* idx, float* w, float* lse) {
-  Layout at{layout[0], layout[1], layout[2], layout[3], layout[4], layout[5]};
+  Layout at{layout[0], layout[1], layout[2], layout[3], layout[4], layout[5], layout[6], layout[7]};
   select_rows<float, int32_t>(s, at, rows, lens, k, base, vals, idx, w, lse);
 }
 void select_rows_f64(const double* s, const int64_t* layout, int64_t rows, const int64_t* lens, int64_t k,
                      const int64_t* base, double* vals, int64_t* idx, double* w, double* lse) {
-  Layout at{layout[0], layout[1], layout[2], layout[3], layout[4], layout[5]};
+  Layout at{layout[0], layout[1], layout[2], layout[3], layout[4], layout[5], layout[6], layout[7]};
   select_rows<double, int64_t>(s, at, rows, lens, k, base, vals, idx, w, lse);
 }
 void dense_rows_f32(float* s, int64_t rows, int64_t stride, const int64_t* lens, int64_t k, float* lse) {

@@ -5,9 +5,11 @@
     >>> sel.indices.shape                                                        # (B, Hq, Q, 64)
 
 Dispatch: inputs that need gradients go through the autograd Function (autograd.py, chunked
-forward + chunked recompute backward); a few queries against a long cache take the decode path
-(decode.py); everything else the chunked prefill path (chunked.py). All share one selection rule
-(topk_select.py) and are tested against the per-query loop in naive.py.
+forward + chunked recompute backward); other CPU calls take the sparse path (sparse_sum.py: an
+exact per-row threshold in C++, threshold.py, then a gather-sum of only the kept value rows);
+elsewhere a few queries against a long cache take the decode path (decode.py), the rest the
+chunked path (chunked.py, also the reference). All share one selection rule (topk_select.py) and
+are tested against the per-query loop in naive.py.
 """
 from __future__ import annotations
 

@@ -128,10 +128,9 @@ def get_embeddings(token_ids: torch.Tensor, embeddings_matrix: torch.Tensor) -> 
         >>> get_embeddings(torch.tensor([[3, 1, 4]]), torch.randn(10, 6)).shape
         torch.Size([1, 3, 6])
     """
-    if isinstance(token_ids, torch.Tensor) and token_ids.dim() == 2:
-        rows = small_lookup(token_ids, embeddings_matrix)       # a few ids: the short path
-        if rows is not None:
-            return rows
+    rows = small_lookup(token_ids, embeddings_matrix)           # a few ids: the short path
+    if rows is not None and rows.dim() == 3:                    # (B, S) ids; else the full path's error
+        return rows
     checks.check_table(embeddings_matrix, "embeddings_matrix")
     checks.check_ids(token_ids, embeddings_matrix, "token_ids")
     if token_ids.dim() != 2:

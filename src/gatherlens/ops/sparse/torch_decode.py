@@ -56,6 +56,14 @@ def attend_all(q: torch.Tensor, cache: PagedKVCache, scale: float, key_mask: tor
     return out.reshape(B, Hq, 1, D), lse.reshape(B, Hq, 1)
 
 
+def _rows_in_tasks(k: torch.Tensor) -> bool:
+    """With several threads and K, V small enough to stay in cache (<= 4 MiB per head), give each
+    query row its own task (the kernel's GQA layout): the kernel parallelises over heads only, so
+    the folded (G, D) block leaves threads idle, while re-reading a cached K costs little.
+    Above that, the folded block reads K and V once per group (docs/bench/notes.md)."""
+    return torch.get_num_threads() > 1 and 2 * k.shape[-2] * k.shape[-1] * k.element_size() <= 1 << 22
+
+
 def attend_gathered(q, k, v, valid: int, scale: float, keep: torch.Tensor | None = None):
     """Exact attention of q (B, Hs, R, D) over the first `valid` rows of k, v (B, Hs, S, D).
 
@@ -67,6 +75,10 @@ def attend_gathered(q, k, v, valid: int, scale: float, keep: torch.Tensor | None
     """
     k, v = k[:, :, :valid], v[:, :, :valid]  # (B, Hs, S', D)
     if keep is None and q.device.type == "cpu" and _CPU_FLASH is not None:
+        B, Hs, R, D = q.shape
+        if R > 1 and _rows_in_tasks(k):  # one task per query head: the kernel splits work by head
+            out, lse = _CPU_FLASH(q.reshape(B, Hs * R, 1, D), k, v, 0.0, False, scale=scale)  # (B, Hs*R, 1, D)
+            return out.view(B, Hs, R, D), lse.float().view(B, Hs, R)
         out, lse = _CPU_FLASH(q, k, v, 0.0, False, scale=scale)  # (B, Hs, R, D), (B, Hs, R)
         return out, lse.float()
     cd = compute_dtype(k.dtype)
