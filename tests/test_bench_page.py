@@ -39,3 +39,16 @@ def test_json_path_checked_before_timing(tmp_path):
     assert r.exit_code != 0 and "--force" in r.output
     r = CliRunner().invoke(main, ["bench", "decode", "--json", str(tmp_path / "no" / "d.json")])
     assert r.exit_code != 0 and "does not exist" in r.output
+
+
+def test_profiles_become_tables_and_sections_name_their_file(tmp_path):
+    f = tmp_path / "generate-ablation.json"
+    ops = [{"op": "aten::mm", "ms": 49.4, "calls": 211.0, "share": 0.66}]
+    write_results(f, "generate", {"threads": 2, "profiles": {"8192": {"sparse-512": ops}}},
+                  [{"context": 8192, "method": "sparse-512", "ms": 105.1}])
+    out = tmp_path / "benchmarks.md"
+    r = CliRunner().invoke(main, ["bench", "page", str(f), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    assert "## generate (generate-ablation.json)" in text and "profiles:" not in text
+    assert "One decode step at 8192 tokens, sparse-512" in text and "| aten::mm | 49.4 | 211 | 0.66 |" in text

@@ -71,7 +71,8 @@ def one_process(model, ids, budgets, page, new):
         if budget is None:
             use_dense_decoding(model)
         else:
-            use_sparse_decoding(model, budget=budget, page_size=page, dense_layers=0, recent=0)  # Quest's plain rule
+            use_sparse_decoding(model, budget=budget, page_size=page, dense_layers=0, recent=0,
+                                share_selection=True)  # Quest's plain rule, as the sharded model
         want[budget] = _generate(model, ids, new)
     use_dense_decoding(model)
     return want

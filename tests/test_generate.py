@@ -154,12 +154,14 @@ def test_bench_generate_rows_and_targets():
     from gatherlens.bench.generate import methods, rows_of, target_verdicts
 
     plan = [vars(m) for m in methods([512], ablation=True)]
-    assert [m["name"] for m in plan] == ["hf", "paged", "sparse-512", "paged/hf-layers", "sparse-512/hf-layers"]
+    assert [m["name"] for m in plan] == ["hf", "paged", "sparse-512", "paged/hf-layers", "sparse-512/hf-layers",
+                                         "sparse-512/hf-head"]
+    assert [m["head"] for m in plan] == [True] * 5 + [False]
     names = [m["name"] for m in plan]
-    result = {"wall": dict(zip(names, [0.4, 0.2, 0.1, 0.3, 0.2])), "cpu": dict.fromkeys(names, 0.1),
+    result = {"wall": dict(zip(names, [0.4, 0.2, 0.1, 0.3, 0.2, 0.16])), "cpu": dict.fromkeys(names, 0.1),
               "attention": dict.fromkeys(names, 10.0), "positions": 8192}
     rows = rows_of(dict(context=8192, methods=plan, threads=2), result)
-    assert [r.speedup for r in rows] == pytest.approx([1, 2, 4, 4 / 3, 2]) and not rows[0].speed_only
+    assert [r.speedup for r in rows] == pytest.approx([1, 2, 4, 4 / 3, 2, 2.5]) and not rows[0].speed_only
     assert rows[2].attention_share == pytest.approx(0.1)
     (v,) = target_verdicts(rows)
     assert v == {"context": 8192, "target": 2.0, "speedup": pytest.approx(4.0), "method": "sparse-512", "met": True}

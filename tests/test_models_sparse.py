@@ -279,3 +279,27 @@ def test_a_budget_of_a_third_of_the_cache_decodes_densely(fresh):
     assert sel.pages.shape[-1] == sel.num_pages == 13  # 24 >= 0.2 * 101: every page
     with pytest.raises(GatherValueError, match="dense_share"):
         use_sparse_decoding(fresh, budget=24, dense_share=0)
+
+
+def test_lean_head_reads_a_transposed_copy_with_the_same_results(fresh):
+    """decode_head: one-row steps use x @ W.T stored contiguous, rebuilt when the weight changes;
+    prefill rows and gradients take F.linear; use_dense_decoding frees the copy."""
+    from gatherlens.models.decode_head import lean_head_active
+
+    head = fresh.get_output_embeddings()
+    x, rows = torch.randn(1, 1, head.in_features), torch.randn(2, 5, head.in_features)  # (1, 1, d), (B, S, d)
+    want = torch.nn.functional.linear(x, head.weight)
+    use_sparse_decoding(fresh, budget=24)
+    assert lean_head_active(fresh)
+    with torch.no_grad():
+        torch.testing.assert_close(head(x), want, rtol=1e-5, atol=1e-5)
+        assert "gatherlens_weight_t" in head.__dict__
+        head.weight.mul_(2)                                         # an in-place write: the copy follows
+        torch.testing.assert_close(head(x), 2 * want, rtol=1e-5, atol=1e-5)
+        head.weight.div_(2)
+        assert torch.equal(head(rows), torch.nn.functional.linear(rows, head.weight))
+    y = torch.randn(1, 1, head.in_features, requires_grad=True)
+    head(y).sum().backward()                                        # gradients: the plain path
+    assert y.grad is not None
+    use_dense_decoding(fresh)
+    assert not lean_head_active(fresh) and "gatherlens_weight_t" not in head.__dict__

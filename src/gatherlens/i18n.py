@@ -424,10 +424,10 @@ STRINGS: dict[str, dict[str, str]] = {
     "page_trace_legend": {
         "en": ("Each panel is one layer: columns are decode steps (left to right), rows are pages of the "
                "KV cache (page 0 at the top; the cache grows downwards). Blue: the page was gathered "
-               "(darker = more of the layer's KV groups read it); grey: in the cache, not read; orange: "
+               "(darker = more of the layer's selecting heads read it); grey: in the cache, not read; orange: "
                "the layer read every page without choosing (dense)."),
         "zh": ("每个小图是一层：列是解码步（从左到右），行是 KV 缓存的页（第 0 页在最上方，缓存向下增长）。"
-               "蓝色：该页被 gather（颜色越深，该层读取它的 KV 组越多）；灰色：在缓存中但未读取；"
+               "蓝色：该页被 gather（颜色越深，该层读取它的选择头越多）；灰色：在缓存中但未读取；"
                "橙色：该层不做选择、读取了全部页（稠密）。"),
     },
     "page_trace_panel": {

@@ -53,12 +53,13 @@ class Row:
     copy_into_fraction: float  # copy-into-existing time / time
 
 
-def _sample(fn, budget_s: float = 2e-3) -> float:
-    """Seconds per call of fn, averaged over enough calls to last about budget_s."""
+def _sample(fn, budget_s: float = 2e-2) -> float:
+    """Seconds per call of fn, averaged over enough calls to last about budget_s (a microsecond
+    op needs thousands of calls per sample: fewer left the timer's jitter in the ratios)."""
     start = time.perf_counter()
     fn()
     once = time.perf_counter() - start
-    calls = max(1, min(1000, int(budget_s / max(once, 1e-7))))
+    calls = max(1, min(20000, int(budget_s / max(once, 1e-7))))
     if calls == 1:
         return once
     start = time.perf_counter()

@@ -14,7 +14,8 @@ median round is reported):
 - sparse-B:   page-selected sparse decoding reading B tokens per KV head (use_sparse_decoding's
               default settings); below the budget it is the dense path
 - with --ablation, paged/hf-layers and sparse-1024/hf-layers: the same over transformers' own
-  decoder layers (lean=False), to show what the lean decode step wins
+  decoder layers and output projection (lean=False), to show what the lean decode step wins; and
+  sparse-1024/hf-head: the lean layers with transformers' output projection (what decode_head wins)
 
 How the caches are filled: a short prefix of real text (256 tokens) is prefilled once; each
 layer's keys and values are tiled to the context length and written into the DynamicCache and
@@ -48,6 +49,7 @@ class Method:
     kind: str               # "hf" or "paged"
     budget: int | None = None
     lean: bool = True
+    head: bool = True       # the lean head (decode_head.py) with the lean step
 
 
 @dataclass
@@ -72,7 +74,8 @@ def methods(budgets, ablation: bool) -> list[Method]:
     out += [Method(f"sparse-{b}", "paged", b) for b in budgets]
     if ablation:
         b = 1024 if 1024 in budgets else budgets[0]
-        out += [Method("paged/hf-layers", "paged", None, False), Method(f"sparse-{b}/hf-layers", "paged", b, False)]
+        out += [Method("paged/hf-layers", "paged", None, False), Method(f"sparse-{b}/hf-layers", "paged", b, False),
+                Method(f"sparse-{b}/hf-head", "paged", b, True, False)]
     return out
 
 
@@ -144,12 +147,20 @@ def fill_caches(lm, L: int, tokens: int):
 
 
 def _switch(model, m: Method) -> None:
+    from gatherlens.models.decode_head import remove_lean_head
     from gatherlens.models.sparse import use_dense_decoding, use_sparse_decoding
 
     if m.kind == "hf":
         use_dense_decoding(model)
     else:
         use_sparse_decoding(model, budget=m.budget, lean=m.lean)
+        if not m.head:
+            remove_lean_head(model)
+        import torch
+
+        head = model.get_output_embeddings()                    # the lean head's transposed copy is
+        with torch.no_grad():                                   # made here, not inside a timed run
+            head(head.weight.new_zeros(1, 1, head.in_features))
 
 
 def _generate(model, m: Method, ids, hf_cache, paged_cache, tokens: int, L: int) -> tuple[float, float]:

@@ -28,20 +28,32 @@ def _cell(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, (list, dict)):
-        return json.dumps(value, separators=(",", ":"))
+        text = json.dumps(value, separators=(",", ":"))
+        return text if len(text) <= 160 else f"({len(value)} entries: see the JSON)"
     return str(value).replace("|", "\\|")
 
 
 def section(data: dict, name: str) -> str:
     """One suite's markdown: a heading, its meta as a list, its rows as a table."""
     rows = data.get("rows", [])
-    lines = [f"## {data.get('suite', name)}", ""]
-    lines += [f"- {k}: {_cell(v)}" for k, v in data.get("meta", {}).items()]
+    suite = data.get("suite", name)
+    meta = dict(data.get("meta", {}))
+    profiles = meta.pop("profiles", None)
+    lines = [f"## {suite}" + (f" ({name}.json)" if name != suite else ""), ""]
+    lines += [f"- {k}: {_cell(v)}" for k, v in meta.items()]
     if rows:
-        cols = list(rows[0])
-        lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        lines += ["| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |" for r in rows]
+        lines += [""] + _table(rows)
+    for context, by_method in (profiles or {}).items():  # bench generate --profile: {L: {method: ops}}
+        for method, ops in by_method.items():
+            lines += ["", f"One decode step at {context} tokens, {method}: top ops by self CPU time "
+                          "(torch.profiler)", ""] + _table(ops)
     return "\n".join(lines) + "\n"
+
+
+def _table(rows: list[dict]) -> list[str]:
+    cols = list(rows[0])
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    return out + ["| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |" for r in rows]
 
 
 def page(files: list[Path], notes: Path | None = None) -> str:

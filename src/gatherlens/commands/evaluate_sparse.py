@@ -65,7 +65,8 @@ class _Plan:
               help="Newest tokens always read, within the budget (with --budgets; default: a quarter of it).")
 @click.option("--group-score", type=click.Choice(["max", "sum"]), default=DEFAULTS["group_score"], show_default=True,
               help="How a KV group's heads' page bounds combine (with --budgets).")
-@click.option("--per-head", is_flag=True, help="Each query head chooses its pages (default: one choice per KV group).")
+@click.option("--per-head/--shared", default=not DEFAULTS["share_selection"], show_default=True,
+              help="Each query head chooses its pages, or one choice per KV group (with --budgets).")
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="torch threads (default: torch's).")
 @click.option("--json", "json_out", default=None, help="Write rows, passkey trials and meta to a .json file.")
 @click.option("--csv", "csv_out", default=None, help="Write the table to a .csv file.")

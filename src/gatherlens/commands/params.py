@@ -79,13 +79,16 @@ def number(x: float | None, places: int = 4) -> str:
 
 
 def print_table(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> None:
-    """Print a results table (right-aligned columns) to stdout."""
+    """Print a results table (right-aligned columns) to stdout; the first column (a setting's name)
+    left-aligned and never cut: redirected to a file, the table is as wide as it needs (up to 200)."""
+    import sys
+
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title)
-    for col in columns:
-        table.add_column(col, justify="right")
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i == 0 else "right", no_wrap=i == 0)
     for row in rows:
         table.add_row(*row)
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)

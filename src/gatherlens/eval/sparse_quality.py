@@ -98,16 +98,17 @@ def comparison_setups(budget: int = 512, small: int = 256) -> list[SparseSetup]:
 
     At `budget`: Quest's plain setting (page 16, group max, no dense layers, no window), then one
     change at a time (dense first layers, group sum, page 8 and 32, a recent window of a quarter
-    of the budget, per-head choice), then the default, the default with per-head choice and the
+    of the budget, per-head choice), then the default, the default with the other head choice and the
     default's oracle (pages by true attention mass: the headroom of the page choice); at `small`:
-    the plain setting, the default, its per-head variant and its oracle.
+    the plain setting, the default, its other head choice and its oracle.
     """
     plain = SparseSetup(budget)
     rows = [plain, replace(plain, dense_layers=2), replace(plain, group_score="sum"), replace(plain, page_size=8),
             replace(plain, page_size=32), replace(plain, recent=budget // 4), replace(plain, share_selection=False)]
     for b in (budget, small):
         rows += [SparseSetup(b)] if b == small else []
-        rows += [default_setup(b), default_setup(b, share_selection=False), default_setup(b, choose="oracle")]
+        rows += [default_setup(b), default_setup(b, share_selection=not DEFAULTS["share_selection"]),
+                 default_setup(b, choose="oracle")]
     seen, out = set(), []
     for r in rows:  # the default may be one of the single changes: measure it once
         key = (r.budget, tuple(sorted(r.options().items())))

@@ -56,7 +56,7 @@ def decode_steps(lm, text: str, max_new: int, budget: int, page_size: int,
     S, eos = ids.shape[1], getattr(tok, "eos_token_id", None)
     picked: dict[int, list] = {}
     use_sparse_decoding(model, budget=budget, page_size=page_size, dense_layers=0, recent=0,
-                        dense_share=1.0)  # every layer chooses, at every budget below the cache
+                        dense_share=1.0, share_selection=True)  # every layer chooses, at every budget below the cache
     try:
         cache = SparseKVCache(config=model.config, page_size=page_size)
         with torch.no_grad(), observe_sparse(lambda c: picked.__setitem__(c.layer, c.selection.pages[0].tolist())):
