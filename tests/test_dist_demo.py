@@ -42,3 +42,16 @@ def test_module_without_torchrun_says_how_to_start(monkeypatch, capsys):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert main(["demo"]) == 2
     assert "torchrun --nproc-per-node 2 -m gatherlens.dist demo" in capsys.readouterr().err
+
+
+def test_an_out_that_is_a_file_is_refused_before_any_rank_starts(tmp_path, monkeypatch, capsys):
+    from gatherlens.dist.__main__ import main
+
+    afile = tmp_path / "notes.txt"
+    afile.write_text("keep me")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["demo", "--out", str(afile)]) == 2                 # torchrun -m gatherlens.dist demo
+    assert "notes.txt" in capsys.readouterr().err and afile.read_text() == "keep me"
+    result = CliRunner().invoke(cli_main, ["dist", "demo", "--out", str(afile / "pics")])
+    assert result.exit_code != 0 and "is a file" in result.output   # gatherlens dist demo

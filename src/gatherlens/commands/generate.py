@@ -43,7 +43,7 @@ def _prompt_text(prompt: str | None, file: str | None) -> str:
 @click.option("--dense", is_flag=True, help="Decode densely (transformers' default path) instead.")
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=1), help="Tokens to generate.")
 @click.option("--pages", "pages", default=None, help="Write the pages x steps picture to FILE.svg or FILE.html.")
-@click.option("--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True, help="Language of the picture.")
+@click.option("--lang", type=click.Choice(LANGS), default="en", show_default=True, help="Language of the picture.")
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="torch threads (default: torch's).")
 @click.option("--force", is_flag=True, help="Overwrite the --pages file if it exists.")
 def generate(prompt, file, model_name, budget, dense, max_new_tokens, pages, lang, threads, force):

@@ -32,9 +32,18 @@ def main(argv=None) -> int:
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         print("start it with torchrun: torchrun --nproc-per-node 2 -m gatherlens.dist demo", file=sys.stderr)
         return 2
-    if args.out is not None and args.out.exists() and any(args.out.iterdir()) and not args.force:
-        print(f"{args.out} is not empty; pass --force to replace its pictures", file=sys.stderr)
-        return 2
+    if args.out is not None:  # every rank checks, before any process group starts
+        from gatherlens.errors import GatherLensError
+        from gatherlens.outputs import writable_dir
+
+        try:
+            writable_dir(args.out, "--out")
+        except GatherLensError as err:
+            print(f"Error: {err}", file=sys.stderr)
+            return 2
+        if args.out.is_dir() and any(args.out.iterdir()) and not args.force:
+            print(f"{args.out} is not empty; pass --force to replace its pictures", file=sys.stderr)
+            return 2
     import torch
     import torch.distributed as dist
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from dataclasses import dataclass
 
 import torch
-from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from gatherlens.errors import GatherTypeError, GatherValueError
 
@@ -91,7 +91,7 @@ def check_topk_args(query, key, value, top_k, *, is_causal, attn_mask, scale, en
         raise GatherValueError(f"scale must be a finite number, got {scale!r}")
     G = Hq // Hkv
     causal, offset, mask = _causal_rule(attn_mask, is_causal, Q, L)
-    if attn_mask is not None and not isinstance(attn_mask, CausalBias):
+    if attn_mask is not None and not _is_causal_bias(attn_mask):
         mask = _check_mask(attn_mask, query, (B, Hq, Q, L), Hkv, G)
     return AttentionProblem(
         batch=B, q_heads=Hq, kv_heads=Hkv, groups=G, q_len=Q, key_len=L, head_dim=D, value_dim=Dv,
@@ -139,10 +139,19 @@ def _check_heads(Hq: int, Hkv: int, enable_gqa: bool) -> None:
         )
 
 
+def _is_causal_bias(attn_mask) -> bool:
+    """True for a torch.nn.attention.bias.CausalBias. That module is imported only if the caller
+    made one (importing it loads torch._dynamo: about 2 s on every start of the command line)."""
+    bias = sys.modules.get("torch.nn.attention.bias")
+    return bias is not None and isinstance(attn_mask, bias.CausalBias)
+
+
 def _causal_rule(attn_mask, is_causal, Q: int, L: int) -> tuple[bool, int, None]:
     """(causal, causal_offset, None) from is_causal or a CausalBias attn_mask."""
-    if not isinstance(attn_mask, CausalBias):
+    if not _is_causal_bias(attn_mask):
         return bool(is_causal), 0, None
+    from torch.nn.attention.bias import CausalVariant
+
     if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (Q, L):
         raise GatherValueError(
             f"attn_mask CausalBias is for ({attn_mask.seq_len_q}, {attn_mask.seq_len_kv}) queries/keys, "
