@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 
 from gatherlens.commands.params import output_file
+from gatherlens.i18n import LANGS
 
 
 def _prompt_text(prompt: str | None, file: str | None) -> str:
