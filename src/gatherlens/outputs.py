@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gatherlens.errors import GatherValueError
 
-__all__ = ["writable_file", "writable_dir"]
+__all__ = ["writable_file", "writable_dir", "pictures_dir"]
 
 
 def writable_file(path: str | os.PathLike, what: str) -> Path:
@@ -56,6 +56,15 @@ def writable_dir(path: str | os.PathLike, what: str) -> Path:
         raise GatherValueError(f"{what} {str(p)!r} cannot be a folder: {str(blocker)!r} is a file")
     existing = next(a for a in (p, *p.parents) if a.exists())
     _probe(existing, p, what)
+    return p
+
+
+def pictures_dir(path: str | os.PathLike, what: str, force: bool) -> Path:
+    """`writable_dir`, and a folder that already holds files only with `force` (its pictures
+    would be replaced)."""
+    p = writable_dir(path, what)
+    if p.is_dir() and any(p.iterdir()) and not force:
+        raise GatherValueError(f"{what} {str(p)!r} is not empty; pass --force to replace its pictures")
     return p
 
 

@@ -34,14 +34,12 @@ def demo(nproc, vocab, context, budget, device, out, force):
     """Run the demo on NPROC local processes (torchrun) and check every rank against one process."""
     if out is not None:  # before torchrun starts any rank
         from gatherlens.errors import GatherLensError
-        from gatherlens.outputs import writable_dir
+        from gatherlens.outputs import pictures_dir
 
         try:
-            writable_dir(out, "--out")
+            pictures_dir(out, "--out", force)
         except GatherLensError as err:
             raise click.BadParameter(str(err), param_hint="--out") from None
-        if out.is_dir() and any(out.iterdir()) and not force:
-            raise click.UsageError(f"{out} is not empty; pass --force to replace its pictures")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            "-m", "gatherlens.dist", "demo", "--vocab", str(vocab), "--context", str(context),
            "--budget", str(budget), "--device", device]

@@ -34,15 +34,12 @@ def main(argv=None) -> int:
         return 2
     if args.out is not None:  # every rank checks, before any process group starts
         from gatherlens.errors import GatherLensError
-        from gatherlens.outputs import writable_dir
+        from gatherlens.outputs import pictures_dir
 
         try:
-            writable_dir(args.out, "--out")
+            pictures_dir(args.out, "--out", args.force)
         except GatherLensError as err:
             print(f"Error: {err}", file=sys.stderr)
-            return 2
-        if args.out.is_dir() and any(args.out.iterdir()) and not args.force:
-            print(f"{args.out} is not empty; pass --force to replace its pictures", file=sys.stderr)
             return 2
     import torch
     import torch.distributed as dist

@@ -35,6 +35,7 @@ from gatherlens.eval.stats import EvalReport, EvalRow, LayerStats, check_ids, pe
 from gatherlens.models.sparse import (
     DEFAULTS, SparseCall, SparseKVCache, observe_sparse, use_dense_decoding, use_sparse_decoding,
 )
+from gatherlens.models.sparse_defaults import recent_for
 
 __all__ = ["SparseSetup", "SparseQualityRow", "SparseQualityReport", "SparseStats", "evaluate_sparse_quality",
            "prefill", "repage", "decode_teacher_forced", "call_recall_cosine", "setups_for_budgets",
@@ -87,8 +88,7 @@ def setups_for_budgets(budgets, **common) -> list[SparseSetup]:
 def default_setup(budget: int, **change) -> SparseSetup:
     """use_sparse_decoding's default settings at this budget (with `change`), labelled "... (default)"."""
     options = {k: v for k, v in DEFAULTS.items() if k not in ("budget", "dense_share")} | change
-    if options["recent"] is None:  # the library's rule: a quarter of the budget
-        options["recent"] = budget // 4
+    options["recent"] = recent_for(budget, options["recent"])  # the library's rule
     name = SparseSetup(budget, **options).name
     return SparseSetup(budget, label=name if change else f"{name} (default)", **options)
 

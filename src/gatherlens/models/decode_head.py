@@ -11,7 +11,8 @@ memory bandwidth that `x @ Wt` reaches with Wt = W.T stored contiguous (d, V): t
 read as rows of Wt, on both threads (`gatherlens bench generate`; docs/bench/notes.md). So while
 sparse decoding is on, the head keeps such a copy (V x d more memory: 113 MB for SmolLM2) and one-row
 steps use it; everything else (prefill, several rows, gradients, another device) runs `F.linear`.
-The copy is rebuilt if the weight changes (its version counter moves) and dropped on removal.
+The copy is made on installation (not inside the first decode step), rebuilt if the weight
+changes (its version counter moves) and dropped on removal.
 Results equal `F.linear`'s up to float rounding (the sums run in another order).
 """
 from __future__ import annotations
@@ -41,6 +42,7 @@ def install_lean_head(model) -> bool:
     if head is None:
         return False
     head.forward = types.MethodType(lean_head_forward, head)
+    _transposed(head)
     return True
 
 
@@ -63,14 +65,20 @@ def lean_head_forward(self, x: torch.Tensor) -> torch.Tensor:
     one_row = x.numel() == x.shape[-1] and x.dtype == W.dtype and x.device == W.device
     if not one_row or (torch.is_grad_enabled() and (W.requires_grad or x.requires_grad)):
         return F.linear(x, W, self.bias)
-    version, Wt = self.__dict__.get(_COPY, (None, None))
+    out = torch.matmul(x, _transposed(self))  # (..., V)
+    return out if self.bias is None else out + self.bias
+
+
+def _transposed(head: torch.nn.Linear) -> torch.Tensor:
+    """The head's W.T stored contiguous (d, V): the kept copy, or a new one if W changed."""
+    W = head.weight
+    version, Wt = head.__dict__.get(_COPY, (None, None))
     now = _version_of(W)
-    if version != now:  # first use, or the weight changed
+    if version != now:
         with torch.no_grad():
             Wt = W.detach().t().contiguous()  # (d, V)
-        self.__dict__[_COPY] = (now, Wt)
-    out = torch.matmul(x, Wt)  # (..., V)
-    return out if self.bias is None else out + self.bias
+        head.__dict__[_COPY] = (now, Wt)
+    return Wt
 
 
 def _version_of(W: torch.Tensor) -> tuple:

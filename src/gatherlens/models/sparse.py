@@ -38,7 +38,7 @@ from gatherlens.models.sparse_attention import (
     sparse_attention_forward, sparse_settings,
 )
 from gatherlens.models.sparse_cache import PAGED_KWARG, PagedLayer, SparseKVCache
-from gatherlens.models.sparse_defaults import DEFAULTS
+from gatherlens.models.sparse_defaults import DEFAULTS, recent_for
 from gatherlens.ops.sparse.page_choice import CHOOSERS, GROUP_SCORES
 
 __all__ = [
@@ -115,8 +115,7 @@ def use_sparse_decoding(model, budget: int | None = DEFAULTS["budget"], page_siz
     (SDPA). Returns the model.
     """
     model = _unwrap(model)
-    if recent is None:
-        recent = budget // 4 if isinstance(budget, int) and not isinstance(budget, bool) else 0
+    recent = recent_for(budget, recent)
     settings = SparseSettings(budget, page_size, share_selection, group_score, keep_selection, recent, choose,
                               dense_share)
     _check_settings(settings, dense_layers)

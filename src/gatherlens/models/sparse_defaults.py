@@ -13,7 +13,19 @@ the gather cost more per layer than reading every page in place (`gatherlens ben
 """
 from __future__ import annotations
 
-__all__ = ["DEFAULTS"]
+__all__ = ["DEFAULTS", "recent_for"]
 
 DEFAULTS = {"budget": 1024, "page_size": 8, "group_score": "max", "dense_layers": 2, "recent": None,
             "share_selection": False, "dense_share": 1 / 3}
+
+
+def recent_for(budget, recent: int | None) -> int:
+    """The recent window a setting reads: `recent`, or for None (the default) a quarter of the
+    budget (0 when the budget is None: dense reads everything anyway).
+
+    >>> recent_for(512, None), recent_for(512, 0), recent_for(None, None)
+    (128, 0, 0)
+    """
+    if recent is not None:
+        return recent
+    return budget // 4 if isinstance(budget, int) and not isinstance(budget, bool) else 0

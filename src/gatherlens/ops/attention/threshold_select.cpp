@@ -163,8 +163,8 @@ int64_t candidates_avx2(const float* s, int64_t L, float low, int32_t* ck, int32
 #endif
 
 template <typename T>
-struct Keys {                                  // one row's logits: key j is s[j * ks], or the sum
-  const T* s;                                  // over n rows ss apart, added in row order
+struct Keys {                                  // where a row lies: key j is s[j * ks], or the sum
+  const T* s;                                  // over n rows ss apart (added in row order); select_rows reads it once into a line
   int64_t ks, n, ss;
   T at(int64_t j) const {
     T v = s[j * ks];
@@ -174,14 +174,14 @@ struct Keys {                                  // one row's logits: key j is s[j
 };
 
 template <typename T, typename K>
-int64_t candidates(const Keys<T>& row, int64_t L, K lo, K* ck, int32_t* ci) {  // room for L + 8
+int64_t candidates(const T* s, int64_t L, K lo, K* ck, int32_t* ci) {  // s contiguous; room for L + 8
   const T low = key_value(lo), neg_inf = -std::numeric_limits<T>::infinity();
   int64_t c = 0, j = 0;
 #ifdef __AVX2__
-  if constexpr (sizeof(T) == 4) if (row.ks == 1 && row.n == 1) c = candidates_avx2(row.s, L, low, ck, ci, j);
+  if constexpr (sizeof(T) == 4) c = candidates_avx2(s, L, low, ck, ci, j);
 #endif
   for (; j < L; ++j) {                         // branch-free: write always, advance when kept
-    T v = row.at(j);
+    T v = s[j];
     ck[c] = order_key(v);
     ci[c] = int32_t(j);
     c += (v >= low) & (v > neg_inf);
@@ -190,7 +190,7 @@ int64_t candidates(const Keys<T>& row, int64_t L, K lo, K* ck, int32_t* ci) {  /
 }
 
 template <typename T, typename K>
-K sample_bound(const Keys<T>& row, int64_t L, int64_t k, std::vector<K>& tmp, std::vector<K>& work) {
+K sample_bound(const T* s, int64_t L, int64_t k, std::vector<K>& tmp, std::vector<K>& work) {
   const K floor = order_key(-std::numeric_limits<T>::infinity());
   int64_t stride = k / 4 < 16 ? k / 4 : 16;
   if (stride <= 1) return floor;               // small k: every allowed key is a candidate
@@ -199,7 +199,7 @@ K sample_bound(const Keys<T>& row, int64_t L, int64_t k, std::vector<K>& tmp, st
   int64_t rank = int64_t(std::ceil(expect + 3.0 * std::sqrt(expect) + 3.0));
   if (rank >= m) return floor;
   tmp.resize(m);
-  for (int64_t i = 0; i < m; ++i) tmp[i] = order_key(row.at(i * stride));
+  for (int64_t i = 0; i < m; ++i) tmp[i] = order_key(s[i * stride]);
   return kth_largest(tmp.data(), m, rank, work);
 }
 
@@ -210,12 +210,12 @@ struct Cut {                                   // which keys a row keeps: the al
 };
 
 template <typename T, typename K>
-Cut find_cut(const Keys<T>& row, int64_t L, int64_t k, std::vector<K>& ck, std::vector<int32_t>& ci,
+Cut find_cut(const T* s, int64_t L, int64_t k, std::vector<K>& ck, std::vector<int32_t>& ci,
              std::vector<K>& tmp, std::vector<K>& work) {
   const K floor = order_key(-std::numeric_limits<T>::infinity());
-  K lo = k < L ? sample_bound<T, K>(row, L, k, tmp, work) : floor;
-  int64_t c = candidates(row, L, lo, ck.data(), ci.data());
-  if (c < k && lo > floor) c = candidates(row, L, lo = floor, ck.data(), ci.data());
+  K lo = k < L ? sample_bound<T, K>(s, L, k, tmp, work) : floor;
+  int64_t c = candidates(s, L, lo, ck.data(), ci.data());
+  if (c < k && lo > floor) c = candidates(s, L, lo = floor, ck.data(), ci.data());
   if (c <= k) return {c, int64_t(lo), L};      // every candidate
   K t = kth_largest(ck.data(), c, k, work);    // the k-th largest key
   int64_t need = k;
@@ -227,9 +227,9 @@ Cut find_cut(const Keys<T>& row, int64_t L, int64_t k, std::vector<K>& ck, std::
 }
 
 template <typename T, typename K>
-int64_t select_row(const Keys<T>& row, int64_t L, int64_t k, T* vals, int64_t* idx,
+int64_t select_row(const T* s, int64_t L, int64_t k, T* vals, int64_t* idx,
                    std::vector<K>& ck, std::vector<int32_t>& ci, std::vector<K>& tmp, std::vector<K>& work) {
-  Cut cut = find_cut<T, K>(row, L, k, ck, ci, tmp, work);
+  Cut cut = find_cut<T, K>(s, L, k, ck, ci, tmp, work);
   const K t = K(cut.t);
   const int64_t last = cut.last;
   int32_t* kept = ci.data();                   // packed in place: the write never passes the read
@@ -252,7 +252,7 @@ int64_t select_row(const Keys<T>& row, int64_t L, int64_t k, T* vals, int64_t* i
     kept[out] = ci[i];
     out += (ck[i] > t) | ((ck[i] == t) & (ci[i] <= last));
   }
-  for (i = 0; i < out; ++i) { idx[i] = kept[i]; vals[i] = row.at(kept[i]); }
+  for (i = 0; i < out; ++i) { idx[i] = kept[i]; vals[i] = s[kept[i]]; }
   return out;
 }
 
@@ -306,11 +306,12 @@ void select_rows(const T* s, Layout at, int64_t rows, const int64_t* lens, int64
   std::vector<T> line;
   for (int64_t i = 0; i < rows; ++i) {
     int64_t r = at.r0 + i, L = lens ? lens[i] : at.W, kr = k < L ? k : L;
-    Keys<T> row{s + (r / at.grp) * at.gs + (r % at.grp) * at.rs, at.ks, at.n, at.ss};
-    if (row.ks != 1 || row.n != 1) {           // strided or summed: one pass into a contiguous line
+    Keys<T> keys{s + (r / at.grp) * at.gs + (r % at.grp) * at.rs, at.ks, at.n, at.ss};
+    const T* row = keys.s;
+    if (keys.ks != 1 || keys.n != 1) {         // strided or summed: one pass into a contiguous line
       line.resize(L + 8);
-      for (int64_t j = 0; j < L; ++j) line[j] = row.at(j);
-      row = Keys<T>{line.data(), 1, 1, 0};
+      for (int64_t j = 0; j < L; ++j) line[j] = keys.at(j);
+      row = line.data();
     }
     T* v = vals + i * k;
     int64_t* ix = idx + i * k;
@@ -328,7 +329,7 @@ void select_rows(const T* s, Layout at, int64_t rows, const int64_t* lens, int64
 template <typename T, typename K>
 void dense_row(T* s, int64_t L, int64_t stride, int64_t k, T* lse,
                std::vector<K>& ck, std::vector<int32_t>& ci, std::vector<K>& tmp, std::vector<K>& work) {
-  Cut cut = L > 0 ? find_cut<T, K>(Keys<T>{s, 1, 1, 0}, L, k, ck, ci, tmp, work) : Cut{0, 0, 0};
+  Cut cut = L > 0 ? find_cut<T, K>(s, L, k, ck, ci, tmp, work) : Cut{0, 0, 0};
   const T neg_inf = -std::numeric_limits<T>::infinity();
   if (cut.c == 0) {                            // no allowed key: zero weights
     for (int64_t j = 0; j < stride; ++j) s[j] = 0;
