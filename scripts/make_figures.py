@@ -7,6 +7,7 @@ Every figure is drawn by gatherlens from a record of a real call; nothing is dra
 """
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -134,6 +135,54 @@ FIGURES = {
 }
 
 
+@functools.lru_cache(maxsize=1)
+def smollm2_table():
+    """SmolLM2's tied embedding table as shipped (Q8_0 blocks, read in place) and its vocabulary."""
+    from gguf import GGUFReader
+
+    from gatherlens.models.registry import resolve
+    from gatherlens.ops.quant import QuantizedTable
+
+    reader = GGUFReader(resolve("smollm2").path, mode="c")
+    field = reader.fields["tokenizer.ggml.tokens"]
+    vocab = [bytes(field.parts[i]).decode("utf-8").replace("Ġ", " ") for i in field.data]
+    return QuantizedTable.from_reader(reader, "token_embd.weight"), vocab
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2_table_q4_1():
+    """The same table re-quantized to Q4_1 by gguf's own quantizer (the format of the other 210 tensors)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from gatherlens.ops.quant import QuantizedTable
+
+    table, _ = smollm2_table()
+    blocks = quantize(table.dequantize().numpy(), GGMLQuantizationType.Q4_1)  # (V, 360) uint8
+    return QuantizedTable.from_blocks(blocks, "Q4_1", name="token_embd.weight (requantized)")
+
+
+QUANTIZED_TEXT = ["I", " like", " the", " cat", " and", " the", " dog"]  # " the" twice: its row read once
+
+
+def quantized_gather(table_of):
+    """The gather of a sentence's ids from SmolLM2's table; " cat"'s first block written out."""
+    from gatherlens.trace.quantized import record_quantized_embedding
+
+    def make(lang):
+        table, vocab = table_of(), smollm2_table()[1]
+        ids = torch.tensor([[vocab.index(t) for t in QUANTIZED_TEXT]])  # (1, 7): the tokenizer's own ids
+        return record_quantized_embedding(ids, table, labels=QUANTIZED_TEXT, position=3, block=0, lang=lang)
+    return make
+
+
+# real model weights: drawn by main() (and checked by tests/test_quantized_picture.py), not FIGURES
+QUANTIZED = {
+    "quantized_gather": quantized_gather(lambda: smollm2_table()[0]),
+    "quantized_gather_q4_1": quantized_gather(smollm2_table_q4_1),
+}
+
+
 def page_trace():
     """Which pages SmolLM2 read while continuing 2,048 tokens of Pride and Prejudice (budget 256, 32
     decode steps, the default settings). Greedy float32 on one thread: the same pages on every run of
@@ -159,6 +208,7 @@ def main(png: bool = False) -> int:
             written.append((OUT / f"{name}.{lang}.svg", make(lang).to_svg(lang=lang)))
         written.append((OUT / f"mistakes.{lang}.svg", mistakes_svg(lang)))
         written.append((OUT / f"page_trace.{lang}.svg", page_trace_svg(trace, lang=lang)))
+        written += [(OUT / f"{name}.{lang}.svg", make(lang).to_svg(lang=lang)) for name, make in QUANTIZED.items()]
     written.append((OUT / "readme_embedding.svg", embedding("en").to_svg()))
     for path, svg in written:
         path.write_text(svg, encoding="utf-8")

@@ -8,14 +8,15 @@ import time
 
 
 @contextlib.contextmanager
-def running_server(app, timeout: float = 120.0):
-    """Yield the base URL ("http://127.0.0.1:PORT") while uvicorn serves `app`; stop it after."""
+def running_server(app, timeout: float = 120.0, **config):
+    """Yield the base URL ("http://127.0.0.1:PORT") while uvicorn serves `app`; stop it after.
+    `config` goes to uvicorn.Config (http=... for the server's own protocol)."""
     import uvicorn
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout

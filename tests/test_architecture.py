@@ -16,7 +16,7 @@ MAX_LINES = 60
 
 # layer of each top-level part of the package; a module may import only parts of rank <= its own
 RANK = {
-    "errors": 0, "drawable": 0, "i18n": 0, "_version": 0, "outputs": 0,
+    "errors": 0, "drawable": 0, "i18n": 0, "_version": 0, "outputs": 0, "paths": 0,
     "ops": 1,
     "trace": 2,
     "render": 3,
@@ -165,3 +165,62 @@ def test_no_import_cycles_between_modules():
     for node in sorted(graph):
         visit(node)
     assert not cycles, "import cycles: " + " | ".join(" -> ".join(c) for c in cycles[:5])
+
+
+@pytest.mark.parametrize("args", [["--help"], ["cache", "list"]], ids=["--help", "cache list"])
+def test_light_commands_import_no_torch(args, tmp_path):
+    """`gatherlens --help` and `gatherlens cache list` answer without importing torch."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; from click.testing import CliRunner; from gatherlens.cli import main; "
+            f"r = CliRunner().invoke(main, {args!r}); assert r.exit_code == 0, r.output; "
+            "print('torch' in sys.modules)")
+    env = {**os.environ, "GATHERLENS_CACHE": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "False", f"gatherlens {' '.join(args)} imported torch"
+
+
+GEOMETRY = Path("ops") / "sparse" / "geometry.py"  # the one home of page-count arithmetic
+
+
+def _inline_ceil_divisions(tree: ast.AST):
+    """Lines of `-(-a // b)` and of local ceil-division helpers (`_cdiv`, `cdiv`) in a module."""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
+                and isinstance(node.operand, ast.BinOp) and isinstance(node.operand.op, ast.FloorDiv)
+                and isinstance(node.operand.left, ast.UnaryOp) and isinstance(node.operand.left.op, ast.USub)):
+            yield node.lineno, "-(-a // b)"
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            name = getattr(node, "name", "")
+            if name.lstrip("_") in {"cdiv", "ceil_div", "ceildiv"}:
+                yield node.lineno, f"def {name}"
+
+
+@pytest.mark.parametrize("rel,tree", _cases())
+def test_no_inline_page_arithmetic_outside_geometry(rel, tree):
+    """Page counts and ceil divisions come from gatherlens.ops.sparse.geometry (ceil_div, page_count, ...)."""
+    if rel == GEOMETRY:
+        return
+    found = [f"{rel}:{line}: {what}" for line, what in _inline_ceil_divisions(tree)]
+    assert not found, ("inline ceil division; use gatherlens.ops.sparse.geometry.ceil_div / page_count: "
+                       + "; ".join(found))
+
+
+def _ctypes_imports(tree: ast.AST):
+    """Lines that import ctypes (`import ctypes`, `import ctypes.util`, `from ctypes import ...`)."""
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        if any(n == "ctypes" or n.startswith("ctypes.") for n in names):
+            yield node.lineno
+
+
+@pytest.mark.parametrize("rel,tree", [c for c in _cases() if c.values[0].parts[0] == "ops"])
+def test_no_ctypes_under_ops(rel, tree):
+    """Native kernels are PyTorch operators (torch.utils.cpp_extension + torch.library), never ctypes."""
+    found = [f"{rel}:{line}" for line in _ctypes_imports(tree)]
+    assert not found, "ctypes under ops/ (build with ops/native.py, register with torch.library): " + ", ".join(found)

@@ -12,7 +12,8 @@ from torch.nn.attention.bias import causal_lower_right
 
 from gatherlens.errors import GatherLensError, GatherTypeError, GatherValueError
 from gatherlens.ops.attention import AttentionSelection, apply_attention_scores, topk_attention
-from gatherlens.ops.attention import chunked, partition
+from gatherlens.ops.attention import chunked
+from gatherlens.ops.attention.select import partial
 from gatherlens.ops.attention.naive import (
     dense_masked_attention,
     naive_apply_attention_scores,
@@ -64,13 +65,13 @@ def make_mask(kind, B, Hq, Q, L, seed=0):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Force many query chunks, so chunk boundaries are exercised on small inputs."""
-    monkeypatch.setattr(chunked, "BUDGET", 64)
+    monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 64)
 
 
 @pytest.fixture(params=["numpy", "torch.topk"])
 def selector(request, monkeypatch):
     """Run a test with each row-selection backend."""
-    monkeypatch.setattr(partition, "NUMPY_MIN_ELEMENTS", 0 if request.param == "numpy" else 10**12)
+    monkeypatch.setattr(partial, "NUMPY_MIN_ELEMENTS", 0 if request.param == "numpy" else 10**12)
     return request.param
 
 
@@ -182,22 +183,22 @@ def test_decode_query_sees_the_whole_cache():
     B=st.integers(1, 2), Hkv=st.integers(1, 2), G=st.integers(1, 3), Q=st.integers(1, 9),
     L=st.integers(1, 12), D=st.integers(1, 4), top_k=st.integers(1, 14), causal=st.booleans(),
     mask=st.sampled_from(["none", "bool", "bool-per-head", "float"]), share=st.booleans(),
-    seed=st.integers(0, 10_000), chunk_budget=st.sampled_from([1, 40, 1 << 22]),
+    seed=st.integers(0, 10_000), chunk_elements=st.sampled_from([1, 40, 1 << 22]),
 )
 def test_topk_matches_loop_reference(B, Hkv, G, Q, L, D, top_k, causal, mask, share, seed,
-                                     chunk_budget):
+                                     chunk_elements):
     q, k, v = int_qkv(B, Hkv * G, Hkv, Q, L, D, seed)
     m = make_mask(mask, B, Hkv * G, Q, L, seed)
     if m is not None and mask != "float":
         m[..., 0] = torch.rand(m[..., 0].shape, generator=torch.Generator().manual_seed(seed)) > 0.5
     kw = dict(is_causal=causal, attn_mask=m, scale=0.5, enable_gqa=G > 1, share_selection=share)
     ref, ref_sel = naive_topk_attention(q, k, v, top_k, **kw)
-    old = chunked.BUDGET, partition.NUMPY_MIN_ELEMENTS
-    chunked.BUDGET, chunked.GATHER_MAX_QUERIES = chunk_budget, 10**9
+    old = chunked.CHUNK_ELEMENTS, partial.NUMPY_MIN_ELEMENTS
+    chunked.CHUNK_ELEMENTS, chunked.GATHER_MAX_QUERIES = chunk_elements, 10**9
     try:
         for ratio, numpy_min in ((1, 0), (10**9, 0), (1, 10**9), (10**9, 10**9)):  # gather / dense sum,
             chunked.GATHER_RATIO = ratio                       # numpy / torch.topk selection
-            partition.NUMPY_MIN_ELEMENTS = numpy_min
+            partial.NUMPY_MIN_ELEMENTS = numpy_min
             out, sel = topk_attention(q, k, v, top_k, return_selection=True, **kw)
             assert torch.equal(sel.indices, ref_sel.indices)
             torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
@@ -206,20 +207,20 @@ def test_topk_matches_loop_reference(B, Hkv, G, Q, L, D, top_k, causal, mask, sh
             assert torch.equal(sel.scores, ref_sel.scores)
             torch.testing.assert_close(topk_attention(q, k, v, top_k, **kw), ref, atol=1e-5, rtol=1e-5)
     finally:
-        (chunked.BUDGET, partition.NUMPY_MIN_ELEMENTS), chunked.GATHER_RATIO = old, 8
+        (chunked.CHUNK_ELEMENTS, partial.NUMPY_MIN_ELEMENTS), chunked.GATHER_RATIO = old, 8
         chunked.GATHER_MAX_QUERIES = 16
 
 
 def test_random_floats_match_reference_on_every_path(selector):
     q, k, v = qkv(2, 8, 2, 40, 200, 16, seed=3)
     ref, rsel = naive_topk_attention(q, k, v, 17, is_causal=True, enable_gqa=True)
-    for budget, ratio in ((50, 1), (50, 10**9), (1 << 24, 8)):
-        chunked.BUDGET, chunked.GATHER_RATIO, chunked.GATHER_MAX_QUERIES = budget, ratio, 10**9
+    for elements, ratio in ((50, 1), (50, 10**9), (1 << 24, 8)):
+        chunked.CHUNK_ELEMENTS, chunked.GATHER_RATIO, chunked.GATHER_MAX_QUERIES = elements, ratio, 10**9
         try:
             out, sel = topk_attention(q, k, v, 17, is_causal=True, enable_gqa=True, return_selection=True)
             plain = topk_attention(q, k, v, 17, is_causal=True, enable_gqa=True)
         finally:
-            chunked.BUDGET, chunked.GATHER_RATIO, chunked.GATHER_MAX_QUERIES = 1 << 24, 8, 16
+            chunked.CHUNK_ELEMENTS, chunked.GATHER_RATIO, chunked.GATHER_MAX_QUERIES = 1 << 24, 8, 16
         assert torch.equal(sel.indices, rsel.indices)
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(plain, ref, atol=1e-5, rtol=1e-5)

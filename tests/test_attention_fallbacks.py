@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gatherlens.ops.attention import sparse_sum, threshold
+from gatherlens.ops.attention import sparse_sum
+from gatherlens.ops.attention.select import threshold_kernel
 from test_attention import *  # noqa: F401,F403  (collected here again, under the fixture below)
 
 
@@ -14,5 +15,5 @@ def fallback(request, monkeypatch):
     if request.param == "chunked":
         monkeypatch.setattr(sparse_sum, "ENABLED", False)
     else:
-        monkeypatch.setattr(threshold, "load_kernel", lambda path: None)
+        monkeypatch.setattr(threshold_kernel, "kernel_loaded", lambda: False)
     return request.param

@@ -1,5 +1,6 @@
-"""The CPU fast path of topk_attention (sparse_sum.py, threshold.py, the C++ kernel) against the
-references: the numpy selection, select_topk, the chunked path and the per-query loop."""
+"""The CPU fast path of topk_attention (sparse_sum.py, select/threshold_select.py, the C++ operators)
+against the references: the numpy selection, select_topk, the chunked path and the per-query loop;
+the operators as PyTorch sees them (opcheck, torch.compile, the profiler); the build's fallback."""
 from __future__ import annotations
 
 import warnings
@@ -9,13 +10,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gatherlens.errors import GatherLensWarning
 from gatherlens.ops import native
-from gatherlens.ops.attention import sparse_sum, threshold, topk_attention
+from gatherlens.ops.attention import sparse_sum, topk_attention
 from gatherlens.ops.attention.naive import naive_topk_attention
-from gatherlens.ops.attention.threshold import topk_rows, topk_weights_
-from gatherlens.ops.attention.topk_select import select_topk
+from gatherlens.ops.attention.select import select_topk, threshold_kernel, topk_rows, topk_summed_rows, topk_weights_
 
-needs_kernel = pytest.mark.skipif(native.load_kernel(threshold.KERNEL) is None, reason="no C++ compiler")
+needs_kernel = pytest.mark.skipif(not threshold_kernel.kernel_loaded(), reason="no C++ compiler or ninja")
 
 
 def _rows(seed, R, W, kind, dtype):
@@ -93,7 +94,7 @@ def test_fast_path_equals_the_chunked_reference(case, dtype, monkeypatch):
     elif mask == "float":
         m = torch.randn(B, 1, Q, L, generator=g).to(dtype).masked_fill(torch.rand(B, 1, Q, L, generator=g) > 0.7, float("-inf"))
     kw = dict(is_causal=causal, attn_mask=m, scale=0.5, enable_gqa=Hq != Hkv, share_selection=share)
-    monkeypatch.setattr(sparse_sum, "BUDGET", 600)              # several chunks, on two worker threads
+    monkeypatch.setattr(sparse_sum, "CHUNK_ELEMENTS", 600)              # several chunks, on two worker threads
     monkeypatch.setattr(sparse_sum, "CHUNK_ROWS", 12)
     monkeypatch.setattr(sparse_sum, "KEY_BLOCK", 16)
     torch.set_num_threads(2)
@@ -124,7 +125,7 @@ def test_random_floats_long_rows_match_the_reference(monkeypatch):
 
 
 def test_inference_mode_and_no_grad_reach_the_worker_threads(monkeypatch):
-    monkeypatch.setattr(sparse_sum, "BUDGET", 200)
+    monkeypatch.setattr(sparse_sum, "CHUNK_ELEMENTS", 200)
     q, k, v = torch.randn(1, 2, 40, 4), torch.randn(1, 2, 40, 4), torch.randn(1, 2, 40, 4)
     with torch.inference_mode():
         a = topk_attention(q, k, v, 5, is_causal=True)
@@ -133,19 +134,90 @@ def test_inference_mode_and_no_grad_reach_the_worker_threads(monkeypatch):
     torch.testing.assert_close(a, b)
 
 
-def test_a_missing_compiler_warns_and_falls_back_to_numpy(tmp_path, monkeypatch):
+def test_a_missing_compiler_warns_one_line_and_falls_back_to_numpy(tmp_path, monkeypatch):
     source = tmp_path / "copy.cpp"
-    source.write_text(threshold.KERNEL.read_text() + "\n// a copy, so nothing is cached under its hash\n")
+    source.write_text(threshold_kernel.KERNEL.read_text() + "\n// a copy, so nothing is cached under its hash\n")
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("GATHERLENS_CACHE", str(tmp_path / "cache"))
-    with pytest.warns(RuntimeWarning, match="numpy path"):
-        assert native.load_kernel(source) is None
+    with pytest.warns(GatherLensWarning, match="numpy path") as caught:
+        assert native.load_library(source) is False
+    (w,) = caught.list                                          # one warning, one line, no source path
+    assert "\n" not in str(w.message) and "no-such-compiler" in str(w.message) and w.filename == "gatherlens"
     monkeypatch.setenv("GATHERLENS_NATIVE", "0")
-    assert native.load_kernel(tmp_path / "other.cpp") is None   # switched off: not even tried
-    monkeypatch.setattr(threshold, "load_kernel", lambda path: None)
+    assert native.load_library(tmp_path / "other.cpp") is False  # switched off: not even tried
+    monkeypatch.setattr(threshold_kernel, "kernel_loaded", lambda: False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         vals, idx = topk_rows(torch.tensor([[1.0, 3.0, 3.0, float("-inf")]]), 2)
     assert idx.tolist() == [[1, 2]]
     with pytest.raises(RuntimeError, match="did not build"):
         topk_rows(torch.zeros(1, 3), 1, native=True)
+
+
+@needs_kernel
+def test_a_failed_build_says_the_compiler_error_in_one_line_and_keeps_the_log(tmp_path, monkeypatch):
+    source = tmp_path / "broken.cpp"
+    source.write_text("#error this kernel does not compile\n")
+    monkeypatch.setenv("GATHERLENS_CACHE", str(tmp_path / "cache"))
+    with pytest.warns(GatherLensWarning) as caught:
+        assert native.load_library(source) is False
+    (w,) = caught.list
+    text = str(w.message)
+    assert "\n" not in text and "this kernel does not compile" in text and "numpy path" in text
+    (log,) = (tmp_path / "cache" / "native").glob("broken-*/build.log")
+    assert "this kernel does not compile" in log.read_text() and str(log) in text
+
+
+def _op_inputs(seed=0, N=3, n=2, grp=4, W=50):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, n, grp, W, generator=g).transpose(2, 3).contiguous().transpose(2, 3)  # strided rows
+    lens = torch.randint(0, W + 1, (N * grp,), generator=g)
+    base = torch.randint(0, 1000, (N * grp,), generator=g)
+    return x, lens, base
+
+
+@needs_kernel
+def test_the_operators_pass_opcheck():
+    x, lens, base = _op_inputs()
+    for args in ((x, lens, base, 7, True, 0, 12), (x, None, None, 7, False, 3, 9), (x[:, :1], lens, None, 80, True, 0, 12)):
+        torch.library.opcheck(torch.ops.gatherlens.topk_rows.default, args)
+    dense = torch.randn(6, 40, dtype=torch.float64)
+    torch.library.opcheck(torch.ops.gatherlens.topk_weights_into.default, (dense, torch.arange(6) * 7, 5))
+
+
+@needs_kernel
+def test_the_operators_trace_under_torch_compile_and_show_in_the_profiler():
+    x, lens, base = _op_inputs(seed=3)
+
+    def f(x):
+        vals, idx, w, lse = torch.ops.gatherlens.topk_rows(x, lens, base, 9, True, 0, 12)
+        return (w * vals.exp()).sum(-1) + lse, idx
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    for a, b in zip(compiled(x), f(x)):
+        assert torch.equal(a, b)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        topk_rows(x[:, 0], 9, weights=True)
+        topk_weights_(torch.randn(4, 30), 3)
+    names = {e.key for e in prof.key_averages()}
+    assert {"gatherlens::topk_rows", "gatherlens::topk_weights_into"} <= names
+
+
+@needs_kernel
+def test_summed_rows_add_the_heads_in_order_on_both_paths():
+    s = torch.randn(2, 3, 4, 5, 60)                             # (B, Hkv, G, C, Lc)
+    lens = torch.randint(0, 61, (2 * 3 * 5,))
+    got = [topk_summed_rows(s, 11, lens=lens, native=n) for n in (True, False)]
+    for a, b in zip(*got):
+        assert torch.equal(a, b)
+
+
+@needs_kernel
+def test_the_operator_refuses_bad_rows():
+    x, lens, _ = _op_inputs()
+    with pytest.raises(RuntimeError, match=r"lens\[0\] = 51 is outside \[0, 50\]"):
+        torch.ops.gatherlens.topk_rows(x, torch.full_like(lens, 51), None, 3, False, 0, 12)
+    with pytest.raises(RuntimeError, match=r"rows \[0, 13\) are outside \[0, 12\]"):
+        torch.ops.gatherlens.topk_rows(x, None, None, 3, False, 0, 13)
+    with pytest.raises(RuntimeError, match="must be float32 or float64"):
+        torch.ops.gatherlens.topk_weights_into(torch.zeros(2, 3, dtype=torch.int64), None, 1)

@@ -55,3 +55,27 @@ def test_an_out_that_is_a_file_is_refused_before_any_rank_starts(tmp_path, monke
     assert "notes.txt" in capsys.readouterr().err and afile.read_text() == "keep me"
     result = CliRunner().invoke(cli_main, ["dist", "demo", "--out", str(afile / "pics")])
     assert result.exit_code != 0 and "is a file" in result.output   # gatherlens dist demo
+
+
+def test_both_entry_points_read_the_options_from_demo_config():
+    """The demo's options are defined once (DemoConfig's fields): click's and argparse's are the
+    same names, defaults and ranges, and the command line torchrun gets parses back to the config."""
+    from pathlib import Path
+
+    import pytest
+
+    from gatherlens.commands.dist import demo
+    from gatherlens.dist.__main__ import build_parser
+    from gatherlens.dist.demo_config import DemoConfig, demo_options
+
+    defaults = {o.name: o.default for o in demo_options()}
+    assert {p.name: p.default for p in demo.params if p.name != "nproc"} == defaults
+    parsed = vars(build_parser().parse_args(["demo"]))
+    assert parsed.pop("command") == "demo" and parsed == defaults
+    assert set(defaults) == {"vocab", "context", "budget", "page_size", "out", "device", "force"}
+    cfg = DemoConfig(vocab=1000, context=300, budget=64, page_size=8, out=Path("pics"), device="cpu", force=True)
+    assert DemoConfig.from_options(vars(build_parser().parse_args(["demo", *cfg.argv()]))) == cfg
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--page-size", "0"])
+    result = CliRunner().invoke(cli_main, ["dist", "demo", "--page-size", "0"])
+    assert result.exit_code == 2 and "--page-size" in result.output

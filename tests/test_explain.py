@@ -14,6 +14,7 @@ from gatherlens.commands.explain import explain
 from gatherlens.errors import GatherIndexError, GatherValueError
 from gatherlens.report.build import build_report, write_report
 from gatherlens.report.collect import HeadMap, collect
+from gatherlens.report.records import score_grid
 from gatherlens.render.report_figures import heads_svg, scores_svg
 from tiny_models import make_tiny_llama
 
@@ -167,10 +168,10 @@ def test_token_markup_stays_text(tiny, tmp_path):
     # the report's own SVG templates, fed the raw string as a token label
     a = s.attention
     labels = [EVIL] + s.shown_tokens[1:]
-    for svg in (scores_svg(a, labels), heads_svg(s.heads, 0)):
+    for svg in (scores_svg(score_grid(a, labels)), heads_svg(s.heads, 0)):
         root = ET.fromstring(svg)
         assert not root.findall(".//{http://www.w3.org/2000/svg}script")
-    assert EVIL in "".join(ET.fromstring(scores_svg(a, labels)).itertext())
+    assert EVIL in "".join(ET.fromstring(scores_svg(score_grid(a, labels))).itertext())
 
 
 def test_non_empty_folder_is_refused_and_force_keeps_user_files(story, tmp_path):
@@ -178,7 +179,7 @@ def test_non_empty_folder_is_refused_and_force_keeps_user_files(story, tmp_path)
     out.mkdir()
     mine = out / "notes.txt"
     mine.write_text("mine")
-    with pytest.raises(GatherValueError, match=r"not empty .*--force"):
+    with pytest.raises(GatherValueError, match=r"not empty.*--force"):
         write_report(story, out)
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
     stale = out / "02-position.svg"  # left by an earlier report of another model

@@ -560,3 +560,359 @@ def test_cache_list_shows_sizes_and_clear_keeps_what_a_live_process_writes(root,
     assert "kept other-0123456789abcdef: process" in result.output
     assert sorted(p.name for p in (root / "models").iterdir()) == ["other-0123456789abcdef"]
     assert not (root / "hashes.json").exists()
+
+
+# -- outputs written late: checked at the start, checked again as they are written --------------
+def test_a_file_made_after_the_check_is_refused_and_kept(tmp_path):
+    """Must hold: without --force the late write creates the file exclusively: a file that
+    appeared since the check at the start is refused by name and left as it was."""
+    from gatherlens.outputs import output_file, write_output
+
+    path = output_file(tmp_path / "pages.svg", "--pages", suffixes=(".svg",))
+    path.write_text("another program's file")                      # created meanwhile
+    with pytest.raises(GatherValueError, match=r"--pages .*pages.svg' was created meanwhile.*--force"):
+        write_output(path, "<svg/>", "--pages")
+    assert path.read_text() == "another program's file"
+    assert write_output(path, "<svg/>", "--pages", force=True) == path and path.read_text() == "<svg/>"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pages.svg"]   # no temporary file left
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
+def test_a_failure_while_writing_leaves_no_half_file(tmp_path, force):
+    """Must hold: a write that fails midway leaves no half-written output and no temporary
+    file; with --force the file it was replacing is still whole."""
+    from gatherlens.outputs import open_output
+
+    path = tmp_path / "results.json"
+    if force:
+        path.write_text("the earlier results")
+    with pytest.raises(OSError, match="No space left"):
+        with open_output(path, "--json", force=force) as fh:
+            fh.write("{\"half\": ")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["results.json"] if force else [])
+    assert not force or path.read_text() == "the earlier results"
+
+
+def test_the_output_rule_names_what_is_wrong(tmp_path):
+    """Must hold: each refusal is one GatherValueError naming the option, the path and the way out."""
+    from gatherlens.outputs import output_dir, output_file, write_output
+
+    (tmp_path / "dir.svg").mkdir()
+    (tmp_path / "notes.txt").write_text("mine")
+    cases = [(lambda: output_file(tmp_path / "dir.svg", "--pages", force=True), "is a folder; give a file path"),
+             (lambda: output_file(tmp_path / "p.png", "--pages", suffixes=(".svg", ".html")),
+              "must end in .svg or .html"),
+             (lambda: output_file(tmp_path / "notes.txt", "--out"), "exists; pass --force"),
+             (lambda: output_file(tmp_path / "notes.txt" / "p.svg", "--out"), "is a file, not a folder"),
+             (lambda: output_file(tmp_path / "no" / "p.svg", "--out"), "does not exist"),
+             (lambda: output_dir(tmp_path, "--out"), "is not empty; pass --force"),
+             (lambda: output_dir(tmp_path / "notes.txt" / "pics", "--out"), "is a file"),
+             (lambda: write_output(tmp_path / "gone" / "p.svg", "x", "--pages"), "does not exist")]
+    for call, message in cases:
+        with pytest.raises(GatherValueError, match=message):
+            call()
+    assert output_dir(tmp_path, "--out", force=True) == tmp_path and output_dir(tmp_path / "new", "--out")
+    assert (tmp_path / "notes.txt").read_text() == "mine" and not (tmp_path / "new").exists()
+
+
+# -- issue 21: damaged user models, what the cache may remove, switches, page choice --------------
+def _half(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _drop_tensor(folder: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["model.norm.weight"]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def _as_bin(folder: Path, cut) -> None:
+    from safetensors.torch import load_file
+
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(cut((folder / "pytorch_model.bin").read_bytes()))
+
+
+USER_DAMAGE = {
+    "truncated-safetensors": (lambda d: _half(d / "model.safetensors"),
+                              "could not be read (damaged or truncated?): model.safetensors: Error while deserializing"),
+    "garbage-safetensors": (lambda d: (d / "model.safetensors").write_bytes(bytes(range(256)) * 20),
+                            "could not be read (damaged or truncated?): model.safetensors: Error while deserializing"),
+    "empty-safetensors": (lambda d: (d / "model.safetensors").write_bytes(b""),
+                          "model.safetensors: Error while deserializing header: header too small"),
+    "garbage-tokenizer": (lambda d: (d / "tokenizer.json").write_bytes(b"\0" * 64),
+                          "could not be read (damaged or truncated?): its tokenizer: "),
+    "a-tensor-missing": (_drop_tensor, "damaged weights: 'model.norm.weight' is missing from its weight files"),
+    "truncated-bin": (lambda d: _as_bin(d, lambda b: b[: len(b) // 2]),
+                      "a PyTorch weight file is truncated or damaged"),
+    "garbage-bin": (lambda d: _as_bin(d, lambda b: bytes(range(256)) * 8),
+                    "pytorch_model.bin is not a PyTorch weight file"),
+}
+
+
+@pytest.mark.parametrize("case", list(USER_DAMAGE))
+def test_damaged_file_in_a_users_model_is_one_line_naming_it(tiny_dir, tmp_path, root, case):
+    """Must hold: a user's model folder with a truncated, garbage or incomplete file is one
+    `Error:` line naming the folder and the file (never "internal error ... Please report it");
+    exit 1; no report; the user's files left byte for byte; nothing written in the cache."""
+    damage, said = USER_DAMAGE[case]
+    folder = tmp_path / "mine"
+    shutil.copytree(tiny_dir, folder)
+    damage(folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    result = run("explain", "The cat sat", "--model", str(folder), "--out", str(tmp_path / "r"))
+    last = result.output.strip().splitlines()[-1]
+    assert result.exit_code == 1 and last.startswith(f"Error: model {'folder ' if 'missing' in said else ''}'{folder}")
+    assert said in last and "internal error" not in result.output and len(last) < 400, result.output
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert not (tmp_path / "r").exists() and not root.exists()
+
+
+def test_damaged_file_mapping_leaves_bugs_alone(tmp_path):
+    """Must hold: the one mapping of damaged-file errors names only what the libraries raise on
+    a damaged file; any other error (a bug) still surfaces as itself, not as the user's file."""
+    from safetensors import SafetensorError
+
+    from gatherlens.models.integrity import damage, readable
+
+    assert damage(SafetensorError("Error while deserializing header: header too large"), "model.safetensors") \
+        == "model.safetensors: Error while deserializing header: header too large"
+    assert damage(RuntimeError("PytorchStreamReader failed reading zip archive")).startswith("a PyTorch weight file")
+    assert damage(Exception("Error while initializing WordPiece")) == "Error while initializing WordPiece"
+    for bug in (RuntimeError("shape mismatch in a matmul"), TypeError("bad call"), AttributeError("x")):
+        assert damage(bug) is None
+        with pytest.raises(type(bug)):
+            with readable(tmp_path):
+                raise bug
+
+
+def _cache_with_a_users_folder(root: Path, gguf: Path) -> dict:
+    """A converted model, a killed conversion's leftovers, and what a user put under models/."""
+    folder = load(str(gguf)).cache_dir
+    mine = root / "models" / "my-llama"
+    mine.mkdir(parents=True)
+    (mine / "config.json").write_text('{"model_type": "llama"}')
+    (mine / "model.safetensors").write_bytes(b"\1" * 3000)
+    outside = root.parent / "elsewhere"
+    outside.mkdir()
+    (outside / "weights.bin").write_bytes(b"\2" * 100)
+    (root / "models" / "linked").symlink_to(outside)
+    (root / "models" / "notes.txt").write_text("mine")
+    (root / "models" / ".my-llama.backup").write_text("mine too")
+    (root / "models" / ".gone-0123456789abcdef.lock").write_text("12345\n")       # a killed holder's lock
+    (root / "models" / ".gone-0123456789abcdef.tmp-x1").mkdir()
+    return {"folder": folder, "mine": mine, "outside": outside}
+
+
+def test_cache_clear_removes_only_what_is_its_own(root, gguf, converts):
+    """Must hold: `cache list` shows a user's folder (and file, link) as not gatherlens' own;
+    `cache clear` removes the converted model, leftovers, stale lock and sidecar, says it left
+    each of the user's entries, and leaves them byte for byte (a link and its target too)."""
+    made = _cache_with_a_users_folder(root, gguf)
+    listing = run("cache", "list")
+    assert listing.exit_code == 0 and f"{made['folder'].name}: ok" in listing.output
+    for name in ("my-llama", "linked", "notes.txt"):
+        assert f"{name}: not gatherlens' own (no gatherlens-manifest.json in it): `cache clear` leaves it" \
+            in listing.output, listing.output
+    result = run("cache", "clear")
+    assert result.exit_code == 0 and "removed 3 entries" in result.output, result.output
+    for name in ("my-llama", "linked", "notes.txt", ".my-llama.backup"):
+        assert f"kept {name}: not gatherlens' own" in result.output, result.output
+    assert sorted(p.name for p in (root / "models").iterdir()) == [".my-llama.backup", "linked", "my-llama",
+                                                                   "notes.txt"]
+    assert (made["mine"] / "model.safetensors").read_bytes() == b"\1" * 3000
+    assert (root / "models" / "linked" / "weights.bin").read_bytes() == b"\2" * 100
+    assert not (root / "hashes.json").exists() and leftovers(root) == ["models/.my-llama.backup"]
+
+
+@pytest.mark.parametrize("where", ["root", "models"])
+def test_cache_commands_on_a_file_say_so_and_touch_nothing(tmp_path, monkeypatch, where):
+    """Must hold: a cache path (or its models/ folder) that is a file is one error line saying
+    so, for `cache list` (not "empty") and `cache clear`; the file is left as it was."""
+    if where == "root":
+        path = cache = tmp_path / "cache-file"
+    else:
+        cache, path = tmp_path / "cache", tmp_path / "cache" / "models"
+        cache.mkdir()
+    path.write_text("not a cache")
+    monkeypatch.setenv("GATHERLENS_CACHE", str(cache))
+    for command in ("list", "clear"):
+        result = run("cache", command)
+        assert result.exit_code == 1 and "empty" not in result.output, result.output
+        assert result.output.strip().splitlines()[-1].startswith(f"Error: the model cache '{cache}'")
+        assert "where a folder should be" in result.output and "GATHERLENS_CACHE" in result.output
+    assert path.read_text() == "not a cache"
+
+
+def _config_file(model, folder: Path) -> dict:
+    model.save_pretrained(folder)
+    return json.loads((folder / "config.json").read_text())
+
+
+def _with_contexts(model):
+    from gatherlens.models import topk_attention_enabled
+    from gatherlens.models.sparse import sparse_decoding
+
+    with topk_attention_enabled(model, 4), sparse_decoding(model, budget=8, page_size=4):
+        pass
+
+
+def test_switches_leave_the_config_as_it_was(tiny_dir, tmp_path):
+    """Must hold: after each switch and its undoing (top-k, sparse decoding, both interleaved, the
+    context managers) model.config is the loaded one exactly (to_dict equal, no gatherlens key)
+    and save_pretrained writes the same config.json as before any switch."""
+    from gatherlens.models import use_dense_attention, use_topk_attention
+    from gatherlens.models.sparse import use_dense_decoding, use_sparse_decoding
+
+    model = load(str(tiny_dir)).model
+    original, saved = model.config.to_dict(), _config_file(model, tmp_path / "before")
+    rounds = {"topk": lambda m: use_dense_attention(use_topk_attention(m, top_k=3)),
+              "sparse": lambda m: use_dense_decoding(use_sparse_decoding(m, budget=8, page_size=4)),
+              "both": lambda m: use_dense_attention(use_dense_decoding(use_sparse_decoding(use_topk_attention(m, 2)))),
+              "contexts": _with_contexts}
+    for name, switch in rounds.items():
+        switch(model)
+        assert model.config.to_dict() == original, name
+        assert not [k for k in vars(model.config) if k.startswith("gatherlens")], name
+        assert _config_file(model, tmp_path / name) == saved, name
+        assert model.config._attn_implementation == "sdpa", name
+
+
+def test_a_non_finite_key_never_takes_a_forced_page():
+    """Must hold: page 0 (documented as always read) and the newest page are chosen at every
+    step even when other pages hold NaN or inf keys (their bounds are NaN/inf); the pages of
+    NaN keys are read last (as many pages are read as with finite keys)."""
+    from gatherlens.ops.sparse import PagedKVCache, select_pages
+
+    torch.manual_seed(0)
+    keys, values = torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8)   # (B, Hkv, L, D)
+    clean = PagedKVCache(batch=1, kv_heads=2, head_dim=8, page_size=4)
+    clean.append(keys, values)
+    keys[:, :, 20:28] = float("nan")                                     # pages 5 and 6
+    keys[:, 1, 30] = float("inf")                                        # page 7 of head 1
+    cache = PagedKVCache(batch=1, kv_heads=2, head_dim=8, page_size=4)
+    cache.append(keys, values)
+    query = torch.randn(1, 4, 1, 8)                                      # (B, Hq, 1, D)
+    for budget in (8, 12, 24):
+        pages, _ = select_pages(query, cache, budget=budget)             # (1, 2, n)
+        assert (pages[..., 0] == 0).all() and (pages[..., -1] == 15).all(), (budget, pages)
+        assert not torch.isin(pages[0, 0], torch.tensor([5, 6])).any(), (budget, pages)   # NaN ranks last
+        assert pages.shape[-1] == select_pages(query, clean, budget=budget)[0].shape[-1]
+
+
+def test_sharded_page_owners_raise_no_warning():
+    """Must hold: the owners of a page choice that reads every page (an expanded, strided
+    tensor) come without torch's non-contiguous searchsorted warning, and equal the ranks
+    computed one page at a time."""
+    from gatherlens.trace.sharded import ShardedPageSelection
+
+    pages = torch.arange(7).expand(1, 2, 7)                              # (B, Hsel, N), strided
+    sel = ShardedPageSelection(pages=pages, bounds=[None, None], lse=torch.zeros(1, 4, 1), lengths=(16, 12),
+                               rank=0, page_size=4, budget=64, query_heads=4, kv_heads=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        owners = sel.owners()                                            # (1, 2, 7)
+    assert owners.tolist() == [[[0, 0, 0, 0, 1, 1, 1]] * 2]
+
+
+# -- late writes of the commands: a file made between the check at the start and the write ----------
+def _made_meanwhile(monkeypatch, module, name: str, path: Path, content: bytes) -> None:
+    """Wrap `module.name` (the work a command does between its start check and its write) so that
+    another program creates `path` while it runs; the work itself is the real one."""
+    real = getattr(module, name)
+
+    def work(*args, **kwargs):
+        result = real(*args, **kwargs)
+        path.write_bytes(content)                                   # another program's file, meanwhile
+        return result
+
+    monkeypatch.setattr(module, name, work)
+
+
+@pytest.mark.parametrize("suffix,head", [(".svg", b"<svg"), (".png", b"\x89PNG")])
+def test_gather_picture_made_meanwhile_is_kept_without_force(tmp_path, monkeypatch, suffix, head):
+    """Must hold: `gatherlens gather -o FILE` refuses, by name, a FILE that appeared while it drew
+    and leaves it as it was; with --force it replaces it with the picture; no temporary file left."""
+    import gatherlens.commands.gather as gather_command
+
+    out = tmp_path / f"g{suffix}"
+    _made_meanwhile(monkeypatch, gather_command, "_build", out, b"another program's file")
+    args = ("gather", "--shape", "3,3", "--index", "[[0,1,2]]", "-o", str(out))
+    result = run(*args)
+    assert result.exit_code == 1 and "was created meanwhile" in result.output and "--force" in result.output
+    assert out.read_bytes() == b"another program's file"
+    out.unlink()
+    result = run(*args, "--force")
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes().startswith(head) and sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+
+def test_bench_page_made_meanwhile_is_kept_without_force(tmp_path, monkeypatch):
+    """Must hold: `gatherlens bench page -o FILE` checks FILE first and creates it exclusively: a
+    FILE made while it read the results is refused and kept; with --force it is replaced."""
+    import gatherlens.bench.page as bench_page
+    from gatherlens.bench.output import write_results
+
+    results, out = tmp_path / "decode.json", tmp_path / "benchmarks.md"
+    write_results(results, "decode", {"threads": 2}, [{"context": 8192, "speedup": 2.5}], force=False)
+    _made_meanwhile(monkeypatch, bench_page, "page", out, b"my notes")
+    result = run("bench", "page", str(results), "-o", str(out))
+    assert result.exit_code == 1 and "benchmarks.md' was created meanwhile" in result.output, result.output
+    assert out.read_bytes() == b"my notes"
+    out.unlink()
+    result = run("bench", "page", str(results), "-o", str(out), "--force")
+    assert result.exit_code == 0 and "| 8192 | 2.5 |" in out.read_text(), result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["benchmarks.md", "decode.json"]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".csv"])
+def test_eval_table_made_meanwhile_is_kept_without_force(tmp_path, suffix):
+    """Must hold: eval's one CSV/JSON writer, given the command's --force (False), refuses a file
+    made since the check at the start and keeps it; with force=True it replaces it whole."""
+    from gatherlens.eval.io import write_table
+    from gatherlens.outputs import output_file
+
+    what = f"--{suffix[1:]}"
+    path = output_file(tmp_path / f"q{suffix}", what, suffixes=(suffix,))   # the check at the start
+    path.write_text("another program's file")                              # created meanwhile
+    rows = [{"setting": "dense", "perplexity": 17.9}, {"setting": "budget=512", "perplexity": 18.3}]
+    with pytest.raises(GatherValueError, match=rf"{what} .*q\{suffix}' was created meanwhile.*--force"):
+        write_table(path, rows, ("setting", "perplexity"), {"model": "tiny"}, force=False, what=what)
+    assert path.read_text() == "another program's file"
+    write_table(path, rows, ("setting", "perplexity"), {"model": "tiny"}, force=True, what=what)
+    text = path.read_bytes().decode("utf-8")
+    if suffix == ".json":
+        assert json.loads(text) == {"meta": {"model": "tiny"}, "rows": rows}
+    else:
+        assert text == "setting,perplexity\r\ndense,17.9\r\nbudget=512,18.3\r\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+def test_a_non_finite_key_never_takes_a_forced_page_in_triton_or_dist():
+    """Must hold: the Triton page choice (in its CPU interpreter) and dist's per-rank candidates
+    follow the same rule as select_pages: page 0 and the newest page always, NaN pages last."""
+    import os
+
+    from gatherlens.dist.pages import local_candidates
+    from gatherlens.ops.sparse import PagedKVCache
+
+    bounds = torch.tensor([[[float("nan"), 3.0, float("inf"), float("nan"), 1.0]]])  # (B, H, N_r)
+    cb, ci = local_candidates(bounds, offset=0, n=3, total=5)
+    assert set(ci[0, 0].tolist()) == {0, 4, 2}, ci            # both forced pages kept, inf next, nan out
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    pytest.importorskip("triton")
+    from gatherlens.ops.sparse.triton_decode import triton_select_pages
+
+    torch.manual_seed(0)
+    keys, values = torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8)   # (B, Hkv, L, D)
+    keys[:, :, 20:28] = float("nan")                                     # pages 5 and 6
+    cache = PagedKVCache(batch=1, kv_heads=2, head_dim=8, page_size=4)
+    cache.append(keys, values)
+    pages, _ = triton_select_pages(torch.randn(1, 4, 1, 8), cache, budget=12)  # (1, 2, n) unsorted
+    for row in pages[0]:
+        assert {0, 15} <= set(row.tolist()) and not ({5, 6} & set(row.tolist())), pages

@@ -106,6 +106,102 @@ def test_stream_stops_cleanly_on_ctrl_c(lm):
     assert lm.model.config._attn_implementation == "sdpa"  # left dense
 
 
+def test_generate_keeps_a_pages_file_made_meanwhile(tiny, tmp_path, monkeypatch):
+    """--pages is checked when the command starts and again as it is written (issue 21): a file
+    another program made there during the generation is kept, without --force."""
+    import gatherlens.models.streaming as streaming
+
+    out, real = tmp_path / "pages.svg", streaming.stream_generate
+
+    def meanwhile(*args, **kwargs):
+        out.write_text("made meanwhile")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(streaming, "stream_generate", meanwhile)
+    res = CliRunner().invoke(generate, [PROMPT, "--model", str(tiny), "--budget", "8", "--max-new-tokens", "3",
+                                        "--pages", str(out)])
+    assert res.exit_code == 1 and "was created meanwhile" in res.output and "--force" in res.output
+    assert out.read_text() == "made meanwhile" and sorted(p.name for p in tmp_path.iterdir()) == ["pages.svg"]
+
+
+def test_the_loop_equals_transformers_generate(lm):
+    """The one loop (reference: transformers' greedy generate): the same tokens, dense and with a
+    budget that covers the context; events in order, the text the concatenation of the pieces."""
+    from gatherlens.models.generation import GenerationEnd, GenerationStart, GenerationStep, generation_steps
+
+    ids = lm.encode(PROMPT)  # (1, S)
+    S = ids.shape[1]
+    ref = lm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
+                            pad_token_id=0)[0, S:].tolist()
+    for budget in (None, 64):
+        events = list(generation_steps(lm, ids, budget, 10, pages=True, page_size=8, dense_layers=0))
+        start, steps, end = events[0], events[1:-1], events[-1]
+        assert isinstance(start, GenerationStart) and isinstance(end, GenerationEnd)
+        assert (start.prompt_tokens, start.budget, start.page_size, start.layers) == (S, budget, 8, 2)
+        assert all(isinstance(e, GenerationStep) for e in steps) and [e.index for e in steps] == list(range(10))
+        assert [e.token_id for e in steps] == list(end.new_ids) == ref
+        assert [e.length for e in steps] == [S + i for i in range(10)]
+        assert "".join(e.token for e in steps) == steps[-1].text == end.text and end.reason == "length"
+        assert steps[0].pages == () and (all(e.pages == () for e in steps) if budget is None else
+                                         all(len(e.page_ids()) == 2 for e in steps[1:]))
+    assert lm.model.config._attn_implementation == "sdpa"
+
+
+def test_closing_the_loop_midway_leaves_the_model_dense(lm):
+    """The explorer stops between two steps when its client goes away: closing the generator."""
+    from gatherlens.models.generation import GenerationStep, generation_steps
+
+    steps = generation_steps(lm, lm.encode(PROMPT), 8, 50, pages=True, page_size=4, dense_layers=0, recent=0)
+    seen = [e for e, _ in zip(steps, range(4)) if isinstance(e, GenerationStep)]
+    assert lm.model.config._attn_implementation != "sdpa"  # sparse while it runs
+    steps.close()
+    assert lm.model.config._attn_implementation == "sdpa"
+    pages = seen[-1].page_ids()  # [layer][KV head]: page 0 and the newest page always read, within budget 8
+    last = (seen[-1].length - 1) // 4
+    assert len(pages) == 2 and all(p[0] == 0 and p[-1] == last and len(p) <= 2 for layer in pages for p in layer)
+
+
+def _byte_level_tokenizer():
+    """A tiny byte-level BPE (GPT-2's kind): a character outside its training text is 2-4 byte tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<eos>"], show_progress=False)
+    tok.train_from_iterator(["the cat sat on the mat", "a cat and a dog"] * 20, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+def test_detokenizer_pieces_are_whole_characters():
+    """Reference: the tokenizer's decode of all the ids. Byte tokens that split a character give
+    "" until it is whole; the pieces add up to the full decode; a special token adds nothing."""
+    from gatherlens.models.detokenize import Detokenizer
+
+    tok = _byte_level_tokenizer()
+    ids = tok.encode("the cat 猫 sat on the 🐈 mat")
+    assert any("\ufffd" in tok.decode([i]) for i in ids)  # some tokens are parts of a character
+    for k in (0, 3):  # no context; the first three ids as the prompt's end
+        d = Detokenizer(tok, context=ids[:k])
+        pieces = [d.push(i) for i in ids[k:]] + [d.push(tok.eos_token_id)]
+        assert "".join(pieces) == d.text == tok.decode(ids)[len(tok.decode(ids[:k])):]
+        assert not any("\ufffd" in p for p in pieces) and "" in pieces and pieces[-1] == ""
+
+
+def test_detokenizer_keeps_the_space_after_the_prompt(lm):
+    """WordPiece (and SentencePiece) drop a leading space at the start of what they decode: with
+    the prompt's end as context the continuation starts with its space, as the full decode has it."""
+    from gatherlens.models.detokenize import Detokenizer
+
+    tok = lm.tokenizer
+    prompt, more = tok.encode("the cat sat"), tok.encode("on the gatherlens mat", add_special_tokens=False)
+    assert any(t.startswith("##") for t in tok.convert_ids_to_tokens(more))  # a word in pieces
+    d = Detokenizer(tok, context=prompt)
+    assert "".join(d.push(i) for i in more) == d.text == " on the gatherlens mat"
+    assert tok.decode(prompt + more, skip_special_tokens=True) == "the cat sat" + d.text
+
+
 def _trace(steps=12, layers=3, budget=16):
     rec = PageTraceRecorder(num_layers=layers, page_size=4, budget=budget)
     cache = PagedKVCache(1, 2, 8, page_size=4)

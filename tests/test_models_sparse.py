@@ -171,7 +171,7 @@ def test_dense_layers_decode_densely(fresh):
 
 
 @pytest.mark.parametrize("kw, err", [
-    ({"budget": 0}, GatherValueError), ({"budget": 2.5}, GatherValueError), ({"page_size": 0}, GatherValueError),
+    ({"budget": 0}, GatherValueError), ({"budget": 2.5}, GatherTypeError), ({"page_size": 0}, GatherValueError),
     ({"share_selection": "yes"}, GatherTypeError), ({"group_score": "mean"}, GatherValueError),
     ({"dense_layers": -1}, GatherValueError),
 ], ids=["budget0", "budget-float", "page0", "share-str", "group-mean", "dense-layers-neg"])

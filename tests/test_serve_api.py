@@ -195,6 +195,26 @@ def test_disconnect_mid_generation_frees_the_model(server):
     assert r.status_code == 200                              # the model is free and dense again
 
 
+def test_the_explorers_events_are_the_one_loops_steps(model_dir):
+    """The stream is the one generation loop (gatherlens.models.generation) as plain data: the same
+    tokens, text and pages; the text continues the prompt with its space."""
+    from gatherlens.models import load
+    from gatherlens.models.generation import GenerationStep, generation_steps
+    from gatherlens.ops.sparse.config import TOY
+    from gatherlens.serve.decode import decode_steps
+
+    lm = load(model_dir)
+    events = list(decode_steps(lm, TEXT, 6, 16, 4))
+    loop = [e for e in generation_steps(lm, lm.encode(TEXT), 16, 6, pages=True, config=TOY.replace(budget=16, page_size=4))
+            if isinstance(e, GenerationStep)]
+    assert [k for k, _ in events] == ["start"] + ["step"] * 5 + ["done"]
+    tokens = [events[0][1]["token"]] + [d["token"] for k, d in events if k == "step"]
+    assert tokens == [e.token for e in loop] and "".join(tokens) == loop[-1].text
+    assert [d["layers"] for k, d in events if k == "step"] == [e.page_ids() for e in loop[1:]]
+    assert [d["token_id"] for k, d in events if k == "step"] == [e.token_id for e in loop[1:]]
+    assert events[-1] == ("done", {"message": "6 tokens generated", "tokens": 6})
+
+
 def test_encoder_cannot_generate():
     from gatherlens.errors import GatherValueError
     from gatherlens.serve.decode import decode_steps
@@ -211,12 +231,17 @@ def test_serve_command_warns_when_not_local(monkeypatch):
 
     from gatherlens.commands.serve import serve
 
+    import gatherlens.models
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
     calls = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))
+    monkeypatch.setattr(gatherlens.models, "load", lambda name, **kw: object())  # loaded before uvicorn now
     res = CliRunner().invoke(serve, ["--host", "0.0.0.0", "--port", "9999"])
     assert res.exit_code == 0, res.output
     assert "warning: listening on 0.0.0.0" in res.output and calls == [
-        {"host": "0.0.0.0", "port": 9999, "log_level": "warning"}]
+        {"host": "0.0.0.0", "port": 9999, "log_level": "warning", "http": calls[0]["http"]}]
+    assert issubclass(calls[0]["http"], H11Protocol)        # the one that answers 414 (serve/limits.py)
     calls.clear()
     res = CliRunner().invoke(serve, [])
     assert "warning" not in res.output and calls[0]["host"] == "127.0.0.1" and calls[0]["port"] == 8765
@@ -238,3 +263,210 @@ def test_switching_to_minilm_explains_with_its_three_tables(model_dir):
     x = body["page"]["explore"]
     assert (x["layers"], x["heads"], x["kv_heads"], x["causal"]) == (6, 12, 12, False)
     assert body["attention"]["layer"] == 5 and body["attention"]["head"] == 11
+
+
+# -- issue 21: the server's start, its limits, what a client sees ----------------------------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _never(what: str):
+    return lambda *a, **k: pytest.fail(f"{what} ran")
+
+
+def _serve(monkeypatch, *args):
+    """`gatherlens serve ARGS` as a user runs it, with uvicorn never started."""
+    import uvicorn
+
+    from gatherlens.cli import main
+
+    monkeypatch.setattr(uvicorn, "run", _never("uvicorn"))
+    res = CliRunner().invoke(main, ["serve", *args])
+    assert "Traceback" not in res.output and "Application startup failed" not in res.output, res.output
+    return res, res.output.strip().splitlines()[-1]
+
+
+def test_serve_reports_a_busy_port_before_the_model_loads(monkeypatch):
+    """Must hold: a port another program listens on is one `Error:` line naming it and what to do;
+    exit 1; the model is never loaded, uvicorn never started."""
+    import socket
+
+    import gatherlens.models
+
+    monkeypatch.setattr(gatherlens.models, "load", _never("the model load"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res, last = _serve(monkeypatch, "--port", str(port))
+    assert res.exit_code == 1 and last == (f"Error: port {port} on 127.0.0.1 is in use (another gatherlens "
+                                           f"serve?): stop it, or pick another --port")
+    res, last = _serve(monkeypatch, "--host", "192.0.2.1", "--port", str(port))     # TEST-NET: not ours
+    assert res.exit_code == 1 and last.startswith("Error: --host '192.0.2.1' is not an address of this machine")
+
+
+def test_serve_with_a_mistyped_or_damaged_model_is_one_line(model_dir, tmp_path, monkeypatch):
+    """Must hold: a mistyped --model path, a folder without weights and a truncated
+    model.safetensors are each one `Error:` line naming the model (no uvicorn traceback, no
+    "internal error"); exit 1; the port is free again afterwards; the user's folder untouched."""
+    import shutil
+    import socket
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(model_dir, damaged)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    empty = tmp_path / "no-weights"
+    shutil.copytree(model_dir, empty)
+    (empty / "model.safetensors").unlink()
+    port = _free_port()
+    cases = {str(tmp_path / "mistyped"): "is neither a known name",
+             str(empty): "has no weights: none of model.safetensors",
+             str(damaged): "could not be read (damaged or truncated?): model.safetensors: Error while deserializing"}
+    for model, said in cases.items():
+        res, last = _serve(monkeypatch, "--model", model, "--port", str(port))
+        assert res.exit_code == 1 and last.startswith(f"Error: model") and said in last, res.output
+        assert "internal error" not in res.output
+    assert len(weights.read_bytes()) == 5000
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))       # let go: nothing holds the port after a failed start
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"queue_limit": -1}, "queue_limit = -1 is outside the valid range [0, 10,000]"),
+    ({"retry_after": 0}, "retry_after = 0 is outside the valid range [1, 3,600]"),
+    ({"max_chars": 5000}, "max_target_bytes = 16384 is outside the valid range [61,024"),
+    ({"default_new_tokens": 99}, "the default request is refused: max_new = 99 is outside the valid range [1, 64]"),
+    ({"budget": 0}, "the default request is refused: budget = 0"),
+    ({"text": " "}, "the default request is refused: text is empty"),
+    ({"max_new_tokens": 0}, "max_new_tokens = 0 must be an int >= 1"),
+    ({"port": 70000}, "port = 70000 is outside the valid range [0, 65535]"),
+], ids=["queue", "retry", "target-vs-chars", "default-new", "budget", "text", "max-new", "port"])
+def test_serve_settings_are_checked_before_the_port_and_the_model(change, said):
+    """Must hold: a setting out of its range is one GatherValueError naming it and its range,
+    raised before the port is bound or the model is loaded."""
+    from gatherlens.errors import GatherValueError
+    from gatherlens.serve import prepared
+
+    with pytest.raises(GatherValueError) as caught:
+        with prepared(ServeSettings(**{"port": _free_port(), **change}), load=_never("the model load")):
+            pass
+    assert said in str(caught.value), str(caught.value)
+
+
+@pytest.fixture(scope="module")
+def limited(model_dir):
+    """A real uvicorn with the server's own protocol: one model request runs, one may wait.
+    Loading "minilm" waits for `.slow` (a model load that takes its time, holding the model)."""
+    from types import SimpleNamespace
+
+    from gatherlens.models import load
+    from gatherlens.serve import http_protocol
+
+    slow = threading.Event()
+
+    def loader(name):
+        if name == "minilm":
+            slow.wait(120)
+            raise RuntimeError("the slow load failed")
+        return load(name)
+
+    s = ServeSettings(model=model_dir, text=TEXT, queue_limit=1, retry_after=7)
+    with running_server(create_app(s, loader=loader), http=http_protocol(s)) as url:
+        yield SimpleNamespace(url=url, slow=slow)
+    slow.set()
+
+
+def _raw(url: str, request: bytes) -> bytes:
+    """Send `request` as it is and read the whole answer (a reset raises ConnectionResetError)."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.sendall(request)
+        answer = b""
+        while chunk := s.recv(1 << 16):
+            answer += chunk
+    return answer
+
+
+def test_a_megabyte_query_answers_414_not_a_reset(limited, client):
+    """Must hold: a 1 MB query string is answered 414 with a JSON error naming the limit and the
+    server's security headers, and the connection ends cleanly (no reset); the server then
+    answers as usual. Behind another server (the app alone) the same limit gives the same 414."""
+    answer = _raw(limited.url, b"GET /api/explain?text=" + b"a" * (1 << 20) + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    head, body = answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 414 ") and b"content-security-policy: default-src 'none'" in head
+    assert json.loads(body)["error"] == ("the request's address (path and query) is longer than the limit, "
+                                         "16,384 bytes (text is limited to 1,000 characters)")
+    assert httpx.get(f"{limited.url}/api/explain", params={"text": TEXT}, timeout=120).status_code == 200
+    r = client.get("/api/explain", params={"text": "é" * 3000})        # /api/explain?text= + 3,000 x %C3%A9
+    assert r.status_code == 414 and "has 18,018 bytes; the limit is 16,384 bytes" in r.json()["error"]
+    r = client.get("/api/explain", params={"text": "😀" * 1000})       # the longest text still fits the limit
+    assert r.status_code == 200 and r.json()["text"] == "😀" * 1000
+
+
+def test_oversized_headers_answer_400_not_a_reset(limited):
+    """Must hold: a request head past the server's buffer is a 400 with a JSON error, ending the
+    connection cleanly; the server goes on."""
+    headers = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"p" * 200) for i in range(5000))   # 1 MB of headers
+    head, body = _raw(limited.url, b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + headers + b"\r\n").split(
+        b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 400 ") and "headers over 16,384 bytes" in json.loads(body)["error"]
+    assert httpx.get(f"{limited.url}/api/health", timeout=60).status_code == 200
+
+
+def test_a_full_queue_answers_503_with_retry_after(limited):
+    """Must hold: with one request holding the model (a slow load) and one waiting
+    (queue_limit=1), the next model request is answered at once with 503, Retry-After and a
+    JSON error; /api/health still answers; once the first ends the waiting one is served, in
+    order, and requests pass again."""
+    url, failed = limited.url, []
+    first = threading.Thread(target=lambda: failed.append(
+        httpx.get(f"{url}/api/explain", params={"text": TEXT, "model": "minilm"}, timeout=120).status_code))
+    first.start()
+    deadline = time.monotonic() + 60
+    while not httpx.get(f"{url}/api/health", timeout=60).json()["busy"]:   # the first holds the model
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    with httpx.stream("GET", f"{url}/api/generate", params={"text": TEXT, "max_new": 3}, timeout=120) as second:
+        assert second.status_code == 200                                   # admitted: it waits for the model
+        r = httpx.get(f"{url}/api/explain", params={"text": TEXT}, timeout=60)
+        assert r.status_code == 503 and r.headers["retry-after"] == "7"
+        assert r.json()["error"] == ("the server is busy: 2 requests are running or waiting for the model; "
+                                     "try again in 7 s")
+        assert r.headers["content-security-policy"].startswith("default-src 'none'")
+        assert httpx.get(f"{url}/api/health", timeout=60).json()["busy"] is True
+        limited.slow.set()                                                  # the first ends (its load fails)
+        kinds = [k for k, _ in _events(second.iter_lines())]
+        assert kinds == ["start", "step", "step", "done"]                  # the waiting one is served
+    first.join(60)
+    assert failed == [500]
+    assert httpx.get(f"{url}/api/explain", params={"text": TEXT}, timeout=120).status_code == 200
+
+
+def test_serve_starts_after_its_checks_with_plain_lines(model_dir, monkeypatch):
+    """Must hold: a sound start loads the model before uvicorn runs, says so in plain lines (no
+    source path such as `loading.py:375` beside them) and hands uvicorn the port it checked;
+    odd options are refused by their range before anything loads (exit 2)."""
+    import uvicorn
+
+    from gatherlens.cli import main
+
+    calls = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))
+    port = _free_port()
+    res = CliRunner().invoke(main, ["serve", "--model", model_dir, "--port", str(port)])
+    assert res.exit_code == 0, res.output
+    lines = res.output.strip().splitlines()
+    assert f"loaded {model_dir.rsplit('/', 1)[-1]} in" in res.output, res.output
+    assert lines[-1] == f"serving http://127.0.0.1:{port}/" and ".py:" not in res.output
+    assert [(c["host"], c["port"]) for c in calls] == [("127.0.0.1", port)]
+    for args, said in ((["--max-new-tokens", "0"], "--max-new-tokens"), (["--port", "0"], "--port"),
+                       (["--lang", "fr"], "--lang")):
+        res, last = _serve(monkeypatch, *args)
+        assert res.exit_code == 2 and said in res.output and "loading" not in res.output, res.output

@@ -13,6 +13,8 @@ models layer (transformers) loads only when asked for.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 __version__ = "0.1.0"
 
@@ -22,6 +24,7 @@ _EXPORTS = {
     "get_embeddings": "gatherlens.ops.embedding",
     "embedding_lookup": "gatherlens.ops.embedding",
     "Embedding": "gatherlens.ops.embedding",
+    "QuantizedTable": "gatherlens.ops.quant",
     # ops: the attention gather
     "apply_attention_scores": "gatherlens.ops.attention",
     "topk_attention": "gatherlens.ops.attention",
@@ -35,6 +38,7 @@ _EXPORTS = {
     "GatherRecord": "gatherlens.trace",
     "record_gather": "gatherlens.trace",
     "record_embedding": "gatherlens.trace",
+    "record_quantized_embedding": "gatherlens.trace.quantized",
     "diagnose_gather": "gatherlens.trace",
     "record_index_select": "gatherlens.trace",
     "record_indexing": "gatherlens.trace",
@@ -59,9 +63,19 @@ _EXPORTS = {
     "GatherValueError": "gatherlens.errors",
 }
 
-# `gatherlens.trace` is both the records subpackage and the tracer function: bind the function
-# eagerly, so that importing a submodule later (gatherlens.trace.record) cannot shadow it.
-from gatherlens.trace import trace  # noqa: E402
+
+class _Package(types.ModuleType):
+    """`gatherlens.trace` is both the records subpackage and the tracer function: when the
+    subpackage loads, the import system sets this attribute to it; keep the function instead.
+    The subpackage (and torch) loads on first use, so `import gatherlens` stays light."""
+
+    def __setattr__(self, name, value):
+        if name == "trace" and isinstance(value, types.ModuleType):
+            value = value.trace
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 _SUBPACKAGES = ("models", "eval", "dist")  # the edge, imported on first use
 
@@ -69,6 +83,8 @@ __all__ = sorted(_EXPORTS) + [*_SUBPACKAGES, "trace"]
 
 
 def __getattr__(name: str):
+    if name == "trace":
+        return importlib.import_module("gatherlens.trace").trace
     if name in _SUBPACKAGES:
         return importlib.import_module(f"gatherlens.{name}")
     module = _EXPORTS.get(name)

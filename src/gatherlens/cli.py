@@ -6,8 +6,10 @@
     gatherlens eval | eval-sparse
     gatherlens cache list|clear                    # the converted models on this machine
 
-Each command lives in its own module under `gatherlens.commands` and is imported only when it
-runs, so `gatherlens --help` answers without importing torch or transformers.
+Each command lives in its own module under `gatherlens.commands`, imported when it is asked for.
+`--help` imports every one for its one-line help, so none imports torch at its top: `gatherlens
+--help` and `gatherlens cache list` answer without torch or transformers (tests/test_architecture.py
+runs both in a fresh process).
 
 No traceback reaches the user: a bad input or an environment fault (a read-only disk, a folder
 removed meanwhile) is one `Error:` line; an unexpected internal error is one line that says where

@@ -183,6 +183,21 @@ STRINGS: dict[str, dict[str, str]] = {
               "(RoPE) instead, so the word-table lookup is its only embedding gather.",
         "zh": "{model} 没有位置表：它按位置旋转查询和键（RoPE），所以词表查找是它唯一的嵌入 gather。",
     },
+    # 2, run from GGUF blocks (`explain --quantized`: the word table is a QuantizedTable)
+    "emb_q_body": {
+        "en": "{model} runs from its GGUF blocks: the table {name} is held as the file stores it, {qtype} of "
+              "shape ({V:,}, {d}), {row_bytes} B a row instead of float32's {float_bytes} B. Each id picks "
+              "its row of blocks, and only those rows are dequantized, each distinct row once: your {n} ids "
+              "read {distinct} rows, {read} of blocks (as float32 rows: {float_read}). Dequantizing the "
+              "whole table first would read {size} and write {float_size}. The picture writes out one "
+              "block of the first id's row: its scale (and min, where the format has one) and its codes "
+              "become the row's values, as the gather returned them.",
+        "zh": "{model} 直接从 GGUF 块运行：表 {name} 按文件里的样子保存，格式 {qtype}，形状 ({V:,}, {d})，"
+              "每行 {row_bytes} B，而 float32 每行 {float_bytes} B。每个 id 取出它那一行的块，只有这些行被反量化，"
+              "每个不同的行只做一次：你的 {n} 个 id 读了 {distinct} 行，共 {read} 的块（若为 float32 行：{float_read}）。"
+              "若先反量化整张表，要读 {size}、写 {float_size}。图中展开了第一个 id 那一行的一个块：它的缩放因子"
+              "（格式带最小值时还有最小值）和编码变成该行的数值，即 gather 返回的值。",
+    },
     # 3. heads
     "heads_title": {"en": "3. Which query heads share which key/value head",
                     "zh": "3. 哪些查询头共用哪个键/值头"},
@@ -464,13 +479,109 @@ STRINGS: dict[str, dict[str, str]] = {
                "候选，读取同样的 {n} 页（按持有它们的进程着色；第 0 页和最新一页总会保留），"
                "与单进程在预算 {budget} 下读取的页相同。"),
     },
+    # -- the terminal summary of `explain` and the report's own figures (render/summary.py,
+    #    render/report_figures.py); the columns reuse the report's col_* words ----------------
+    "sum_text": {"en": "text: ", "zh": "文本："},
+    "sum_tokens": {"en": "1-2. tokens → ids → rows of the embedding table",
+                   "zh": "1-2. token → id → 嵌入表的行"},
+    "sum_pos": {"en": "pos", "zh": "位置"},
+    "sum_values": {"en": "{table}[id] (first {n} of {d})", "zh": "{table}[id]（{d} 个值中的前 {n} 个）"},
+    "sum_lookup": {"en": "embedding gather ", "zh": "嵌入 gather "},
+    "sum_lookup_body": {
+        "en": ": table ({V:,}, {d}) [ids ({n},)] → ({n}, {d}); {distinct} distinct rows read, "
+              "{read} of {size}",
+        "zh": "：表 ({V:,}, {d}) [ids ({n},)] → ({n}, {d})；读了 {distinct} 个不同的行，"
+              "{read}，整张表 {size}",
+    },
+    "sum_heads": {"en": "3. heads ", "zh": "3. 注意力头"},
+    "sum_heads_gqa": {"en": "(grouped-query: {q} query heads over {kv} KV heads): ",
+                      "zh": "（分组查询：{q} 个查询头共用 {kv} 个键/值头）："},
+    "sum_heads_mha": {"en": "(multi-head: {q} query heads over {kv} KV heads): ",
+                      "zh": "（多头：{q} 个查询头，{kv} 个键/值头）："},
+    "sum_keys": {
+        "en": "4-5. top-{k} keys of query {q} ({tok}) · layer {layer}, head {head} (KV head {kvh})",
+        "zh": "4-5. 查询 {q}（{tok}）的 top-{k} 个键 · 第 {layer} 层，头 {head}（键/值头 {kvh}）",
+    },
+    "sum_keys_mass": {
+        "en": "   these {n} keys hold {mass:.0%} of the dense attention weight; their value rows "
+              "are gathered: V.index_select(0, {picked})",
+        "zh": "   这 {n} 个键占稠密注意力权重的 {mass:.0%}；它们的 value 行被 gather 出来："
+              "V.index_select(0, {picked})",
+    },
+    "sum_encoder": {"en": "6. {model} is an encoder: no next-token prediction.",
+                    "zh": "6. {model} 是编码器：没有下一个 token 的预测。"},
+    "sum_next": {"en": "6. next token after {tok}: logits[:, -1].gather(-1, top5)",
+                 "zh": "6. {tok} 之后的下一个 token：logits[:, -1].gather(-1, top5)"},
+    "sum_topk": {"en": "top-k (k={k})", "zh": "top-k（k={k}）"},
+    "sum_dense": {"en": "dense", "zh": "稠密"},
+    "sum_prob": {"en": "prob", "zh": "概率"},
+    "sum_gathers": {"en": "7. every gather of the forward pass ({events} calls, {bytes} read)",
+                    "zh": "7. 前向传播中的每一次 gather（{events} 次调用，读取 {bytes}）"},
+    "module_top": {"en": "(top)", "zh": "（顶层）"},
+    "sum_report": {"en": "report: ", "zh": "报告："},
+    "sum_files": {"en": "  (+ {n} files: {names})", "zh": "  （另有 {n} 个文件：{names}）"},
+    "fig_heads_title": {"en": "{q} query heads → {kv} key/value heads",
+                        "zh": "{q} 个查询头 → {kv} 个键/值头"},
+    "fig_cell_masked": {"en": "query {q} {qt} → key {j} {kt}: not allowed",
+                        "zh": "查询 {q} {qt} → 键 {j} {kt}：不允许"},
+    # -- the picture of a gather from GGUF blocks (trace/quantized.py, render/quantized_scene.py) --
+    "qg_title": {
+        "en": "Gather from GGUF blocks: {name} is {qtype}, ({V:,}, {d}), {row_bytes} B a row (float32: {float_bytes} B)",
+        "zh": "从 GGUF 块中 gather：{name} 为 {qtype}，({V:,}, {d})，每行 {row_bytes} B（float32：{float_bytes} B）",
+    },
+    "qg_caption": {
+        "en": ("Each id picks one row of the table, stored as {nb} blocks of {elems} weights ({block_bytes} B "
+               "each; the dark part holds the block's scale, and its min where the format has one). Only the "
+               "picked rows are read and "
+               "dequantized to float32, each distinct row once ({distinct} rows for {n} ids); the rest of the "
+               "table is never touched, as in llama.cpp's get_rows."),
+        "zh": ("每个 id 取出表中的一行，这一行存为 {nb} 个块，每块 {elems} 个权重（每块 {block_bytes} B；深色部分是"
+               "块的缩放因子，格式带最小值时也包括最小值）。只读取被选中的行并反量化为 float32，每个不同的行只做一次（{n} 个 id 共 "
+               "{distinct} 行）；表的其余部分完全不碰，与 llama.cpp 的 get_rows 相同。"),
+    },
+    "qg_ids": {"en": "ids", "zh": "id"},
+    "qg_rows_head": {
+        "en": "rows of blocks: {nb} × {block_bytes} B = {row_bytes} B a row ({elems} weights a block)",
+        "zh": "由块组成的行：{nb} × {block_bytes} B = 每行 {row_bytes} B（每块 {elems} 个权重）",
+    },
+    "qg_id_info": {"en": "id #{i} = {row}: reads row {row}", "zh": "第 {i} 个 id = {row}：读取第 {row} 行"},
+    "qg_again": {"en": "same row as id #{j}: read once", "zh": "与第 {j} 个 id 同一行：只读一次"},
+    "qg_row": {"en": "→ row {row}", "zh": "→ 第 {row} 行"},
+    "qg_more_ids": {"en": "⋮ {n} more ids", "zh": "⋮ 另有 {n} 个 id"},
+    "qg_byte_info": {"en": "byte {k} of the block: {value} ({field})", "zh": "块的第 {k} 个字节：{value}（{field}）"},
+    "qg_block_title": {
+        "en": "id #{i} → row {row}, block {block} written out: weights {start}–{end} of the row",
+        "zh": "第 {i} 个 id → 第 {row} 行，展开第 {block} 块：该行的第 {start}–{end} 个权重",
+    },
+    "qg_codes": {
+        "en": "{bits}-bit codes q (above) → values w = {formula} in float32 (below), as the gather returned them",
+        "zh": "{bits} 位编码 q（上）→ 数值 w = {formula}，float32（下），即 gather 返回的值",
+    },
+    "qg_code_info": {"en": "weight {w}: q = {q} → w = {value}", "zh": "第 {w} 个权重：q = {q} → w = {value}"},
+    "qg_nibbles": {
+        "en": "Nibble order: byte j of qs holds weight j in its low 4 bits and weight j + 16 in its high 4 bits.",
+        "zh": "半字节顺序：qs 的第 j 个字节，低 4 位是第 j 个权重，高 4 位是第 j + 16 个权重。",
+    },
+    "qg_order": {
+        "en": ("Float32 arithmetic in ggml's order (the product, then the add): every value is bit-equal to "
+               "gguf's own dequantize of the same row."),
+        "zh": "按 ggml 的顺序做 float32 运算（先乘后加）：每个值都与 gguf 自己对同一行的反量化逐位相同。",
+    },
+    "qg_bytes": {
+        "en": ("{n} ids, {distinct} distinct rows: {read} of blocks read (float32 rows: {float_read}); "
+               "dequantizing the whole table first reads {size} and writes {float_size}."),
+        "zh": ("{n} 个 id，{distinct} 个不同的行：读取 {read} 的块（float32 行：{float_read}）；"
+               "先反量化整张表则要读 {size}、写 {float_size}。"),
+    },
+    "qg_hint": {"en": "Hover a cell for its byte, code or value.", "zh": "把鼠标悬停在格子上，查看字节、编码或数值。"},
 }
 
 
 def check_lang(lang: str) -> str:
     """`lang` itself when it is one of LANGS, else a clear error naming the valid ones."""
     if lang not in LANGS:
-        raise GatherValueError(f"lang must be one of {LANGS}, got {lang!r}")
+        shown = repr(lang) if len(repr(lang)) <= 40 else repr(lang)[:37] + "..."  # a pasted blob, shortened
+        raise GatherValueError(f"lang must be one of {LANGS}, got lang = {shown}")
     return lang
 
 

@@ -1,44 +1,114 @@
-"""The user's output paths, checked writable before any slow work starts.
+"""The user's output paths: one rule for every file or folder a command writes, checked before
+any slow work starts and checked again when the output is written.
 
-    >>> out = writable_file("figs/pick.png", "-o/--out")      # before the model loads
-    >>> writable_dir("report", "--out")                         # may not exist yet
-    PosixPath('report')
+    >>> pages = output_file("pages.svg", "--pages", suffixes=(".svg", ".html"))  # before the model loads
+    >>> write_output(pages, svg, "--pages")                   # at the end: exclusive create
+    >>> folder = output_dir("pics", "--out", force=False)     # missing or empty (or --force)
+    PosixPath('pics')
 
-A check creates (and removes) a probe file where the output will go: that is the one test a
-read-only mount, a folder without write permission, a path under a file and a missing parent
-all fail the same way, for root too. Errors are GatherValueError naming the option and path.
+The rule, in one place:
+- a file: one of `suffixes` (when given); not a folder; no file on the way to it; its folder
+  exists; not there yet unless `force`; writable;
+- a folder: no file on the way to it; missing or empty unless `force`; writable.
+"Writable" is a probe file created (and removed) where the output will go: the one test that a
+read-only mount, a folder without write permission and a missing parent all fail the same way,
+for root too. A late write (`open_output`, `write_output`) checks the path again, and without
+`force` creates the file exclusively (`open(path, "x")`): a file that appeared since the first
+check is refused, never overwritten. With `force` it writes a temporary file beside the target
+and renames it over: a reader never sees half a file. Errors are GatherValueError naming the
+option and the path.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import tempfile
 from pathlib import Path
+from typing import IO, Iterator
 
 from gatherlens.errors import GatherValueError
 
-__all__ = ["writable_file", "writable_dir", "pictures_dir"]
+__all__ = ["output_file", "output_dir", "open_output", "write_output", "writable_file", "writable_dir",
+           "pictures_dir"]
+
+
+def output_file(path: str | os.PathLike, what: str, *, force: bool = False,
+                suffixes: tuple[str, ...] = ()) -> Path:
+    """`path` as a Path when a new file (or with `force` a replaced one) can be written there.
+
+    >>> output_file("pages.png", "--pages", suffixes=(".svg", ".html"))
+    GatherValueError: --pages 'pages.png' must end in .svg or .html
+    """
+    p = Path(path).expanduser()
+    if suffixes and p.suffix.lower() not in suffixes:
+        raise GatherValueError(f"{what} {str(p)!r} must end in {' or '.join(suffixes)}")
+    _check_file_path(p, what)
+    if p.exists() and not force:
+        raise GatherValueError(f"{what} {str(p)!r} exists; pass --force to overwrite it")
+    return writable_file(p, what)
+
+
+def output_dir(path: str | os.PathLike, what: str, *, force: bool = False) -> Path:
+    """`path` as a Path when files can be written into it: missing (made later), empty, or `force`.
+
+    >>> output_dir("notes.txt/report", "--out")
+    GatherValueError: --out 'notes.txt/report' cannot be a folder: 'notes.txt' is a file
+    """
+    p = writable_dir(path, what)
+    present = sorted(e.name for e in p.iterdir()) if p.is_dir() else []
+    if present and not force:
+        shown = ", ".join(present[:5]) + (", …" if len(present) > 5 else "")
+        raise GatherValueError(f"{what} {str(p)!r} is not empty; pass --force to write into it (files of the "
+                               f"same names are replaced), or choose another folder. It holds "
+                               f"{len(present)} entries: {shown}")
+    return p
+
+
+@contextlib.contextmanager
+def open_output(path: str | os.PathLike, what: str, *, force: bool = False,
+                binary: bool = False) -> Iterator[IO]:
+    """`with open_output(path, "--pages") as fh: fh.write(...)`: the late write, checked again.
+
+    Without force the file is created exclusively (a file that appeared meanwhile is refused,
+    and one half written by a failure is removed); with force a temporary file beside it is
+    renamed over it when the block ends.
+    """
+    p = Path(path).expanduser()
+    _check_file_path(p, what)
+    mode, kw = ("b", {}) if binary else ("", {"encoding": "utf-8"})
+    if not force:
+        try:
+            fh = open(p, "x" + mode, **kw)
+        except FileExistsError:
+            raise GatherValueError(f"{what} {str(p)!r} was created meanwhile (after the check at the start); "
+                                   f"it is kept: pass --force to overwrite it") from None
+        with _removed_on_failure(p), fh:
+            yield fh
+        return
+    tmp = p.with_name(f".{p.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    with _removed_on_failure(tmp):
+        with open(tmp, "x" + mode, **kw) as fh:
+            yield fh
+        os.replace(tmp, p)
+
+
+def write_output(path: str | os.PathLike, data: str | bytes, what: str, *, force: bool = False) -> Path:
+    """Write `data` (text as UTF-8, or bytes) to `path` by `open_output`'s rule; returns the path."""
+    with open_output(path, what, force=force, binary=isinstance(data, bytes)) as fh:
+        fh.write(data)
+    return Path(path).expanduser()
 
 
 def writable_file(path: str | os.PathLike, what: str) -> Path:
-    """`path` as a Path when a file can be written there (its folder must exist).
+    """`path` as a Path when a file can be written there (its folder must exist; it may exist).
 
     >>> writable_file("/proc/x.svg", "-o/--out")
     GatherValueError: -o/--out '/proc/x.svg' cannot be written (No such file or directory when ...
     """
     p = Path(path).expanduser()
-    if p.is_dir():
-        raise GatherValueError(f"{what} {str(p)!r} is a folder; give a file path")
-    parent = p.parent
-    if parent.exists() and not parent.is_dir():
-        raise GatherValueError(f"{what} {str(p)!r} cannot be written: {str(parent)!r} is a file, not a folder")
-    if not parent.exists():
-        blocker = _file_on_the_way(parent)
-        if blocker is not None:
-            raise GatherValueError(f"{what} {str(p)!r} cannot be written: {str(blocker)!r} is a file, "
-                                   f"not a folder")
-        raise GatherValueError(f"{what} {str(p)!r} cannot be written: folder {str(parent)!r} does not exist")
-    _probe(parent, p, what)
+    _check_file_path(p, what)
+    _probe(p.parent, p, what)
     if p.exists() and not os.access(p, os.W_OK):
         raise GatherValueError(f"{what} {str(p)!r} exists and is not writable")
     return p
@@ -60,12 +130,30 @@ def writable_dir(path: str | os.PathLike, what: str) -> Path:
 
 
 def pictures_dir(path: str | os.PathLike, what: str, force: bool) -> Path:
-    """`writable_dir`, and a folder that already holds files only with `force` (its pictures
-    would be replaced)."""
-    p = writable_dir(path, what)
-    if p.is_dir() and any(p.iterdir()) and not force:
-        raise GatherValueError(f"{what} {str(p)!r} is not empty; pass --force to replace its pictures")
-    return p
+    """`output_dir` under its earlier name: a folder for pictures, one holding files only with `force`."""
+    return output_dir(path, what, force=force)
+
+
+def _check_file_path(p: Path, what: str) -> None:
+    """A file can go at `p`: it is not a folder, nothing on the way is a file, its folder exists."""
+    if p.is_dir():
+        raise GatherValueError(f"{what} {str(p)!r} is a folder; give a file path")
+    blocker = _file_on_the_way(p.parent)
+    if blocker is not None:
+        raise GatherValueError(f"{what} {str(p)!r} cannot be written: {str(blocker)!r} is a file, not a folder")
+    if not p.parent.exists():
+        raise GatherValueError(f"{what} {str(p)!r} cannot be written: folder {str(p.parent)!r} does not exist")
+
+
+@contextlib.contextmanager
+def _removed_on_failure(p: Path) -> Iterator[None]:
+    """Remove `p` (a file this module created) when the block fails."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            p.unlink()
+        raise
 
 
 def _file_on_the_way(p: Path) -> Path | None:

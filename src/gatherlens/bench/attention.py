@@ -17,8 +17,8 @@ and reports medians and the ratio topk / baseline (< 1: top-k is faster). SDPA's
 comes from one more fresh process per (mode, L, dtype).
 
 The baseline is the strongest dense form measured here: for decode, SDPA with each KV group's query
-heads folded into one matmul (q viewed (B, Hkv, G, D) against K (B, Hkv, L, D)), 2.6-3.5x faster on
-this CPU than `enable_gqa=True`, which is timed too (sdpa_gqa_s); for prefill,
+heads folded into one matmul (q viewed (B, Hkv, G, D) against K (B, Hkv, L, D)), faster on this
+CPU than `enable_gqa=True`, which is timed too (sdpa_gqa_s; docs/benchmarks.md); for prefill,
 `F.scaled_dot_product_attention(is_causal=True, enable_gqa=True)`. Decode also runs with
 share_selection=True (one key set per KV group). `--plot` draws the ratios against the context.
 """
@@ -245,7 +245,8 @@ def command(mode, context, top_k, dtypes, threads, repeats, json_path, force, pl
     console.print(_table(rows, threads))
     if plot_path is not None:
         plot_ratios(rows, plot_path, x="context", series=("mode", "top_k", "share_selection", "dtype"),
-                    title=f"top-k attention / strongest SDPA ({threads} threads)", xlabel="context L")
+                    title=f"top-k attention / strongest SDPA ({threads} threads)", xlabel="context L",
+                    force=force)
         console.print(f"wrote {plot_path}")
     import torch
 
@@ -255,7 +256,7 @@ def command(mode, context, top_k, dtypes, threads, repeats, json_path, force, pl
             "prefill": "Q=L, causal, 9 q heads / 3 kv heads, D=64",
             "skipped": [list(s) for s in sorted(SKIP)] if contexts is None else [],
             "wall_s": time.perf_counter() - start}
-    write_results(json_path, "attention", meta, rows)
+    write_results(json_path, "attention", meta, rows, force=force)
     console.print(f"wrote {json_path}")
 
 

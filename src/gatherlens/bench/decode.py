@@ -31,6 +31,8 @@ import click
 from gatherlens.bench.output import check_json_path, write_results
 
 from gatherlens.bench.fresh import run_fresh, worker
+from gatherlens.ops.sparse import geometry
+from gatherlens.ops.sparse.config import OP
 
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 CONTEXTS = ("8K", "32K", "128K")
@@ -90,7 +92,7 @@ def run_case(spec: dict) -> dict:
         methods["topk"] = lambda: topk_attention(q, K, V, k, enable_gqa=True)
     except ImportError:
         pass
-    result = {"tokens_read": min(L, (pages_for_budget(budget, L, P) - 1) * P + (L - (-(-L // P) - 1) * P))}
+    result = {"tokens_read": geometry.tokens_read(pages_for_budget(budget, L, P), P, L)}
     times = {name: [] for name in methods}
     with torch.inference_mode():
         for fn in methods.values():  # warm-up (allocations, oneDNN primitives)
@@ -118,7 +120,7 @@ def bytes_read(method: str, L: int, dtype: str, budget: int, page_size: int, top
                tokens_read: int) -> float:
     """Bytes a method must read for one decode step (batch 1); the query is negligible."""
     el, Hkv, Hq, D = ELEMENT[dtype], KV_HEADS, Q_HEADS, HEAD_DIM
-    n_pages = -(-L // page_size)
+    n_pages = geometry.page_count(L, page_size)
     if method in ("sdpa", "sdpa_folded"):
         return 2 * Hkv * L * D * el                           # all of K and V
     summary = Hkv * n_pages * 2 * D * (4 if el < 4 else el)  # [max | min] per page (fp32 on CPU for bf16)
@@ -160,8 +162,9 @@ def parse_context(text: str) -> int:
 @click.command("decode")
 @click.option("--context", "contexts", multiple=True, help="KV cache length, repeatable: 8K, 32K, 131072 "
               "(default 8K, 32K, 128K)")
-@click.option("--budget", default=2048, show_default=True, help="tokens sparse decode reads per KV head")
-@click.option("--page-size", default=16, show_default=True, help="tokens per page")
+@click.option("--budget", default=OP.budget, show_default=True,
+              help="tokens sparse decode reads per KV head (default: sparse_decode's, the OP preset)")
+@click.option("--page-size", default=OP.page_size, show_default=True, help="tokens per page (the OP preset's)")
 @click.option("--top-k", "top_k", type=int, default=None, help="k of the exact top-k decode (default: budget)")
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(list(ELEMENT)),
               help="repeatable (default float32 and bfloat16)")
@@ -218,5 +221,5 @@ def command(contexts, budget, page_size, top_k, dtypes, threads, repeats, json_p
             "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "budget": budget, "page_size": page_size,
             "dense": "the faster of sdpa (enable_gqa) and sdpa_folded", "targets": verdicts,
             "wall_s": time.perf_counter() - start}
-    write_results(json_path, "decode", meta, rows)
+    write_results(json_path, "decode", meta, rows, force=force)
     console.print(f"wrote {json_path}")

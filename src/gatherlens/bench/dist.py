@@ -26,6 +26,7 @@ import click
 
 from gatherlens.bench.decode import HEAD_DIM, KV_HEADS, Q_HEADS, parse_context
 from gatherlens.bench.output import check_json_path, write_results
+from gatherlens.ops.sparse.config import OP
 
 RANKS = (1, 2, 4)
 
@@ -133,8 +134,9 @@ def _run(spec: dict, worlds) -> list[Row]:
 
 @click.command("dist")
 @click.option("--context", default="128K", show_default=True, help="KV cache length: 32K, 131072, ...")
-@click.option("--budget", default=2048, show_default=True, help="tokens sparse decode reads per KV head")
-@click.option("--page-size", default=16, show_default=True, help="tokens per page")
+@click.option("--budget", default=OP.budget, show_default=True,
+              help="tokens sparse decode reads per KV head (default: sparse_decode's, the OP preset)")
+@click.option("--page-size", default=OP.page_size, show_default=True, help="tokens per page (the OP preset's)")
 @click.option("--ranks", "worlds", multiple=True, type=int, help="world sizes, repeatable (default 1, 2, 4)")
 @click.option("--repeats", default=10, show_default=True, help="timed steps per mode; the median is reported")
 @click.option("--timeout", default=1800, show_default=True, help="seconds before every rank is stopped")
@@ -162,7 +164,7 @@ def command(context, budget, page_size, worlds, repeats, timeout, json_path, for
             "context": spec["context"], "budget": budget, "page_size": page_size, "repeats": repeats,
             "baseline": "sparse_decode on the whole cache in one process (ranks = 0 rows)",
             "wall_s": time.perf_counter() - start}
-    write_results(json_path, "dist", meta, rows)
+    write_results(json_path, "dist", meta, rows, force=force)
     print(f"wrote {json_path}")
 
 

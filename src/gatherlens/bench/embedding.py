@@ -21,7 +21,7 @@ from pathlib import Path
 
 import click
 
-from gatherlens.bench.output import check_json_path, write_results
+from gatherlens.bench.output import check_json_path, human_seconds, write_results
 import torch
 import torch.nn.functional as F
 
@@ -204,9 +204,12 @@ def command(vocab, dim, tokens, dtypes, threads, methods, backward_methods, repe
     before = torch.get_num_threads()
     meta = {"torch": torch.__version__, "threads_before": before, "repeats": repeats, "complete": False}
 
+    written = []  # once this run has written --json, later writes replace its own file
+
     def save(case, rows):  # after every case, so an interrupted run keeps what it measured
         console.log("done V=%d d=%d N=%d %s threads=%d" % case)
-        write_results(json_path, "embedding", meta, rows)
+        write_results(json_path, "embedding", meta, rows, force=force or bool(written))
+        written.append(case)
 
     try:
         rows = run_grid(_ints(vocab) or GRID["vocab"], _ints(dim) or GRID["dim"], _ints(tokens) or GRID["tokens"],
@@ -219,10 +222,10 @@ def command(vocab, dim, tokens, dtypes, threads, methods, backward_methods, repe
         mine = [r for r in rows if r.op in ("fast", "get_embeddings")]
         plot_ratios(mine, plot_path, x="tokens", y="ratio_embedding", xlabel="N (ids per call)",
                     series=("op", "direction", "vocab", "dim", "dtype", "threads"),
-                    title="embedding lookup / F.embedding (the baseline)")
+                    title="embedding lookup / F.embedding (the baseline)", force=force)
         console.print(f"wrote {plot_path}")
     meta["complete"] = True
-    write_results(json_path, "embedding", meta, rows)
+    write_results(json_path, "embedding", meta, rows, force=force or bool(written))
     console.print(f"wrote {json_path}")
 
 
@@ -238,13 +241,7 @@ def _table(rows):
         style = "bold" if r.op == "fast" else ("dim" if r.op.startswith("copy") else None)
         table.add_row(str(r.vocab), str(r.dim), str(r.tokens), SHORT.get(r.dtype, r.dtype), str(r.threads),
                       r.direction[:3], r.op,
-                      _human(r.median_s), f"{r.gbps:.1f}", f"{r.ratio_embedding:.2f}",
+                      human_seconds(r.median_s), f"{r.gbps:.1f}", f"{r.ratio_embedding:.2f}",
                       f"{100 * r.copy_fresh_fraction:.0f}%", f"{100 * r.copy_into_fraction:.0f}%", style=style)
     return table
 
-
-def _human(seconds: float) -> str:
-    for unit, scale in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds * 1e9:.3g} ns"

@@ -5,6 +5,8 @@ allocator state are its own.
 
 The child imports `module`, reads the spec as JSON on stdin, calls `module.run_case(spec)` and
 prints its result as JSON on the last line of stdout. `spec["threads"]` sets OMP_NUM_THREADS.
+`run_script` does the same for a standalone script under another interpreter (a peer's virtualenv:
+bench/llamacpp_case.py under llama-cpp-python's).
 """
 from __future__ import annotations
 
@@ -24,11 +26,18 @@ def worker(run_case) -> None:
 
 def run_fresh(module: str, spec: dict) -> dict:
     """The parent's side: run `module._worker()` in a new interpreter and return its result."""
+    return _run([sys.executable, "-c", f"from {module} import _worker; _worker()"], spec)
+
+
+def run_script(python: str, script: str, spec: dict) -> dict:
+    """Run `python script` with the spec on stdin; its last stdout line (JSON) is the result."""
+    return _run([python, script], spec)
+
+
+def _run(argv: list[str], spec: dict) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]))
-    proc = subprocess.run(
-        [sys.executable, "-c", f"from {module} import _worker; _worker()"],
-        input=json.dumps(spec), capture_output=True, text=True, env=env,
-    )
+    proc = subprocess.run(argv, input=json.dumps(spec), capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        raise click.ClickException(f"case {spec} failed:\n{proc.stderr[-2000:]}")
+        shown = {k: (f"({len(v)} items)" if isinstance(v, list) else v) for k, v in spec.items()}
+        raise click.ClickException(f"case {shown} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

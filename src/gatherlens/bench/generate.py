@@ -13,6 +13,11 @@ median round is reported):
               dense attention over it with each KV group's query heads folded into one call
 - sparse-B:   page-selected sparse decoding reading B tokens per KV head (use_sparse_decoding's
               default settings); below the budget it is the dense path
+- quantized-dense, quantized-sparse-B: the same two paths on `gatherlens.load(name, quantized=True)`
+  (the model running from its GGUF blocks), in a fresh process of its own
+- llama.cpp: llama-cpp-python on the same GGUF with the same threads (--llama-python or
+  $GATHERLENS_LLAMA_PYTHON; skipped with a note otherwise), prefilling the same prompt tokens, in a
+  fresh process after ours (bench/llamacpp_case.py; x llama.cpp = its ms / ms)
 - with --ablation, paged/hf-layers and sparse-1024/hf-layers: the same over transformers' own
   decoder layers and output projection (lean=False), to show what the lean decode step wins; and
   sparse-1024/hf-head: the lean layers with transformers' output projection (what decode_head wins)
@@ -21,7 +26,8 @@ How the caches are filled: a short prefix of real text (256 tokens) is prefilled
 layer's keys and values are tiled to the context length and written into the DynamicCache and
 the paged cache directly (decode cost depends on the cache's size, not on what it holds). Past
 the model's trained positions (8K for SmolLM2) the text is meaningless but the cost is real: those
-rows are speed only. "attention" is the time of the 30 layers' cache appends and attention calls
+rows are speed only. Memory: each case's peak resident set (its process) and what loading the model
+added to it. "attention" is the time of the 30 layers' cache appends and attention calls
 alone, timed on the same caches; "share" is its part of a step.
 """
 from __future__ import annotations
@@ -35,12 +41,19 @@ from pathlib import Path
 import click
 
 from gatherlens.bench.fresh import run_fresh, worker
-from gatherlens.bench.output import check_json_path, write_results
+from gatherlens.bench.generate_peers import gguf_of, llama_python, quantized_note, run_llamacpp
+from gatherlens.bench.llamacpp_case import rss_mb
+from gatherlens.bench.output import check_json_path, check_output, write_results
+from gatherlens.errors import GatherValueError
+from gatherlens.ops.sparse.geometry import ceil_div
+from gatherlens.outputs import open_output
 
 CONTEXTS = ("2K", "4K", "8K", "16K", "32K")
 BUDGETS = (512, 1024, 2048)
 PREFIX = 256
 TARGETS = {4096: 1.3, 8192: 2.0, 32768: 3.0}  # sparse over HF dense, issue 10
+LLAMA_TARGETS = {4096: 1 / 1.3, 8192: 1.0, 32768: 2.5}  # quantized sparse over llama.cpp, issue 18
+LLAMA = "llama.cpp"
 
 
 @dataclass
@@ -60,12 +73,16 @@ class Row:
     tokens_per_s: float
     cpu_ms: float           # process CPU time per token (all threads)
     speedup: float          # hf ms / ms, same context, same rounds
-    attention_ms: float     # cache appends + attention calls of every layer, per step
-    attention_share: float  # attention_ms / ms
+    attention_ms: float | None     # cache appends + attention calls of every layer, per step
+    attention_share: float | None  # attention_ms / ms (None for llama.cpp: not split)
     budget: int | None
     lean: bool
     speed_only: bool        # past the model's trained positions
     threads: int
+    case: str = "float"     # the process it ran in: "float", "quantized" or "llama.cpp"
+    rss_mb: float = 0.0     # that process's peak resident memory
+    model_mb: float = 0.0   # what loading the model added to its resident memory
+    x_llama: float | None = None  # llama.cpp ms / ms, same context, same run
 
 
 def methods(budgets, ablation: bool) -> list[Method]:
@@ -79,18 +96,28 @@ def methods(budgets, ablation: bool) -> list[Method]:
     return out
 
 
+def quantized_methods(budgets) -> list[Method]:
+    """Our dense and sparse paths on the quantized model (its own fresh process)."""
+    return [Method("quantized-dense", "paged")] + [Method(f"quantized-sparse-{b}", "paged", b) for b in budgets]
+
+
 # -- inside the fresh process ----------------------------------------------------------------
 
 def run_case(spec: dict) -> dict:
-    """Load the model, fill both caches to spec["context"], time every method: {name: {...}}."""
+    """Load the model (quantized with spec["quantized"]), fill the caches to spec["context"], time
+    every method: {"wall": {name: s}, ...}; with spec["prompt"] also the prompt tokens (for llama.cpp)."""
+    import resource
+
     import torch
 
     from gatherlens.models import load
 
     torch.set_num_threads(spec["threads"])
-    lm = load(spec["model"])
-    hf_cache, paged_cache, ids = fill_caches(lm, spec["context"], spec["tokens"])
+    before = rss_mb()
+    lm = load(spec["model"], quantized=True) if spec.get("quantized") else load(spec["model"])
+    model_mb = rss_mb() - before
     ms = [Method(**m) for m in spec["methods"]]
+    hf_cache, paged_cache, ids = fill_caches(lm, spec["context"], spec["tokens"], any(m.kind == "hf" for m in ms))
     wall = {m.name: [] for m in ms}
     cpu = {m.name: [] for m in ms}
     with torch.inference_mode():
@@ -106,7 +133,9 @@ def run_case(spec: dict) -> dict:
                 for m in ms if m.name in spec.get("profile", ())}
     return {"wall": {k: statistics.median(v) for k, v in wall.items()},
             "cpu": {k: statistics.median(v) for k, v in cpu.items()}, "attention": attn, "profile": prof,
-            "positions": getattr(lm.config, "max_position_embeddings", None)}
+            "positions": getattr(lm.config, "max_position_embeddings", None), "model_mb": model_mb,
+            "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3,
+            "prompt": prompt_tokens(lm, spec["context"]) if spec.get("prompt") else None}
 
 
 def profile_step(model, m: Method, ids, hf_cache, paged_cache, L: int, steps: int = 3, top: int = 12) -> list:
@@ -121,25 +150,39 @@ def profile_step(model, m: Method, ids, hf_cache, paged_cache, L: int, steps: in
              "share": e.self_cpu_time_total / total} for e in ops[:top]]
 
 
-def fill_caches(lm, L: int, tokens: int):
-    """A DynamicCache and a SparseKVCache holding L tokens (a real prefix's keys, tiled); prompt ids (1, L+1)."""
+def real_prefix(lm):
+    """The first PREFIX tokens of the default corpus, (1, PREFIX): what every cache is filled from."""
+    from gatherlens.eval.corpus import load_text
+
+    return lm.encode(load_text("default"), truncation=False)[:, :PREFIX]  # (1, 256)
+
+
+def prompt_tokens(lm, L: int) -> list[int]:
+    """The real prefix tiled to L tokens: llama.cpp prefills these, as our caches hold their keys."""
+    prefix = real_prefix(lm)  # (1, 256)
+    return prefix.repeat(1, ceil_div(L, prefix.shape[1]))[0, :L].tolist()  # L ints
+
+
+def fill_caches(lm, L: int, tokens: int, hf_too: bool = True):
+    """A DynamicCache (None without hf_too) and a SparseKVCache holding L tokens (a real prefix's keys,
+    tiled); prompt ids (1, L+1)."""
     import torch
     from transformers import DynamicCache
 
-    from gatherlens.eval.corpus import load_text
     from gatherlens.models.sparse import SparseKVCache
 
     model, cfg = lm.model, lm.config
-    prefix = lm.encode(load_text("default"), truncation=False)[:, :PREFIX]  # (1, 256)
+    prefix = real_prefix(lm)  # (1, 256)
     seed = DynamicCache(config=cfg)
     with torch.inference_mode():
         model(input_ids=prefix, cache=seed, use_cache=True, logits_to_keep=1)
-    hf, paged = DynamicCache(config=cfg), SparseKVCache(config=cfg)
-    reps = -(-L // prefix.shape[1])
+    hf, paged = DynamicCache(config=cfg) if hf_too else None, SparseKVCache(config=cfg)
+    reps = ceil_div(L, prefix.shape[1])
     for i, layer in enumerate(seed.layers):
         k = layer.keys.repeat(1, 1, reps, 1)[:, :, :L].contiguous()  # (1, Hkv, L, D)
         v = layer.values.repeat(1, 1, reps, 1)[:, :, :L].contiguous()  # (1, Hkv, L, D)
-        hf.update(k, v, i)
+        if hf is not None:
+            hf.update(k, v, i)
         paged.update(k, v, i)
         paged.paged(i).reserve(L + tokens + 2)  # decode appends in place, never regrows mid-run
     ids = prefix[:, :1].repeat(1, L + 1)  # (1, L+1): generate feeds only the last one
@@ -207,9 +250,10 @@ def _worker() -> None:
 
 # -- the driver --------------------------------------------------------------------------------
 
-def rows_of(spec: dict, result: dict) -> list[Row]:
-    """One row per method of one context, with its speedup over hf."""
-    L, wall, hf = spec["context"], result["wall"], result["wall"]["hf"]
+def rows_of(spec: dict, result: dict, hf_s: float | None = None, case: str = "float") -> list[Row]:
+    """One row per method of one case, with its speedup over hf (this case's, else `hf_s`)."""
+    L, wall = spec["context"], result["wall"]
+    hf = hf_s if hf_s is not None else wall["hf"]
     positions = result.get("positions")
     rows = []
     for m in spec["methods"]:
@@ -217,7 +261,22 @@ def rows_of(spec: dict, result: dict) -> list[Row]:
         attn = result["attention"][m["name"]]
         rows.append(Row(L, m["name"], s * 1e3, 1 / s, result["cpu"][m["name"]] * 1e3, hf / s, attn,
                         attn / (s * 1e3), m["budget"], m["lean"], bool(positions and L > positions),
-                        spec["threads"]))
+                        spec["threads"], case, result.get("rss_mb", 0.0), result.get("model_mb", 0.0)))
+    return rows
+
+
+def llama_row(L: int, result: dict, hf_s: float, threads: int, positions: int | None) -> Row:
+    """llama.cpp's row of one context (bench/llamacpp_case.py's result); no attention split."""
+    s = result["ms"] / 1e3
+    return Row(L, LLAMA, result["ms"], 1 / s, result["cpu_ms"], hf_s / s, None, None, None, True,
+               bool(positions and L > positions), threads, LLAMA, result["rss_mb"], result["model_mb"])
+
+
+def with_llama_ratios(rows: list[Row]) -> list[Row]:
+    """Fill x_llama (llama.cpp ms / ms) on every row whose context has a llama.cpp row."""
+    llama = {r.context: r.ms for r in rows if r.method == LLAMA}
+    for r in rows:
+        r.x_llama = llama[r.context] / r.ms if r.context in llama else None
     return rows
 
 
@@ -235,12 +294,48 @@ def _check_options(budgets: str, tokens: int, rounds: int, threads: int) -> list
     return out
 
 
-def _check_plot_path(path: Path, force: bool) -> Path:
-    if path.suffix.lower() not in (".png", ".svg"):
-        raise click.BadParameter(f"{str(path)!r} must end in .png or .svg", param_hint="--plot")
-    if path.exists() and not force:
-        raise click.BadParameter(f"{str(path)!r} exists; pass --force to overwrite it", param_hint="--plot")
-    return path
+@dataclass(frozen=True)
+class Plan:
+    """What runs at every context: our float case, our quantized case, llama.cpp (None: skipped)."""
+
+    base: dict                 # model, tokens, rounds, threads
+    float_methods: list
+    quantized_methods: list | None
+    profiled: tuple
+    llama_python: str | None
+    gguf: Path | None
+
+
+def run_context(plan: Plan, L: int) -> tuple[list[Row], dict, dict]:
+    """Every case of one context, each in a fresh process, one after the other (never together):
+    ours in float32, ours quantized, then llama.cpp on the prompt tokens ours used. (rows, profiles, llama)."""
+    spec = dict(plan.base, context=L, methods=plan.float_methods, profile=plan.profiled,
+                prompt=plan.llama_python is not None)
+    res = run_fresh("gatherlens.bench.generate", spec)
+    hf_s, rows, profiles, llama = res["wall"]["hf"], rows_of(spec, res), dict(res.get("profile", {})), {}
+    if plan.quantized_methods:
+        qspec = dict(spec, methods=plan.quantized_methods, quantized=True, prompt=False)
+        qres = run_fresh("gatherlens.bench.generate", qspec)
+        rows += rows_of(qspec, qres, hf_s, "quantized")
+        profiles.update(qres.get("profile", {}))
+    if plan.llama_python is not None:
+        llama = run_llamacpp(plan.llama_python, plan.gguf, res["prompt"], plan.base["threads"])
+        rows.append(llama_row(L, llama, hf_s, plan.base["threads"], res.get("positions")))
+    return with_llama_ratios(rows), profiles, llama
+
+
+def make_plan(model_name, budget_list, ablation, profile, llama_python_option, base) -> tuple[Plan, list[str]]:
+    """The cases to run and the one-line notes for those skipped."""
+    gguf = gguf_of(model_name)
+    q_note = quantized_note(gguf)
+    python, l_note = llama_python(llama_python_option)
+    if python is not None and gguf is None:
+        python, l_note = None, "llama.cpp row skipped: the model is not a GGUF file"
+    b0 = budget_list[0]
+    profiled = ("hf", f"sparse-{b0}", f"quantized-sparse-{b0}") if profile else ()
+    plan = Plan(base, [vars(m) for m in methods(budget_list, ablation)],
+                None if q_note else [vars(m) for m in quantized_methods(budget_list)], profiled, python, gguf)
+    return plan, [n for n in (q_note, l_note) if n]
 
 
 @click.command("generate")
@@ -251,76 +346,106 @@ def _check_plot_path(path: Path, force: bool) -> Path:
 @click.option("--budgets", default="512,1024,2048", show_default=True, help="sparse budgets, comma-separated")
 @click.option("--tokens", default=8, show_default=True, help="tokens generated per timed run")
 @click.option("--rounds", default=3, show_default=True, help="timed runs per method (the median is reported)")
-@click.option("--threads", default=2, show_default=True, help="torch threads in each case")
+@click.option("--threads", default=2, show_default=True, help="torch threads in each case (and llama.cpp's)")
 @click.option("--ablation", is_flag=True, help="also time HF's own decoder layers over the paged cache")
-@click.option("--profile", is_flag=True, help="also print torch.profiler's top ops of one step of hf and sparse")
+@click.option("--profile", "profile_path", is_flag=False, flag_value="", default=None, type=click.Path(dir_okay=False),
+              help="profile one decode step of hf, sparse and quantized sparse (the first budget); print the "
+              "top ops and write them to this file (default: the --json path with .profile.md)")
+@click.option("--llama-python", "llama_python_option", default=None, metavar="PATH",
+              help="the python of a virtualenv with llama-cpp-python, for the llama.cpp row "
+              "(default: $GATHERLENS_LLAMA_PYTHON; skipped when neither is set)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               default="bench-generate.json", show_default=True, help="where to write the results")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="the ms/token plot (.png or .svg; default: the --json path with .png)")
-@click.option("--force", is_flag=True, help="overwrite existing --json / --plot files")
-def command(model_name, contexts, budgets, tokens, rounds, threads, ablation, profile, json_path, plot_path, force):
-    """Decode speed of a real model in `generate`: HF dense, paged dense, sparse (fresh process per context)."""
+@click.option("--force", is_flag=True, help="overwrite existing --json / --plot / --profile files")
+def command(model_name, contexts, budgets, tokens, rounds, threads, ablation, profile_path, llama_python_option,
+            json_path, plot_path, force):
+    """Decode speed of a real model in `generate`: llama.cpp, HF dense, paged dense, sparse, quantized
+    (fresh process per case)."""
     from rich.console import Console
 
     from gatherlens.bench.decode import parse_context
 
     budget_list = _check_options(budgets, tokens, rounds, threads)
     check_json_path(json_path, force)
-    plot_path = _check_plot_path(plot_path or json_path.with_suffix(".png"), force)
+    plot_path = check_output(plot_path or json_path.with_suffix(".png"), force, "--plot", (".png", ".svg"))
+    if profile_path is not None:
+        profile_path = check_output(Path(profile_path or json_path.with_suffix(".profile.md")), force, "--profile")
     Ls = [parse_context(c) for c in (contexts or CONTEXTS)]
     console = Console(width=None if sys.stdout.isatty() else 140)
-    plan = [vars(m) for m in methods(budget_list, ablation)]
-    profiled = ("hf", f"sparse-{budget_list[0]}") if profile else ()
-    start, rows, profiles = time.perf_counter(), [], {}
+    base = dict(model=model_name, tokens=tokens, rounds=rounds, threads=threads)
+    plan, notes = make_plan(model_name, budget_list, ablation, profile_path is not None, llama_python_option, base)
+    for note in notes:
+        console.print(note)
+    start, rows, profiles, prefill = time.perf_counter(), [], {}, {}
     for L in Ls:
-        spec = dict(model=model_name, context=L, tokens=tokens, rounds=rounds, threads=threads, methods=plan,
-                    profile=profiled)
-        result = run_fresh("gatherlens.bench.generate", spec)
-        case = rows_of(spec, result)
+        case, profiles[L], llama = run_context(plan, L)
         rows += case
-        profiles[L] = result.get("profile", {})
-        best = max((r for r in case if r.method.startswith("sparse") and "/" not in r.method), key=lambda r: r.speedup,
-                   default=None)
-        console.log(f"L={L}: hf {case[0].ms:.0f} ms/token" + (f", {best.method} x{best.speedup:.2f}" if best else ""))
-    print_profiles(console, profiles)
-    _report(console, rows, json_path, plot_path, dict(model=model_name, tokens=tokens, rounds=rounds,
-                                                      threads=threads, wall_s=time.perf_counter() - start,
-                                                      profiles={str(k): v for k, v in profiles.items() if v}))
+        if llama:
+            prefill[str(L)] = llama["prefill_tokens_per_s"]
+        console.log(f"L={L}: " + ", ".join(f"{r.method} {r.ms:.1f}" for r in case if "/" not in r.method)
+                    + " ms/token")
+    print_profiles(console, profiles, profile_path, force)
+    meta = dict(base, wall_s=time.perf_counter() - start, profiles={str(k): v for k, v in profiles.items() if v},
+                skipped=notes, llama_prefill_tokens_per_s=prefill)
+    _report(console, rows, json_path, plot_path, meta, force)
 
 
-def _report(console, rows: list[Row], json_path: Path, plot_path: Path, meta: dict) -> None:
+def _report(console, rows: list[Row], json_path: Path, plot_path: Path, meta: dict, force: bool) -> None:
     import os
 
     import torch
 
     print_rows(console, rows, meta)
-    verdicts = target_verdicts(rows)
+    verdicts, llama_verdicts = target_verdicts(rows), llama_target_verdicts(rows)
     for v in verdicts:
         console.print(f"target L={v['context']}: best sparse >= {v['target']}x HF dense: "
                       f"{'met' if v['met'] else 'NOT met'} ({v['speedup']:.2f}x, {v['method']})")
+    for v in llama_verdicts:
+        console.print(f"target L={v['context']}: best quantized sparse >= {v['target']:.2f}x llama.cpp: "
+                      f"{'met' if v['met'] else 'NOT met'} ({v['x_llama']:.2f}x, {v['method']})")
     meta.update(torch=torch.__version__, load_average=os.getloadavg()[0], targets=verdicts,
+                llama_targets=llama_verdicts,
                 fill=f"a {PREFIX}-token prefix of real text prefilled once, each layer's K/V tiled to the context",
                 hf="transformers' DynamicCache + SDPA (the default)",
                 paged="gatherlens' paged cache, dense attention in place with GQA folded, lean decode step",
+                quantized="gatherlens.load(model, quantized=True): the model run from its GGUF blocks",
+                llama="llama-cpp-python on the same GGUF and threads: the same prompt tokens prefilled, median "
+                      "of 32 greedy llm.sample(temp=0) + llm.eval([tok]) steps, run alone after our cases",
+                memory="rss_mb: the case's peak resident set; model_mb: what loading the model added",
                 attention="cache appends + attention calls of every layer per step, timed alone")
-    write_results(json_path, "generate", meta, rows)
-    plot_rows(rows, plot_path)
+    write_results(json_path, "generate", meta, rows, force=force)  # refused if made meanwhile, without --force
+    plot_rows(rows, plot_path, force=force)
     console.print(f"wrote {json_path} and {plot_path}")
 
 
-def print_profiles(console, profiles: dict) -> None:
-    """One table per (context, method): the ops that took most of a decode step."""
+def print_profiles(console, profiles: dict, path: Path | None = None, force: bool = True) -> None:
+    """One table per (context, method): the ops that took most of a decode step; with a path, also
+    written there as markdown (`gatherlens.outputs.write_output`: a file made meanwhile is refused)."""
     from rich.table import Table
 
+    from gatherlens.bench.page import markdown_table
+    from gatherlens.outputs import write_output
+
+    text = []
     for L, by_method in profiles.items():
         for name, ops in by_method.items():
-            table = Table(title=f"one decode step, L={L}, {name}: top ops by self CPU time (torch.profiler)")
+            title = f"one decode step, L={L}, {name}: top ops by self CPU time (torch.profiler)"
+            table = Table(title=title)
             for col in ("op", "ms/step", "calls/step", "share"):
                 table.add_column(col, justify="left" if col == "op" else "right")
             for op in ops:
                 table.add_row(op["op"], f"{op['ms']:.2f}", f"{op['calls']:.0f}", f"{100 * op['share']:.0f}%")
             console.print(table)
+            text += [f"## {title}", ""] + markdown_table(ops) + [""]
+    if path is not None:
+        try:
+            write_output(path, "\n".join(text or ["no step was profiled (every profiled method was skipped)"]),
+                         "--profile", force=force)
+        except GatherValueError as e:
+            raise click.ClickException(str(e)) from None
+        console.print(f"wrote the profile to {path}")
 
 
 def target_verdicts(rows: list[Row]) -> list[dict]:
@@ -335,25 +460,45 @@ def target_verdicts(rows: list[Row]) -> list[dict]:
     return out
 
 
+def llama_target_verdicts(rows: list[Row]) -> list[dict]:
+    """Issue 18's targets: the best quantized sparse method against llama.cpp at 4K, 8K and 32K."""
+    out = []
+    for L, want in LLAMA_TARGETS.items():
+        cands = [r for r in rows if r.context == L and r.method.startswith("quantized-sparse") and r.x_llama]
+        if cands:
+            best = max(cands, key=lambda r: r.x_llama)
+            out.append({"context": L, "target": want, "x_llama": best.x_llama, "method": best.method,
+                        "met": best.x_llama >= want})
+    return out
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
 def print_rows(console, rows: list[Row], meta: dict) -> None:
     """The results table; rows past the trained positions are marked speed only."""
     from rich.table import Table
 
     table = Table(title=f"{meta['model']} decode in generate: {meta['tokens']} tokens x {meta['rounds']} rounds, "
-                        f"{meta['threads']} threads (median); x HF = HF dense ms / ms")
-    for col in ("context", "method", "ms/token", "tokens/s", "x HF", "attention ms", "share", "CPU ms/token"):
+                        f"{meta['threads']} threads (median); x HF = HF dense ms / ms; x llama.cpp = its ms / ms")
+    for col in ("context", "method", "ms/token", "tokens/s", "x HF", "x llama.cpp", "attention ms", "share",
+                "CPU ms/token", "peak RSS MB", "model MB"):
         table.add_column(col, justify="left" if col == "method" else "right", no_wrap=True)
     for r in rows:
         ctx = f"{r.context}" + (" (speed only)" if r.speed_only else "")
+        share = None if r.attention_share is None else 100 * r.attention_share
         table.add_row(ctx, r.method, f"{r.ms:.1f}", f"{r.tokens_per_s:.2f}", f"{r.speedup:.2f}",
-                      f"{r.attention_ms:.1f}", f"{100 * r.attention_share:.0f}%", f"{r.cpu_ms:.1f}")
+                      _num(r.x_llama, ".2f"), _num(r.attention_ms, ".1f"), _num(share, ".0f"), f"{r.cpu_ms:.1f}",
+                      f"{r.rss_mb:.0f}", f"{r.model_mb:.0f}")
     console.print(table)
     if any(r.speed_only for r in rows):
         console.print("speed only: past the model's trained positions the text is meaningless, the cost is real")
 
 
-def plot_rows(rows: list[Row], path: Path) -> Path:
-    """ms/token against context, one line per method (log-log), dashed past the trained positions."""
+def plot_rows(rows: list[Row], path: Path, force: bool = True) -> Path:
+    """ms/token against context, one line per method (log-log), dashed past the trained positions
+    (written by `gatherlens.outputs.open_output`: without force, a file made meanwhile is refused)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -374,6 +519,9 @@ def plot_rows(rows: list[Row], path: Path) -> Path:
     ax.set_title("decode speed in generate (lower is faster)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        with open_output(path, "--plot", force=force, binary=True) as fh:
+            fig.savefig(fh, format=path.suffix.lstrip(".").lower() or "png")
+    finally:
+        plt.close(fig)
     return path

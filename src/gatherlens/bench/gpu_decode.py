@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from gatherlens.ops.sparse import PagedKVCache, sparse_decode
+from gatherlens.ops.sparse.config import OP
+from gatherlens.ops.sparse.geometry import page_count
 from gatherlens.ops.sparse.naive import sparse_attention_reference
 from gatherlens.ops.sparse.page_choice import select_pages
 from gatherlens.ops.sparse.torch_decode import attend_pages
@@ -169,14 +171,14 @@ def time_methods(methods: dict, row: dict) -> None:
 
 def run_case(L: int, args) -> dict:
     """One context length: correctness, then timings, then the bytes each method must read."""
-    B, Hq, Hkv, D, P, budget = args.batch, 32, 8, 128, 16, args.budget
+    B, Hq, Hkv, D, P, budget = args.batch, 32, 8, 128, OP.page_size, args.budget
     torch.manual_seed(0)
     cache = filled_cache(L, B, Hkv, D, P, torch.bfloat16)
     q = torch.randn(B, Hq, 1, D, device="cuda", dtype=torch.bfloat16)
     row = {"context": L, "batch": B, "budget": budget, "page_size": P, "dtype": "bfloat16"}
     check_case(q, cache, budget, row)
     time_methods(methods_for(q, cache, budget, row), row)
-    el, n_pages = 2, -(-L // P)
+    el, n_pages = 2, page_count(L, P)
     row["bytes_dense"] = 2 * B * Hkv * L * D * el
     row["bytes_sparse"] = B * Hkv * n_pages * 2 * D * el + 2 * B * Hkv * budget * D * el
     row["bound"] = 1 / (1 / P + budget / L)
@@ -188,7 +190,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("json", nargs="?", default="gpu_decode.json")
     ap.add_argument("--contexts", default="32768,131072")
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--budget", type=int, default=2048)
+    ap.add_argument("--budget", type=int, default=OP.budget)  # sparse_decode's default (the OP preset)
     ap.add_argument("--deadline", type=float, default=150.0)
     return ap.parse_args(argv)
 

@@ -13,6 +13,10 @@ from pathlib import Path
 
 import click
 
+from gatherlens.bench.output import check_output
+from gatherlens.errors import GatherValueError
+from gatherlens.outputs import write_output
+
 HEADER = """# Benchmarks
 
 Measured by `gatherlens bench <suite> --json docs/bench/<suite>.json`; this page is regenerated from
@@ -25,6 +29,8 @@ machine named in each section's meta; rerun them on yours.
 
 
 def _cell(value) -> str:
+    if value is None:
+        return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, (list, dict)):
@@ -42,15 +48,16 @@ def section(data: dict, name: str) -> str:
     lines = [f"## {suite}" + (f" ({name}.json)" if name != suite else ""), ""]
     lines += [f"- {k}: {_cell(v)}" for k, v in meta.items()]
     if rows:
-        lines += [""] + _table(rows)
+        lines += [""] + markdown_table(rows)
     for context, by_method in (profiles or {}).items():  # bench generate --profile: {L: {method: ops}}
         for method, ops in by_method.items():
             lines += ["", f"One decode step at {context} tokens, {method}: top ops by self CPU time "
-                          "(torch.profiler)", ""] + _table(ops)
+                          "(torch.profiler)", ""] + markdown_table(ops)
     return "\n".join(lines) + "\n"
 
 
-def _table(rows: list[dict]) -> list[str]:
+def markdown_table(rows: list[dict]) -> list[str]:
+    """Dict rows as markdown table lines, the first row's keys as the columns (None shows as -)."""
     cols = list(rows[0])
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     return out + ["| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |" for r in rows]
@@ -81,11 +88,13 @@ def page(files: list[Path], notes: Path | None = None) -> str:
 @click.option("--force", is_flag=True, help="overwrite an existing --out file")
 def command(files, out, notes, force):
     """Write the benchmarks page (markdown) from the JSON that `gatherlens bench ... --json` wrote."""
+    check_output(out, force, "-o/--out")  # before reading the results
     text = page(list(files), notes)
     if out is None:
         click.echo(text)
         return
-    if out.exists() and not force:
-        raise click.UsageError(f"{out} exists; pass --force to overwrite it")
-    out.write_text(text, encoding="utf-8")
+    try:
+        write_output(out, text, "-o/--out", force=force)  # a file made meanwhile is refused without --force
+    except GatherValueError as e:
+        raise click.ClickException(str(e)) from None
     click.echo(f"wrote {out}")

@@ -11,27 +11,22 @@ from __future__ import annotations
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
-import click
+from gatherlens.bench.output import check_output
+from gatherlens.outputs import open_output
 
 __all__ = ["check_plot_path", "plot_ratios"]
 
 
 def check_plot_path(path: Path | None, force: bool) -> Path | None:
     """Refuse, before any timing, a --plot path that exists (without --force) or is not a .png/.svg/.pdf."""
-    if path is None:
-        return None
-    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise click.UsageError(f"--plot {path}: give a .png, .svg or .pdf file name")
-    if path.exists() and not force:
-        raise click.UsageError(f"{path} exists; pass --force to overwrite it")
-    if not (path.parent if str(path.parent) else Path(".")).is_dir():
-        raise click.UsageError(f"folder {path.parent} does not exist (for --plot)")
-    return path
+    return check_output(path, force, "--plot", (".png", ".svg", ".pdf"))
 
 
 def plot_ratios(rows, path: str | Path, *, x: str, series: tuple[str, ...], title: str,
-                y: str = "ratio", xlabel: str | None = None) -> Path:
-    """rows (dataclasses or dicts) -> a log-log plot of row[y] against row[x], one line per series key."""
+                y: str = "ratio", xlabel: str | None = None, force: bool = True) -> Path:
+    """rows (dataclasses or dicts) -> a log-log plot of row[y] against row[x], one line per series key.
+
+    Written by `gatherlens.outputs.open_output` (force=False: a file made meanwhile is refused)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,6 +48,9 @@ def plot_ratios(rows, path: str | Path, *, x: str, series: tuple[str, ...], titl
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        with open_output(path, "--plot", force=force, binary=True) as fh:
+            fig.savefig(fh, dpi=120, format=path.suffix.lstrip(".").lower() or "png")
+    finally:
+        plt.close(fig)
     return path

@@ -7,11 +7,13 @@ import click
 
 SUITES = {
     "embedding": "gatherlens.bench.embedding:command",
+    "quantized-embedding": "gatherlens.bench.quantized_embedding:command",
     "attention": "gatherlens.bench.attention:command",
     "decode": "gatherlens.bench.decode:command",
     "generate": "gatherlens.bench.generate:command",
     "dist": "gatherlens.bench.dist:command",
     "page": "gatherlens.bench.page:command",
+    "qlinear": "gatherlens.bench.quantized_linear:command",
 }
 
 

@@ -1,7 +1,8 @@
 """`gatherlens cache list|clear`: the converted models kept on this machine, and their size.
 
     gatherlens cache list            # every converted model: size, state (re-hashed), source
-    gatherlens cache clear           # remove all of it (what a live process is writing is kept)
+    gatherlens cache clear           # remove what gatherlens made there (kept: what a live process
+                                     # is writing, and anything not gatherlens' own)
 
 The cache is $GATHERLENS_CACHE, else $XDG_CACHE_HOME/gatherlens, else ~/.cache/gatherlens.
 """
@@ -40,7 +41,7 @@ def list_(no_verify):
 
 @cache.command("clear")
 def clear_():
-    """Remove every converted model and leftover (a model is converted again on its next load)."""
+    """Remove the converted models and leftovers gatherlens made (anything else is left, and named)."""
     from gatherlens.models.cache import cache_root
     from gatherlens.models.inventory import clear
 

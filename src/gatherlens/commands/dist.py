@@ -5,6 +5,8 @@
 
 Prints what each rank holds (its rows of a 50257-row table, its part of a KV cache), what it
 looked up and sent, and whether every result equals one process. Exit status 1 on a mismatch.
+The demo's options are DemoConfig's fields (gatherlens.dist.demo_config), read here and by the
+torchrun entry point (gatherlens.dist.__main__) alike.
 """
 from __future__ import annotations
 
@@ -15,6 +17,26 @@ from pathlib import Path
 
 import click
 
+from gatherlens.dist.demo_config import DemoConfig, demo_options
+
+
+def _click_kind(o) -> dict:
+    """click's type of one demo option (gatherlens.dist.demo_config)."""
+    if o.kind is bool:
+        return {"is_flag": True}
+    if o.choices:
+        return {"type": click.Choice(o.choices), "show_default": True}
+    if o.kind is Path:
+        return {"type": click.Path(file_okay=False, path_type=Path)}
+    return {"type": click.IntRange(o.low), "show_default": True}
+
+
+def demo_option_flags(command):
+    """The demo's options (DemoConfig's fields), as click options of `command`."""
+    for o in reversed(demo_options()):
+        command = click.option(o.flag, o.name, default=o.default, help=o.help, **_click_kind(o))(command)
+    return command
+
 
 @click.group("dist")
 def dist():
@@ -23,28 +45,20 @@ def dist():
 
 @dist.command("demo")
 @click.option("--nproc", default=2, show_default=True, type=click.IntRange(1, 64), help="processes (ranks)")
-@click.option("--vocab", default=50257, show_default=True, type=click.IntRange(1), help="embedding rows")
-@click.option("--context", default=4133, show_default=True, type=click.IntRange(1), help="tokens in the KV cache")
-@click.option("--budget", default=512, show_default=True, type=click.IntRange(1), help="tokens a decode step reads")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="cpu: gloo; cuda: nccl, one GPU per rank")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="write the pictures (SVG) here")
-@click.option("--force", is_flag=True, help="replace pictures already in --out")
-def demo(nproc, vocab, context, budget, device, out, force):
+@demo_option_flags
+def demo(nproc, **options):
     """Run the demo on NPROC local processes (torchrun) and check every rank against one process."""
-    if out is not None:  # before torchrun starts any rank
+    cfg = DemoConfig.from_options(options)
+    if cfg.out is not None:  # before torchrun starts any rank
         from gatherlens.errors import GatherLensError
-        from gatherlens.outputs import pictures_dir
+        from gatherlens.outputs import output_dir
 
         try:
-            pictures_dir(out, "--out", force)
+            output_dir(cfg.out, "--out", force=cfg.force)
         except GatherLensError as err:
-            raise click.BadParameter(str(err), param_hint="--out") from None
+            raise click.BadParameter(str(err).removeprefix("--out "), param_hint="--out") from None
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           "-m", "gatherlens.dist", "demo", "--vocab", str(vocab), "--context", str(context),
-           "--budget", str(budget), "--device", device]
-    if out is not None:
-        cmd += ["--out", str(out)] + (["--force"] if force else [])
+           "-m", "gatherlens.dist", "demo", *cfg.argv()]
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     code = subprocess.run(cmd, env=env).returncode
     if code:

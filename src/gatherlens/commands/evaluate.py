@@ -58,7 +58,7 @@ def evaluate(model_name, corpus, text_file, ks, tokens, window, stride, out, plo
                 ("attention", "perplexity", "scored tokens", "mass recall", "min layer recall", "output cosine"),
                 [[r.setting, number(r.perplexity, 3), str(r.tokens), number(r.recall), number(r.recall_min_layer),
                   number(r.cosine)] for r in report.rows])
-    _write(report, out_path, plot_path, console)
+    _write(report, out_path, plot_path, console, force)
 
 
 def _load(model_name: str, corpus: str, text_file: str | None, tokens: int):
@@ -97,13 +97,18 @@ def _measure(lm, ids, ks: list[int], window: int, stride: int, console):
         return evaluate_quality(lm.model, ids, ks, window=window, stride=stride, progress=advance)
 
 
-def _write(report, out_path, plot_path, console) -> None:
+def _write(report, out_path, plot_path, console, force: bool) -> None:
+    """Without --force a file made since the check at the start is refused, not overwritten."""
+    from gatherlens.errors import GatherValueError
     from gatherlens.eval.io import write_report
     from gatherlens.eval.plot import plot_quality
 
-    if out_path is not None:
-        write_report(report, out_path)
-        console.print(f"wrote {out_path}")
-    if plot_path is not None:
-        plot_quality(report, plot_path)
-        console.print(f"wrote {plot_path}")
+    try:
+        if out_path is not None:
+            write_report(report, out_path, force=force, what="--out")
+            console.print(f"wrote {out_path}")
+        if plot_path is not None:
+            plot_quality(report, plot_path, force=force, what="--plot")
+            console.print(f"wrote {plot_path}")
+    except GatherValueError as err:
+        raise click.ClickException(str(err)) from None

@@ -27,8 +27,9 @@ import click
 from gatherlens.commands.params import (
     number, output_file, positive_ints, print_table, progress_bar, text_source_options,
 )
-from gatherlens.models.sparse_defaults import DEFAULTS
-from gatherlens.outputs import writable_dir
+from gatherlens.ops.sparse.config import DEFAULT, GROUP_SCORES
+from gatherlens.errors import GatherValueError
+from gatherlens.outputs import output_dir, write_output
 
 
 @dataclass
@@ -53,19 +54,19 @@ class _Plan:
               help="Comma-separated token budgets, one row each with the settings below (default: the comparison table).")
 @click.option("--compare", default="512,256", show_default=True,
               help="The comparison table's two budgets: every setting at the first, the main ones at the second.")
-@click.option("--page-size", default=DEFAULTS["page_size"], show_default=True, type=click.IntRange(min=1),
+@click.option("--page-size", default=DEFAULT.page_size, show_default=True, type=click.IntRange(min=1),
               help="Tokens per page (with --budgets).")
 @click.option("--decode-tokens", default=512, show_default=True, type=click.IntRange(min=0),
               help="Last N tokens of the context decoded step by step and scored; 0 skips perplexity.")
 @click.option("--passkey-trials", default=5, show_default=True, type=click.IntRange(min=0),
               help="Passkey prompts (needle depths spread over the context); 0 skips the test.")
-@click.option("--dense-layers", default=DEFAULTS["dense_layers"], show_default=True, type=click.IntRange(min=0),
+@click.option("--dense-layers", default=DEFAULT.dense_layers, show_default=True, type=click.IntRange(min=0),
               help="Leading layers that decode densely (Quest keeps 2; with --budgets).")
-@click.option("--recent", default=DEFAULTS["recent"], type=click.IntRange(min=0),
+@click.option("--recent", default=DEFAULT.recent, type=click.IntRange(min=0),
               help="Newest tokens always read, within the budget (with --budgets; default: a quarter of it).")
-@click.option("--group-score", type=click.Choice(["max", "sum"]), default=DEFAULTS["group_score"], show_default=True,
+@click.option("--group-score", type=click.Choice(GROUP_SCORES), default=DEFAULT.group_score, show_default=True,
               help="How a KV group's heads' page bounds combine (with --budgets).")
-@click.option("--per-head/--shared", default=not DEFAULTS["share_selection"], show_default=True,
+@click.option("--per-head/--shared", default=not DEFAULT.share_selection, show_default=True,
               help="Each query head chooses its pages, or one choice per KV group (with --budgets).")
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="torch threads (default: torch's).")
 @click.option("--json", "json_out", default=None, help="Write rows, passkey trials and meta to a .json file.")
@@ -107,9 +108,9 @@ def evaluate_sparse(model_name, corpus, text_file, context, budgets, compare, pa
     require_finite(rows, "the eval results")  # NaN/inf: an error naming where, nothing written
     _print(rows, f"{lm.name}: sparse decoding vs dense, {meta['text']}, context {ids.shape[1]}, "
                  f"{decode_tokens} decoded tokens, page {page_size}")
-    _write(json_path, csv_path, meta, rows, passkeys, console)
+    _write(json_path, csv_path, meta, rows, passkeys, console, force)
     if pic_dir is not None:
-        _pictures(pic_dir, last, draw_layer, head, console)
+        _pictures(pic_dir, last, draw_layer, head, console, force)
 
 
 def _plan(budgets, compare, context, page_size, decode_tokens, passkey_trials, dense_layers, recent, group_score,
@@ -139,14 +140,14 @@ def _check_plan(plan: _Plan) -> None:
 
 
 def _picture_folder(pictures: str | None, force: bool) -> Path | None:
-    """The --pictures folder; one that already holds pictures only with --force."""
+    """The --pictures folder (`gatherlens.outputs.output_dir`'s rule: missing or empty unless --force), checked
+    before the model loads."""
     if pictures is None:
         return None
-    folder = Path(pictures)
-    if folder.exists() and any(folder.glob("pages_*")) and not force:
-        raise click.BadParameter(f"{pictures!r} already holds pictures; pass --force to overwrite them",
-                                 param_hint="--pictures")
-    return writable_dir(folder, "--pictures")  # before the model loads
+    try:
+        return output_dir(pictures, "--pictures", force=force)
+    except GatherValueError as e:
+        raise click.BadParameter(str(e).removeprefix("--pictures "), param_hint="--pictures") from None
 
 
 def _load(model_name: str, corpus: str, text_file: str | None, context: int, threads: int | None):
@@ -224,19 +225,25 @@ def _print(rows: list[dict], title: str) -> None:
                         "passkey"), cells)
 
 
-def _write(json_path, csv_path, meta: dict, rows: list[dict], passkeys, console) -> None:
+def _write(json_path, csv_path, meta: dict, rows: list[dict], passkeys, console, force: bool) -> None:
+    """--json and --csv, written by the output rule: without --force a file made since the start is refused."""
     from gatherlens.eval.io import write_table
     from gatherlens.eval.passkey import TABLE_COLUMNS
 
-    if json_path is not None:
-        write_table(json_path, rows, TABLE_COLUMNS, meta, passkey=[p.as_dict() for p in passkeys])
-        console.print(f"wrote {json_path}")
-    if csv_path is not None:
-        write_table(csv_path, rows, TABLE_COLUMNS, meta)
-        console.print(f"wrote {csv_path}")
+    try:
+        if json_path is not None:
+            write_table(json_path, rows, TABLE_COLUMNS, meta, force=force, what="--json",
+                        passkey=[p.as_dict() for p in passkeys])
+            console.print(f"wrote {json_path}")
+        if csv_path is not None:
+            write_table(csv_path, rows, TABLE_COLUMNS, meta, force=force, what="--csv")
+            console.print(f"wrote {csv_path}")
+    except GatherValueError as err:
+        raise click.ClickException(str(err)) from None
 
 
-def _pictures(folder: Path, selections: dict, layer: int, head: int, console) -> None:
+def _pictures(folder: Path, selections: dict, layer: int, head: int, console, force: bool) -> None:
+    """An SVG and an HTML page per setting; without --force a file made since the start is refused, not replaced."""
     from gatherlens.errors import GatherLensError
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -247,10 +254,14 @@ def _pictures(folder: Path, selections: dict, layer: int, head: int, console) ->
         head %= H
         try:
             record = sel.to_record(batch=0, head=head)
-            slug = re.sub(r"[^A-Za-z0-9]+", "_", setting.replace("=", "")).strip("_")  # "budget512_dense_layers2"
-            stem = folder / f"pages_layer{layer}_head{head}_{slug}"
-            stem.with_suffix(".svg").write_text(record.to_svg())
-            stem.with_suffix(".html").write_text(record.to_html())
+            drawn = {".svg": record.to_svg(), ".html": record.to_html()}
         except GatherLensError as err:
             raise click.ClickException(f"drawing the pages of {setting}: {err}") from None
+        slug = re.sub(r"[^A-Za-z0-9]+", "_", setting.replace("=", "")).strip("_")  # "budget512_dense_layers2"
+        stem = folder / f"pages_layer{layer}_head{head}_{slug}"
+        try:
+            for suffix, content in drawn.items():
+                write_output(stem.with_suffix(suffix), content, "--pictures", force=force)
+        except GatherValueError as err:
+            raise click.ClickException(str(err)) from None
         console.print(f"wrote {stem}.svg / .html")

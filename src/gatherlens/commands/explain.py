@@ -4,6 +4,7 @@
     gatherlens explain "The capital of France is" --top-k 2 --layer 3 --head 4
     gatherlens explain "你好，世界" --model minilm --lang zh --out report-zh
     gatherlens explain "..." --model ./my-hf-model --out report --force
+    gatherlens explain --quantized                       # SmolLM2 run from its GGUF blocks
 
 Runs the model once under `gatherlens.trace()` with top-k attention on, prints a summary to the
 terminal (gatherlens.render.summary: tokens and ids, the embedding gather, one query's top-k
@@ -11,6 +12,8 @@ keys, the next-token prediction, the table of every gather) and writes a self-co
 figure to --out (default ./gatherlens-report). The page is explorable offline: pick any layer, head
 and query and move k (`gatherlens serve` is the same page, live). A folder that already holds files is refused
 unless --force; --force replaces only the report's own files (index.html, story.json, NN-*.svg).
+--quantized runs a GGUF model from its blocks (float32 stays the default); the report then draws the
+embedding gather from the quantized table.
 """
 from __future__ import annotations
 
@@ -21,14 +24,17 @@ import time
 
 import click
 
+from gatherlens.commands.params import load_kwargs, quantized_option
 from gatherlens.i18n import LANGS
 from gatherlens.report.defaults import DEFAULT_TEXT
 
 
-def _command_line(text, model, top_k, layer, head, query, lang, out) -> str:
+def _command_line(text, model, quantized, top_k, layer, head, query, lang, out) -> str:
     parts = ["gatherlens", "explain", text]
     if model != "smollm2":
         parts += ["--model", model]
+    if quantized:
+        parts += ["--quantized"]
     parts += ["--top-k", str(top_k)]
     if layer is not None:
         parts += ["--layer", str(layer)]
@@ -47,6 +53,7 @@ def _command_line(text, model, top_k, layer, head, query, lang, out) -> str:
 @click.option("--model", "model", default="smollm2", show_default=True,
               help="smollm2 (SmolLM2-135M, causal LM), minilm (all-MiniLM-L6-v2, BERT encoder), or "
                    "a path to a local Hugging Face model folder or .gguf file.")
+@quantized_option
 @click.option("--top-k", "top_k", type=click.IntRange(min=1), default=4, show_default=True,
               help="Keys each query gathers in every attention layer.")
 @click.option("--layer", type=int, default=None,
@@ -62,7 +69,7 @@ def _command_line(text, model, top_k, layer, head, query, lang, out) -> str:
               show_default=True, help="Folder for index.html, story.json and the SVG figures.")
 @click.option("--force", is_flag=True,
               help="Write into a folder that already holds files (replaces only report files).")
-def explain(text, model, top_k, layer, head, query, lang, out, force):
+def explain(text, model, quantized, top_k, layer, head, query, lang, out, force):
     """Explain every gather a real model runs on TEXT.
 
     TEXT defaults to "The cat sat on the mat because it was". Writes --out/index.html (one
@@ -74,10 +81,11 @@ def explain(text, model, top_k, layer, head, query, lang, out, force):
     from rich.console import Console
 
     from gatherlens.errors import GatherLensError
-    from gatherlens.render.summary import print_summary
     from gatherlens.models.integrity import require_finite
     from gatherlens.outputs import writable_dir
+    from gatherlens.render.summary import print_summary
     from gatherlens.report.build import check_out_dir, story_data, write_report
+    from gatherlens.report.records import explain_summary
 
     err = Console(stderr=True, log_path=False)
     if not text.strip():
@@ -85,6 +93,7 @@ def explain(text, model, top_k, layer, head, query, lang, out, force):
                                  param_hint="TEXT")
     try:
         check_out_dir(out, force)  # fail before the model loads, not after
+        load_kw = load_kwargs(model, quantized)
         writable_dir(out, "--out")
     except GatherLensError as e:
         raise click.ClickException(str(e)) from None
@@ -97,21 +106,22 @@ def explain(text, model, top_k, layer, head, query, lang, out, force):
             from gatherlens.models import load
             from gatherlens.report.collect import collect
 
-            say(f"loading {model} (the first SmolLM2 load converts its GGUF file once)")
-            lm = load(model, progress=say)
+            say(f"loading {model} from its GGUF blocks" if quantized else
+                f"loading {model} (the first SmolLM2 load converts its GGUF file once)")
+            lm = load(model, progress=say, **load_kw)
             err.log(f"loaded {lm.name} in {lm.seconds:.1f} s"
                     + (" (from the converted copy in the cache)" if lm.from_cache else ""))
             story = collect(lm, text, top_k=top_k, layer=layer, head=head, query=query, say=say)
             require_finite(story_data(story), "the report's numbers (story.json)")
             say("drawing the figures and writing the report")
-            command = _command_line(text, model, top_k, layer, head, query, lang, out)
+            command = _command_line(text, model, quantized, top_k, layer, head, query, lang, out)
             paths = write_report(story, out, lang=lang, force=force, command=command)
     except GatherLensError as e:
         raise click.ClickException(str(e)) from None
     console = Console()
     if not console.is_terminal:
         console.width = max(console.width, 110)
-    print_summary(story, paths, console, lang)
+    print_summary(explain_summary(story), paths, console, lang)
     err.log(f"done in {time.perf_counter() - t0:.1f} s")
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from gatherlens.commands.params import output_file
 from gatherlens.i18n import LANGS
 
 FORMATS = (".svg", ".html", ".htm", ".png")
@@ -156,27 +157,14 @@ def gather(op, shape, values, dim, index, ids, vocab, labels, mistakes, lang, ou
     """Draw a toy gather: source grid, index grid, output grid, coloured by where each
     output element came from."""
     from gatherlens.errors import GatherLensError
-    from gatherlens.outputs import writable_file
+    from gatherlens.outputs import write_output
     from gatherlens.render.layout import Limits
 
-    if out is not None:
-        ext = out.suffix.lower()
-        if ext not in FORMATS:
-            raise click.BadParameter(f"{out} has extension {ext or '(none)'!r}; use one of "
-                                     f"{', '.join(FORMATS)}", param_hint="-o/--out")
-        if out.exists() and not force:
-            raise click.ClickException(f"refusing to overwrite existing file {out}; pass "
-                                       f"--force to replace it")
-        if not out.parent.exists():
-            raise click.ClickException(f"directory {out.parent} does not exist")
-        try:  # before drawing: a read-only folder is one clear line
-            writable_file(out, "-o/--out")
-        except GatherLensError as e:
-            raise click.ClickException(str(e)) from None
+    out = output_file(out, force, FORMATS, "-o/--out")  # the output rule, before drawing
     limits = Limits(rows=max_rows, cols=max_cols)
     try:
         if mistakes:
-            _write_mistakes(out, lang)
+            _print_or_write_mistakes(out, lang, force)
             return
         rec = _build(op, shape, values, dim, index, ids, vocab, labels, lang)
         if out is None:
@@ -184,17 +172,29 @@ def gather(op, shape, values, dim, index, ids, vocab, labels, mistakes, lang, ou
             return
         ext = out.suffix.lower()
         if ext == ".svg":
-            out.write_text(rec.to_svg(lang=lang, limits=limits), encoding="utf-8")
+            picture = rec.to_svg(lang=lang, limits=limits)
         elif ext in (".html", ".htm"):
-            out.write_text(rec.to_html(lang=lang, limits=limits), encoding="utf-8")
+            picture = rec.to_html(lang=lang, limits=limits)
         else:
-            rec.to_png(out, lang=lang, limits=limits)
+            picture = _png_bytes(lambda path: rec.to_png(path, lang=lang, limits=limits))
+        write_output(out, picture, "-o/--out", force=force)  # a file made meanwhile is refused without --force
     except GatherLensError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"wrote {out}", err=True)
 
 
-def _write_mistakes(out: Path | None, lang: str) -> None:
+def _png_bytes(draw_png) -> bytes:
+    """The PNG that `draw_png(path)` writes, as bytes: the renderer writes to a path, the output rule the file."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="gatherlens-png-") as tmp:
+        path = Path(tmp) / "picture.png"
+        draw_png(path)
+        return path.read_bytes()
+
+
+def _print_or_write_mistakes(out: Path | None, lang: str, force: bool) -> None:
+    from gatherlens.outputs import write_output
     from gatherlens.render import mistakes
 
     if out is None:
@@ -202,9 +202,10 @@ def _write_mistakes(out: Path | None, lang: str) -> None:
         return
     ext = out.suffix.lower()
     if ext == ".svg":
-        out.write_text(mistakes.mistakes_svg(lang), encoding="utf-8")
+        picture = mistakes.mistakes_svg(lang)
     elif ext in (".html", ".htm"):
-        out.write_text(mistakes.mistakes_html(lang), encoding="utf-8")
+        picture = mistakes.mistakes_html(lang)
     else:
-        mistakes.mistakes_png(out, lang)
+        picture = _png_bytes(lambda path: mistakes.mistakes_png(path, lang))
+    write_output(out, picture, "-o/--out", force=force)
     click.echo(f"wrote {out}", err=True)

@@ -3,6 +3,7 @@
     gatherlens generate "It is a truth universally acknowledged" --max-new-tokens 40
     gatherlens generate --file chapter.txt --budget 512 --pages pages.svg
     gatherlens generate "Once upon a time" --dense
+    gatherlens generate "Once upon a time" --quantized     # SmolLM2 run from its GGUF blocks
 
 The continuation streams as it is generated, with tokens/s and the context length; Ctrl-C stops
 cleanly and prints what was generated so far. A text longer than the model's positions keeps
@@ -18,8 +19,9 @@ from pathlib import Path
 
 import click
 
-from gatherlens.commands.params import output_file
+from gatherlens.commands.params import load_kwargs, output_file, quantized_option
 from gatherlens.i18n import LANGS
+from gatherlens.ops.sparse.config import DEFAULT
 
 
 def _prompt_text(prompt: str | None, file: str | None) -> str:
@@ -39,15 +41,16 @@ def _prompt_text(prompt: str | None, file: str | None) -> str:
 @click.option("--file", "file", type=click.Path(dir_okay=False), default=None, help="Read the prompt from a UTF-8 text file.")
 @click.option("--model", "model_name", default="smollm2", show_default=True,
               help='"smollm2" or a local Llama-family folder / .gguf file.')
+@quantized_option
 @click.option("--budget", type=click.IntRange(min=1), default=None,
-              help="Tokens each decode step reads per KV head (default: use_sparse_decoding's).")
+              help=f"Tokens each decode step reads per KV head (default: {DEFAULT.budget}).")
 @click.option("--dense", is_flag=True, help="Decode densely (transformers' default path) instead.")
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=1), help="Tokens to generate.")
 @click.option("--pages", "pages", default=None, help="Write the pages x steps picture to FILE.svg or FILE.html.")
 @click.option("--lang", type=click.Choice(LANGS), default="en", show_default=True, help="Language of the picture.")
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="torch threads (default: torch's).")
 @click.option("--force", is_flag=True, help="Overwrite the --pages file if it exists.")
-def generate(prompt, file, model_name, budget, dense, max_new_tokens, pages, lang, threads, force):
+def generate(prompt, file, model_name, quantized, budget, dense, max_new_tokens, pages, lang, threads, force):
     """Continue PROMPT with sparse decoding, streaming tokens/s and the context length."""
     from rich.console import Console
 
@@ -57,37 +60,41 @@ def generate(prompt, file, model_name, budget, dense, max_new_tokens, pages, lan
         raise click.UsageError("--budget and --dense exclude each other")
     pages_path = output_file(pages, force, (".svg", ".html"), "--pages")
     text = _prompt_text(prompt, file)
+    load_kw = load_kwargs(model_name, quantized)  # before the model loads
     err = Console(stderr=True)
     try:
-        result = _run(text, model_name, budget, dense, max_new_tokens, pages_path is not None, threads)
+        result = _run(text, (model_name, load_kw), budget, dense, max_new_tokens, pages_path is not None, threads)
     except GatherLensError as e:
         raise click.ClickException(str(e)) from None
     _summary(result, err)
     if pages_path is not None:
-        _write_pages(result, pages_path, lang, err)
+        try:  # checked again as it is written: a file made meanwhile is kept unless --force
+            _write_pages(result, pages_path, lang, force, err)
+        except GatherLensError as e:
+            raise click.ClickException(str(e)) from None
 
 
-def _run(text: str, model_name: str, budget, dense: bool, max_new_tokens: int, pages: bool, threads):
-    """Load, fit the prompt to the model's positions, stream the continuation under a live status line."""
+def _run(text: str, model: tuple[str, dict], budget, dense: bool, max_new_tokens: int, pages: bool, threads):
+    """Load (model: the name and load()'s keywords), fit the prompt to the model's positions, stream
+    the continuation under a live status line."""
     import torch
     from rich.live import Live
 
     from gatherlens.errors import GatherLensWarning
     from gatherlens.models import load
-    from gatherlens.models.sparse import DEFAULTS
+    from gatherlens.models.generation import require_causal
     from gatherlens.models.streaming import fit_prompt, stream_generate
 
     if threads:
         torch.set_num_threads(threads)
-    lm = load(model_name, progress=True)
-    if not lm.is_causal:
-        raise click.ClickException(f"{lm.name} is an encoder; it does not generate (use a causal LM such as smollm2)")
+    lm = load(model[0], progress=True, **model[1])
+    require_causal(lm)
     ids, dropped = fit_prompt(lm, lm.encode(text, truncation=False), max_new_tokens)
     if dropped:
         warnings.warn(f"the prompt has {ids.shape[1] + dropped} tokens; kept its last {ids.shape[1]} (dropped "
                       f"{dropped} from the start) so that it and {max_new_tokens} new tokens fit the model's "
                       f"{lm.config.max_position_embeddings} positions", GatherLensWarning, stacklevel=1)
-    budget = None if dense else (budget or DEFAULTS["budget"])
+    budget = None if dense else (budget or DEFAULT.budget)  # the one SparseConfig's default
     if not sys.stdout.isatty():  # a pipe or a test: the plain continuation on stdout, stats at the end
         return stream_generate(lm, ids, budget, max_new_tokens, pages=pages, on_token=_write)
     view = _LiveView(budget)
@@ -129,12 +136,13 @@ def _summary(result, err) -> None:
               f"(prompt {result.prompt_tokens}, prefill {result.prefill_seconds:.2f} s)")
 
 
-def _write_pages(result, path: Path, lang: str, err) -> None:
+def _write_pages(result, path: Path, lang: str, force: bool, err) -> None:
+    from gatherlens.outputs import write_output
     from gatherlens.render.page_trace import page_trace_html, page_trace_svg
 
     if result.trace is None:
         err.print("no picture: fewer than two tokens were generated, so no decode step read any page")
         return
     draw = page_trace_html if path.suffix.lower() == ".html" else page_trace_svg
-    path.write_text(draw(result.trace, lang=lang), encoding="utf-8")
+    write_output(path, draw(result.trace, lang=lang), "--pages", force=force)
     err.print(f"wrote {path}")

@@ -1,5 +1,6 @@
 """What the evaluation commands share: lists of positive ints, output files never overwritten
-without --force, the --model/--corpus/--text options, a progress bar and the results table.
+without --force, the --model/--corpus/--text options, --quantized and its check, a progress bar
+and the results table.
 
     >>> positive_ints("8,32,8", "-k/--top-k", "k")
     [8, 32]
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import click
 
+from gatherlens import outputs
 from gatherlens.errors import GatherValueError
-from gatherlens.outputs import writable_file
 
 
 def positive_ints(value: str, hint: str, what: str) -> list[int]:
@@ -29,20 +30,13 @@ def positive_ints(value: str, hint: str, what: str) -> list[int]:
 
 
 def output_file(path: str | None, force: bool, suffixes: tuple[str, ...], hint: str) -> Path | None:
-    """A file to write: the right extension, an existing folder, and no overwrite without --force."""
+    """A file to write (`gatherlens.outputs.output_file`'s rule), as a click error naming `hint`."""
     if path is None:
         return None
-    p = Path(path)
-    if p.suffix.lower() not in suffixes:
-        raise click.BadParameter(f"{path!r} must end in {' or '.join(suffixes)}", param_hint=hint)
-    if p.exists() and not force:
-        raise click.BadParameter(f"{path!r} exists; pass --force to overwrite it", param_hint=hint)
-    if not p.parent.exists():
-        raise click.BadParameter(f"folder {str(p.parent)!r} does not exist", param_hint=hint)
-    try:  # can it be written (read-only disk, a folder without write permission)?
-        return writable_file(p, hint)
+    try:
+        return outputs.output_file(path, hint, force=force, suffixes=suffixes)
     except GatherValueError as e:
-        raise click.BadParameter(str(e), param_hint=hint) from None
+        raise click.BadParameter(str(e).removeprefix(f"{hint} "), param_hint=hint) from None
 
 
 def text_source_options(model_help: str):
@@ -60,6 +54,31 @@ def text_source_options(model_help: str):
         return command
 
     return apply
+
+
+def quantized_option(command):
+    """--quantized: run a GGUF model from its blocks (`load(name, quantized=True)`); float32 stays the default."""
+    return click.option("--quantized", is_flag=True,
+                        help="Run a GGUF model (smollm2 or a .gguf file) from its quantized blocks instead of "
+                             "the float32 copy (default: float32).")(command)
+
+
+def load_kwargs(model: str, quantized: bool) -> dict:
+    """What `gatherlens.models.load` gets for --quantized: {} without it; with it {"quantized": True}
+    for a GGUF source, and a one-line error naming the option and the model for any other."""
+    if not quantized:
+        return {}
+    from gatherlens.models.registry import resolve
+
+    try:
+        source = resolve(model)
+    except GatherValueError as e:
+        raise click.ClickException(str(e)) from None
+    if source.kind != "gguf":
+        raise click.BadParameter(f"runs a model from its GGUF blocks, but model {model!r} is a Hugging Face "
+                                 f"folder ({source.path}), not a .gguf file; leave --quantized out for it",
+                                 param_hint="--quantized")
+    return {"quantized": True}
 
 
 @contextlib.contextmanager

@@ -4,10 +4,11 @@
     gatherlens serve --model minilm --port 9000
     gatherlens serve --model ./my-hf-model            # a local folder (offered beside the others)
 
-Loads the model once and keeps it warm; the page updates as you type, switches model and
-top-k, and generates with sparse decoding, showing which pages each step read. Binds
-127.0.0.1 by default: any other host exposes the model (and your machine's CPU) to the network,
-which is said once on start. Ctrl-C stops it.
+Checks the settings, the port and the model before the server starts (each failure is one
+`Error:` line; a busy port before the model loads), then keeps the model warm; the page updates
+as you type, switches model and top-k, and generates with sparse decoding, showing which pages
+each step read. Binds 127.0.0.1 by default: any other host exposes the model (and your
+machine's CPU) to the network, which is said once on start. Ctrl-C stops it.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def serve(model, host, port, lang, max_new):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import uvicorn
 
-    from gatherlens.serve import ServeSettings, create_app
+    from gatherlens.serve import ServeSettings, create_app, http_protocol, prepared
 
     if host not in LOOPBACK:
         click.echo(f"warning: listening on {host}: anyone who can reach this address can run the "
@@ -45,9 +46,12 @@ def serve(model, host, port, lang, max_new):
                    f"it local.", err=True)
     settings = ServeSettings(model=model, host=host, port=port, lang=lang, max_new_tokens=max_new,
                              default_new_tokens=min(24, max_new))
-    click.echo(f"loading {model} and serving http://{_url_host(host)}:{port}/  (Ctrl-C stops)",
-               err=True)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+    url = f"http://{_url_host(host)}:{port}/"
+    click.echo(f"loading {model} and serving {url}  (Ctrl-C stops)", err=True)
+    with prepared(settings) as loader:   # settings, port and model checked here: errors are one line
+        app = create_app(settings, loader=loader)
+    click.echo(f"serving {url}", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning", http=http_protocol(settings))
 
 
 def _url_host(host: str) -> str:

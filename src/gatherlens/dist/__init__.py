@@ -9,14 +9,22 @@ with `run_ranks(fn, N)` (what the tests use: a hard deadline, so a failing rank 
 The collectives are torch.distributed's own (DTensor for the embedding, all_gather for decode);
 `count_traffic()` records what each rank sends.
 """
-from gatherlens.trace.sharded import ShardedPageSelection, shard_rows
+from __future__ import annotations
 
-from .comm import Traffic, count_traffic
-from .decode import sparse_decode_sharded
-from .embedding import check_targets, parallelize_embedding, vocab_parallel_cross_entropy
-from .launch import DistTimeout, run_ranks
-from .layout import SequenceLayout, split_sequence
-from .simulate import gather_selection, shard_cache, simulate_sharded_decode
+import importlib
+
+# public name -> module that defines it, imported on first use (PEP 562): `gatherlens --help`
+# reads the light demo_config (the demo's options) without torch
+_EXPORTS = {
+    "ShardedPageSelection": "gatherlens.trace.sharded", "shard_rows": "gatherlens.trace.sharded",
+    "Traffic": ".comm", "count_traffic": ".comm",
+    "sparse_decode_sharded": ".decode",
+    "check_targets": ".embedding", "parallelize_embedding": ".embedding",
+    "vocab_parallel_cross_entropy": ".embedding",
+    "DistTimeout": ".launch", "run_ranks": ".launch",
+    "SequenceLayout": ".layout", "split_sequence": ".layout",
+    "gather_selection": ".simulate", "shard_cache": ".simulate", "simulate_sharded_decode": ".simulate",
+}
 
 __all__ = [
     "parallelize_embedding", "vocab_parallel_cross_entropy", "check_targets", "shard_rows",
@@ -24,3 +32,12 @@ __all__ = [
     "shard_cache", "SequenceLayout", "split_sequence", "count_traffic", "Traffic", "run_ranks",
     "DistTimeout",
 ]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gatherlens.dist' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

@@ -9,50 +9,65 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
+
+from gatherlens.dist.demo_config import DemoConfig, demo_options
 
 
-def _parser() -> argparse.ArgumentParser:
+def _at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {low}")
+        return value
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The demo's options, read from DemoConfig's fields (gatherlens.dist.demo_config)."""
     p = argparse.ArgumentParser(prog="torchrun --nproc-per-node N -m gatherlens.dist",
                                 description="Gathers across processes: a vocabulary-parallel embedding "
                                             "and sparse decode over a sequence-sharded KV cache.")
     p.add_argument("command", choices=["demo"])
-    p.add_argument("--vocab", type=int, default=50257, help="embedding rows (default 50257)")
-    p.add_argument("--context", type=int, default=4133, help="tokens in the KV cache (default 4133)")
-    p.add_argument("--budget", type=int, default=512, help="tokens each decode step reads (default 512)")
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu: gloo; cuda: nccl")
-    p.add_argument("--out", type=Path, help="write this run's pictures (SVG) into this folder (rank 0)")
-    p.add_argument("--force", action="store_true", help="replace pictures already in --out")
+    for o in demo_options():
+        shown = "" if o.default in (None, False) else f" (default {o.default})"
+        if o.kind is bool:
+            kw = dict(action="store_true")
+        elif o.choices:
+            kw = dict(choices=o.choices, default=o.default)
+        else:
+            kw = dict(type=_at_least(o.low) if o.low is not None else o.kind, default=o.default)
+        p.add_argument(o.flag, dest=o.name, help=o.help + shown, **kw)
     return p
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         print("start it with torchrun: torchrun --nproc-per-node 2 -m gatherlens.dist demo", file=sys.stderr)
         return 2
-    if args.out is not None:  # every rank checks, before any process group starts
+    cfg = DemoConfig.from_options(vars(args))
+    if cfg.out is not None:  # every rank checks, before any process group starts
         from gatherlens.errors import GatherLensError
-        from gatherlens.outputs import pictures_dir
+        from gatherlens.outputs import output_dir
 
         try:
-            pictures_dir(args.out, "--out", args.force)
+            output_dir(cfg.out, "--out", force=cfg.force)
         except GatherLensError as err:
             print(f"Error: {err}", file=sys.stderr)
             return 2
     import torch
     import torch.distributed as dist
 
-    from gatherlens.dist.demo import DemoConfig, run_demo
+    from gatherlens.dist.demo import run_demo
     from gatherlens.errors import GatherLensError
 
-    if args.device == "cuda":
+    if cfg.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+    dist.init_process_group("nccl" if cfg.device == "cuda" else "gloo")
     try:
-        cfg = DemoConfig(vocab=args.vocab, context=args.context, budget=args.budget,
-                         page_size=args.page_size, out=args.out, device=args.device)
         report = run_demo(cfg)
     except GatherLensError as e:
         print(f"rank {dist.get_rank()}: {type(e).__name__}: {e}", file=sys.stderr)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from gatherlens.errors import GatherLensError, GatherTypeError, GatherValueError
 from gatherlens.ops.sparse import PagedKVCache, pages_for_budget, select_pages
-from gatherlens.ops.sparse.page_choice import GROUP_SCORES, check_budget
+from gatherlens.ops.sparse.config import GROUP_SCORES, OP, check_budget, check_choice
 from gatherlens.ops.sparse.torch_decode import attend_gathered
 from gatherlens.trace.sharded import ShardedPageSelection
 
@@ -49,9 +49,9 @@ def _check_local(query, cache, budget, share_selection, group_score, scale) -> N
             f"D = {cache.head_dim} and Hq a multiple of kv_heads = {cache.kv_heads}")
     if query.device != cache.device:
         raise GatherValueError(f"query is on {query.device} but the local cache is on {cache.device}")
-    if not isinstance(share_selection, bool) or group_score not in GROUP_SCORES:
-        raise GatherValueError(f"share_selection = {share_selection!r} must be a bool and group_score = "
-                               f"{group_score!r} one of {GROUP_SCORES}")
+    if not isinstance(share_selection, bool):
+        raise GatherTypeError(f"share_selection must be a bool, got {share_selection!r}")
+    check_choice(OP.recent, OP.choose, group_score)  # the one rule of the choice settings
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
                               or not math.isfinite(scale) or scale <= 0):
         raise GatherValueError(f"scale must be a finite number > 0 (default 1/sqrt(D)), got {scale!r}")
@@ -168,10 +168,10 @@ def _exchange_partials(out: torch.Tensor, lse: torch.Tensor, group):
     return merge_partials(every[..., :D], every[..., D])  # (B, Hq, 1, D), (B, Hq, 1)
 
 
-def sparse_decode_sharded(query: torch.Tensor, local_cache: PagedKVCache, budget: int = 2048, *,
+def sparse_decode_sharded(query: torch.Tensor, local_cache: PagedKVCache, budget: int = OP.budget, *,
                           group=None, return_lse: bool = False, return_selection: bool = False,
-                          share_selection: bool = True, scale: float | None = None,
-                          group_score: str = "max"):
+                          share_selection: bool = OP.share_selection, scale: float | None = None,
+                          group_score: str = OP.group_score):
     r"""``sparse_decode`` over a KV cache split by sequence across the ranks of ``group``.
 
     Every rank gets what ``sparse_decode(query, whole_cache, budget)`` gives on one process: the

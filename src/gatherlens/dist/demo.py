@@ -11,17 +11,18 @@ looked up or read, what it sent, and whether the result equals one process.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from gatherlens.ops.sparse import PagedKVCache, sparse_decode
+from gatherlens.outputs import write_output
 from gatherlens.trace.sharded import record_vocab_shard, record_vocab_sum
 
 from .comm import count_traffic
 from .decode import sparse_decode_sharded
+from .demo_config import DemoConfig
 from .embedding import parallelize_embedding
 from .layout import split_sequence
 from .simulate import gather_selection, shard_cache
@@ -29,20 +30,6 @@ from .simulate import gather_selection, shard_cache
 __all__ = ["DemoConfig", "DemoReport", "run_demo"]
 
 IDS = [[15496, 11, 995, 50256, 0, 25130, 12565, 37694]]  # ids at both ends and at shard edges
-
-
-@dataclass
-class DemoConfig:
-    vocab: int = 50257
-    dim: int = 16
-    context: int = 4133          # tokens in the KV cache (not a whole number of pages: a partial last page)
-    budget: int = 512
-    page_size: int = 16
-    heads: int = 8
-    kv_heads: int = 2
-    head_dim: int = 64
-    out: Path | None = None      # write the pictures of this run here (rank 0)
-    device: str = "cpu"
 
 
 @dataclass
@@ -118,6 +105,6 @@ def _write_pictures(cfg: DemoConfig, shard_records, sel, report: DemoReport) -> 
     files = {f"vocab_shard_rank{r}.svg": rec for r, rec in enumerate(shard_records)}
     files["vocab_sum.svg"] = record_vocab_sum(ids, table, len(shard_records))
     files["sharded_pages.svg"] = sel
-    for name, obj in files.items():
-        (cfg.out / name).write_text(obj.to_svg(), encoding="utf-8")
+    for name, obj in files.items():  # a file that appeared since the check at the start is kept, without --force
+        write_output(cfg.out / name, obj.to_svg(), "--out", force=cfg.force)
     report.lines.append(f"wrote {len(files)} pictures to {cfg.out}")

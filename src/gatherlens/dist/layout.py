@@ -15,12 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gatherlens.errors import GatherValueError
+from gatherlens.ops.sparse.geometry import page_offsets, pages_per_rank, split_sequence
 
 __all__ = ["SequenceLayout", "split_sequence"]
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -52,15 +49,11 @@ class SequenceLayout:
 
     @property
     def pages_per_rank(self) -> tuple[int, ...]:
-        return tuple(_cdiv(n, self.page_size) for n in self.lengths)
+        return tuple(pages_per_rank(self.lengths, self.page_size))
 
     @property
     def page_offsets(self) -> tuple[int, ...]:
-        out, acc = [], 0
-        for n in self.pages_per_rank:
-            out.append(acc)
-            acc += n
-        return tuple(out)
+        return tuple(page_offsets(self.lengths, self.page_size))
 
     @property
     def token_offsets(self) -> tuple[int, ...]:
@@ -80,23 +73,3 @@ class SequenceLayout:
             if off <= page < off + n:
                 return r
         raise GatherValueError(f"page {page} is outside the cache's pages [0, {self.num_pages})")
-
-
-def split_sequence(length: int, world_size: int, page_size: int) -> list[int]:
-    """Tokens per rank for `length` tokens over `world_size` ranks: whole pages, as even as can be.
-
-        >>> split_sequence(20, 4, 16)
-        [16, 4, 0, 0]
-
-    Pages are dealt like torch.chunk deals rows: ceil(pages / W) to each rank in order, the
-    last non-empty rank taking the rest (with the partial last page); trailing ranks may get none.
-    """
-    for name, v, low in (("length", length, 0), ("world_size", world_size, 1), ("page_size", page_size, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise GatherValueError(f"{name} = {v!r} must be an int >= {low}")
-    per = _cdiv(_cdiv(length, page_size), world_size) * page_size  # tokens per full rank
-    out, left = [], length
-    for _ in range(world_size):
-        out.append(min(per, left))
-        left -= out[-1]
-    return out

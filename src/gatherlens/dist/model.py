@@ -14,16 +14,15 @@ runs through `sparse_decode_sharded`: page selection over the whole sequence (bu
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 from transformers.cache_utils import Cache
 
-from gatherlens.errors import GatherValueError
+from gatherlens.errors import GatherTypeError, GatherValueError
 from gatherlens.models.attention import switch_attention
-from gatherlens.models.sparse import PagedLayer
+from gatherlens.models.sparse import CONFIG_ATTR, PagedLayer, SparseConfig, sparse_settings
 from gatherlens.ops.sparse import PagedKVCache
+from gatherlens.ops.sparse.config import OP, SHARDED, check_page_size
 
 from .decode import sparse_decode_sharded
 from .layout import split_sequence
@@ -35,19 +34,13 @@ SHARDED_ATTN_NAME = "gatherlens_sharded"
 LAYER_KWARG = "gatherlens_sharded_layer"
 
 
-@dataclass(frozen=True)
-class ShardedSettings:
-    """budget None: dense decode over the whole sequence; else sparse_decode_sharded's budget."""
-
-    budget: int | None = 1024
-    share_selection: bool = True
-    group_score: str = "max"
+ShardedSettings = SparseConfig  # the old name: sharded decoding takes the one configuration too
 
 
 class ShardedLayer(PagedLayer):
     """One layer's keys and values: this rank's contiguous part of the sequence in a PagedKVCache."""
 
-    def __init__(self, page_size: int = 16, group=None):
+    def __init__(self, page_size: int = OP.page_size, group=None):
         super().__init__(page_size)
         self.group = group
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
@@ -103,9 +96,8 @@ class ShardedLayer(PagedLayer):
 class ShardedKVCache(Cache):
     """A transformers Cache of `ShardedLayer`s, one per decoder layer: this rank's part of each."""
 
-    def __init__(self, config, page_size: int = 16, group=None):
-        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-            raise GatherValueError(f"page_size = {page_size!r} must be an int >= 1 (tokens per page)")
+    def __init__(self, config, page_size: int = OP.page_size, group=None):
+        check_page_size(page_size)
         if not dist.is_initialized():
             raise GatherValueError("ShardedKVCache needs a torch.distributed process group (init_process_group)")
         self.page_size = page_size
@@ -126,11 +118,11 @@ def sharded_attention_forward(module, query, key, value, attention_mask, dropout
         raise GatherValueError("gatherlens_sharded attention needs generate(..., cache=ShardedKVCache(config))")
     if attention_mask is not None and attention_mask.dtype == torch.bool and not bool(attention_mask.all()):
         raise GatherValueError("padded batches are not supported by the sequence-sharded cache")
-    settings: ShardedSettings = module.gatherlens_sharded
-    budget = settings.budget if settings.budget is not None else layer.get_seq_length()  # >= length: dense
+    config = sparse_settings(module)
+    budget = config.budget_for(layer.get_seq_length(), getattr(module, "layer_idx", None))  # the length: dense
     out = sparse_decode_sharded(query, layer.paged, budget, group=layer.group, scale=scaling,
-                                share_selection=settings.share_selection,
-                                group_score=settings.group_score)  # (B, Hq, 1, D)
+                                share_selection=config.share_selection,
+                                group_score=config.group_score)  # (B, Hq, 1, D)
     return out.transpose(1, 2).contiguous(), None  # (B, 1, Hq, D)
 
 
@@ -143,8 +135,9 @@ def register_sharded() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(SHARDED_ATTN_NAME, sdpa_mask)
 
 
-def use_sharded_decoding(model, budget: int | None = 1024, *, share_selection: bool = True,
-                         group_score: str = "max"):
+def use_sharded_decoding(model, budget: int | None = SHARDED.budget, *,
+                         share_selection: bool = SHARDED.share_selection, group_score: str = SHARDED.group_score,
+                         config: SparseConfig | None = None):
     """Make `model` decode over a sequence-sharded cache (pass `cache=ShardedKVCache(config)` to generate).
 
         >>> use_sharded_decoding(model, budget=1024)
@@ -152,15 +145,21 @@ def use_sharded_decoding(model, budget: int | None = 1024, *, share_selection: b
 
     Call it on every rank. budget: tokens each decode step reads per KV head over the whole
     sequence (page 0 and the newest page always); None decodes densely. The ranks sharing the
-    sequence are the cache's `group`. Returns the model.
+    sequence are the cache's `group`. config: a SparseConfig instead of the keywords (the
+    SHARDED preset's fields; sharded decoding has no recent window and no oracle). Each
+    attention module gets a reference to the one SparseConfig. Returns the model.
     """
     model = getattr(model, "model", model) if not hasattr(model, "set_attn_implementation") else model
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-        raise GatherValueError(f"budget = {budget!r} must be an int >= 1 (tokens per decode step) or None (dense)")
+    if config is None:
+        config = SHARDED.replace(budget=budget, share_selection=share_selection, group_score=group_score)
+    elif not isinstance(config, SparseConfig):
+        raise GatherTypeError(f"config must be a SparseConfig, got {type(config).__name__}")
+    if config.recent_window() or config.choose != "bound":
+        raise GatherValueError(f"recent = {config.recent_window()} and choose = {config.choose!r}: sharded decoding "
+                               f"reads no recent window and ranks pages by their bound (use recent=0, choose='bound')")
     register_sharded()
     switch_attention(model, SHARDED_ATTN_NAME, remember="gatherlens_sharded_previous", what="sharded decoding")
-    settings = ShardedSettings(budget, share_selection, group_score)
     for m in model.modules():
         if hasattr(m, "layer_idx"):
-            m.gatherlens_sharded = settings
+            setattr(m, CONFIG_ATTR, config)
     return model

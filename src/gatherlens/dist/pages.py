@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from gatherlens.ops.sparse.page_choice import rankable
+
 __all__ = ["rank_pages", "best_set", "local_candidates", "merge_candidates"]
 
 
@@ -59,7 +61,7 @@ def local_candidates(bounds: torch.Tensor, offset: int, n: int, total: int):
     """
     B, H, N_r = bounds.shape
     ids = torch.arange(offset, offset + N_r, device=bounds.device).expand(B, H, N_r)  # (B, H, N_r)
-    ranked = bounds.float().clone()  # (B, H, N_r)
+    ranked = rankable(bounds.float())  # (B, H, N_r) a copy; non-finite bounds below the forced pages
     for forced in (0, total - 1):  # the attention sinks and the newest tokens
         if offset <= forced < offset + N_r:
             ranked[..., forced - offset] = float("inf")

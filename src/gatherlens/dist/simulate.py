@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from gatherlens.ops.sparse import PagedKVCache, pages_for_budget
+from gatherlens.ops.sparse.config import OP
 from gatherlens.trace.sharded import ShardedPageSelection
 
 from .comm import all_gather_stacked
@@ -27,8 +28,8 @@ from .pages import local_candidates, merge_candidates
 __all__ = ["shard_cache", "simulate_sharded_decode", "gather_selection"]
 
 
-def shard_cache(keys: torch.Tensor, values: torch.Tensor, lengths, page_size: int = 16) -> list[PagedKVCache]:
-    """Split (B, Hkv, L, D) keys and values by sequence into one PagedKVCache per rank.
+def shard_cache(keys: torch.Tensor, values: torch.Tensor, lengths, page_size: int = OP.page_size) -> list[PagedKVCache]:
+    """Split (B, Hkv, L, D) keys and values by sequence into one PagedKVCache per rank (pages: the OP preset's).
 
         >>> [c.length for c in shard_cache(k, v, [32, 5], page_size=16)]     # k, v: (B, Hkv, 37, D)
         [32, 5]
@@ -44,10 +45,11 @@ def shard_cache(keys: torch.Tensor, values: torch.Tensor, lengths, page_size: in
     return caches
 
 
-def simulate_sharded_decode(query: torch.Tensor, caches: list[PagedKVCache], budget: int = 2048, *,
-                            share_selection: bool = True, scale: float | None = None,
-                            group_score: str = "max"):
-    """What `sparse_decode_sharded` returns with len(caches) ranks: (out, lse, ShardedPageSelection).
+def simulate_sharded_decode(query: torch.Tensor, caches: list[PagedKVCache], budget: int = OP.budget, *,
+                            share_selection: bool = OP.share_selection, scale: float | None = None,
+                            group_score: str = OP.group_score):
+    """What `sparse_decode_sharded` returns with len(caches) ranks: (out, lse, ShardedPageSelection);
+    its defaults are sparse_decode_sharded's (the OP preset).
 
         >>> out, lse, sel = simulate_sharded_decode(q, shard_cache(k, v, [16, 12, 9], 4), budget=17)
         >>> sel.to_svg()                  # every rank's pages, the chosen ones coloured by their rank

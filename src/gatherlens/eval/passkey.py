@@ -13,6 +13,7 @@ generated ones, all by decode steps, so sparse selection decides what the answer
 """
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from dataclasses import asdict, dataclass
@@ -21,7 +22,9 @@ import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.eval.sparse_quality import SparseQualityReport, SparseSetup, prefill, repage, setups_for_budgets
+from gatherlens.models.generation import greedy_tokens
 from gatherlens.models.sparse import use_dense_decoding, use_sparse_decoding
+from gatherlens.ops.sparse.config import QUEST
 
 __all__ = ["PasskeyResult", "passkey_prompt", "passkey_trials", "greedy_decode", "table_rows", "TABLE_COLUMNS"]
 
@@ -66,27 +69,26 @@ def passkey_prompt(tokenizer, context: int, depth: float, key: str) -> torch.Ten
     return torch.tensor([ids], dtype=torch.long)  # (1, S)
 
 
-@torch.no_grad()
 def greedy_decode(model, cache, first: torch.Tensor, steps: int) -> list[int]:
-    """Feed `first` (1, 1) and then each argmax token, one decode step at a time; the `steps` tokens made."""
-    tok, out = first, []
-    for _ in range(steps):
-        logits = model(input_ids=tok, cache=cache, use_cache=True).logits[:, -1]  # (1, V)
-        tok = logits.argmax(-1, keepdim=True)  # (1, 1)
-        out.append(int(tok))
-    return out
+    """Feed `first` (1, 1) and then each argmax token, one decode step at a time; the `steps` tokens made.
+
+    The one generation loop's core (models.generation.greedy_tokens) from this prefilled cache:
+    exactly `steps` tokens (no stop at end of text), ids only (the caller decodes the answer).
+    """
+    return list(itertools.islice(greedy_tokens(model, cache, first), steps))
 
 
 @torch.no_grad()
 def passkey_trials(model, tokenizer, context: int = 8192, trials: int = 5, budgets=(256, 512, 1024, 2048), *,
-                   page_size: int = 16, share_selection: bool = True, new_tokens: int = 8, seed: int = 0,
-                   dense_layers: int = 0, depths=None, progress=None,
+                   page_size: int = QUEST.page_size, share_selection: bool = QUEST.share_selection,
+                   new_tokens: int = 8, seed: int = 0, dense_layers: int = QUEST.dense_layers, depths=None, progress=None,
                    setups: list[SparseSetup] | None = None) -> list[PasskeyResult]:
     """Run `trials` passkey prompts (depths spread over (0, 1)) for dense and each budget (or setup).
 
     depths: the needle depths to use instead (then `trials` = len(depths)); keys come from `seed`.
     setups: the settings to try (see SparseSetup); without them one per budget with page_size,
-    share_selection and dense_layers (leading layers decoded densely; Quest: 2).
+    share_selection and dense_layers (leading layers decoded densely; Quest: 2), their defaults the
+    QUEST preset's (as SparseSetup's).
     progress(advance, description) is called after each (trial, setting). Leaves the model dense.
     """
     if depths is None:

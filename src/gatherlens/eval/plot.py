@@ -1,18 +1,26 @@
 """The plot of a top-k quality report (matplotlib, imported when a plot is asked for).
 
     >>> plot_quality(report, "quality.png")      # perplexity and recall/cosine against k
+    >>> plot_quality(report, "q.png", force=False, what="--plot")   # a command without --force
+
+Written by `gatherlens.outputs.open_output`: with force=False a file that appeared since the
+command checked the path is refused, never overwritten.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from gatherlens.eval.topk_quality import QualityReport
+from gatherlens.outputs import open_output
 
 __all__ = ["plot_quality"]
 
 
-def plot_quality(report: QualityReport, path: str | Path) -> Path:
-    """Perplexity (left) and recall / cosine (right) against k, dense as a dashed line."""
+def plot_quality(report: QualityReport, path: str | Path, *, force: bool = True, what: str = "output file") -> Path:
+    """Perplexity (left) and recall / cosine (right) against k, dense as a dashed line.
+
+    force: replace a file that exists (False: refuse it). what: the option named in errors ("--plot").
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,6 +50,9 @@ def plot_quality(report: QualityReport, path: str | Path) -> Path:
     fig.suptitle(f"top-k vs dense attention: {meta.get('model', meta.get('model_type', ''))}, "
                  f"{meta.get('tokens_total')} tokens, window {meta.get('window')}, stride {meta.get('stride')}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        with open_output(path, what, force=force, binary=True) as fh:
+            fig.savefig(fh, dpi=120, format=path.suffix.lstrip(".").lower() or "png")
+    finally:
+        plt.close(fig)
     return path

@@ -33,9 +33,9 @@ import torch
 from gatherlens.errors import GatherValueError
 from gatherlens.eval.stats import EvalReport, EvalRow, LayerStats, check_ids, perplexity, positive_settings
 from gatherlens.models.sparse import (
-    DEFAULTS, SparseCall, SparseKVCache, observe_sparse, use_dense_decoding, use_sparse_decoding,
+    SparseCall, SparseKVCache, observe_sparse, use_dense_decoding, use_sparse_decoding,
 )
-from gatherlens.models.sparse_defaults import recent_for
+from gatherlens.ops.sparse.config import DEFAULT, QUEST, SparseConfig
 
 __all__ = ["SparseSetup", "SparseQualityRow", "SparseQualityReport", "SparseStats", "evaluate_sparse_quality",
            "prefill", "repage", "decode_teacher_forced", "call_recall_cosine", "setups_for_budgets",
@@ -51,17 +51,18 @@ class SparseSetup:
         >>> SparseSetup(None).name, SparseSetup(256, label="mine").name
         ('dense', 'mine')
 
-    The fields are use_sparse_decoding's (budget None: dense); `label` names the row (default:
-    the budget and every field that differs from Quest's plain setting).
+    The fields are SparseConfig's (budget None: dense), their defaults Quest's plain setting (the
+    QUEST preset); `label` names the row (default: the budget and every field that differs from
+    that plain setting). `config()` is the SparseConfig the row decodes with.
     """
 
     budget: int | None
-    page_size: int = 16
-    dense_layers: int = 0
-    group_score: str = "max"
-    share_selection: bool = True
-    recent: int = 0
-    choose: str = "bound"
+    page_size: int = QUEST.page_size
+    dense_layers: int = QUEST.dense_layers
+    group_score: str = QUEST.group_score
+    share_selection: bool = QUEST.share_selection
+    recent: int | None = QUEST.recent
+    choose: str = QUEST.choose
     label: str | None = None
 
     @property
@@ -79,6 +80,10 @@ class SparseSetup:
         """use_sparse_decoding's keyword arguments besides the budget."""
         return {k: v for k, v in asdict(self).items() if k not in ("budget", "label")}
 
+    def config(self) -> SparseConfig:
+        """The SparseConfig of this row (SparseConfig's own defaults for what a setup does not set)."""
+        return SparseConfig(self.budget, **self.options())
+
 
 def setups_for_budgets(budgets, **common) -> list[SparseSetup]:
     """One setup per budget, named "budget=B", with the same other settings."""
@@ -87,8 +92,9 @@ def setups_for_budgets(budgets, **common) -> list[SparseSetup]:
 
 def default_setup(budget: int, **change) -> SparseSetup:
     """use_sparse_decoding's default settings at this budget (with `change`), labelled "... (default)"."""
-    options = {k: v for k, v in DEFAULTS.items() if k not in ("budget", "dense_share")} | change
-    options["recent"] = recent_for(budget, options["recent"])  # the library's rule
+    config = DEFAULT.replace(budget=budget, **change)
+    options = {k: getattr(config, k) for k in SparseSetup(budget).options()}
+    options["recent"] = config.recent_window()  # the library's rule
     name = SparseSetup(budget, **options).name
     return SparseSetup(budget, label=name if change else f"{name} (default)", **options)
 
@@ -107,7 +113,7 @@ def comparison_setups(budget: int = 512, small: int = 256) -> list[SparseSetup]:
             replace(plain, page_size=32), replace(plain, recent=budget // 4), replace(plain, share_selection=False)]
     for b in (budget, small):
         rows += [SparseSetup(b)] if b == small else []
-        rows += [default_setup(b), default_setup(b, share_selection=not DEFAULTS["share_selection"]),
+        rows += [default_setup(b), default_setup(b, share_selection=not DEFAULT.share_selection),
                  default_setup(b, choose="oracle")]
     seen, out = set(), []
     for r in rows:  # the default may be one of the single changes: measure it once
@@ -132,7 +138,7 @@ class SparseQualityReport(EvalReport):
 
 
 @torch.no_grad()
-def prefill(model, ids: torch.Tensor, page_size: int = 16) -> tuple[SparseKVCache, torch.Tensor]:
+def prefill(model, ids: torch.Tensor, page_size: int = QUEST.page_size) -> tuple[SparseKVCache, torch.Tensor]:
     """Dense forward of ids (1, S) into a fresh SparseKVCache; returns it and the last logits (1, V)."""
     cache = SparseKVCache(config=model.config, page_size=page_size)
     out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
@@ -213,15 +219,17 @@ def _measure_setting(model, cache0, logits0, targets, setup: SparseSetup, dense_
 
 
 @torch.no_grad()
-def evaluate_sparse_quality(model, ids: torch.Tensor, budgets=(256, 512, 1024, 2048), *, page_size: int = 16,
-                            decode_tokens: int = 256, share_selection: bool = True, group_score: str = "max",
-                            dense_layers: int = 0, setups: list[SparseSetup] | None = None,
+def evaluate_sparse_quality(model, ids: torch.Tensor, budgets=(256, 512, 1024, 2048), *, page_size: int = QUEST.page_size,
+                            decode_tokens: int = 256, share_selection: bool = QUEST.share_selection,
+                            group_score: str = QUEST.group_score, dense_layers: int = QUEST.dense_layers,
+                            setups: list[SparseSetup] | None = None,
                             progress: Callable[[int, str], None] | None = None) -> SparseQualityReport:
     """Perplexity, recall and cosine of sparse decoding for each setup against dense (see module doc).
 
     model: a causal LM (Llama family). ids: (1, S) token ids, S > decode_tokens; the last
     `decode_tokens` are scored. setups: the rows to measure; without them, one per budget with
-    page_size, share_selection, group_score and dense_layers (leading layers decoded densely).
+    page_size, share_selection, group_score and dense_layers (leading layers decoded densely; their
+    defaults the QUEST preset's, as SparseSetup's).
     progress(advance, description) is called after each decode step. The model is left dense.
     """
     check_ids(ids, "S")
@@ -240,7 +248,7 @@ def evaluate_sparse_quality(model, ids: torch.Tensor, budgets=(256, 512, 1024, 2
         cache0, logits0 = prefill(model, prefix, page_size)
         dense_nll = None
         for setup in [SparseSetup(None, page_size=page_size, label="dense"), *setups]:
-            use_sparse_decoding(model, setup.budget, **setup.options())
+            use_sparse_decoding(model, config=setup.config())
             row, nll = _measure_setting(model, cache0, logits0, targets, setup, dense_nll, progress)
             rows.append(row)
             dense_nll = nll if dense_nll is None else dense_nll

@@ -7,17 +7,21 @@
 
 transformers is imported when a model is loaded, not when this package is.
 """
-from gatherlens.models.attention import (
-    ATTN_NAME,
-    last_selections,
-    observe_attention,
-    register,
-    topk_attention_enabled,
-    use_dense_attention,
-    use_topk_attention,
-)
-from gatherlens.models.loading import LoadedModel, load
-from gatherlens.models.registry import KNOWN_MODELS, resolve
+from __future__ import annotations
+
+import importlib
+
+# public name -> module that defines it, imported on first use (PEP 562): `gatherlens cache
+# list` and `gatherlens --help` read light submodules (cache, sparse_defaults) without torch
+_EXPORTS = {
+    **dict.fromkeys(("ATTN_NAME", "last_selections", "observe_attention", "register",
+                     "topk_attention_enabled", "use_dense_attention", "use_topk_attention"),
+                    "gatherlens.models.attention"),
+    "LoadedModel": "gatherlens.models.loading",
+    "load": "gatherlens.models.loading",
+    "KNOWN_MODELS": "gatherlens.models.registry",
+    "resolve": "gatherlens.models.registry",
+}
 
 __all__ = [
     "load",
@@ -32,3 +36,12 @@ __all__ = [
     "register",
     "ATTN_NAME",
 ]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gatherlens.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

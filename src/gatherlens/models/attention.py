@@ -27,11 +27,15 @@ from gatherlens.errors import GatherTypeError, GatherValueError
 
 __all__ = [
     "ATTN_NAME", "register", "use_topk_attention", "use_dense_attention", "topk_settings",
-    "AttentionCall", "observe_attention", "last_selections",
+    "AttentionCall", "observe_attention", "last_selections", "switch_attention", "restore_attention",
+    "set_config",
 ]
 
 ATTN_NAME = "gatherlens_topk"
 DEFAULT_TOP_K = 32
+SWITCHES = "gatherlens_switches"   # the model's own attribute: what each switch replaced (see switch_attention)
+_ABSENT = object()
+_DENSE = "dense_attention"          # what use_topk_attention replaced, for use_dense_attention
 _observers: list[Callable[["AttentionCall"], None]] = []
 
 
@@ -148,16 +152,57 @@ def _unwrap(model):
 
 
 def switch_attention(model, name: str, *, remember: str, what: str) -> None:
-    """Set a registered attention implementation, keeping the one it replaces in config.<remember>."""
+    """Set a registered attention implementation, keeping the one it replaces under `remember`.
+
+        >>> switch_attention(model, "gatherlens_topk", remember="dense_attention", what="top-k attention")
+
+    What it replaced is kept on the model itself, never in its config: a config saved after
+    `restore_attention` is the one loaded, with no gatherlens key.
+    """
     previous = model.config._attn_implementation
     if previous != name:
-        setattr(model.config, remember, previous or "sdpa")
+        _switches(model).setdefault(remember, {"attention": None, "config": {}})["attention"] = previous or "sdpa"
     model.set_attn_implementation(name)
     if model.config._attn_implementation != name:
         raise GatherValueError(
             f"{type(model).__name__} cannot switch its attention implementation (it does not use "
             f"transformers' AttentionInterface), so {what} cannot be plugged in"
         )
+
+
+def _switches(model) -> dict:
+    """{remember: {"attention": what it replaced, "config": {key: value before}}}, on the model."""
+    return model.__dict__.setdefault(SWITCHES, {})
+
+
+def set_config(model, remember: str, key: str, value) -> None:
+    """Set `model.config.<key>` while a switch is on; `restore_attention` puts back what was there.
+
+        >>> set_config(model, "dense_attention", "gatherlens_top_k", 8)    # model.config.gatherlens_top_k == 8
+    """
+    saved = _switches(model).setdefault(remember, {"attention": None, "config": {}})["config"]
+    saved.setdefault(key, model.config.__dict__.get(key, _ABSENT))
+    setattr(model.config, key, value)
+
+
+def restore_attention(model, remember: str, attn_implementation: str | None = None,
+                      config_keys: tuple[str, ...] = ()) -> None:
+    """Undo switch_attention(remember=...): the attention it replaced (or `attn_implementation`;
+    SDPA when nothing is remembered), and `config_keys` exactly as they were before it.
+
+        >>> restore_attention(model, "dense_attention", config_keys=("gatherlens_top_k",))
+    """
+    switches = model.__dict__.get(SWITCHES, {})
+    saved = switches.pop(remember, None) or {"attention": None, "config": {}}
+    model.set_attn_implementation(attn_implementation or saved["attention"] or "sdpa")
+    for key in config_keys:
+        before = saved["config"].get(key, _ABSENT)
+        if before is _ABSENT:
+            model.config.__dict__.pop(key, None)
+        else:
+            setattr(model.config, key, before)
+    if not switches:
+        model.__dict__.pop(SWITCHES, None)
 
 
 def use_topk_attention(model, top_k: int = DEFAULT_TOP_K, *, keep_selection: bool = False):
@@ -173,8 +218,8 @@ def use_topk_attention(model, top_k: int = DEFAULT_TOP_K, *, keep_selection: boo
     if top_k < 1:
         raise GatherValueError(f"top_k {top_k} is outside the valid range [1, inf): pick at least one key")
     register()
-    switch_attention(model, ATTN_NAME, remember="gatherlens_dense_attention", what="top-k attention")
-    model.config.gatherlens_top_k = top_k
+    switch_attention(model, ATTN_NAME, remember=_DENSE, what="top-k attention")
+    set_config(model, _DENSE, "gatherlens_top_k", top_k)
     for m in model.modules():
         if hasattr(m, "config") and m is not model:
             m.gatherlens_top_k = top_k
@@ -186,8 +231,7 @@ def use_dense_attention(model, attn_implementation: str | None = None):
     """Switch `model` back to the attention it had before top-k (SDPA by default). Returns it."""
     model = _unwrap(model)
     _check_model(model)
-    target = attn_implementation or getattr(model.config, "gatherlens_dense_attention", None) or "sdpa"
-    model.set_attn_implementation(target)
+    restore_attention(model, _DENSE, attn_implementation, config_keys=("gatherlens_top_k",))
     for m in model.modules():
         for name in ("gatherlens_top_k", "gatherlens_keep_selection", "gatherlens_selection"):
             if name in m.__dict__:

@@ -30,6 +30,7 @@ from typing import Callable
 
 import xxhash
 
+from gatherlens.paths import cache_root
 from gatherlens.models import locks
 
 __all__ = ["cache_root", "models_dir", "file_sha256", "entry_dir", "problem", "is_valid",
@@ -40,15 +41,6 @@ MANIFEST = "gatherlens-manifest.json"
 FORMAT = 2  # 2: xxh3-128 per file and "weights_finite"; 1 (sha256 and mtime) is still read
 _SIDECAR = "hashes.json"
 _CHUNK = 1 << 20
-
-
-def cache_root() -> Path:
-    """$GATHERLENS_CACHE, else $XDG_CACHE_HOME/gatherlens, else ~/.cache/gatherlens (read each call)."""
-    own = os.environ.get("GATHERLENS_CACHE")
-    if own:
-        return Path(own).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gatherlens"
 
 
 def models_dir() -> Path:

@@ -6,8 +6,8 @@
 
 A decode step multiplies one hidden row by the (V, d) output table: for SmolLM2 that is 49,152 x
 576 floats, 113 MB read per token, the largest single matmul of the step. On the CPU,
-`F.linear(x, W)` with one row runs as a matrix-vector product over W's rows at about half the
-memory bandwidth that `x @ Wt` reaches with Wt = W.T stored contiguous (d, V): the same products,
+`F.linear(x, W)` with one row runs as a matrix-vector product over W's rows at a lower memory
+bandwidth than `x @ Wt` reaches with Wt = W.T stored contiguous (d, V): the same products,
 read as rows of Wt, on both threads (`gatherlens bench generate`; docs/bench/notes.md). So while
 sparse decoding is on, the head keeps such a copy (V x d more memory: 113 MB for SmolLM2) and one-row
 steps use it; everything else (prefill, several rows, gradients, another device) runs `F.linear`.

@@ -1,23 +1,31 @@
-"""No numbers from damaged weights: finiteness of a model's weights and of a result's numbers.
+"""No numbers from damaged weights or files: finiteness of weights and results, and the one
+mapping of the libraries' errors on a damaged model file.
 
     >>> nonfinite_weights(model)              # None, or where the first bad weight is
     "tensor 'model.layers.3.mlp.up_proj.weight' holds 12 non-finite values (first at (7, 40): nan)"
     >>> require_finite({"rows": [{"perplexity": float("nan")}]}, "the eval results")
     GatherValueError: the eval results hold a non-finite number at rows[0].perplexity (nan) ...
+    >>> with readable(Path("my-model")):      # a truncated model.safetensors inside
+    ...     AutoModel.from_pretrained("my-model")
+    GatherValueError: model 'my-model' could not be read (damaged or truncated?): model.safetensors: ...
 
 Checking weights costs one sum per tensor (a non-finite element makes the sum non-finite);
 only a tensor whose sum is not finite is looked at element by element.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any
+import pickle
+import struct
+from pathlib import Path
+from typing import Any, Iterator
 
 import torch
 
 from gatherlens.errors import GatherValueError
 
-__all__ = ["nonfinite_weights", "first_nonfinite", "require_finite"]
+__all__ = ["nonfinite_weights", "first_nonfinite", "require_finite", "readable", "damage"]
 
 
 def nonfinite_weights(model: torch.nn.Module) -> str | None:
@@ -81,3 +89,56 @@ def require_finite(data: Any, what: str) -> None:
         raise GatherValueError(
             f"{what} hold a non-finite number at {where} ({value}); nothing was written. The model's "
             f"weights or this input give NaN/inf: check the model files (gatherlens cache list)")
+
+
+# errors the readers raise on a file that is damaged, truncated or foreign (struct: a truncated GGUF)
+_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, struct.error)
+# RuntimeErrors of torch and transformers that mean a damaged or foreign file, by what they say
+_RUNTIME_DAMAGE = {
+    "PytorchStreamReader": "a PyTorch weight file is truncated or damaged (its zip archive is unreadable)",
+    "ignore_mismatched_sizes": "its weights do not have the shapes config.json gives (from another model?)",
+}
+
+
+def damage(err: BaseException, weights: str = "a weight file") -> str | None:
+    """What a library's error says about a damaged model file, in one line; None when `err` is
+    not such an error (a bug, which must not be reported as the user's damaged file).
+
+    >>> damage(SafetensorError("Error while deserializing header: header too large"), "model.safetensors")
+    'model.safetensors: Error while deserializing header: header too large'
+    """
+    from safetensors import SafetensorError
+
+    if isinstance(err, SafetensorError):
+        return f"{weights}: {err}"
+    if isinstance(err, pickle.UnpicklingError):
+        cause = err.__cause__ or err.__context__ or err
+        return f"{weights} is not a PyTorch weight file ({str(cause).strip().splitlines()[0]})"
+    if isinstance(err, RuntimeError):
+        return next((said for key, said in _RUNTIME_DAMAGE.items() if key in str(err)), None)
+    if isinstance(err, KeyError):
+        return f"{err} is missing"
+    if isinstance(err, _READ_ERRORS) or type(err) is Exception:  # tokenizers raise a bare Exception
+        return (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return None
+
+
+@contextlib.contextmanager
+def readable(path: Path, weights: str = "a weight file", part: str = "") -> Iterator[None]:
+    """The libraries' errors on a damaged or foreign file -> one GatherValueError naming `path`.
+
+    weights: the name of its weight file(s), for an error that comes from reading them.
+    part: what is being read ("its tokenizer"), said before the library's words.
+    """
+    try:
+        yield
+    except GatherValueError:
+        raise
+    except Exception as err:  # noqa: BLE001 - mapped only when `damage` recognises it
+        said = damage(err, weights)
+        if said is None:
+            raise
+        said = f"{part}: {said}" if part else said
+        error = GatherValueError(f"model {str(path)!r} could not be read (damaged or truncated?): {said}")
+        error.damage = said   # the words alone, for a caller that names the model itself
+        raise error from None

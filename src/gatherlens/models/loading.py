@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import struct
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -31,8 +30,8 @@ from typing import Any, Callable
 from gatherlens.errors import GatherLensWarning, GatherValueError
 from gatherlens.models import cache as _cache
 from gatherlens.models import locks as _locks
-from gatherlens.models.integrity import nonfinite_weights
-from gatherlens.models.registry import ModelSource, resolve
+from gatherlens.models.integrity import nonfinite_weights, readable
+from gatherlens.models.registry import WEIGHT_FILES, ModelSource, resolve
 
 __all__ = ["load", "LoadedModel", "TRANSFORMERS_RANGE"]
 
@@ -92,6 +91,7 @@ def load(
     use_cache_dir: bool = True,
     rebuild: bool = False,
     progress: bool | Progress | None = None,
+    quantized: bool = False,
 ) -> LoadedModel:
     """Load a model by name ("smollm2", "minilm") or local path, offline, in float32.
 
@@ -101,6 +101,8 @@ def load(
     rebuild: convert again even when a valid cached copy exists.
     progress: None/False (silent), True (a rich status line on stderr), or a callable that gets
         one message per stage.
+    quantized: run a GGUF source from its blocks (gatherlens.models.quantized): no float32
+        conversion or cache; use_cache_dir and rebuild do not apply.
     """
     start = time.perf_counter()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -114,7 +116,11 @@ def load(
 
             register()
         with _quiet_transformers():
-            if source.kind == "gguf":
+            if quantized:
+                from gatherlens.models.quantized import load_quantized
+
+                lm = load_quantized(source, attn_implementation, say)
+            elif source.kind == "gguf":
                 lm = _load_gguf(source, attn_implementation, use_cache_dir, rebuild, say)
             else:
                 say(f"reading {source.path.name}")
@@ -130,27 +136,17 @@ def load(
 
 
 # -- the two kinds of source -------------------------------------------------------------------
-@contextlib.contextmanager
-def _readable(path: Path):
-    """transformers' errors for a damaged or foreign file -> one clear GatherValueError naming it."""
-    try:
-        yield
-    except GatherValueError:
-        raise
-    except (OSError, ValueError, KeyError, EOFError, struct.error) as e:  # struct: a truncated GGUF
-        raise GatherValueError(f"model {str(path)!r} could not be read (damaged or truncated?): {e}") from None
-
-
 def _from_folder(folder: Path, attn_implementation: str | None, check_weights: bool = True):
     """A Hugging Face folder -> (model in eval mode, tokenizer), local files only.
 
-    check_weights: refuse weights holding NaN or inf (skipped for a cache folder whose hashes
-    were verified and whose manifest records that its weights are finite).
+    check_weights: refuse weights holding NaN or inf, or missing from the weight files (skipped
+    for a cache folder whose hashes were verified and whose manifest records that its weights
+    are finite).
     """
     import torch
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
-    with _readable(folder):
+    with readable(folder, _weight_names(folder)):
         config = AutoConfig.from_pretrained(folder, local_files_only=True)
         archs = getattr(config, "architectures", None) or []
         if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
@@ -163,12 +159,30 @@ def _from_folder(folder: Path, attn_implementation: str | None, check_weights: b
         # the tokenizer (Rust, mostly outside the GIL) loads while the weights do
         with ThreadPoolExecutor(max_workers=1) as pool:
             tokenizer = pool.submit(AutoTokenizer.from_pretrained, folder, local_files_only=True)
-            model = auto.from_pretrained(folder, config=config, dtype=torch.float32, local_files_only=True, **kw)
-            tokenizer = tokenizer.result()
-    bad = nonfinite_weights(model) if check_weights else None
+            model, info = auto.from_pretrained(folder, config=config, dtype=torch.float32, local_files_only=True,
+                                               output_loading_info=True, **kw)
+            with readable(folder, part="its tokenizer"):
+                tokenizer = tokenizer.result()
+    bad = (_missing_weights(info) or nonfinite_weights(model)) if check_weights else None
     if bad is not None:
         raise GatherValueError(f"model folder {str(folder)!r} holds damaged weights: {bad}")
     return model.eval(), tokenizer
+
+
+def _weight_names(folder: Path) -> str:
+    """The weight file(s) of a folder, for an error about reading them."""
+    names = [n for n in WEIGHT_FILES if (folder / n).is_file() and not n.endswith(".json")]
+    return " / ".join(names) or "a weight shard"
+
+
+def _missing_weights(info: dict) -> str | None:
+    """Which parameters the weight files lack (transformers would fill them with random values)."""
+    missing = sorted(k for k in info.get("missing_keys") or () if ".pooler." not in f".{k}")
+    if not missing:
+        return None
+    shown = ", ".join(repr(k) for k in missing[:3]) + (f" and {len(missing) - 3:,} more" if len(missing) > 3 else "")
+    verb = "is" if len(missing) == 1 else "are"
+    return f"{shown} {verb} missing from its weight files (truncated, or from another model?)"
 
 
 def _load_gguf(source: ModelSource, attn_impl, use_cache_dir: bool, rebuild: bool, say) -> LoadedModel:
@@ -198,7 +212,7 @@ def _read_cached(source: ModelSource, folder: Path, attn_impl, digest: str, say)
             model, tok = _from_folder(folder, attn_impl, check_weights=False)
             failure = None
         except Exception as err:  # noqa: BLE001 - damage the hashes may not see; the verdict names it
-            model, failure = None, f"it could not be loaded: {type(err).__name__}"
+            model, failure = None, f"it could not be loaded: {getattr(err, 'damage', None) or type(err).__name__}"
         problem = verdict.result() or failure
     if problem is None and not _cache.manifest_says(folder, "weights_finite"):
         problem = nonfinite_weights(model)  # a manifest from before this check: check once, record it
@@ -288,7 +302,7 @@ def _convert_gguf(path: Path, say):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     say(f"reading the tokenizer from {path.name} (one time)")
-    with _readable(path):
+    with readable(path):
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     say(f"dequantizing {path.name} to float32 (one time, about half a minute)")
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
@@ -297,7 +311,7 @@ def _convert_gguf(path: Path, say):
     if bar is not None:  # its own tqdm bar would fight our status line
         gguf_utils.tqdm = functools.partial(bar, disable=True)
     try:
-        with _readable(path):
+        with readable(path):
             model = AutoModelForCausalLM.from_pretrained(
                 path.parent, gguf_file=path.name, dtype=torch.float32, local_files_only=True
             )
@@ -360,7 +374,7 @@ def _reporter(progress: bool | Progress | None):
         return
     from rich.console import Console
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, log_path=False)  # no "loading.py:375" beside each line
     t0 = time.perf_counter()
     with console.status("loading the model", spinner="dots") as status:
         def say(message: str) -> None:

@@ -17,8 +17,8 @@ Three pieces, through transformers' public extension points (written against 5.x
   Prefill runs dense SDPA, as Quest does.
 - the lean decode step (decode_step.py): Llama-family decoder layers run one-token steps in ~35
   torch calls instead of ~80 (same arithmetic, same parameters), and the output projection of a
-  one-token step reads a transposed copy of its weight (decode_head.py: about twice as fast on the
-  CPU); `lean=False` keeps HF's layers and head.
+  one-token step reads a transposed copy of its weight (decode_head.py: faster on the CPU, see
+  docs/benchmarks.md); `lean=False` keeps HF's layers and head.
 
 With another cache (a plain DynamicCache) a decode step builds a temporary PagedKVCache from the
 keys it is given: the same answer, without the memory saving.
@@ -26,23 +26,22 @@ keys it is given: the same answer, without the memory saving.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import types
 
 from gatherlens.errors import GatherTypeError, GatherValueError
-from gatherlens.models.attention import switch_attention
+from gatherlens.models.attention import restore_attention, switch_attention
 from gatherlens.models.decode_head import install_lean_head, remove_lean_head
 from gatherlens.models.decode_step import install_lean_step, lean_layers, remove_lean_step
 from gatherlens.models.sparse_attention import (
-    SPARSE_ATTN_NAME, SparseCall, SparseSettings, decode_attention, observe_sparse, register_sparse,
+    CONFIG_ATTR, SPARSE_ATTN_NAME, SparseCall, SparseSettings, decode_attention, observe_sparse, register_sparse,
     sparse_attention_forward, sparse_settings,
 )
 from gatherlens.models.sparse_cache import PAGED_KWARG, PagedLayer, SparseKVCache
-from gatherlens.models.sparse_defaults import DEFAULTS, recent_for
-from gatherlens.ops.sparse.page_choice import CHOOSERS, GROUP_SCORES
+from gatherlens.models.sparse_defaults import DEFAULTS
+from gatherlens.ops.sparse.config import DEFAULT, SparseConfig
 
 __all__ = [
-    "SPARSE_ATTN_NAME", "SparseSettings", "PagedLayer", "SparseKVCache", "SparseCall",
+    "SPARSE_ATTN_NAME", "CONFIG_ATTR", "SparseConfig", "SparseSettings", "PagedLayer", "SparseKVCache", "SparseCall",
     "use_sparse_decoding", "use_dense_decoding", "sparse_decoding", "sparse_settings",
     "last_page_selections", "observe_sparse", "register_sparse", "decode_attention",
     "sparse_attention_forward", "lean_layers", "PAGED_KWARG", "DEFAULTS",
@@ -58,25 +57,21 @@ def _unwrap(model):
     return model
 
 
-def _check_settings(settings: SparseSettings, dense_layers) -> None:
-    budget, page_size = settings.budget, settings.page_size
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-        raise GatherValueError(f"budget = {budget!r} must be an int >= 1 (tokens read per decode step) or None (dense)")
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-        raise GatherValueError(f"page_size = {page_size!r} must be an int >= 1 (tokens per page)")
-    if not isinstance(settings.share_selection, bool):
-        raise GatherTypeError(f"share_selection must be a bool, got {settings.share_selection!r}")
-    if settings.group_score not in GROUP_SCORES:
-        raise GatherValueError(f"group_score = {settings.group_score!r} must be one of {GROUP_SCORES}")
-    if isinstance(settings.recent, bool) or not isinstance(settings.recent, int) or settings.recent < 0:
-        raise GatherValueError(f"recent = {settings.recent!r} must be an int >= 0 (newest tokens always read)")
-    if isinstance(settings.dense_share, bool) or not isinstance(settings.dense_share, (int, float)) \
-            or not settings.dense_share > 0:
-        raise GatherValueError(f"dense_share = {settings.dense_share!r} must be a number > 0 (share of the cache)")
-    if settings.choose not in CHOOSERS:
-        raise GatherValueError(f"choose = {settings.choose!r} must be one of {CHOOSERS}")
-    if isinstance(dense_layers, bool) or not isinstance(dense_layers, int) or dense_layers < 0:
-        raise GatherValueError(f"dense_layers = {dense_layers!r} must be an int >= 0 (leading layers kept dense)")
+def _config_of(config: SparseConfig | None, **settings) -> SparseConfig:
+    """The one SparseConfig of a use_sparse_decoding call: `config`, or one built from the keywords.
+
+    With `config`, a keyword that differs from both the default and the config is an error (which
+    of the two was meant is unclear).
+    """
+    if config is None:
+        return SparseConfig(**settings)
+    if not isinstance(config, SparseConfig):
+        raise GatherTypeError(f"config must be a SparseConfig, got {type(config).__name__}")
+    for name, value in settings.items():
+        if value != getattr(DEFAULT, name) and value != getattr(config, name):
+            raise GatherValueError(f"{name} = {value!r} disagrees with config.{name} = {getattr(config, name)!r}; "
+                                   f"give it in one place (the SparseConfig or the keyword)")
+    return config
 
 
 def _prepare_sparse_cache(self, generation_config, model_kwargs, *args, **kwargs):
@@ -86,15 +81,18 @@ def _prepare_sparse_cache(self, generation_config, model_kwargs, *args, **kwargs
                      and generation_config.cache_implementation in (None, "dynamic"))
     if not wants_default:
         return original(self, generation_config, model_kwargs, *args, **kwargs)
-    model_kwargs["cache"] = SparseKVCache(config=self.config, page_size=self.config.gatherlens_page_size)
+    model_kwargs["cache"] = SparseKVCache(config=self.config, page_size=sparse_settings(self).page_size)
 
 
-def use_sparse_decoding(model, budget: int | None = DEFAULTS["budget"], page_size: int = DEFAULTS["page_size"],
-                        share_selection: bool = DEFAULTS["share_selection"], *, group_score: str = DEFAULTS["group_score"],
-                        keep_selection: bool = False, dense_layers: int = DEFAULTS["dense_layers"],
-                        recent: int | None = DEFAULTS["recent"], choose: str = "bound", lean: bool = True,
-                        dense_share: float = DEFAULTS["dense_share"]):
+def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: int = DEFAULT.page_size,
+                        share_selection: bool = DEFAULT.share_selection, *, group_score: str = DEFAULT.group_score,
+                        keep_selection: bool = DEFAULT.keep_selection, dense_layers: int = DEFAULT.dense_layers,
+                        recent: int | None = DEFAULT.recent, choose: str = DEFAULT.choose, lean: bool = True,
+                        dense_share: float = DEFAULT.dense_share, config: SparseConfig | None = None):
     """Make `model.generate` (and any forward given a SparseKVCache) decode with page-selected attention.
+
+        >>> use_sparse_decoding(model, budget=512)                        # the defaults, another budget
+        >>> use_sparse_decoding(model, config=SparseConfig(512, page_size=16))   # or one configuration
 
     budget: tokens each decode step reads per KV head (pages are whole; page 0 and the newest page
         always); None decodes densely over the same paged cache. page_size: tokens per page.
@@ -107,28 +105,26 @@ def use_sparse_decoding(model, budget: int | None = DEFAULTS["budget"], page_siz
         None: a quarter of the budget.
     choose: "bound" (Quest) or "oracle" (pages by true attention mass: reads every key; for evaluation).
     lean: Llama-family layers take the lean decode step (decode_step.py) and a CPU output projection
-        reads a transposed copy of its weight for one-row steps (decode_head.py: V x d more memory,
-        113 MB for SmolLM2); False keeps HF's layers and head.
+        reads a transposed copy of its weight for one-row steps (decode_head.py; V x d more
+        memory); False keeps HF's layers and head.
     dense_share: a budget of at least this share of the cache decodes densely, in place (scoring
         and gathering would cost more than they save); 1.0: only a budget that covers the cache.
-    The defaults are the best setting of `gatherlens eval-sparse` (DEFAULTS). Prefill stays dense
-    (SDPA). Returns the model.
+    config: a SparseConfig holding all of the above but `lean` (the keywords then stay unset).
+    The keywords build one SparseConfig (gatherlens.ops.sparse.config: its defaults are the best
+    setting of `gatherlens eval-sparse`); every module gets a reference to it, nothing else.
+    Prefill stays dense (SDPA). Returns the model.
     """
     model = _unwrap(model)
-    recent = recent_for(budget, recent)
-    settings = SparseSettings(budget, page_size, share_selection, group_score, keep_selection, recent, choose,
-                              dense_share)
-    _check_settings(settings, dense_layers)
+    config = _config_of(config, budget=budget, page_size=page_size, share_selection=share_selection,
+                        group_score=group_score, keep_selection=keep_selection, recent=recent, choose=choose,
+                        dense_share=dense_share, dense_layers=dense_layers)
     if getattr(model.config, "is_encoder_decoder", False):
         raise GatherValueError(f"{type(model).__name__} is an encoder-decoder; sparse decoding needs a decoder-only LM")
     register_sparse()
     switch_attention(model, SPARSE_ATTN_NAME, remember="gatherlens_sparse_previous", what="sparse decoding")
-    dense = dataclasses.replace(settings, budget=None)
-    model.config.gatherlens_page_size = page_size
-    for m in model.modules():
+    for m in model.modules():  # the attention modules (by layer_idx) and the model itself (its cache's page size)
         if hasattr(m, "layer_idx") or hasattr(m, "config"):
-            layer = getattr(m, "layer_idx", None)
-            m.gatherlens_sparse = dense if isinstance(layer, int) and layer < dense_layers else settings
+            setattr(m, CONFIG_ATTR, config)
     if hasattr(model, "_prepare_cache_for_generation"):
         model._prepare_cache_for_generation = types.MethodType(_prepare_sparse_cache, model)
     remove_lean_step(model)
@@ -142,10 +138,9 @@ def use_sparse_decoding(model, budget: int | None = DEFAULTS["budget"], page_siz
 def use_dense_decoding(model, attn_implementation: str | None = None):
     """Undo use_sparse_decoding: the previous attention (SDPA by default) and generate's usual cache."""
     model = _unwrap(model)
-    target = attn_implementation or getattr(model.config, "gatherlens_sparse_previous", None) or "sdpa"
-    model.set_attn_implementation(target)
+    restore_attention(model, "gatherlens_sparse_previous", attn_implementation)  # what it replaced, not in config
     for m in model.modules():
-        for name in ("gatherlens_sparse", "gatherlens_page_selection"):
+        for name in (CONFIG_ATTR, "gatherlens_page_selection"):
             m.__dict__.pop(name, None)
     model.__dict__.pop("_prepare_cache_for_generation", None)
     remove_lean_step(model)
@@ -154,8 +149,8 @@ def use_dense_decoding(model, attn_implementation: str | None = None):
 
 
 @contextlib.contextmanager
-def sparse_decoding(model, budget: int | None = DEFAULTS["budget"], page_size: int = DEFAULTS["page_size"],
-                    share_selection: bool = DEFAULTS["share_selection"], **kw):
+def sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: int = DEFAULT.page_size,
+                    share_selection: bool = DEFAULT.share_selection, **kw):
     """`with sparse_decoding(model, budget=1024): model.generate(...)`, then back to dense."""
     inner = _unwrap(model)
     before = inner.config._attn_implementation

@@ -5,9 +5,10 @@
     >>> with observe_sparse(print): model.generate(...)                   # every sparse step
 
 transformers calls `sparse_attention_forward` per layer. For a decode step (one query token) it
-calls `decode_attention`: `sparse_decode` on that layer's PagedKVCache with the module's
-`SparseSettings` (score the page summaries, gather the best pages within the budget, attend
-over them exactly). A budget that buys every page (or budget None) is dense attention over the
+calls `decode_attention`: `sparse_decode` on that layer's PagedKVCache with the model's one
+`SparseConfig` (the module's only setting: `module.gatherlens_sparse`, a reference to it; the
+layer index and `config.dense_layers` say whether this layer is dense; the budget the step runs
+with, `config.budget_for(length, layer)`, is passed to the op as an argument). A budget that buys every page (or budget None) is dense attention over the
 cache in place, with the KV group's query heads folded: no scoring, no gather, no copy. Prefill
 (more than one query token) is dense SDPA, as in Quest. The lean decode step
 (`models/decode_step.py`) calls `decode_attention` too, so observers see both paths alike.
@@ -23,39 +24,18 @@ import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.models.sparse_cache import PAGED_KWARG
-from gatherlens.ops.sparse import PagedKVCache, sparse_decode
+from gatherlens.ops.sparse.cache import PagedKVCache
+from gatherlens.ops.sparse.config import SparseConfig
+from gatherlens.ops.sparse.decode import sparse_decode
 
-__all__ = ["SPARSE_ATTN_NAME", "SparseSettings", "SparseCall", "sparse_settings", "decode_attention",
+__all__ = ["SPARSE_ATTN_NAME", "CONFIG_ATTR", "SparseSettings", "SparseCall", "sparse_settings", "decode_attention",
            "sparse_attention_forward", "register_sparse", "observe_sparse", "padding_mask"]
 
 SPARSE_ATTN_NAME = "gatherlens_sparse"
+CONFIG_ATTR = "gatherlens_sparse"  # the one attribute use_sparse_decoding sets on a module: its SparseConfig
+SparseSettings = SparseConfig  # the adapter's old name for the one configuration
+_DENSE = SparseConfig(budget=None)  # a module without a configuration decodes densely
 _observers: list[Callable[["SparseCall"], None]] = []
-
-
-@dataclass(frozen=True)
-class SparseSettings:
-    """How decode steps choose pages. budget=None decodes densely over the paged cache.
-
-    recent: the newest `recent` tokens are always read (part of the budget). choose: "bound"
-    (Quest's page bound) or "oracle" (true attention mass; reads every key, for evaluation).
-    dense_share: a budget of at least this share of the cache decodes densely (every page, in
-    place): there, scoring and gathering cost more than they save (`gatherlens bench generate`).
-    """
-
-    budget: int | None = 1024
-    page_size: int = 16
-    share_selection: bool = True
-    group_score: str = "max"
-    keep_selection: bool = False
-    recent: int = 0
-    choose: str = "bound"
-    dense_share: float = 1.0
-
-    def budget_for(self, length: int) -> int:
-        """The budget a step over `length` cached tokens runs with: `length` (dense) or the budget."""
-        if self.budget is None or self.budget >= self.dense_share * length:
-            return length
-        return self.budget
 
 
 @dataclass
@@ -73,36 +53,33 @@ class SparseCall:
     mask: torch.Tensor | None  # (B, 1, 1, L) bool, True = attend; None when nothing is padded
 
 
-def sparse_settings(module: torch.nn.Module) -> SparseSettings | None:
-    """The settings a module decodes with (set by use_sparse_decoding), or None."""
-    return module.__dict__.get("gatherlens_sparse")
+def sparse_settings(module: torch.nn.Module) -> SparseConfig | None:
+    """The configuration a module decodes with (set by use_sparse_decoding), or None."""
+    return module.__dict__.get(CONFIG_ATTR)
 
 
 def decode_attention(module, query: torch.Tensor, paged: PagedKVCache, attention_mask, scale: float):
     """One decode step of `module` over its paged cache: query (B, Hq, 1, D) -> out (B, Hq, 1, D).
 
-    Dense (budget None, or a budget of dense_share of the cache or more: every page in place)
-    or sparse; with observers or keep_selection, a sparse-layer step also returns its PageSelection
-    (every page when it ran densely). attention_mask: transformers' decode mask or None.
+    Dense (budget None, one of the first `dense_layers`, or a budget of dense_share of the cache or
+    more: every page in place) or sparse; with observers or keep_selection, a sparse-layer step
+    also returns its PageSelection (every page when it ran densely). attention_mask:
+    transformers' decode mask or None.
     """
-    settings = sparse_settings(module) or SparseSettings(budget=None)
+    config = sparse_settings(module) or _DENSE
+    layer = getattr(module, "layer_idx", None)
     mask = padding_mask(attention_mask, paged.length)  # (B, 1, 1, L) bool or None
     key_mask = None if mask is None else mask[:, 0, 0]  # (B, L)
-    budget = settings.budget_for(paged.length)
-    watched = settings.budget is not None and (settings.keep_selection or bool(_observers))
-    if not watched:  # sparse_decode is dense in place when the budget buys every page
-        return sparse_decode(query, paged, budget, share_selection=settings.share_selection, scale=scale,
-                             group_score=settings.group_score, key_mask=key_mask, recent=settings.recent,
-                             choose=settings.choose)  # (B, Hq, 1, D)
-    out, lse, sel = sparse_decode(query, paged, budget=budget, share_selection=settings.share_selection,
-                                  return_lse=True, return_selection=True, scale=scale,
-                                  group_score=settings.group_score, key_mask=key_mask,
-                                  recent=settings.recent, choose=settings.choose)  # (B, Hq, 1, D), (B, Hq, 1)
+    budget = config.budget_for(paged.length, layer)
+    if config.dense_at(layer) or not (config.keep_selection or _observers):
+        # sparse_decode is dense in place when the budget buys every page
+        return sparse_decode(query, paged, budget, scale=scale, key_mask=key_mask, config=config)  # (B, Hq, 1, D)
+    out, lse, sel = sparse_decode(query, paged, budget, return_lse=True, return_selection=True, scale=scale,
+                                  key_mask=key_mask, config=config)  # (B, Hq, 1, D), (B, Hq, 1)
     if mask is not None:
         sel.meta["padded"] = True
-    layer = getattr(module, "layer_idx", None)
     sel.meta.setdefault("layer", layer)
-    if settings.keep_selection:
+    if config.keep_selection:
         module.gatherlens_page_selection = sel
     call = SparseCall(module, layer, query, paged, out, lse, sel, scale, mask)
     for observer in list(_observers):

@@ -19,6 +19,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from gatherlens.errors import GatherValueError
 from gatherlens.ops.sparse import PagedKVCache
+from gatherlens.ops.sparse.config import OP, check_page_size
 
 __all__ = ["PAGED_KWARG", "PagedLayer", "SparseKVCache"]
 
@@ -31,7 +32,7 @@ class PagedLayer(CacheLayerMixin):
     is_sliding = False
     is_croppable = False
 
-    def __init__(self, page_size: int = 16):
+    def __init__(self, page_size: int = OP.page_size):
         # CacheLayerMixin.__init__ would assign self.keys / self.values, which are views here
         self.page_size = page_size
         self.paged: PagedKVCache | None = None
@@ -127,10 +128,8 @@ class SparseKVCache(Cache):
     supported); without it, layers are created as `update` first sees each layer index.
     """
 
-    def __init__(self, config=None, page_size: int = 16):
-        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-            raise GatherValueError(f"page_size = {page_size!r} must be an int >= 1 (tokens per page)")
-        self.page_size = page_size
+    def __init__(self, config=None, page_size: int = OP.page_size):
+        self.page_size = check_page_size(page_size)
         if config is None:
             super().__init__(layer_class_to_replicate=functools.partial(PagedLayer, page_size=page_size))
             return

@@ -1,38 +1,139 @@
-"""Small C++ kernels shipped as source, compiled once by the system compiler, loaded with ctypes.
+"""C++ kernels shipped as source, built on first use by PyTorch's extension machinery, called as
+real operators (`torch.ops.gatherlens.*`).
 
-    >>> lib = load_kernel(Path(__file__).with_name("threshold_select.cpp"))   # None: no compiler
-    >>> lib.select_rows_f32(ptr, rows, L, k, vals_ptr, idx_ptr)              # releases the GIL
+    >>> load_library(Path(__file__).with_name("threshold_select.cpp"), on_load=register_fakes)
+    True                                        # False: no compiler, switched off, or the build failed
+    >>> torch.ops.gatherlens.topk_rows(x, None, None, 8, True, 0, rows)
 
-Like `torch.compile` on CPU (inductor's C++ backend), a kernel needs a C++ compiler ($CXX, else
-`c++`/`g++`) at first use; the shared library is cached under $GATHERLENS_CACHE/native (else
-$XDG_CACHE_HOME/gatherlens/native, else ~/.cache/gatherlens/native), named by a hash of the
-source, the flags, the compiler and the CPU (it is built with -march=native), so later processes
-load it in milliseconds. Without a compiler, or with GATHERLENS_NATIVE=0, `load_kernel` returns
-None and callers take their numpy path (same results, slower).
+A kernel source defines its own operators: the schemas in `TORCH_LIBRARY_FRAGMENT(gatherlens, m)`,
+the CPU kernels in `TORCH_LIBRARY_IMPL(gatherlens, CPU, m)`. The Python module beside it registers
+their fake kernels (`torch.library.register_fake`) in `on_load`, so they trace under torch.compile
+and show by name in the profiler. `torch.utils.cpp_extension.load` builds the source (ninja and a
+C++ compiler: $CXX, else `c++`) into $GATHERLENS_CACHE/native/<stem>-<hash> (else
+$XDG_CACHE_HOME/gatherlens/native, else ~/.cache/gatherlens/native); the hash covers the source,
+the flags, the compiler, torch's version and the CPU (the build uses -march=native), so later
+processes find it built. Without a compiler, with GATHERLENS_NATIVE=0, or when the build fails
+(one GatherLensWarning line; the compiler's output is kept in build.log beside the build),
+`load_library` returns False and callers take their numpy / torch path: same results, slower.
 """
 from __future__ import annotations
 
-import ctypes
 import hashlib
+import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
-import tempfile
+import threading
+import time
 import warnings
 from pathlib import Path
 
-FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC")
-_LOADED: dict[str, ctypes.CDLL | None] = {}
+import torch
+
+from gatherlens.errors import GatherLensWarning
+from gatherlens.paths import cache_root
+
+FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp-simd")
+STALE_LOCK_S = 900        # a build lock older than this was left by a killed process: removed
+_LOADED: dict[str, bool] = {}
+_LOCK = threading.Lock()  # one build at a time in this process (worker threads may ask at once)
 
 
 def native_dir() -> Path:
     """$GATHERLENS_CACHE/native, else $XDG_CACHE_HOME/gatherlens/native, else ~/.cache/gatherlens/native."""
-    root = os.environ.get("GATHERLENS_CACHE")
-    if not root:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = os.path.join(base, "gatherlens")
-    return Path(root) / "native"
+    return cache_root() / "native"
+
+
+def load_library(source: Path, on_load=None) -> bool:
+    """Build (first use) and load the operators of `source`, then call on_load() once; False if it cannot be."""
+    key = str(source)
+    with _LOCK:
+        if key not in _LOADED:
+            _LOADED[key] = os.environ.get("GATHERLENS_NATIVE") != "0" and _build(source)
+            if _LOADED[key] and on_load is not None:
+                on_load()
+        return _LOADED[key]
+
+
+def _compiler() -> str | None:
+    """$CXX if set (a missing one is an error worth a warning), else `c++` on PATH, else None."""
+    cxx = os.environ.get("CXX")
+    if cxx:
+        if shutil.which(cxx) is None:
+            raise FileNotFoundError(f"the compiler CXX={cxx} was not found")
+        return cxx
+    return shutil.which("c++")
+
+
+def _build_dir(source: Path, cxx: str) -> Path:
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    digest = hashlib.sha256("\n".join([source.read_text(), " ".join(FLAGS), version, torch.__version__,
+                                       platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
+    return native_dir() / f"{source.stem}-{digest}"
+
+
+def _build(source: Path) -> bool:
+    build = None
+    try:
+        cxx = _compiler()
+        if cxx is None:
+            return False                        # no compiler at all: the fallback, quietly
+        build = _build_dir(source, cxx)
+        library = build / f"gatherlens_{source.stem}.so"
+        if library.exists() and not (build / "lock").exists():  # built before, under this very hash
+            torch.ops.load_library(str(library))
+        else:
+            _compile_and_load(source, build)
+        return True
+    except Exception as e:                      # any failure to build or load: the fallback, said once
+        _warn_failed(source, e, build)
+        return False
+
+
+def _compile_and_load(source: Path, build: Path) -> None:
+    """torch.utils.cpp_extension.load into `build` (ninja: rebuilt only if out of date), its notes muted."""
+    from torch.utils import cpp_extension      # imports setuptools: only when a build is due
+
+    if not cpp_extension.is_ninja_available():
+        raise FileNotFoundError("ninja is not installed (pip install ninja)")
+    build.mkdir(parents=True, exist_ok=True)
+    _clear_stale_lock(build / "lock")
+    quiet = logging.getLogger("torch.utils.cpp_extension")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)            # its compiler notes: folded into our one line
+    try:
+        cpp_extension.load(f"gatherlens_{source.stem}", [str(source)], extra_cflags=list(FLAGS),
+                           build_directory=str(build), is_python_module=False, verbose=False)
+    finally:
+        quiet.setLevel(level)
+
+
+def _clear_stale_lock(lock: Path) -> None:
+    try:
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            lock.unlink()
+    except OSError:
+        pass
+
+
+def _warn_failed(source: Path, err: Exception, build: Path | None) -> None:
+    """One line: what failed, the first error line of the compiler's output, where the full log is."""
+    text = str(err)
+    log = ""
+    if build is not None and "\n" in text:
+        try:
+            (build / "build.log").write_text(text)
+            log = f"; full log: {build / 'build.log'}"
+        except OSError:
+            pass
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = next((line for line in lines[1:] if re.search(r"error|not found", line, re.I)), lines[0] if lines else "")
+    reason = re.sub(r"\s+", " ", first)[:200]
+    message = (f"could not build the C++ kernel {source.name} ({type(err).__name__}: {reason}{log}); "
+               f"using the numpy path (same results, slower); GATHERLENS_NATIVE=0 skips the build")
+    warnings.warn_explicit(message, GatherLensWarning, filename="gatherlens", lineno=0)
 
 
 def _cpu_flags() -> str:
@@ -41,35 +142,3 @@ def _cpu_flags() -> str:
             return next((line for line in f if line.startswith("flags")), "")
     except OSError:
         return platform.processor()
-
-
-def load_kernel(source: Path) -> ctypes.CDLL | None:
-    """The compiled library of `source` (built on first use, then cached), or None if it cannot be."""
-    key = str(source)
-    if key not in _LOADED:
-        _LOADED[key] = None if os.environ.get("GATHERLENS_NATIVE") == "0" else _build(source)
-    return _LOADED[key]
-
-
-def _build(source: Path) -> ctypes.CDLL | None:
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if not cxx:
-        return None
-    try:
-        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-        digest = hashlib.sha256("\n".join([source.read_text(), " ".join(FLAGS), version, platform.machine(),
-                                           _cpu_flags()]).encode()).hexdigest()[:16]
-        lib = native_dir() / f"{source.stem}-{digest}.so"
-        if not lib.exists():
-            lib.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:  # build aside, then rename: a
-                out = Path(tmp) / lib.name                              # reader never sees half a file
-                subprocess.run([cxx, *FLAGS, str(source), "-o", str(out)], check=True,
-                               capture_output=True, text=True, timeout=300)
-                os.replace(out, lib)
-        return ctypes.CDLL(str(lib))
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = getattr(e, "stderr", "") or str(e)
-        warnings.warn(f"gatherlens: could not build {source.name} ({detail.strip()[:300]}); "
-                      f"using the numpy path", RuntimeWarning, stacklevel=3)
-        return None

@@ -14,9 +14,11 @@ from __future__ import annotations
 from gatherlens.errors import GatherValueError
 from gatherlens.render.html import render_html, render_html_fragment
 from gatherlens.render.png import render_png
+from gatherlens.render.quantized import FORMATS as QUANTIZED_FORMATS
 from gatherlens.render.svg import render_svg
 from gatherlens.render.terminal import print_terminal, render_terminal
 from gatherlens.trace.convert import as_record
+from gatherlens.trace.quantized import QuantizedGatherRecord
 from gatherlens.trace.record import GatherRecord
 
 __all__ = ["draw", "FORMATS", "RECORD_OPTIONS"]
@@ -43,4 +45,6 @@ def draw(obj, fmt: str = "svg", **options):
     if lang is not None and not isinstance(obj, GatherRecord):
         build["lang"] = lang  # a selection's captions are written in the language it is drawn in
     record = as_record(obj, **build)
+    if isinstance(record, QuantizedGatherRecord):  # a gather from GGUF blocks: its own picture
+        return QUANTIZED_FORMATS[fmt](record, lang=lang or record.lang, **options)
     return FORMATS[fmt](record, lang=lang or record.lang, **options)

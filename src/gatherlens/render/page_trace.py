@@ -18,6 +18,7 @@ import numpy as np
 from markupsafe import Markup
 
 from gatherlens.i18n import check_lang, text
+from gatherlens.ops.sparse.geometry import ceil_div
 from gatherlens.render.templates import render_template
 from gatherlens.render.theme import FONTS, MONO, PALETTE, text_width, weight_colour, wrap
 from gatherlens.trace.page_trace import PageTrace
@@ -80,7 +81,7 @@ def page_trace_svg(trace: PageTrace, lang: str = "en", columns: int = 6, panel: 
     legend = wrap(text("page_trace_legend", lang), width - 2 * MARGIN, 11)
     top = MARGIN + 36 + len(legend) * 15 + 8
     panels = _panels(trace, lang, columns, panel, top)
-    rows = -(-trace.num_layers // columns)
+    rows = ceil_div(trace.num_layers, columns)
     height = top + rows * (panel[1] + GAP + LABEL) + 14
     axes = dict(x=MARGIN, y=height - 10, text="steps → · pages ↓" if lang == "en" else "解码步 → · 页 ↓")
     return render_template("page_trace.svg.j2", width=width, height=height, title=title, legend=legend,

@@ -1,21 +1,22 @@
-"""The `explain` report's two pictures that are not records: the score grid and the head groups.
+"""The `explain` report's two pictures that are not gather records: the score grid, the head groups.
 
-    >>> svg = scores_svg(view, labels, lang="en")     # the (Q, L) score grid, top-k outlined
+    >>> svg = scores_svg(grid, lang="zh")              # the (Q, L) score grid, top-k outlined
     >>> svg = heads_svg(HeadMap(9, 3), head=0)         # which query heads share a KV head
 
-Drawn from plain data (an attention view with `scores`, `dense`, `allowed`, `indices`; a head
-map with `q_heads`, `kv_heads`, `group`, `kv_of`). Geometry is computed here in integers (same
-data, same bytes); the templates (templates.py) only place it, with autoescaping on, so a token
-such as `<script>` is drawn as text.
+Drawn from the plain records of gatherlens.trace.story_records only (a ScoreGrid, built by
+gatherlens.report.records from the story; a HeadMap), every word in the chosen language from
+gatherlens.i18n. Geometry is computed here in integers (same data, same bytes); the templates
+(templates.py) only place it, with autoescaping on, so a token such as `<script>` is drawn as text.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gatherlens.i18n import text
+from gatherlens.i18n import check_lang, text
 from gatherlens.render.templates import render_template
 from gatherlens.render.theme import (FONTS, MASKED, MONO, PICKED, colour, fmt_value, short,
                                      text_width, weight_colour)
+from gatherlens.trace.story_records import HeadMap, ScoreGrid
 
 __all__ = ["scores_svg", "heads_svg"]
 
@@ -49,39 +50,49 @@ def _grid(qlab: list[str], klab: list[str], L: int) -> _Grid:
                  numbers=cw >= 34)
 
 
-def _score_cells(view, g: _Grid, queries: list[str], keys: list[str], qoff: int) -> list[dict]:
+def _cell_info(q: int, qt: str, j: int, kt: str, s: float, w: float, ok: bool, kept: bool,
+               lang: str) -> str:
+    """A cell's hover text: which query and key, the score and dense weight, whether kept."""
+    if not ok:
+        return text("fig_cell_masked", lang, q=q, qt=qt, j=j, kt=kt)
+    info = text("ex_scores_info", lang, q=q, qt=qt, j=j, kt=kt, s=f"{s:.3f}", w=f"{w:.3f}")
+    return info + (" " + text("ex_kept", lang) if kept else "")
+
+
+def _score_cells(grid: ScoreGrid, g: _Grid, queries: list[str], keys: list[str], qoff: int,
+                 lang: str) -> list[dict]:
     """One cell per (query, key): its score, dense weight as colour, and whether top-k kept it."""
-    Q, L = view.scores.shape
-    picked = {(i, j) for i in range(Q) for j in view.indices[i].tolist() if j >= 0}
+    Q, L = grid.scores.shape
+    picked = {(i, j) for i in range(Q) for j in grid.indices[i].tolist() if j >= 0}
     cells = []
     for i in range(Q):
         for j in range(L):
-            ok = bool(view.allowed[i, j])
-            w = float(view.dense[i, j]) if ok else 0.0
-            s = float(view.scores[i, j])
+            ok = bool(grid.allowed[i, j])
+            w = float(grid.dense[i, j]) if ok else 0.0
+            s = float(grid.scores[i, j])
             kept = (i, j) in picked
-            about = (f"score {s:.3f}, dense weight {w:.3f}" + (" (kept)" if kept else "")
-                     if ok else "not allowed")
             cells.append(dict(
                 x=g.x0 + j * g.cw, y=g.y0 + i * g.ch, w=g.cw, h=g.ch,
                 fill=weight_colour(w) if ok else MASKED,
                 text=fmt_value(s) if (g.numbers and ok) else "", light=w > 0.45, picked=kept,
-                info=f"query {qoff + i} {queries[i]!s} → key {j} {keys[j]!s}: {about}"))
+                info=_cell_info(qoff + i, queries[i], j, keys[j], s, w, ok, kept, lang)))
     return cells
 
 
-def scores_svg(view, labels: list[str], lang: str = "en") -> str:
+def scores_svg(grid: ScoreGrid, lang: str = "en") -> str:
     """The (Q, L) score grid of one head: numbers, dense weight as colour, top-k outlined."""
-    Q, L = view.scores.shape
+    check_lang(lang)
+    Q, L = grid.scores.shape
+    labels = list(grid.labels)
     keys = labels[-L:] if len(labels) >= L else [str(j) for j in range(L)]
     queries = labels[-Q:] if len(labels) >= Q else [str(i) for i in range(Q)]
     qoff = len(labels) - Q if len(labels) >= Q else 0
     qlab = [f"{qoff + i} {short(t, 12)}" for i, t in enumerate(queries)]
     klab = [f"{j} {short(t, 12)}" for j, t in enumerate(keys)]
     g = _grid(qlab, klab, L)
-    title = f"scores · layer {view.layer}, head {view.head} · top-{view.top_k}"
-    legend = text("scores_legend", lang, k=view.top_k)
-    qrow = view.query - qoff
+    title = text("ex_scores_title", lang, layer=grid.layer, head=grid.head, k=grid.top_k)
+    legend = text("scores_legend", lang, k=grid.top_k)
+    qrow = grid.query - qoff
     mid = g.ch // 2 + g.font // 3                                    # a row label's baseline
     rows = [dict(x=g.x0 - 6, y=g.y0 + i * g.ch + mid, text=qlab[i], bold=(i == qrow))
             for i in range(Q)]
@@ -92,14 +103,14 @@ def scores_svg(view, labels: list[str], lang: str = "en") -> str:
                 text_width(legend, 11) + 2 * MARGIN)
     return render_template(
         "scores.svg.j2", width=width, height=g.y0 + Q * g.ch + 44, title=title, font=FONTS[lang],
-        mono=MONO, cells=_score_cells(view, g, queries, keys, qoff), rows=rows, cols=cols,
+        mono=MONO, cells=_score_cells(grid, g, queries, keys, qoff, lang), rows=rows, cols=cols,
         legend=legend, axes=text("scores_axes", lang), legend_y=g.y0 + Q * g.ch + 22,
         margin=MARGIN, numbers=g.numbers, picked_colour=PICKED, label_size=g.font, angle=g.angle,
         marker=marker, x0=g.x0, y0=g.y0, grid_w=L * g.cw, grid_h=Q * g.ch,
     )
 
 
-def heads_svg(heads, head: int = 0, lang: str = "en") -> str:
+def heads_svg(heads: HeadMap, head: int = 0, lang: str = "en") -> str:
     """Query heads (top) joined to the key/value head they read (bottom), one colour per group."""
     box_w, box_h, gap = 44, 26, 10
     label_w = max(text_width(text(key, lang), 11) for key in ("heads_q", "heads_kv")) + 16
@@ -123,5 +134,5 @@ def heads_svg(heads, head: int = 0, lang: str = "en") -> str:
         links=links,
         qlabel=dict(x=MARGIN, y=qy + box_h // 2 + 4, text=text("heads_q", lang)),
         kvlabel=dict(x=MARGIN, y=kvy + box_h // 2 + 4, text=text("heads_kv", lang)),
-        title=f"{Hq} query heads → {Hkv} key/value heads",
+        title=text("fig_heads_title", lang, q=Hq, kv=Hkv),
     )

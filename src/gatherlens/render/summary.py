@@ -1,140 +1,144 @@
 """The terminal summary of `gatherlens explain`: the report's story in a few rich tables.
 
-    >>> print_summary(story, paths, Console())
+    >>> print_summary(summary, paths, Console(), lang="zh")    # summary: an ExplainSummary
 
 One function per section, in the report's order: the tokens and the rows they gather, the
 embedding lookups, the heads, one query's top-k keys, the next-token prediction, every gather,
-and where the report was written. Drawn from the story's plain data and records only; the
-summary is in English (the written report carries the chosen language).
+and where the report was written. Drawn from the summary record only
+(gatherlens.trace.story_records.ExplainSummary, built by gatherlens.report.records), in the
+chosen language: every word comes from gatherlens.i18n.
 """
 from __future__ import annotations
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gatherlens.i18n import op_meaning
+from gatherlens.i18n import check_lang, op_meaning, text
 from gatherlens.render.theme import human_bytes
+from gatherlens.trace.story_records import ExplainSummary
 
 __all__ = ["print_summary"]
 
 
-def print_summary(story, paths, console: Console, lang: str = "en") -> None:
+def print_summary(summary: ExplainSummary, paths, console: Console, lang: str = "en") -> None:
     """Tokens and ids, the embedding gather, one query's top-k keys, the prediction, all gathers.
 
-    `story` is a gatherlens.report.collect.Story; `paths` the files the report wrote.
+    `summary` is the story's ExplainSummary record; `paths` the files the report wrote.
     """
-    console.rule(f"[bold]gatherlens explain[/] · {story.model_name} ({story.model_class})")
-    console.print(Text.assemble(("text: ", "dim"), story.text))
-    for section in (_tokens, _embeddings, _heads, _top_k_keys, _prediction, _gathers):
-        section(story, console)
-    _files(paths, console)
+    check_lang(lang)
+    console.rule(f"[bold]gatherlens explain[/] · {escape(summary.model_name)} "
+                 f"({escape(summary.model_class)})")
+    console.print(Text.assemble((text("sum_text", lang), "dim"), summary.text))
+    for section in (_tokens, _lookups, _heads, _top_k_keys, _prediction, _gathers):
+        section(summary, console, lang)
+    _files(paths, console, lang)
 
 
 def _heading(console: Console, title: str) -> None:
     console.print(Text("\n" + title, style="bold"))
 
 
-def _tokens(story, console: Console) -> None:
-    """1-2. Each token, its id, and the first values of the table row it gathers."""
-    word = next((e for e in story.embeddings if e.kind == "word"), None)
-    _heading(console, "1-2. tokens → ids → rows of the embedding table")
+def _table(*columns: str, right: tuple[int, ...] = ()) -> Table:
+    """A table with these column heads (plain text, never markup: "W_tok[id]"); the columns
+    numbered in `right` are right-justified."""
     t = Table(box=box.SIMPLE_HEAD)
-    t.add_column("pos", justify="right")
-    t.add_column("token")
-    t.add_column("id", justify="right", style="cyan")
-    if word is not None:
-        d = word.table_shape[1]
-        t.add_column(f"{word.record.source_name}[id] (first 4 of {d})")
-        rows = word.record.output.reshape(-1, d)  # (S, d)
-    for i, (tok, tid) in enumerate(zip(story.shown_tokens, story.ids)):
-        row = [str(i), Text(tok), str(tid)]
-        if word is not None:
-            row.append(" ".join(f"{v:+.3f}" for v in rows[i, :4].tolist()) + " …")
+    for n, name in enumerate(columns):
+        t.add_column(Text(name), justify="right" if n in right else "left")
+    return t
+
+
+def _tokens(s: ExplainSummary, console: Console, lang: str) -> None:
+    """1-2. Each token, its id, and the first values of the table row it gathers."""
+    _heading(console, text("sum_tokens", lang))
+    heads = [text("sum_pos", lang), text("col_token", lang), text("col_id", lang)]
+    shown = bool(s.table) and any(r.values for r in s.tokens)
+    if shown:
+        n = max(len(r.values) for r in s.tokens)
+        heads.append(text("sum_values", lang, table=s.table, n=n, d=s.width))
+    t = _table(*heads, right=(0, 2))
+    t.columns[2].style = "cyan"
+    for i, r in enumerate(s.tokens):
+        row = [str(i), Text(r.token), str(r.id)]
+        if shown:
+            row.append(" ".join(f"{v:+.3f}" for v in r.values) + " …")
         t.add_row(*row)
     console.print(t)
 
 
-def _embeddings(story, console: Console) -> None:
+def _lookups(s: ExplainSummary, console: Console, lang: str) -> None:
     """One line per embedding lookup: table shape, ids, rows read and bytes."""
-    for e in story.embeddings:
+    for e in s.lookups:
         V, d = e.table_shape
-        item = e.record.source.element_size()
+        n = len(e.ids)
         console.print(Text.assemble(
-            ("embedding gather ", "bold"), (f"{e.module}", "cyan"),
-            f": table ({V:,}, {d}) [ids ({len(e.ids)},)] → ({len(e.ids)}, {d}); "
-            f"{len(set(e.ids))} distinct rows read, {human_bytes(len(e.ids) * d * item)} of "
-            f"{human_bytes(V * d * item)}"))
+            (text("sum_lookup", lang), "bold"), (e.module, "cyan"),
+            text("sum_lookup_body", lang, V=V, d=d, n=n, distinct=len(set(e.ids)),
+                 read=human_bytes(n * d * e.item_bytes), size=human_bytes(V * d * e.item_bytes))))
 
 
-def _heads(story, console: Console) -> None:
+def _heads(s: ExplainSummary, console: Console, lang: str) -> None:
     """3. Which query heads read which key/value head."""
-    hm = story.heads
+    hm = s.heads
     groups = " | ".join(f"kv{g} ← " + " ".join(f"q{h}" for h in qs)
                         for g, qs in enumerate(hm.groups))
-    kind = "grouped-query" if hm.group > 1 else "multi-head"
-    console.print(Text.assemble(("\n3. heads ", "bold"),
-                                f"({kind}: {hm.q_heads} query heads over {hm.kv_heads} KV heads): ",
+    kind = text("sum_heads_gqa" if hm.group > 1 else "sum_heads_mha", lang, q=hm.q_heads,
+                kv=hm.kv_heads)
+    console.print(Text.assemble(("\n" + text("sum_heads", lang), "bold"), kind,
                                 (groups if len(groups) < 300 else groups[:297] + "…", "dim")))
 
 
-def _top_k_keys(story, console: Console) -> None:
+def _top_k_keys(s: ExplainSummary, console: Console, lang: str) -> None:
     """4-5. The keys one query kept, their scores and weights, and the value rows gathered."""
-    att, toks = story.attention, story.shown_tokens
-    Q, L = att.scores.shape
-    qrow = att.query - (len(toks) - Q)
-    picked = [j for j in att.indices[qrow].tolist() if j >= 0]
-    keys = toks[-L:]
-    _heading(console, f"4-5. top-{att.top_k} keys of query {att.query} ({toks[att.query]}) · "
-                      f"layer {att.layer}, head {att.head} (KV head {att.kv_head})")
-    t = Table(box=box.SIMPLE_HEAD)
-    for name in ("key", "token", "score", "top-k weight", "dense weight"):
-        t.add_column(name, justify="left" if name == "token" else "right")
-    for j, w in zip(picked, att.weights[qrow].tolist()):
-        t.add_row(str(j), Text(keys[j]), f"{float(att.scores[qrow, j]):.3f}", f"{w:.3f}",
-                  f"{float(att.dense[qrow, j]):.3f}")
+    k = s.keys
+    _heading(console, text("sum_keys", lang, k=k.top_k, q=k.query, tok=k.query_token,
+                           layer=k.layer, head=k.head, kvh=k.kv_head))
+    t = _table(*(text(c, lang) for c in ("col_key", "col_token", "col_score", "col_weight",
+                                         "col_dense")), right=(0, 2, 3, 4))
+    for r in k.rows:
+        t.add_row(str(r.key), Text(r.token), f"{r.score:.3f}", f"{r.weight:.3f}", f"{r.dense:.3f}")
     console.print(t)
-    console.print(f"   these {len(picked)} keys hold {att.mass:.0%} of the dense attention weight; "
-                  f"their value rows are gathered: V.index_select(0, {picked})")
+    console.print(Text(text("sum_keys_mass", lang, n=len(k.rows), mass=k.mass,
+                            picked=[r.key for r in k.rows])))
 
 
-def _prediction(story, console: Console) -> None:
+def _prediction(s: ExplainSummary, console: Console, lang: str) -> None:
     """6. The five best next tokens with top-k attention beside dense attention's."""
-    p = story.prediction
+    p = s.next_token
     if p is None:
-        console.print(f"[bold]6.[/] {story.model_name} is an encoder: no next-token prediction.")
+        _heading(console, text("sum_encoder", lang, model=s.model_name))
         return
-    _heading(console, f"6. next token after {story.shown_tokens[-1]}: "
-                      f"logits[:, -1].gather(-1, top5)")
-    t = Table(box=box.SIMPLE_HEAD)
-    for name in ("rank", f"top-k (k={story.top_k})", "prob", "dense", "prob"):
-        t.add_column(name, justify="right" if name in ("rank", "prob") else "left")
-    for r, (a, b) in enumerate(zip(p.top, p.dense_top)):
-        t.add_row(str(r + 1), Text(f"{a[1]} ({a[0]})"), f"{a[3]:.1%}",
-                  Text(f"{b[1]} ({b[0]})"), f"{b[3]:.1%}")
+    _heading(console, text("sum_next", lang, tok=p.after))
+    prob = text("sum_prob", lang)
+    t = _table(text("col_rank", lang), text("sum_topk", lang, k=p.top_k), prob,
+               text("sum_dense", lang), prob, right=(0, 2, 4))
+    for r, (a, b) in enumerate(zip(p.top, p.dense)):
+        t.add_row(str(r + 1), Text(f"{a.token} ({a.id})"), f"{a.prob:.1%}",
+                  Text(f"{b.token} ({b.id})"), f"{b.prob:.1%}")
     console.print(t)
 
 
-def _gathers(story, console: Console) -> None:
+def _gathers(s: ExplainSummary, console: Console, lang: str) -> None:
     """7. Every gather of the forward pass, grouped by op and module, with bytes read."""
-    _heading(console, f"7. every gather of the forward pass ({story.events} calls, "
-                      f"{human_bytes(story.bytes_read)} read)")
+    total = human_bytes(s.bytes_read)
+    _heading(console, text("sum_gathers", lang, events=s.events, bytes=total))
     t = Table(box=box.SIMPLE_HEAD, show_footer=True)
-    t.add_column("op", footer="total")
-    t.add_column("what it does", overflow="fold")
-    t.add_column("module")
-    t.add_column("calls", justify="right", footer=str(story.events))
-    t.add_column("bytes read", justify="right", footer=human_bytes(story.bytes_read))
-    for g in story.gathers:
-        t.add_row(g["op"], op_meaning(g["op"], "en"), g["module"] or "(top)", str(g["count"]),
-                  human_bytes(g["bytes_read"]))
+    t.add_column(Text(text("col_op", lang)), footer=Text(text("total", lang)))
+    t.add_column(Text(text("col_meaning", lang)), overflow="fold")
+    t.add_column(Text(text("col_module", lang)))
+    t.add_column(Text(text("col_count", lang)), justify="right", footer=str(s.events))
+    t.add_column(Text(text("col_bytes", lang)), justify="right", footer=total)
+    for g in s.gathers:
+        t.add_row(Text(g.op), Text(op_meaning(g.op, lang)), Text(g.module or text("module_top", lang)),
+                  str(g.count), human_bytes(g.bytes_read))
     console.print(t)
 
 
-def _files(paths, console: Console) -> None:
+def _files(paths, console: Console, lang: str) -> None:
     """Where the report went: index.html, and how many other files beside it."""
     index = next((p for p in paths if p.name == "index.html"), None)
     others = ", ".join(p.name for p in paths if p is not index)
-    console.print(Text.assemble(("report: ", "bold"), str(index),
-                                (f"  (+ {len(paths) - 1} files: {others})", "dim")))
+    console.print(Text.assemble((text("sum_report", lang), "bold"), str(index),
+                                (text("sum_files", lang, n=len(paths) - 1, names=others), "dim")))

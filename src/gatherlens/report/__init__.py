@@ -10,7 +10,8 @@
 section per step (words from gatherlens.i18n, figures drawn by gatherlens.render: records, and
 for the score grid and the head groups render.report_figures); `build` puts the sections on one
 self-contained page and writes it with one SVG per figure. The terminal summary of `explain` is
-render.summary.
+render.summary. render reads no report object: `records` copies what its figures and the summary
+show into plain records (gatherlens.trace.story_records).
 """
 from __future__ import annotations
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from markupsafe import Markup
 
-from gatherlens.errors import GatherValueError
 from gatherlens.i18n import check_lang, text
+from gatherlens.outputs import output_dir, write_output
 from gatherlens.render.explorer import (csp, explorer_js, fragment_script, inline_scripts,
                                         json_block, strings_data, theme_data)
 from gatherlens.render.templates import render_template
@@ -33,7 +33,7 @@ from gatherlens.report.collect import Story
 from gatherlens.report.sections import Figure, Section, sections
 
 __all__ = ["Figure", "Report", "build_report", "write_report", "story_data", "page_data",
-           "controls", "REPORT_FILES"]
+           "page_sections", "controls", "REPORT_FILES"]
 
 # what a report writes: anything else in the folder is the user's and is never touched
 REPORT_FILES = re.compile(r"^(index\.html|story\.json|\d\d-[a-z0-9-]+\.svg)$")
@@ -73,13 +73,24 @@ def _page(story: Story, parts: list[Section], figures: list[Figure], lang: str,
     return render_template(
         "report.html.j2", lang=lang, title=text("page_title", lang, model=model),
         intro=text("intro", lang, model=model), facts=facts, text_label=text("your_text", lang),
-        text=story.text, tokens=story.shown_tokens, sections=parts, toc=text("toc", lang),
+        text=story.text, tokens=story.shown_tokens, sections=page_sections(parts),
+        toc=text("toc", lang),
         font=FONTS[lang], mono=MONO, files_title=text("files_title", lang),
         files_body=text("files_body", lang), files=[f.filename for f in figures],
         rerun=text("rerun", lang), command=command, csp=Markup(policy),
         controls=controls(story, lang, live), data=json_block(page_data(story, lang, live)),
         js=Markup(js), live=live, words=_words(lang),
     ), policy
+
+
+def page_sections(parts: list[Section]) -> list[dict]:
+    """The sections as plain data for the page template: render reads no report object."""
+    def figure(f: Figure) -> dict:
+        return dict(name=f.name, draw=f.draw, inline=f.inline, filename=f.filename)
+
+    return [dict(id=s.id, title=s.title, body=s.body, table=s.table, after=s.after,
+                 figures=[figure(f) for f in s.figures],
+                 after_figures=[figure(f) for f in s.after_figures]) for s in parts]
 
 
 def _words(lang: str) -> dict:
@@ -126,8 +137,9 @@ def story_data(story: Story) -> dict:
         "tokens": story.tokens, "ids": story.ids, "top_k": story.top_k,
         "heads": {"query": story.heads.q_heads, "kv": story.heads.kv_heads,
                   "groups": story.heads.groups},
+        "quantized": story.quantized,
         "embeddings": [{"kind": e.kind, "module": e.module, "table_shape": list(e.table_shape),
-                        "ids": e.ids} for e in story.embeddings],
+                        "ids": e.ids, **_blocks(e)} for e in story.embeddings],
         "attention": {"layer": att.layer, "module": att.module, "head": att.head,
                       "kv_head": att.kv_head, "query": att.query, "scale": att.scale,
                       "indices": att.indices.tolist(),
@@ -143,35 +155,19 @@ def story_data(story: Story) -> dict:
     }
 
 
+def _blocks(e) -> dict:
+    """A lookup from GGUF blocks: the table's format and the bytes of blocks the gather read."""
+    if not e.quantized:
+        return {}
+    return {"qtype": e.record.qtype, "row_bytes": e.record.row_bytes, "rows_read": len(e.record.rows),
+            "bytes_read": e.record.bytes_read}
+
+
 # -- writing ---------------------------------------------------------------------------------
-def _write(path: Path, content: str) -> None:
-    """Write through a temporary file in the same folder, then rename (no half-written file).
-
-    The file is created with open() so it gets the user's umask (mkstemp would make it 0600).
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(content)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def check_out_dir(out_dir: str | os.PathLike, force: bool = False) -> Path:
-    """The output folder, or a clear error when writing there would overwrite a user's files."""
-    out = Path(out_dir).expanduser()
-    if out.exists() and not out.is_dir():
-        raise GatherValueError(f"--out {str(out)!r} is a file, not a folder; choose a folder path")
-    if out.is_dir() and not force:
-        present = sorted(p.name for p in out.iterdir())
-        if present:
-            shown = ", ".join(present[:5]) + (", …" if len(present) > 5 else "")
-            raise GatherValueError(
-                f"output folder {str(out)!r} is not empty ({len(present)} entries: {shown}); "
-                f"pass --force to replace the report files in it, or choose another --out")
-    return out
+    """The output folder, or a clear error when writing there would overwrite a user's files
+    (`gatherlens.outputs.output_dir`'s rule: missing or empty, unless `force`; writable)."""
+    return output_dir(out_dir, "--out", force=force)
 
 
 def write_report(story: Story, out_dir: str | os.PathLike, lang: str = "en", force: bool = False,
@@ -181,22 +177,14 @@ def write_report(story: Story, out_dir: str | os.PathLike, lang: str = "en", for
     An existing non-empty folder is refused unless `force`; with `force`, earlier report files
     (index.html, story.json, NN-*.svg) are replaced or removed and other files are kept.
     """
-    out = check_out_dir(out_dir, force)
     report = build_report(story, lang=lang, command=command)
+    out = check_out_dir(out_dir, force)  # checked again just before writing (the command checked at its start)
     out.mkdir(parents=True, exist_ok=True)
     if force:
         for old in out.iterdir():
             if old.is_file() and REPORT_FILES.match(old.name):
                 old.unlink()
-    written = []
-    for fig in report.figures:
-        path = out / fig.filename
-        _write(path, fig.svg)
-        written.append(path)
-    path = out / "story.json"
-    _write(path, json.dumps(report.data, ensure_ascii=False, indent=1) + "\n")
-    written.append(path)
-    path = out / "index.html"
-    _write(path, report.html)
-    written.append(path)
-    return written
+    files = [(fig.filename, fig.svg) for fig in report.figures]
+    files += [("story.json", json.dumps(report.data, ensure_ascii=False, indent=1) + "\n"), ("index.html", report.html)]
+    # each through a temporary file renamed over it: no half-written file
+    return [write_output(out / name, content, "--out", force=True) for name, content in files]

@@ -5,6 +5,10 @@
     >>> story.tokens[:3], story.ids[:3]
     (['The', ' cat', ' sat'], [504, 2644, 2643])
     >>> story.embeddings[0].record.to_svg()     # the embedding gather from the real table
+    >>> collect(load("smollm2", quantized=True), "The cat").embeddings[0].record   # from its blocks
+
+A model run from its GGUF blocks (its embedding module holds a QuantizedTable as `.table`) gets its
+word lookup recorded with `record_quantized_embedding` on that table and the user's own ids.
 
 One forward pass with top-k attention on (every layer gathers `top_k` keys per query) runs
 inside `gatherlens.trace()`; an attention observer keeps the query/key/value tensors of the
@@ -25,10 +29,10 @@ from gatherlens.errors import GatherIndexError, GatherValueError, shorten
 from gatherlens.report.defaults import DEFAULT_TEXT, MAX_TOKENS
 from gatherlens.report.explore import explore_calls
 from gatherlens.report.scores import call_scale, layer_scores
+from gatherlens.trace.story_records import HeadMap
 
 __all__ = ["Story", "EmbeddingStep", "HeadMap", "AttentionView", "Prediction", "collect",
            "DEFAULT_TEXT", "MAX_TOKENS", "shown_token", "token_texts"]
-
 
 
 @dataclass
@@ -39,27 +43,9 @@ class EmbeddingStep:
     module: str          # module path, e.g. "model.embed_tokens"
     table_shape: tuple[int, int]
     ids: list[int]       # the ids looked up (batch 0)
-    record: object       # GatherRecord (trace.builders.record_embedding)
-
-
-@dataclass
-class HeadMap:
-    """Which query heads share which KV head (grouped-query attention)."""
-
-    q_heads: int
-    kv_heads: int
-
-    @property
-    def group(self) -> int:
-        return self.q_heads // self.kv_heads
-
-    @property
-    def groups(self) -> list[list[int]]:
-        """groups[g] = the query heads that read KV head g."""
-        return [list(range(g * self.group, (g + 1) * self.group)) for g in range(self.kv_heads)]
-
-    def kv_of(self, head: int) -> int:
-        return head // self.group
+    record: object       # GatherRecord (trace.builders.record_embedding), or from GGUF blocks a
+    #                      QuantizedGatherRecord (trace.quantized.record_quantized_embedding)
+    quantized: bool = False  # the table is a QuantizedTable: rows of GGUF blocks
 
 
 @dataclass
@@ -121,6 +107,7 @@ class Story:
     seconds: dict = field(default_factory=dict)
     explore: object = None                # ExploreData: every layer and head, for the page
     dense_run: bool = False               # top-k off: every query kept every allowed key
+    quantized: bool = False               # the model ran from its GGUF blocks (load(quantized=True))
 
     @property
     def shown_tokens(self) -> list[str]:
@@ -297,7 +284,8 @@ def _story(lm, text: str, ids, tokens: list[str], layers: int, run: _Run, heads:
         hidden_size=int(getattr(cfg, "hidden_size", 0) or 0), layers=layers, heads=heads,
         gathers=rows, events=len(run.trace.events), bytes_read=sum(r["bytes_read"] for r in rows),
         top_k=top_k, tied=_tied(model), rope=any("rope" in str(k) for k in cfg.to_dict()),
-        seconds={"load": float(getattr(lm, "seconds", 0.0)), "forward": run.seconds}, **steps,
+        seconds={"load": float(getattr(lm, "seconds", 0.0)), "forward": run.seconds},
+        quantized=bool(getattr(lm, "info", {}).get("quantized")), **steps,
     )
 
 
@@ -314,7 +302,8 @@ def _num_layers(model) -> int:
 def _tied(model) -> bool:
     head = getattr(model, "get_output_embeddings", lambda: None)()
     emb = model.get_input_embeddings()
-    return head is not None and getattr(head, "weight", None) is getattr(emb, "weight", 0)
+    return head is not None and (getattr(head, "weight", None) is getattr(emb, "weight", 0)
+                                 or getattr(head, "table", None) is getattr(emb, "table", 0))
 
 
 def _layer_number(path: str, call) -> int | None:
@@ -351,8 +340,28 @@ def _embeddings(t, model, ids, display) -> list[EmbeddingStep]:
                                call=f"{sym}[ids]  # {e.module}")
         steps.append(EmbeddingStep(kind=kind, module=e.module, table_shape=tuple(table.shape),
                                    ids=looked, record=rec))
+    quantized = _quantized_word(model, ids, display)
+    steps = ([quantized] if quantized else []) + steps
     steps.sort(key=lambda s: {"word": 0, "position": 1, "token_type": 2}.get(s.kind, 3))
     return steps
+
+
+def _quantized_word(model, ids, display) -> EmbeddingStep | None:
+    """The word lookup of a model run from its GGUF blocks, recorded on its real QuantizedTable
+    with the user's ids (batch 0); None when the embedding module holds no QuantizedTable."""
+    from gatherlens.ops.quant import QuantizedTable
+    from gatherlens.trace.quantized import record_quantized_embedding
+
+    emb = model.get_input_embeddings()
+    table = getattr(emb, "table", None)
+    if not isinstance(table, QuantizedTable):
+        return None
+    idx = ids[:1]                                                            # (1, S)
+    labels = display if len(display) == idx.numel() else None
+    rec = record_quantized_embedding(idx, table, labels=labels)
+    module = next((n for n, m in model.named_modules() if m is emb), "")
+    return EmbeddingStep(kind="word", module=module, table_shape=tuple(table.shape),
+                         ids=idx[0].tolist(), record=rec, quantized=True)
 
 
 def _attention(call, path, layer, head, heads: HeadMap, query, top_k, display) -> AttentionView:

@@ -5,8 +5,9 @@
 
 Figures of gathers come from selection records through `gatherlens.render` (the record's SVG,
 and on the page its hover fragment: point at an output cell to see where it came from); the
-score grid and the head groups come from `gatherlens.render.report_figures`. Every word comes
-from `gatherlens.i18n`. Nothing here writes files.
+score grid and the head groups come from `gatherlens.render.report_figures`, drawn from plain
+records (report.records.score_grid, the story's HeadMap). Every word comes from
+`gatherlens.i18n`. Nothing here writes files.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from gatherlens.render.html import svg_fragment
 from gatherlens.render.layout import Limits
 from gatherlens.render.report_figures import heads_svg, scores_svg
 from gatherlens.render.theme import human_bytes
+from gatherlens.report.records import score_grid
 
 __all__ = ["Figure", "Section", "sections"]
 
@@ -100,6 +102,8 @@ def _embeddings(story, lang: str) -> list[Section]:
 
 
 def _word_lookup(story, e, others: bool, lang: str) -> Section:
+    if e.quantized:
+        return _quantized_lookup(story, e, lang)
     V, d = e.table_shape
     item = e.record.source.element_size()
     fig = _record_figure("01-embedding", text("emb_title", lang), e.record, lang,
@@ -107,6 +111,24 @@ def _word_lookup(story, e, others: bool, lang: str) -> Section:
     body = [text("emb_body", lang, sym=e.record.source_name, V=V, d=d, n=len(e.ids),
                  kb=human_bytes(len(e.ids) * d * item), mb=human_bytes(V * d * item))]
     if not others and getattr(story, "rope", False):
+        body.append(text("emb_rope", lang, model=story.model_name))
+    return Section("embedding", text("emb_title", lang), body, figures=[fig])
+
+
+def _quantized_lookup(story, e, lang: str) -> Section:
+    """The word lookup of a model run from its GGUF blocks: the quantized row gather, drawn from
+    the record of the user's own ids on the real table (render/quantized.py)."""
+    rec = e.record
+    svg = rec.to_svg(lang=lang)
+    fig = Figure("01-embedding", text("emb_title", lang), svg, inline=Markup(svg_fragment(svg)))
+    V, d = e.table_shape
+    n, distinct = len(e.ids), len(rec.rows)
+    body = [text("emb_q_body", lang, name=rec.table_name, qtype=rec.qtype, V=V, d=d,
+                 row_bytes=rec.row_bytes, float_bytes=d * 4, n=n, distinct=distinct,
+                 read=human_bytes(rec.bytes_read), float_read=human_bytes(distinct * d * 4),
+                 size=human_bytes(V * rec.row_bytes), float_size=human_bytes(V * d * 4),
+                 model=story.model_name)]
+    if getattr(story, "rope", False):
         body.append(text("emb_rope", lang, model=story.model_name))
     return Section("embedding", text("emb_title", lang), body, figures=[fig])
 
@@ -140,7 +162,7 @@ def _scores(story, lang: str) -> Section:
     att = story.attention
     title = text("scores_title", lang, k=Slot("k", att.top_k))
     grid = _drawn_figure("04-scores", plain(title),
-                         lambda: scores_svg(att, story.shown_tokens, lang), "scores")
+                         lambda: scores_svg(score_grid(att, story.shown_tokens), lang), "scores")
     pick = _drawn_figure("05-score-gather", "scores.gather", lambda: att.score_record.to_svg(
         lang=lang, limits=Limits(rows=12, cols=10, slices=3)), "gather")
     causal = bool(torch.equal(att.allowed, torch.ones_like(att.allowed).tril()))
@@ -199,7 +221,8 @@ def _prediction(story, lang: str) -> Section:
 
 # 7. every gather of the forward pass
 def _gathers(story, lang: str) -> Section:
-    rows = [[g["op"], op_meaning(g["op"], lang), g["module"] or "(top)", g["count"], _shapes(g),
+    top = text("module_top", lang)
+    rows = [[g["op"], op_meaning(g["op"], lang), g["module"] or top, g["count"], _shapes(g),
              human_bytes(g["bytes_read"])] for g in story.gathers]
     rows.append([text("total", lang), "", "", story.events, "", human_bytes(story.bytes_read)])
     body = [text("table_body", lang, events=story.events, bytes=human_bytes(story.bytes_read))]

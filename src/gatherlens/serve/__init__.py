@@ -14,10 +14,12 @@ the page's data and HTML) and GET /api/generate (server-sent events, one per dec
 - pool.py: the loaded models, kept warm, and the one lock every model call takes.
 - decode.py: decoding step by step with sparse decoding, as plain data per step.
 - app.py: the routes, security headers (Content-Security-Policy, allowed hosts), error bodies.
+- limits.py: the bounded queue of model requests (503 with Retry-After) and the 414 for a long target.
+- startup.py: what `gatherlens serve` checks before the server starts (settings, port, model).
 """
 from gatherlens.serve.settings import ServeSettings
 
-__all__ = ["ServeSettings", "create_app"]
+__all__ = ["ServeSettings", "create_app", "http_protocol", "prepared"]
 
 
 def create_app(settings: ServeSettings | None = None, **kw):
@@ -25,3 +27,17 @@ def create_app(settings: ServeSettings | None = None, **kw):
     from gatherlens.serve.app import create_app as make
 
     return make(settings, **kw)
+
+
+def http_protocol(settings: ServeSettings) -> type:
+    """uvicorn's HTTP protocol for the app (see gatherlens.serve.app.http_protocol)."""
+    from gatherlens.serve.app import http_protocol as protocol
+
+    return protocol(settings)
+
+
+def prepared(settings: ServeSettings, load=None):
+    """Check and load before the server starts (see gatherlens.serve.startup.prepared)."""
+    from gatherlens.serve.startup import prepared as prepare
+
+    return prepare(settings, load)

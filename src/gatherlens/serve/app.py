@@ -27,13 +27,15 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from gatherlens.errors import GatherLensError
+from gatherlens.serve.limits import RequestLimits, protocol_class
 from gatherlens.serve.params import explain_params, generate_params
 from gatherlens.serve.pool import ModelPool
 from gatherlens.serve.settings import ServeSettings
 
-__all__ = ["create_app", "API_POLICY"]
+__all__ = ["create_app", "API_POLICY", "MODEL_PATHS", "http_protocol"]
 
 API_POLICY = "default-src 'none'; frame-ancestors 'none'"
+MODEL_PATHS = ("/", "/api/explain", "/api/generate")   # the routes that wait for the model (limits.py)
 HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
            "X-Frame-Options": "DENY", "Cache-Control": "no-store"}
 
@@ -128,6 +130,11 @@ async def _failure(request: Request, exc: Exception) -> Response:
     return _error(f"internal error ({type(exc).__name__}); the server keeps running", 500)
 
 
+def http_protocol(settings: ServeSettings) -> type:
+    """uvicorn's HTTP protocol for this app: 414 and 400 answered with the app's headers (limits.py)."""
+    return protocol_class(settings, _headers(API_POLICY))
+
+
 def create_app(settings: ServeSettings | None = None, loader=None, warm: bool = True) -> Starlette:
     """The app. loader(name) -> LoadedModel (default gatherlens.models.load); warm: load the
     starting model before the first request."""
@@ -145,7 +152,8 @@ def create_app(settings: ServeSettings | None = None, loader=None, warm: bool = 
     return Starlette(
         routes=[Route("/", page), Route("/api/explain", explain), Route("/api/generate", generate),
                 Route("/api/health", health)],
-        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts)],
+        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts),
+                    Middleware(RequestLimits, settings=settings, headers=_headers(API_POLICY), paths=MODEL_PATHS)],
         exception_handlers={GatherLensError: _bad_input, Exception: _failure},
         lifespan=lifespan,
     )

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from gatherlens.errors import GatherValueError
-from gatherlens.i18n import LANGS
+from gatherlens.i18n import check_lang
 from gatherlens.serve.settings import ServeSettings
 
 __all__ = ["ExplainParams", "GenerateParams", "explain_params", "generate_params"]
@@ -91,9 +91,7 @@ def _model(q: Mapping[str, str], s: ServeSettings) -> str:
 
 def explain_params(q: Mapping[str, str], s: ServeSettings) -> ExplainParams:
     """The checked parameters of GET /api/explain (and of the page itself)."""
-    lang = q.get("lang") or s.lang
-    if lang not in LANGS:
-        raise GatherValueError(f"lang = {lang[:20]!r} must be one of {list(LANGS)}")
+    lang = check_lang(q.get("lang") or s.lang)
     big = 1 << 20
     return ExplainParams(
         text=_text(q, s), model=_model(q, s), k=_int(q, "k", s.top_k, 1, s.max_k),

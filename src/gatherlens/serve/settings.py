@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gatherlens.ops.sparse.config import TOY, SparseConfig
 from gatherlens.report.defaults import DEFAULT_TEXT, MAX_TOKENS
 
 __all__ = ["ServeSettings", "KNOWN", "LOCAL_HOSTS"]
@@ -31,9 +32,13 @@ class ServeSettings:
     max_k: int = 4096
     max_new_tokens: int = 64        # most tokens one generation may produce
     default_new_tokens: int = 24
-    page_size: int = 4              # sparse decoding: tokens per page of the KV cache
-    budget: int = 16                # sparse decoding: tokens each decode step reads
+    page_size: int = TOY.page_size  # sparse decoding: tokens per page of the KV cache (the TOY preset)
+    budget: int = TOY.budget        # sparse decoding: tokens each decode step reads (the TOY preset)
     extra_hosts: list[str] = field(default_factory=list)   # Host headers accepted besides the bind host
+    queue_limit: int = 8            # model requests that may wait while one runs; one more gets 503
+    retry_after: int = 5            # seconds a 503 asks the client to wait (its Retry-After header)
+    max_target_bytes: int = 16384   # longest request target (path and query); longer gets 414. A text
+                                    # of max_chars characters fits: percent-encoded, 12 bytes each at most
 
     @property
     def models(self) -> list[str]:
@@ -47,6 +52,15 @@ class ServeSettings:
         if self.host in LOCAL_HOSTS or self.host in ("0.0.0.0", "::"):
             hosts += [*LOCAL_HOSTS, "[::1]"]
         return ["*"] if self.host in ("0.0.0.0", "::") and not self.extra_hosts else hosts
+
+    def sparse(self, budget: int | None = None, page_size: int | None = None) -> SparseConfig:
+        """The explorer's SparseConfig: the TOY preset at this budget and page size (default: the server's).
+
+            >>> ServeSettings().sparse(budget=32).budget, ServeSettings().sparse().page_size
+            (32, 4)
+        """
+        return TOY.replace(budget=self.budget if budget is None else budget,
+                           page_size=self.page_size if page_size is None else page_size)
 
     def live(self, model: str, topk: bool, k: int) -> dict:
         """The live page's settings (what its controls offer)."""

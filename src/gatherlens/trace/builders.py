@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from gatherlens.errors import GatherIndexError, GatherTypeError, GatherValueError, position_of
-from gatherlens.i18n import LANGS
+from gatherlens.i18n import check_lang
 from gatherlens.trace.record import GatherRecord
 
 __all__ = [
@@ -82,12 +82,6 @@ def _stack(parts: list[torch.Tensor], shape) -> torch.Tensor:
     return torch.stack([p.expand(*shape) for p in parts], dim=-1).long()
 
 
-def _lang(lang: str) -> str:
-    if lang not in LANGS:
-        raise GatherValueError(f"lang must be one of {LANGS}, got {lang!r}")
-    return lang
-
-
 # -- torch.gather --------------------------------------------------------------------------
 def record_gather(input, dim: int, index, *, name: str = "input", index_name: str = "index",
                   call: str | None = None, lang: str = "en", **labels) -> GatherRecord:
@@ -124,7 +118,7 @@ def record_gather(input, dim: int, index, *, name: str = "input", index_name: st
         op="gather", source=src, index=idx, output=out, source_coords=coords,
         index_coords=_stack(_grid(idx.shape), idx.shape), dim=d,
         call=call or f"torch.gather({name}, {d}, {index_name})",
-        source_name=name, index_name=index_name, lang=_lang(lang), **labels,
+        source_name=name, index_name=index_name, lang=check_lang(lang), **labels,
     )
 
 
@@ -157,7 +151,7 @@ def record_index_select(input, dim: int, index, *, name: str = "input",
         op="index_select", source=src, index=idx, output=out,
         source_coords=_stack(parts, out.shape), index_coords=pos.unsqueeze(-1).long(), dim=d,
         call=call or f"torch.index_select({name}, {d}, {index_name})",
-        source_name=name, index_name=index_name, lang=_lang(lang), **labels,
+        source_name=name, index_name=index_name, lang=check_lang(lang), **labels,
     )
 
 
@@ -173,7 +167,7 @@ def record_take_along_dim(input, indices, dim: int | None = None, *, name: str =
     """
     src = _tensor(input, name)
     idx = _int_index(indices, index_name)
-    names = dict(source_name=name, index_name=index_name, lang=_lang(lang), **labels)
+    names = dict(source_name=name, index_name=index_name, lang=check_lang(lang), **labels)
     if dim is None:
         return _record_take_flat(src, idx, call or f"torch.take_along_dim({name}, {index_name})", names)
     if src.ndim == 0:
@@ -303,7 +297,7 @@ def record_indexing(input, indices, *, name: str = "x", index_name: str = "idx",
     return GatherRecord(
         op="indexing", source=src, index=index, output=out, source_coords=coords.long(),
         index_coords=icoords, dim=dim, call=text, source_name=name, index_name=index_name,
-        lang=_lang(lang), **labels,
+        lang=check_lang(lang), **labels,
     )
 
 
@@ -428,7 +422,7 @@ def record_embedding(ids, table, labels=None, *, name: str = "W", index_name: st
         source_name=name, index_name=index_name, output_name="emb",
         source_axes=("V", "d"), index_axes=lead, output_axes=(*lead, "d"),
         source_row_labels=row_labels, output_row_labels=pos_labels, index_as_column=True,
-        lang=_lang(lang),
+        lang=check_lang(lang),
     )
 
 
@@ -483,7 +477,7 @@ def record_attention_selection(selection, batch: int = 0, head: int = 0,
         source_name="scores", index_name="topk_idx", output_name="picked",
         source_axes=("Q", "L"), index_axes=("Q", "k"), output_axes=("Q", "k"),
         source_row_labels=q_labels, source_col_labels=key_labels, output_row_labels=q_labels,
-        lang=_lang(lang),
+        lang=check_lang(lang),
         meta={"weights": weights, "top_k": int(selection.top_k), "key_len": L,
               "is_causal": bool(selection.is_causal), "batch": batch, "head": head,
               "row_names": qnames},

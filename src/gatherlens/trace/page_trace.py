@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gatherlens.errors import GatherValueError
+from gatherlens.ops.sparse.geometry import page_count
 
 __all__ = ["PageTrace", "PageTraceRecorder", "NOT_YET"]
 
@@ -92,11 +93,11 @@ class PageTraceRecorder:
         if not self.steps:
             raise GatherValueError("no decode step was recorded (generate at least one token)")
         P = self.page_size
-        pages = max(-(-L // P) for L, _, _ in self.steps)
+        pages = max(page_count(L, P) for L, _, _ in self.steps)
         read = torch.full((self.num_layers, len(self.steps), pages), NOT_YET)  # (layers, steps, pages)
         dense = torch.zeros(self.num_layers, len(self.steps), dtype=torch.bool)  # (layers, steps)
         for s, (L, seen, _) in enumerate(self.steps):
-            n = -(-L // P)
+            n = page_count(L, P)
             for layer in range(self.num_layers):
                 if layer in seen:
                     read[layer, s, :n] = seen[layer][:n]

@@ -14,19 +14,22 @@ import torch
 
 from gatherlens.errors import GatherIndexError, GatherTypeError, GatherValueError
 from gatherlens.i18n import check_lang, text
+from gatherlens.ops.sparse.geometry import page_count, page_range
 from gatherlens.trace.record import GatherRecord
 
 __all__ = ["record_page_selection"]
 
+
 def _page_labels(labels, L: int, P: int) -> list[str]:
+    ranges = [page_range(p, P, L) for p in range(page_count(L, P))]  # [start, stop) of every page
     if labels is None:
-        return [f"{s}–{min(s + P, L) - 1}" if min(s + P, L) - 1 > s else str(s) for s in range(0, L, P)]
+        return [f"{a}–{b - 1}" if b - 1 > a else str(a) for a, b in ranges]
     tokens = [str(t) for t in labels]
     if len(tokens) != L:
         raise GatherValueError(f"labels has {len(tokens)} entries; expected one per cached token, {L}")
     out = []
-    for s in range(0, L, P):
-        text = "".join(tokens[s:s + P])
+    for a, b in ranges:
+        text = "".join(tokens[a:b])
         out.append(text if len(text) <= 24 else text[:23] + "…")
     return out
 

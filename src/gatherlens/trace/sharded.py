@@ -12,7 +12,6 @@ them (torch.chunk: ceil(V / W) rows per rank, the last ranks take the rest, poss
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +19,7 @@ import torch
 from gatherlens.drawable import Drawable
 from gatherlens.errors import GatherIndexError, GatherValueError
 from gatherlens.i18n import check_lang, text
+from gatherlens.ops.sparse.geometry import ceil_div, page_offsets, pages_per_rank
 from gatherlens.trace.builders import record_embedding
 from gatherlens.trace.convert import as_record
 from gatherlens.trace.record import GatherRecord
@@ -37,7 +37,7 @@ def shard_rows(vocab: int, world: int) -> list[tuple[int, int]]:
     if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 0 or \
             isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise GatherValueError(f"vocab = {vocab!r} must be an int >= 0 and world = {world!r} an int >= 1")
-    size = math.ceil(vocab / world)
+    size = ceil_div(vocab, world)  # rows per rank, exact on ints
     return [(min(r * size, vocab), min((r + 1) * size, vocab)) for r in range(world)]
 
 
@@ -152,12 +152,11 @@ class ShardedPageSelection(Drawable):
 
     @property
     def pages_per_rank(self) -> list[int]:
-        return [-(-n // self.page_size) for n in self.lengths]
+        return pages_per_rank(self.lengths, self.page_size)
 
     @property
     def page_offsets(self) -> list[int]:
-        sizes = self.pages_per_rank
-        return [sum(sizes[:r]) for r in range(len(sizes))]
+        return page_offsets(self.lengths, self.page_size)
 
     @property
     def num_pages(self) -> int:
@@ -166,7 +165,7 @@ class ShardedPageSelection(Drawable):
     def owners(self) -> torch.Tensor:
         """(B, Hsel, n) int64: the rank holding each chosen page."""
         ends = torch.tensor([o + n for o, n in zip(self.page_offsets, self.pages_per_rank)])  # (W,)
-        return torch.bucketize(self.pages.cpu(), ends, right=True)
+        return torch.bucketize(self.pages.cpu().contiguous(), ends, right=True)  # (B, Hsel, n) (strided input warns)
 
     def __repr__(self) -> str:
         B, Hsel, n = self.pages.shape

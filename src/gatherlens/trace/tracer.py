@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch.nn.modules import module as _nn_module
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["trace", "Trace", "TraceEvent", "is_tracing", "paused", "emit_attention_selection"]
+__all__ = ["trace", "Trace", "TraceEvent", "is_tracing", "paused", "emit_attention_selection",
+           "emit_embedding"]
 
 _active: list["Trace"] = []
 _paused = [0]  # > 0 while a composite op (top-k attention) reports itself as one event
@@ -84,6 +85,10 @@ class TraceEvent:
             )
         t = self.tensors
         kw.setdefault("call", self.call)
+        if self.op == "embedding" and not isinstance(t["input"], torch.Tensor):  # a QuantizedTable
+            from gatherlens.trace.quantized import record_quantized_embedding
+
+            return record_quantized_embedding(t["index"], t["input"], labels=labels)
         if self.op == "embedding":
             return builders.record_embedding(t["index"], t["input"], labels=labels, **kw)
         if self.op == "topk_attention":
@@ -453,3 +458,12 @@ def emit_attention_selection(selection, *, query=None, key=None, value=None, out
         e.bytes_read = int(_nbytes(idx) + valid * itemsize * (1 + dv))
         e.input_shape = tuple(key.shape) if key is not None else ()
         e.dtype = value.dtype if value is not None else e.dtype
+
+
+def emit_embedding(table, ids, output, call: str = "embedding_lookup(ids, table)") -> None:
+    """Called by an embedding whose gather is not `F.embedding` (a QuantizedTable's rows of blocks,
+    gatherlens.models' QuantizedEmbedding, run inside `paused()`): one "embedding" event, reading
+    `table.bytes_read(ids)` bytes of blocks plus the ids."""
+    for t in list(_active):
+        t._add(dict(op="embedding", kind="read", input=table, index=ids, out=output, dim=0, call=call))
+        t.events[-1].bytes_read = int(_nbytes(ids) + table.bytes_read(ids))

@@ -5,7 +5,8 @@ each query ranks highest.
     >>> out, sel = topk_attention(q, k, v, top_k=32, is_causal=True, return_selection=True)
 
 References (plain loops) live in `naive.py`; the fast paths (`chunked.py` prefill, `decode.py`,
-`autograd.py`) are tested against them.
+`autograd.py`, `sparse_sum.py` on CPU) are tested against them. Which keys a row keeps is decided
+in one place, `select/` (one tie rule, one worker pool, the C++ top-k operators).
 """
 from gatherlens.ops.attention.scores import apply_attention_scores
 from gatherlens.ops.attention.selection import AttentionSelection

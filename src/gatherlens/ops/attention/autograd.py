@@ -21,7 +21,7 @@ import torch
 
 from gatherlens.ops.attention.chunked import chunk_size, chunked_forward
 from gatherlens.ops.attention.logits import chunk_logits
-from gatherlens.ops.attention.topk_select import indices_to_mask
+from gatherlens.ops.attention.select import indices_to_mask
 from gatherlens.ops.dtypes import NEG_INF, stat_dtype
 
 

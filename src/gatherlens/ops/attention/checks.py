@@ -141,7 +141,7 @@ def _check_heads(Hq: int, Hkv: int, enable_gqa: bool) -> None:
 
 def _is_causal_bias(attn_mask) -> bool:
     """True for a torch.nn.attention.bias.CausalBias. That module is imported only if the caller
-    made one (importing it loads torch._dynamo: about 2 s on every start of the command line)."""
+    made one (importing it loads torch._dynamo, slow on every start of the command line: docs/benchmarks.md)."""
     bias = sys.modules.get("torch.nn.attention.bias")
     return bias is not None and isinstance(attn_mask, bias.CausalBias)
 

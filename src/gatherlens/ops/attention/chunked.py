@@ -14,8 +14,8 @@ chunk stops at its last query's diagonal), select k per row, then one of two sum
 Causal rows that see at most k keys skip the selection. With indices wanted (a selection record,
 or autograd), the dense sum masks by the indices and also returns the log-sum-exp.
 
-Nothing of size (B, H, Q, k, D) or (B, H, Q, L) ever exists: chunks bound both to `BUDGET`
-elements. Softmax statistics are float32 (float64 for float64 input).
+Nothing of size (B, H, Q, k, D) or (B, H, Q, L) ever exists: chunks bound both to
+`CHUNK_ELEMENTS` elements. Softmax statistics are float32 (float64 for float64 input).
 """
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ import torch
 
 from gatherlens.ops.attention.checks import AttentionProblem
 from gatherlens.ops.attention.logits import chunk_logits
-from gatherlens.ops.attention.topk_select import indices_to_mask, keep_mask, select_topk
+from gatherlens.ops.attention.select import indices_to_mask, keep_mask, select_topk
 from gatherlens.ops.dtypes import NEG_INF, compute_dtype, stat_dtype
 
-BUDGET = 1 << 21          # elements per (chunk x keys) buffer: 8 MiB of float32, so the
+CHUNK_ELEMENTS = 1 << 21  # elements of one (chunk x keys) buffer: 8 MiB of float32, so the
                           # passes over one chunk (mask, select, softmax, matmul) stay in cache
                           # (larger buffers were slower; docs/benchmarks.md)
 GATHER_RATIO = 8          # gather when k * GATHER_RATIO <= keys seen ...
@@ -43,12 +43,13 @@ def use_gather(k: int, key_len: int, queries: int) -> bool:
     return k * GATHER_RATIO <= key_len and queries <= GATHER_MAX_QUERIES
 
 
-def chunk_size(p: AttentionProblem, budget: int | None = None) -> int:
-    """Queries per chunk so that one (chunk x keys) or (chunk x k x Dv) buffer fits `budget`."""
-    budget = BUDGET if budget is None else budget
+def chunk_size(p: AttentionProblem, elements: int | None = None) -> int:
+    """Queries per chunk so that one (chunk x keys) or (chunk x k x Dv) buffer holds at most
+    `elements` (default CHUNK_ELEMENTS)."""
+    elements = CHUNK_ELEMENTS if elements is None else elements
     k = p.k_out
     width = max(p.key_len, k * p.value_dim if use_gather(k, p.key_len, p.q_len) else 0, 1)
-    return max(1, min(p.q_len, budget // (p.batch * p.q_heads * width)))
+    return max(1, min(p.q_len, elements // (p.batch * p.q_heads * width)))
 
 
 def gather_rows(value: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -101,7 +102,7 @@ def forward_chunk(p: AttentionProblem, q5, key, value, q0: int, q1: int, *, need
         drop = forbidden if drop is None else drop | forbidden
     else:
         return _dense_softmax(p, s, value[:, :, :Lc].to(cd), k, q0).to(value.dtype), None, None, None
-    out, lse = dense_sum(s, drop, value[:, :, :Lc].to(cd), sd, shared)
+    out, lse = kept_softmax_sum(s, drop, value[:, :, :Lc].to(cd), sd, shared)
     return out.to(value.dtype), lse, vals, idx
 
 
@@ -124,11 +125,12 @@ def _dense_softmax(p: AttentionProblem, s, value, k: int, q0: int):
     return out.view(B, Hkv, G, C, -1)                           # (B, Hkv, G, C, Dv)
 
 
-def dense_sum(s, drop, value, sd, shared=False):
-    """Softmax over the kept logits of s (B, Hkv, G, C, Lc), as a dense row times V (B, Hkv, Lc, Dv).
+def kept_softmax_sum(s, drop, value, sd, shared=False):
+    """Softmax over the kept logits of s (B, Hkv, G, C, Lc), as a dense row times V (B, Hkv, Lc, Dv)
+    -> out (B, Hkv, G, C, Dv), lse (B, Hkv, G, C).
 
-    drop: True at keys outside the selection (None: keep all). Overwrites s
-    with the unnormalized weights.
+    drop: True at keys outside the selection (None: keep all). Overwrites s with the unnormalized
+    weights. (sparse_sum.scattered_weights_sum instead starts from the kept keys' weights.)
     """
     B, Hkv, G, C, Lc = s.shape
     # The row max is among the top-k keys, except under share_selection (a group's keys).
@@ -151,7 +153,7 @@ def _finite(x: torch.Tensor) -> torch.Tensor:
 
 
 def chunked_forward(p: AttentionProblem, query, key, value, *, need_idx: bool, ordered: bool = False,
-                    need_vals: bool | None = None, budget: int | None = None):
+                    need_vals: bool | None = None, chunk_elements: int | None = None):
     """All queries, chunk by chunk -> out (B, Hq, Q, Dv), lse (B, Hq, Q), vals/idx (B, Hq, Q, k).
 
     lse, vals and idx are None unless need_idx.
@@ -169,7 +171,7 @@ def chunked_forward(p: AttentionProblem, query, key, value, *, need_idx: bool, o
         vals = torch.full((B, Hkv, G, Q, k), NEG_INF, dtype=compute_dtype(query.dtype), device=query.device)
     if need_idx:
         idx = torch.full((B, Hkv, G, Q, k), -1, dtype=torch.long, device=query.device)
-    C = chunk_size(p, budget)
+    C = chunk_size(p, chunk_elements)
     for q0 in range(0, Q, C):
         q1 = min(Q, q0 + C)
         o, l, v, i = forward_chunk(p, q5, key, value, q0, q1, need_idx=need_idx, ordered=ordered)

@@ -6,15 +6,15 @@ kept value rows (the fast path of `topk_attention` without autograd; chunked.py 
 Per chunk of C queries, all heads at once:
 1. logits (B, Hkv, G, C, Lc): per KV head, (G*C, D) @ (D, 1024-key blocks) into one reused
    buffer; decoding (few rows) computes K @ q^T and reads the result in place, strided;
-2. per row the kept keys, their softmax weights and the log-sum-exp in one C++ call
-   (threshold.py); a causal row passes its length instead of being masked;
+2. per row the kept keys, their softmax weights and the log-sum-exp in one C++ operator call
+   (select/threshold_select.py); a causal row passes its length instead of being masked;
 3. the weighted sum of the kept value rows: `F.embedding_bag(mode="sum", per_sample_weights=w)`
    gathers k rows per query (reads k rows of V, not Lc) while k * BAG_RATIO <= Lc; for larger k
    the row of logits becomes its row of weights in place, times V (one matmul).
 Nothing masks, exponentiates or sums the logits outside the selection, and they are computed
 once, so the selection and the sum see the same bits. share_selection ranks a KV group's keys by
 the sum of its heads' logits (added in head order, as chunked.py does); each head weighs them by
-its own logits. Prefill chunks run on one thread each (in_workers): one join per call.
+its own logits. Prefill chunks run on one thread each (select/workers.in_workers): one join per call.
 """
 from __future__ import annotations
 
@@ -24,12 +24,13 @@ import torch.nn.functional as F
 from gatherlens.ops.attention.checks import AttentionProblem
 from gatherlens.ops.attention.chunked import chunk_size
 from gatherlens.ops.attention.logits import apply_masks
-from gatherlens.ops.attention.threshold import topk_rows, topk_summed_rows, topk_weights_, worker_pool
+from gatherlens.ops.attention.select import in_workers, topk_rows, topk_summed_rows, topk_weights_
 from gatherlens.ops.dtypes import NEG_INF, compute_dtype, stat_dtype
+from gatherlens.ops.sparse.geometry import ceil_div
 
-BUDGET = 1 << 22          # elements of one chunk's logits at most (16 MiB of float32) ...
+CHUNK_ELEMENTS = 1 << 22  # elements of one chunk's logits at most (16 MiB of float32) ...
 CHUNK_ROWS = 168          # ... and at most this many query rows per KV head (G * C): the matmul
-KEY_BLOCK = 1024          # (G*C, D) @ (D, KEY_BLOCK) blocks ran fastest here (55 GF/s vs 30) ...
+KEY_BLOCK = 1024          # (G*C, D) @ (D, KEY_BLOCK) blocks ran fastest (docs/benchmarks.md) ...
 KEY_BLOCK_ROWS = 64       # ... from this many rows G*C on; fewer (decoding): one batched matmul
 BAG_RATIO = 4             # gather-sum the k rows while k * BAG_RATIO <= keys seen; else dense
 ENABLED = True            # False: every call takes the chunked reference path (tests)
@@ -53,7 +54,7 @@ def sparse_forward(p: AttentionProblem, query, key, value, *, need_idx: bool, or
     lse = torch.empty(B, Hkv, G, Q, dtype=stat_dtype(query.dtype))
     vals = torch.full((B, Hkv, G, Q, k), NEG_INF, dtype=cd) if need_idx else None
     idx = torch.full((B, Hkv, G, Q, k), -1, dtype=torch.long) if need_idx else None
-    C = min(chunk_size(p, BUDGET), max(1, CHUNK_ROWS // G))
+    C = min(chunk_size(p, CHUNK_ELEMENTS), max(1, CHUNK_ROWS // G))
     starts = iter(range((Q - 1) // C * C, -1, -C))              # the longest (causal) chunks first
 
     def work():                                                 # take chunks until none is left
@@ -65,32 +66,9 @@ def sparse_forward(p: AttentionProblem, query, key, value, *, need_idx: bool, or
             if need_idx and i is not None:
                 idx[..., q0:q1, : i.shape[-1]], vals[..., q0:q1, : v.shape[-1]] = i, v
 
-    in_workers(min(torch.get_num_threads(), -(-Q // C)), work)
+    in_workers(min(torch.get_num_threads(), ceil_div(Q, C)), work)
     flat = lambda t: None if t is None else t.flatten(1, 2)     # (B, Hkv, G, ...) -> (B, Hq, ...)
     return flat(out), flat(lse) if need_idx else None, flat(vals), flat(idx)
-
-
-def in_workers(n: int, work) -> None:
-    """work() on n threads at once, each running torch single-threaded (n <= 1: here, as is).
-
-    Whole chunks per thread, not every op split across threads: one join per call instead of a
-    dozen thread barriers per chunk, which under a loaded machine cost more than the work.
-    """
-    if n <= 1:
-        work()
-        return
-    threads, inference = torch.get_num_threads(), torch.is_inference_mode_enabled()
-
-    def single():
-        torch.set_num_threads(1)                                # this thread's ops: one thread each
-        with torch.inference_mode(inference), torch.no_grad():  # modes are per thread: the caller's
-            work()
-
-    try:
-        for f in [worker_pool(n).submit(single) for _ in range(n)]:
-            f.result()
-    finally:
-        torch.set_num_threads(threads)                          # MKL's count is process-wide
 
 
 def sparse_chunk(p: AttentionProblem, q5, key, table, q0: int, q1: int, *, need_idx: bool,
@@ -133,7 +111,7 @@ def sparse_chunk(p: AttentionProblem, q5, key, table, q0: int, q1: int, *, need_
         out = F.embedding_bag(rows.reshape(-1, k), table, mode="sum",
                               per_sample_weights=w.reshape(-1, k).to(table.dtype)).view(B, Hkv, G, C, Dv)
     else:
-        out = dense_sum(w, rows - _bases(p), s, table.view(B, Hkv, p.key_len, Dv)[:, :, :Lc])
+        out = scattered_weights_sum(w, rows - _bases(p), s, table.view(B, Hkv, p.key_len, Dv)[:, :, :Lc])
     if not need_idx:
         return out.to(q5.dtype), lse.to(stat_dtype(q5.dtype)), None, None
     if ordered:                                                 # best first by the ranking, ties by index
@@ -174,7 +152,7 @@ def logits_into(p: AttentionProblem, q5, key, q0: int, q1: int, Lc: int, buf=Non
     s = (buf[:n] if buf is not None and buf.numel() >= n else torch.empty(n, dtype=cd)).view(B, Hkv, G * C, Lc)
     q = q5[:, :, :, q0:q1].to(cd) * p.scale                     # (B, Hkv, G, C, D)
     k = key[:, :, :Lc].to(cd)                                   # (B, Hkv, Lc, D)
-    if G * C < KEY_BLOCK_ROWS:                                  # decoding: K @ q^T (2x faster here than
+    if G * C < KEY_BLOCK_ROWS:                                  # decoding: K @ q^T (faster, docs/benchmarks.md, than
         st = torch.matmul(k, q.reshape(B, Hkv, G * C, -1).transpose(-1, -2))  # q @ K^T), (B, Hkv, Lc, G*C)
         return st.transpose(-1, -2).unflatten(2, (G, C))        # a strided view, no copy
     for b in range(B):
@@ -186,9 +164,10 @@ def logits_into(p: AttentionProblem, q5, key, q0: int, q1: int, Lc: int, buf=Non
     return s.view(B, Hkv, G, C, Lc)
 
 
-def dense_sum(w, idx, s, value) -> torch.Tensor:
-    """The weights added into the zeroed logit buffer s (B, Hkv, G, C, Lc), times V (B, Hkv, Lc, Dv)
-    -> (B, Hkv, G, C, Dv): for k near the keys seen, one matmul beats k row gathers."""
+def scattered_weights_sum(w, idx, s, value) -> torch.Tensor:
+    """Weights w (B, Hkv, G, C, k) at keys idx, added into the zeroed logit buffer s (B, Hkv, G, C, Lc),
+    times V (B, Hkv, Lc, Dv) -> (B, Hkv, G, C, Dv): for k near the keys seen, one matmul beats k
+    row gathers (chunked.kept_softmax_sum instead starts from the logits and a drop mask)."""
     B, Hkv, G, C, Lc = s.shape
     dense = s.zero_().scatter_add_(-1, idx.clamp_min(0), w.to(s.dtype))  # padding adds 0 at key 0
     out = torch.matmul(dense.reshape(B, Hkv, G * C, Lc), value)  # (B, Hkv, G*C, Dv)

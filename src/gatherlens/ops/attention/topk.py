@@ -6,10 +6,10 @@
 
 Dispatch: inputs that need gradients go through the autograd Function (autograd.py, chunked
 forward + chunked recompute backward); other CPU calls take the sparse path (sparse_sum.py: an
-exact per-row threshold in C++, threshold.py, then a gather-sum of only the kept value rows);
-elsewhere a few queries against a long cache take the decode path (decode.py), the rest the
-chunked path (chunked.py, also the reference). All share one selection rule (topk_select.py) and
-are tested against the per-query loop in naive.py.
+exact per-row threshold, a C++ operator, select/threshold_select.py, then a gather-sum of only the
+kept value rows); elsewhere a few queries against a long cache take the decode path (decode.py),
+the rest the chunked path (chunked.py, also the reference). All select in select/ by one tie rule
+(select/ties.py) and are tested against the per-query loop in naive.py.
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from gatherlens.errors import GatherValueError
 from gatherlens.ops.embedding import checks
 from gatherlens.ops.embedding.methods import DEFAULT_METHOD, METHODS
 from gatherlens.ops.embedding.small import small_lookup
+from gatherlens.ops.quant.table import QuantizedTable
 
 __all__ = ["embedding_lookup", "get_embeddings"]
 
@@ -43,7 +44,7 @@ def embedding_lookup(ids: torch.Tensor, table: torch.Tensor, *, method: str = DE
 
     Args:
         ids (Tensor): token ids, int32 or int64, of any shape.
-        table (Tensor): the embedding matrix, floating point.
+        table (Tensor or QuantizedTable): the embedding matrix, floating point, or GGUF blocks.
         method (str, optional): one of ``METHODS``: ``"fast"`` (default), ``"embedding"``,
             ``"index_select"``, ``"gather"``, ``"indexing"``, ``"one_hot"`` or ``"naive"``.
         padding_idx (int, optional): as in :class:`torch.nn.Embedding`: that row gets no
@@ -74,7 +75,7 @@ def embedding_lookup(ids: torch.Tensor, table: torch.Tensor, *, method: str = DE
         rows = small_lookup(ids, table)                         # a few ids: the short path
         if rows is not None:
             return rows
-    checks.check_table(table)
+    _check_table(table)
     checks.check_ids(ids, table)
     if method not in METHODS:
         raise GatherValueError(f"method must be one of {', '.join(map(repr, METHODS))}, got {method!r}")
@@ -93,8 +94,17 @@ def embedding_lookup(ids: torch.Tensor, table: torch.Tensor, *, method: str = DE
     return result
 
 
+def _check_table(table) -> None:
+    """A dense (V, d) tensor (checks.check_table), or a QuantizedTable (checked when it was built)."""
+    if not isinstance(table, QuantizedTable):
+        checks.check_table(table)
+
+
 def _lookup(ids, table, method: str, padding_idx: int | None, out) -> torch.Tensor:
     """The lookup itself, by `method`, after every check: (*S) ids, (V, d) table -> (*S, d)."""
+    if isinstance(table, QuantizedTable):  # rows of GGUF blocks: only the picked ones dequantized
+        result = table.lookup(ids, method)  # (*S, d) float32
+        return out.copy_(result) if out is not None else result
     if method == "fast":
         return METHODS["fast"](ids, table, padding_idx=padding_idx, out=out)
     source = table

@@ -5,17 +5,39 @@
     >>> out = sparse_decode(q, cache, budget=2048)           # q (B, Hq, 1, D) -> (B, Hq, 1, D)
     >>> out, lse, sel = sparse_decode(q, cache, budget=2048, return_lse=True, return_selection=True)
     >>> sel.to_svg()                                          # which pages were read
+    >>> out = sparse_decode(q, cache, budget=512, config=SparseConfig())   # the choice rule of a config
 
-`naive.py` holds the references (dense attention restricted to the chosen pages; the page bound
+`config.py` holds the one sparse configuration (`SparseConfig`, its checks and named presets);
+`geometry.py` every page-count rule (page counts and ranges, tokens read, the split over ranks);
+`naive.py` the references (dense attention restricted to the chosen pages; the page bound
 computed literally). `cache.py` the paged cache; `page_choice.py` which pages a step reads;
 `decode.py` the public call, over `torch_decode.py` (gather + exact attention) or
 `triton_decode.py` (the GPU kernels, imported only when that backend runs); `checks.py` the
-argument checks; `selection.py` the PageSelection record.
+argument checks; `selection.py` the PageSelection record. Names load on first use (PEP 562), so
+`config` and `geometry` import without torch.
 """
-from .cache import PagedKVCache
-from .decode import sparse_decode
-from .page_choice import page_bounds, pages_for_budget, select_pages
-from .selection import PageSelection
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "PagedKVCache": "cache", "sparse_decode": "decode", "PageSelection": "selection",
+    "select_pages": "page_choice", "page_bounds": "page_choice", "pages_for_budget": "page_choice",
+    "SparseConfig": "config",
+}
 
 __all__ = ["PagedKVCache", "sparse_decode", "PageSelection", "select_pages", "page_bounds",
-           "pages_for_budget"]
+           "pages_for_budget", "SparseConfig"]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gatherlens.ops.sparse' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

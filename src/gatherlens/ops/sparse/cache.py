@@ -18,11 +18,10 @@ import torch
 
 from gatherlens.errors import GatherTypeError, GatherValueError
 
+from .config import OP
+from .geometry import page_count
+
 __all__ = ["PagedKVCache"]
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class PagedKVCache:
@@ -77,7 +76,7 @@ class PagedKVCache:
         batch: int,
         kv_heads: int,
         head_dim: int,
-        page_size: int = 16,
+        page_size: int = OP.page_size,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
         capacity: int | None = None,
@@ -106,7 +105,7 @@ class PagedKVCache:
         self.length = 0
         self._work: tuple[torch.Tensor, torch.Tensor] | None = None
         self._rows, self._rows_key = None, None  # gather_pages' row offsets, see _first_rows
-        self._alloc(max(1, _cdiv(capacity or page_size, page_size)))
+        self._alloc(max(1, page_count(capacity or page_size, page_size)))
         self.device = self._k.device  # "cuda" -> "cuda:0": the device the storage is on
 
     # -- storage --------------------------------------------------------------------------------
@@ -130,14 +129,14 @@ class PagedKVCache:
 
     @property
     def num_pages(self) -> int:
-        return _cdiv(self.length, self.page_size)
+        return page_count(self.length, self.page_size)
 
     def __len__(self) -> int:
         return self.length
 
     def reserve(self, tokens: int) -> None:
         """Make room for `tokens` tokens in total (no-op if there is room already)."""
-        need = _cdiv(tokens, self.page_size)
+        need = page_count(tokens, self.page_size)
         if need > self._k.shape[2]:
             self._alloc(max(need, 2 * self._k.shape[2]))
 
@@ -163,7 +162,7 @@ class PagedKVCache:
         flat_v[:, :, L0:L1] = values.detach()
         self.length = L1
         # touched pages p0 .. p1-1; re-reduce their valid tokens only (<= T + P - 1 tokens)
-        p0, p1 = L0 // P, _cdiv(L1, P)
+        p0, p1 = L0 // P, page_count(L1, P)
         full = L1 // P  # pages p0..full-1 are complete
         D = self.head_dim
         if full > p0:

@@ -14,7 +14,7 @@ import torch
 from gatherlens.errors import GatherTypeError, GatherValueError
 
 from .cache import PagedKVCache
-from .page_choice import CHOOSERS, GROUP_SCORES, check_budget
+from .config import check_budget, check_choice
 
 __all__ = ["BACKENDS", "check_decode_args", "check_key_mask", "check_choice"]
 
@@ -25,9 +25,7 @@ def check_decode_args(query, cache, budget, page_size, group_score, backend, sca
                       choose="bound") -> float:
     """Validate the arguments of `sparse_decode`; return the logit scale (default 1 / sqrt(D))."""
     _check_query_and_cache(query, cache, budget, page_size)
-    check_choice(recent, choose)
-    if group_score not in GROUP_SCORES:
-        raise GatherValueError(f"group_score = {group_score!r} must be one of {GROUP_SCORES}")
+    check_choice(recent, choose, group_score)
     if backend not in BACKENDS:
         raise GatherValueError(f"backend = {backend!r} must be one of {BACKENDS}")
     if query.device != cache.device:
@@ -64,14 +62,6 @@ def _check_query_and_cache(query, cache, budget, page_size) -> None:
             f"query heads Hq = {Hq} must be a multiple of the cache's kv_heads = {cache.kv_heads}")
     if cache.length == 0:
         raise GatherValueError("cache is empty (length 0): append keys and values before decoding")
-
-
-def check_choice(recent, choose) -> None:
-    """recent must be an int >= 0 (tokens always read); choose one of CHOOSERS."""
-    if isinstance(recent, bool) or not isinstance(recent, int) or recent < 0:
-        raise GatherValueError(f"recent = {recent!r} must be an int >= 0 (newest tokens always read)")
-    if choose not in CHOOSERS:
-        raise GatherValueError(f"choose = {choose!r} must be one of {CHOOSERS}")
 
 
 def check_key_mask(key_mask, cache: PagedKVCache) -> None:

@@ -16,10 +16,11 @@ import os
 
 import torch
 
-from gatherlens.errors import GatherValueError
+from gatherlens.errors import GatherTypeError, GatherValueError
 
 from .cache import PagedKVCache
 from .checks import check_decode_args
+from .config import OP, SparseConfig
 from .page_choice import first_recent_page, pages_for_budget, select_pages
 from .selection import PageSelection
 from .torch_decode import attend_all, attend_pages
@@ -27,11 +28,11 @@ from .torch_decode import attend_all, attend_pages
 __all__ = ["sparse_decode", "sparse_decode_triton", "reads_every_page"]
 
 
-def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = 2048,
-                  page_size: int | None = None, share_selection: bool = True, return_lse: bool = False,
-                  return_selection: bool = False, *, scale: float | None = None, group_score: str = "max",
-                  backend: str = "auto", key_mask: torch.Tensor | None = None, recent: int = 0,
-                  choose: str = "bound"):
+def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = OP.budget,
+                  page_size: int | None = None, share_selection: bool = OP.share_selection,
+                  return_lse: bool = False, return_selection: bool = False, *, scale: float | None = None,
+                  group_score: str = OP.group_score, backend: str = "auto", key_mask: torch.Tensor | None = None,
+                  recent: int = OP.recent, choose: str = OP.choose, config: SparseConfig | None = None):
     r"""Decode attention over the ``budget`` cached tokens whose pages score highest.
 
     Pages are scored by an upper bound of q.k from their keys' min and max (Quest); page 0, the
@@ -46,8 +47,7 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = 2048,
         share_selection (bool): ``True``: the ``G = Hq // Hkv`` query heads of a KV group read the
             same pages (memory traffic stays ``budget`` rows per KV head); ``False``: every query
             head chooses its own. Default: ``True``.
-        return_lse, return_selection (bool): also return each head's log-sum-exp / the
-            :class:`PageSelection`. Default: ``False``.
+        return_lse, return_selection (bool): also return each head's log-sum-exp / the PageSelection.
         scale (float, optional): logit scale. Default: ``1 / sqrt(D)``.
         group_score (str): ``"max"`` or ``"sum"`` of a group's page bounds (shared selection).
         backend (str): ``"torch"``, ``"triton"`` (CUDA, or ``TRITON_INTERPRET=1`` on CPU) or
@@ -56,11 +56,12 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = 2048,
             Pages are chosen as without it; masked keys in them get no weight (torch backend).
         recent (int): the ``recent`` newest tokens' pages are always read, within the budget.
         choose (str): ``"bound"`` (Quest) or ``"oracle"`` (pages by true attention mass; reads
-            every key: an evaluation tool, torch backend). Default: ``"bound"``.
+            every key: an evaluation tool, torch backend).
+        config (SparseConfig, optional): its choice rule (share_selection, group_score,
+            recent_window(), choose) instead of those keywords; ``budget`` stays the argument.
 
     Shape:
-        - query: :math:`(B, H_q, 1, D)`, :math:`H_q` a multiple of ``cache.kv_heads``
-        - key_mask: :math:`(B, L)`
+        - query: :math:`(B, H_q, 1, D)`, :math:`H_q` a multiple of ``cache.kv_heads``; key_mask: :math:`(B, L)`
         - output: :math:`(B, H_q, 1, D)`; lse: :math:`(B, H_q, 1)`
 
     Returns:
@@ -76,6 +77,7 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = 2048,
         >>> out.shape, sel.pages.shape
         (torch.Size([1, 8, 1, 64]), torch.Size([1, 2, 8]))
     """
+    share_selection, group_score, recent, choose = _choice_of(config, share_selection, group_score, recent, choose)
     scale = check_decode_args(query, cache, budget, page_size, group_score, backend, scale, key_mask, recent, choose)
     q = query.to(cache.dtype)  # (B, Hq, 1, D)
     backend = _pick_backend(q, backend, key_mask, choose)
@@ -83,14 +85,28 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = 2048,
     pages, bounds, out, lse = _decode(backend, q, cache, budget, how, scale, key_mask, return_selection)
     result = [out.to(query.dtype)] + ([lse] if return_lse else [])
     if return_selection:
-        pages = pages.sort(dim=-1).values if backend == "triton" else pages  # (B, Hsel, n) ascending
         result.append(PageSelection(pages, bounds, lse, cache.page_size, cache.length, budget, query.shape[1],
-                                    cache.kv_heads, share_selection, group_score, recent=recent, choose=choose))
+                                    cache.kv_heads, **how))
     return result[0] if len(result) == 1 else tuple(result)
 
 
+def _choice_of(config: SparseConfig | None, share_selection, group_score, recent, choose) -> tuple:
+    """(share_selection, group_score, recent, choose): the keywords' without a config, else `config`'s
+    (an error if a keyword also set one)."""
+    if config is None:
+        return share_selection, group_score, recent, choose
+    if not isinstance(config, SparseConfig):
+        raise GatherTypeError(f"config must be a SparseConfig, got {type(config).__name__}")
+    given = {"share_selection": share_selection, "group_score": group_score, "recent": recent, "choose": choose}
+    for name, value in given.items():
+        if value != getattr(OP, name):
+            raise GatherValueError(f"{name} = {value!r} was given with config=; set it in the SparseConfig instead "
+                                   f"(config.{name} = {getattr(config, name)!r})")
+    return config.share_selection, config.group_score, config.recent_window(), config.choose
+
+
 def _decode(backend, q, cache, budget, how: dict, scale, key_mask, want_selection: bool):
-    """pages (B, Hsel, n; unsorted from triton), bounds (B, Hsel, N), out (B, Hq, 1, D), lse (B, Hq, 1).
+    """pages (B, Hsel, n) ascending (when wanted), bounds (B, Hsel, N), out (B, Hq, 1, D), lse (B, Hq, 1).
 
     A budget that buys every page is dense attention in place (no scoring unless the selection
     is wanted, no gather).
@@ -103,8 +119,9 @@ def _decode(backend, q, cache, budget, how: dict, scale, key_mask, want_selectio
         from .triton_decode import triton_attend_pages, triton_select_pages
 
         pages, bounds = triton_select_pages(q, cache, budget, how["share_selection"], how["group_score"],
-                                            recent=how["recent"])
-        return (pages, bounds, *triton_attend_pages(q, cache, pages, scale))
+                                            recent=how["recent"])  # pages unsorted
+        out, lse = triton_attend_pages(q, cache, pages, scale)  # (B, Hq, 1, D), (B, Hq, 1)
+        return (pages.sort(dim=-1).values if want_selection else pages), bounds, out, lse
     pages, bounds = select_pages(q, cache, budget, scale=scale, **how)  # ascending
     return (pages, bounds, *attend_pages(q, cache, pages, scale, key_mask))
 
@@ -142,7 +159,7 @@ def triton_available() -> bool:
     return True
 
 
-def sparse_decode_triton(query, cache, budget: int = 2048, page_size=None, share_selection=True,
+def sparse_decode_triton(query, cache, budget: int = OP.budget, page_size=None, share_selection=OP.share_selection,
                          return_lse=False, return_selection=False, **kw):
     """`sparse_decode` with the Triton kernel (same signature and results)."""
     return sparse_decode(query, cache, budget, page_size, share_selection, return_lse,

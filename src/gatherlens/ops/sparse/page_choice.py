@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from gatherlens.errors import GatherTypeError, GatherValueError
+from .config import CHOOSERS, GROUP_SCORES, check_budget  # noqa: F401 (check_budget: its one home is config.py)
+from .geometry import last_page_tokens, page_count
 
-__all__ = ["page_bounds", "pages_for_budget", "select_pages", "choose_pages", "page_mass", "first_recent_page",
+__all__ = ["page_bounds", "pages_for_budget", "select_pages", "choose_pages", "rankable", "page_mass", "first_recent_page",
            "GROUP_SCORES", "CHOOSERS"]
-
-GROUP_SCORES = ("max", "sum")
-CHOOSERS = ("bound", "oracle")  # what ranks the pages: Quest's bound, or the true attention mass
 
 
 def split_query(q: torch.Tensor) -> torch.Tensor:
@@ -52,19 +50,10 @@ def pages_for_budget(budget: int, length: int, page_size: int) -> int:
     >>> pages_for_budget(2048, 32768, 16), pages_for_budget(20, 20, 16), pages_for_budget(1, 100, 16)
     (128, 2, 2)
     """
-    n_pages = -(-length // page_size)
-    last = length - (n_pages - 1) * page_size  # tokens in the last page, 1..P
+    n_pages = page_count(length, page_size)
+    last = last_page_tokens(length, page_size)  # tokens in the last page, 1..P
     k = 1 + max(0, budget - last) // page_size
     return max(min(2, n_pages), min(k, n_pages))
-
-
-def check_budget(budget) -> int:
-    """`budget` itself if it is an int >= 1 (tokens), else a clear error."""
-    if isinstance(budget, bool) or not isinstance(budget, int):
-        raise GatherTypeError(f"budget must be an int number of tokens, got {type(budget).__name__} {budget!r}")
-    if budget <= 0:
-        raise GatherValueError(f"budget = {budget} tokens must be >= 1")
-    return budget
 
 
 def first_recent_page(length: int, page_size: int, recent: int) -> int:
@@ -73,7 +62,7 @@ def first_recent_page(length: int, page_size: int, recent: int) -> int:
     >>> first_recent_page(100, 16, 0), first_recent_page(100, 16, 40), first_recent_page(100, 16, 500)
     (6, 3, 0)
     """
-    n_pages = -(-length // page_size)
+    n_pages = page_count(length, page_size)
     return max(0, min(n_pages - 1, (length - max(recent, 1)) // page_size))
 
 
@@ -141,6 +130,16 @@ def page_mass(q: torch.Tensor, cache, scale: float) -> torch.Tensor:
     return probs.view(B, Hkv, G, N, P).sum(-1)  # (B, Hkv, G, N)
 
 
+def rankable(bounds: torch.Tensor) -> torch.Tensor:
+    """A copy of page bounds safe to rank, forced pages aside: a non-finite key's bound never
+    outranks the pages that are always read (+inf): nan ranks last, +inf just below them.
+
+        >>> rankable(torch.tensor([1., float("nan"), float("inf")]))
+        tensor([ 1.0000e+00,        -inf,  3.4028e+38])
+    """
+    return bounds.nan_to_num(nan=float("-inf"), posinf=torch.finfo(bounds.dtype).max)
+
+
 def choose_pages(bounds: torch.Tensor, n: int, first_recent: int | None = None) -> torch.Tensor:
     """Page 0, pages first_recent.. (default: the last page) and the best others by score.
 
@@ -149,7 +148,7 @@ def choose_pages(bounds: torch.Tensor, n: int, first_recent: int | None = None) 
     B, Hsel, N = bounds.shape
     if n >= N:
         return torch.arange(N, device=bounds.device).expand(B, Hsel, N)  # (B, Hsel, N)
-    ranked = bounds.clone()
+    ranked = rankable(bounds)  # (B, Hsel, N)
     ranked[..., 0] = float("inf")  # sinks
     ranked[..., N - 1 if first_recent is None else first_recent:] = float("inf")  # the most recent tokens
     pages = ranked.topk(n, dim=-1, sorted=False).indices  # (B, Hsel, n)

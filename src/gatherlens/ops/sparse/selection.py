@@ -17,6 +17,8 @@ import torch
 
 from gatherlens.drawable import Drawable
 
+from .geometry import page_count, tokens_read
+
 
 @dataclass
 class PageSelection(Drawable):
@@ -52,13 +54,12 @@ class PageSelection(Drawable):
 
     @property
     def num_pages(self) -> int:
-        return -(-self.length // self.page_size)
+        return page_count(self.length, self.page_size)
 
     @property
     def tokens_read(self) -> int:
         """Key/value rows each selection head read (the last page may be partial)."""
-        last = self.length - (self.num_pages - 1) * self.page_size
-        return (self.pages.shape[-1] - 1) * self.page_size + last
+        return tokens_read(self.pages.shape[-1], self.page_size, self.length)
 
     def mask(self) -> torch.Tensor:
         """(B, Hsel, num_pages) bool: True for the pages that were read."""

@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .page_choice import first_recent_page, pages_for_budget
+from .geometry import ceil_div
+from .page_choice import first_recent_page, pages_for_budget, rankable
 
 __all__ = ["triton_page_bounds", "triton_select_pages", "triton_attend_pages"]
 
@@ -192,7 +193,7 @@ def triton_page_bounds(q: torch.Tensor, cache, share_selection: bool = True, gro
     out = torch.empty(B, Hsel, N, device=q.device, dtype=torch.float32)  # (B, Hsel, N)
     rank = torch.empty_like(out)  # (B, Hsel, N)
     BLOCK_P = max(16, _next_pow2(block_p))
-    _page_bounds_kernel[(B * Hkv, -(-N // BLOCK_P))](
+    _page_bounds_kernel[(B * Hkv, ceil_div(N, BLOCK_P))](
         qc, S, out, rank, N, qc.stride(0), qc.stride(1), S.stride(0), S.stride(1), out.stride(0), out.stride(1),
         HKV=Hkv, G=G, D=D, REDUCE=(0 if group_score == "max" else 1) if share_selection else 2,
         BLOCK_G=max(16, _next_pow2(G)), BLOCK_P=BLOCK_P, BLOCK_D=max(16, _next_pow2(D)),
@@ -207,6 +208,8 @@ def triton_select_pages(q: torch.Tensor, cache, budget: int, share_selection: bo
     the scoring kernel, then one top-k: 2 launches instead of ~10 (3 with a `recent` window)."""
     bounds, rank = triton_page_bounds(q, cache, share_selection, group_score, ranked=True)
     N = rank.shape[-1]
+    rank = rankable(rank)  # (B, Hsel, N) non-finite keys' bounds below the forced pages
+    rank[..., 0] = rank[..., N - 1] = float("inf")  # forced again: rankable lowered the kernel's +inf
     first = first_recent_page(cache.length, cache.page_size, recent)
     n = max(pages_for_budget(budget, cache.length, cache.page_size), min(N, N - first + 1))
     if first < N - 1 and n < N:
@@ -237,11 +240,11 @@ def triton_attend_pages(q: torch.Tensor, cache, pages: torch.Tensor, scale: floa
     BLOCK_N = max(16, _next_pow2(block_n))
     if num_splits is None:  # enough programs to fill the machine, each with >= 2 blocks of work
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        want = _next_pow2(-(-4 * sms // (B * Hsel)))
-        num_splits = max(1, min(want, _next_pow2(-(-sel_tokens // (2 * BLOCK_N))), 64))
+        want = _next_pow2(ceil_div(4 * sms, B * Hsel))
+        num_splits = max(1, min(want, _next_pow2(ceil_div(sel_tokens, 2 * BLOCK_N)), 64))
     NSPLIT = _next_pow2(num_splits)
-    tokens_per_split = -(-sel_tokens // NSPLIT)
-    num_blocks = _next_pow2(-(-tokens_per_split // BLOCK_N))
+    tokens_per_split = ceil_div(sel_tokens, NSPLIT)
+    num_blocks = _next_pow2(ceil_div(tokens_per_split, BLOCK_N))
     tokens_per_split = num_blocks * BLOCK_N
     opart = torch.empty(B * Hsel * NSPLIT * R, D, device=q.device, dtype=torch.float32)
     lpart = torch.empty(B * Hsel * NSPLIT * R, device=q.device, dtype=torch.float32)

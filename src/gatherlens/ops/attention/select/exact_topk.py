@@ -1,22 +1,22 @@
-"""The selection step: per row of logits, the top k allowed keys, exactly and deterministically.
+"""Exact top-k of any tensor of logits (any device, autograd's forward too): per row, the top k
+allowed keys by the tie rule (ties.py), deterministically.
 
     >>> vals, idx = select_topk(torch.tensor([[1., 3., 3., -inf]]), 2)
     >>> idx            # ties: the lower key index wins; best first
     tensor([[1, 2]])
 
-Rule (documented in `topk_attention`): keys are ranked by (logit descending, key index ascending);
-only finite logits are allowed; a row with fewer than k allowed keys keeps those and is padded
-with index -1 / logit -inf. A partial selection per row (partition.py: numpy's introselect on
-CPU, torch.topk elsewhere) finds a top-k set; neither promises which of several equal values it
-keeps, so rows where a value equal to the k-th lies outside the set are redone exactly (cumulative
-count of the tied keys, lowest index first); rare with float32 data, and free when absent. The order (best first, ties by index)
-is made only when asked for (a selection record).
+A row with fewer than k allowed keys keeps those and is padded with index -1 / logit -inf. A
+partial selection per row (partial.py: numpy's introselect on CPU, torch.topk elsewhere) finds a
+top-k set; neither promises which of several equal values it keeps, so rows where a value equal
+to the k-th lies outside the set are redone by the tie rule (rare with float32 data, and free when
+absent). The order (best first, ties by index) is made only when asked for (a selection record).
 """
 from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.attention.partition import kth_largest, largest_k
+from gatherlens.ops.attention.select.partial import kth_largest, largest_k
+from gatherlens.ops.attention.select.ties import keep_at_cut
 from gatherlens.ops.dtypes import NEG_INF
 
 
@@ -35,10 +35,10 @@ def select_topk(logits: torch.Tensor, k: int, ordered: bool = True):
         idx = torch.arange(L, device=logits.device).expand(logits.shape).clone()
     else:
         vals, idx, tie = largest_k(logits, k)                   # (..., k) in no order, (...,)
-        if bool(tie.any()):                                     # ties across the cut: by key index
+        if bool(tie.any()):                                     # ties across the cut: the tie rule
             rows = tie.nonzero(as_tuple=True)
-            edge = vals[rows].amin(-1)                          # (R,) the tied k-th value
-            vals[rows], idx[rows] = _exact_rows(logits[rows], edge, k)  # (R, k)
+            edge = vals[rows].amin(-1, keepdim=True)            # (R, 1) the tied k-th value
+            vals[rows], idx[rows] = _rows_by_rule(logits[rows], edge, k)  # (R, k)
     if ordered:
         vals, idx = _order_by_index(vals.flatten(0, -2), idx.flatten(0, -2))
         vals, idx = vals.view(logits.shape[:-1] + (k,)), idx.view(logits.shape[:-1] + (k,))
@@ -46,13 +46,9 @@ def select_topk(logits: torch.Tensor, k: int, ordered: bool = True):
     return vals, idx
 
 
-def _exact_rows(rows: torch.Tensor, edge: torch.Tensor, k: int):
-    """rows (R, L) whose k-th value `edge` (R,) is tied: all keys above it, then the lowest-index ties."""
-    t = edge.unsqueeze(-1)                                      # (R, 1)
-    above = rows > t                                            # (R, L)
-    need = k - above.sum(-1, keepdim=True)                      # (R, 1) ties still to take
-    tied = rows == t                                            # (R, L)
-    chosen = above | (tied & (tied.cumsum(-1) <= need))         # (R, L), exactly k True per row
+def _rows_by_rule(rows: torch.Tensor, edge: torch.Tensor, k: int):
+    """rows (R, L) whose finite k-th value edge (R, 1) is tied -> vals, idx (R, k), best first."""
+    chosen = keep_at_cut(rows, edge, k)                         # (R, L), exactly k True per row
     idx = chosen.nonzero()[:, 1].view(rows.shape[0], k)         # (R, k) ascending key index
     vals = rows.gather(-1, idx)                                 # (R, k)
     return _order_by_index(vals, idx)
@@ -78,11 +74,7 @@ def keep_mask(logits: torch.Tensor, k: int) -> torch.Tensor | None:
     drop = logits < edge                                        # (..., L)
     if bool(tie.any()):
         rows = tie.nonzero(as_tuple=True)
-        sub = logits[rows]                                      # (R, L)
-        t = edge[rows]                                          # (R, 1)
-        above, tied = sub > t, sub == t
-        need = k - above.sum(-1, keepdim=True)                  # (R, 1)
-        drop[rows] = ~(above | (tied & (tied.cumsum(-1) <= need)))
+        drop[rows] = ~keep_at_cut(logits[rows], edge[rows], k)  # (R, L) the tie rule
     return drop
 
 

@@ -1,6 +1,7 @@
-// Exact top-k of each row of logits, by the rule of threshold.py, for one block of rows.
+// Exact top-k of each row of logits, by the rule of select/ties.py, as two PyTorch operators.
 //
-//   select_rows_f32(s, layout, rows, lens, k, base, vals, idx, w, lse)   rows of s -> (rows, k) each
+//   torch.ops.gatherlens.topk_rows(x, lens, base, k, weights, row_start, row_stop) -> vals, idx, w, lse
+//   torch.ops.gatherlens.topk_weights_into(x, lens, k) -> lse          (x overwritten by the weights)
 //
 // Rule: a row keeps its k allowed (> -inf) keys of highest logit; a tie at the k-th value goes to
 // the lower key index; a row with fewer than k allowed keys keeps them all; the other slots get
@@ -14,16 +15,22 @@
 //   4. in index order: every key above t, and the first (k - #above) keys equal to t.
 // If `lo` was too high (fewer than k candidates), the row is redone with every allowed key.
 // Optionally the softmax weights of the kept keys and the log-sum-exp, so that the caller's
-// weighted sum of value rows (F.embedding_bag) is one more call. dense_rows_* instead overwrite
-// each row of s with its softmax weights (0 outside the selection), for one matmul by V when
-// k is a large part of the row.
-// No Python objects: the caller runs row blocks on several threads (ctypes releases the GIL).
+// weighted sum of value rows (F.embedding_bag) is one more call. topk_weights_into instead
+// overwrites each row of x with its softmax weights (0 outside the selection), for one matmul by V
+// when k is a large part of the row.
+// Built by gatherlens/ops/native.py (torch.utils.cpp_extension); the schemas are defined below
+// (TORCH_LIBRARY_FRAGMENT), the fake kernels in select/threshold_kernel.py. The dispatcher releases
+// the GIL, so the caller runs row blocks on several threads (select/workers.py).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -329,7 +336,7 @@ void select_rows(const T* s, Layout at, int64_t rows, const int64_t* lens, int64
 template <typename T, typename K>
 void dense_row(T* s, int64_t L, int64_t stride, int64_t k, T* lse,
                std::vector<K>& ck, std::vector<int32_t>& ci, std::vector<K>& tmp, std::vector<K>& work) {
-  Cut cut = L > 0 ? find_cut<T, K>(s, L, k, ck, ci, tmp, work) : Cut{0, 0, 0};
+  Cut cut = L > 0 && k > 0 ? find_cut<T, K>(s, L, k, ck, ci, tmp, work) : Cut{0, 0, 0};
   const T neg_inf = -std::numeric_limits<T>::infinity();
   if (cut.c == 0) {                            // no allowed key: zero weights
     for (int64_t j = 0; j < stride; ++j) s[j] = 0;
@@ -366,23 +373,90 @@ void dense_rows(T* s, int64_t rows, int64_t stride, const int64_t* lens, int64_t
   }
 }
 
+
+// ---- the operators: checks, outputs, then the kernels above (float32 / float64) ----
+
+const int64_t* per_row(const std::optional<at::Tensor>& t, int64_t rows, const char* op, const char* name) {
+  if (!t.has_value()) return nullptr;
+  TORCH_CHECK(t->scalar_type() == at::kLong && t->dim() == 1 && t->numel() == rows && t->is_contiguous(),
+              op, ": ", name, " must be a contiguous int64 tensor of ", rows, " elements (one per row), got ",
+              t->scalar_type(), " of shape ", t->sizes());
+  return t->const_data_ptr<int64_t>();
+}
+
+void check_lens(const int64_t* lens, int64_t r0, int64_t r1, int64_t W, const char* op) {
+  for (int64_t r = r0; lens && r < r1; ++r)
+    TORCH_CHECK(lens[r] >= 0 && lens[r] <= W, op, ": lens[", r, "] = ", lens[r], " is outside [0, ", W, "]");
+}
+
+void check_logits(const at::Tensor& x, int64_t dim, int64_t k, const char* op) {
+  TORCH_CHECK(x.dim() == dim, op, ": x must be ", dim, "-D, got shape ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
+              op, ": x must be float32 or float64, got ", x.scalar_type());
+  TORCH_CHECK(k >= 0, op, ": k = ", k, " must be >= 0");
+}
+
+// x (N, n, grp, W), any strides: row r (of R = N * grp) is the sum over dim 1 of x[r / grp, :, r % grp]
+// (added in order; n = 1: the row itself), keys [0, lens[r]). Rows [row_start, row_stop) ->
+// vals, idx (rows, min(k, W)) (idx + base[r] with base), and with weights w (rows, min(k, W)) and
+// lse (rows,), else both empty.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> topk_rows_cpu(
+    const at::Tensor& x, const std::optional<at::Tensor>& lens, const std::optional<at::Tensor>& base,
+    int64_t k, bool weights, int64_t row_start, int64_t row_stop) {
+  const char* op = "gatherlens::topk_rows";
+  check_logits(x, 4, k, op);
+  const int64_t grp = x.size(2), W = x.size(3), R = x.size(0) * grp;
+  TORCH_CHECK(0 <= row_start && row_start <= row_stop && row_stop <= R,
+              op, ": rows [", row_start, ", ", row_stop, ") are outside [0, ", R, "]");
+  const int64_t* lp = per_row(lens, R, op, "lens");
+  const int64_t* bp = per_row(base, R, op, "base");
+  check_lens(lp, row_start, row_stop, W, op);
+  const int64_t rows = row_stop - row_start, width = k < W ? k : W;
+  at::Tensor vals = at::empty({rows, width}, x.options());
+  at::Tensor idx = at::empty({rows, width}, x.options().dtype(at::kLong));
+  at::Tensor w = at::empty({weights ? rows : 0, width}, x.options());
+  at::Tensor lse = at::empty({weights ? rows : 0}, x.options());
+  Layout lay{row_start, grp, x.stride(0), x.stride(2), x.stride(3), W, x.size(1), x.stride(1)};
+  const int64_t* l0 = lp ? lp + row_start : nullptr;
+  const int64_t* b0 = bp ? bp + row_start : nullptr;
+  if (rows == 0) return {vals, idx, w, lse};
+  if (x.scalar_type() == at::kFloat)
+    select_rows<float, int32_t>(x.const_data_ptr<float>(), lay, rows, l0, width, b0, vals.data_ptr<float>(),
+                                idx.data_ptr<int64_t>(), weights ? w.data_ptr<float>() : nullptr,
+                                weights ? lse.data_ptr<float>() : nullptr);
+  else
+    select_rows<double, int64_t>(x.const_data_ptr<double>(), lay, rows, l0, width, b0, vals.data_ptr<double>(),
+                                 idx.data_ptr<int64_t>(), weights ? w.data_ptr<double>() : nullptr,
+                                 weights ? lse.data_ptr<double>() : nullptr);
+  return {vals, idx, w, lse};
+}
+
+// x (rows, W) contiguous, in place: each row becomes the softmax over its kept keys (0 elsewhere and
+// past lens[r]) -> lse (rows,).
+at::Tensor topk_weights_into_cpu(const at::Tensor& x, const std::optional<at::Tensor>& lens, int64_t k) {
+  const char* op = "gatherlens::topk_weights_into";
+  check_logits(x, 2, k, op);
+  TORCH_CHECK(x.is_contiguous(), op, ": x must be contiguous (it is overwritten row by row)");
+  const int64_t rows = x.size(0), W = x.size(1);
+  const int64_t* lp = per_row(lens, rows, op, "lens");
+  check_lens(lp, 0, rows, W, op);
+  at::Tensor lse = at::empty({rows}, x.options());
+  if (x.scalar_type() == at::kFloat)
+    dense_rows<float, int32_t>(x.data_ptr<float>(), rows, W, lp, k < W ? k : W, lse.data_ptr<float>());
+  else
+    dense_rows<double, int64_t>(x.data_ptr<double>(), rows, W, lp, k < W ? k : W, lse.data_ptr<double>());
+  return lse;
+}
+
 }  // namespace
 
-extern "C" {
-void select_rows_f32(const float* s, const int64_t* layout, int64_t rows, const int64_t* lens, int64_t k,
-                     const int64_t* base, float* vals, int64_t* idx, float* w, float* lse) {
-  Layout at{layout[0], layout[1], layout[2], layout[3], layout[4], layout[5], layout[6], layout[7]};
-  select_rows<float, int32_t>(s, at, rows, lens, k, base, vals, idx, w, lse);
+TORCH_LIBRARY_FRAGMENT(gatherlens, m) {
+  m.def("topk_rows(Tensor x, Tensor? lens, Tensor? base, int k, bool weights, int row_start, int row_stop)"
+        " -> (Tensor vals, Tensor idx, Tensor w, Tensor lse)");
+  m.def("topk_weights_into(Tensor(a!) x, Tensor? lens, int k) -> Tensor lse");
 }
-void select_rows_f64(const double* s, const int64_t* layout, int64_t rows, const int64_t* lens, int64_t k,
-                     const int64_t* base, double* vals, int64_t* idx, double* w, double* lse) {
-  Layout at{layout[0], layout[1], layout[2], layout[3], layout[4], layout[5], layout[6], layout[7]};
-  select_rows<double, int64_t>(s, at, rows, lens, k, base, vals, idx, w, lse);
-}
-void dense_rows_f32(float* s, int64_t rows, int64_t stride, const int64_t* lens, int64_t k, float* lse) {
-  dense_rows<float, int32_t>(s, rows, stride, lens, k, lse);
-}
-void dense_rows_f64(double* s, int64_t rows, int64_t stride, const int64_t* lens, int64_t k, double* lse) {
-  dense_rows<double, int64_t>(s, rows, stride, lens, k, lse);
-}
+
+TORCH_LIBRARY_IMPL(gatherlens, CPU, m) {
+  m.impl("topk_rows", &topk_rows_cpu);
+  m.impl("topk_weights_into", &topk_weights_into_cpu);
 }

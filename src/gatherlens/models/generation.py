@@ -1,0 +1,188 @@
+"""The one generation loop: greedy decoding as a generator of events, sparse or dense.
+
+    >>> for event in generation_steps(lm, ids, budget=512, max_new_tokens=32, pages=True):
+    ...     if isinstance(event, GenerationStep):
+    ...         print(event.index, repr(event.token), event.length, event.page_ids()[:1])
+    ...     elif isinstance(event, GenerationEnd):
+    ...         print(event.reason, repr(event.text))
+    0 ' mat' 9 []                     # index 0: the prompt's forward pass (prefill, dense)
+    1 ' and' 10 [[0, 2, 3]]           # a decode step: layer 0's page ids per selection head
+    ...
+    length ' mat and the dog ...'
+
+First a `GenerationStart` (the prompt's length, the budget, the page size, the layers), then
+one `GenerationStep` per new token (its id, the text it added, the text so far, the tokens it
+attended, which pages each sparse layer read, its time), then one `GenerationEnd`. The
+consumer runs at its own pace: `gatherlens generate` prints and draws (through
+streaming.stream_generate), the explorer's server sends each event to the page and stops
+between two steps when its client goes away. Closing the generator (or an exception, Ctrl-C
+included) puts the model back to dense decoding. Greedy (argmax), like
+`generate(do_sample=False)`; it stops after max_new_tokens or after the model's end-of-sequence
+token. budget=None decodes densely (SDPA over a DynamicCache); otherwise
+`use_sparse_decoding(model, budget, **sparse)` over a SparseKVCache. The text comes from the
+one incremental detokenizer (detokenize.py).
+
+The tokens themselves come from `greedy_tokens(model, cache, ids)`, the loop's core: forward,
+argmax, feed it back, one token per `next()`. A caller that has its own prefilled cache and needs
+only token ids (the passkey test: `eval.passkey.greedy_decode`) takes them from there.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from gatherlens.errors import GatherValueError
+from gatherlens.models.detokenize import CONTEXT_TOKENS, Detokenizer
+from gatherlens.models.sparse import (DEFAULTS, SparseKVCache, observe_sparse, sparse_settings, use_dense_decoding,
+                                      use_sparse_decoding)
+
+__all__ = ["GenerationStart", "GenerationStep", "GenerationEnd", "LayerPages", "generation_steps", "greedy_tokens",
+           "require_causal", "stop_ids"]
+
+
+@dataclass(frozen=True)
+class GenerationStart:
+    """The first event, before the prompt runs: what the generation is set up with."""
+
+    prompt_tokens: int
+    budget: int | None      # None: dense
+    page_size: int          # tokens per page of the paged cache (dense: the size pictures draw)
+    layers: int
+
+
+@dataclass(frozen=True)
+class LayerPages:
+    """The pages one layer read at one decode step (what a PageTraceRecorder reads of a call)."""
+
+    layer: int
+    selection: object  # PageSelection
+
+
+@dataclass(frozen=True)
+class GenerationStep:
+    """One new token.
+
+    index:      0 for the token the prompt's forward pass chose (prefill, dense), then 1, 2, ...
+                for the decode steps.
+    token_id:   the token chosen (greedy).
+    token:      the text it added ("" while a UTF-8 character is still incomplete, or for a
+                special token).
+    text:       the continuation so far (the concatenation of every `token`).
+    length:     tokens the step attended: the prompt for index 0, prompt + index for a decode step.
+    pages:      what every sparse layer read, in layer order (decode steps with pages=True; a
+                layer that is missing decoded densely without choosing).
+    seconds:    the step's time (its forward pass, the choice and the text).
+    """
+
+    index: int
+    token_id: int
+    token: str
+    text: str
+    length: int
+    pages: tuple[LayerPages, ...] = ()
+    seconds: float = 0.0
+
+    def page_ids(self) -> list[list[list[int]]]:
+        """[layer][selection head] -> the page ids read (ascending), batch 0; [] for a dense layer."""
+        read = {p.layer: p.selection.pages[0].tolist() for p in self.pages}
+        return [read.get(i, []) for i in range(max(read, default=-1) + 1)]
+
+
+@dataclass(frozen=True)
+class GenerationEnd:
+    """The last event: what was generated and why it stopped ("length" or "eos")."""
+
+    new_ids: tuple[int, ...]
+    text: str
+    prompt_tokens: int
+    reason: str
+    prefill_seconds: float
+    decode_seconds: float
+
+
+def require_causal(lm) -> None:
+    """A clear error for a model that cannot generate (an encoder such as MiniLM)."""
+    if not lm.is_causal:
+        raise GatherValueError(f"{lm.name} is an encoder ({type(lm.model).__name__}): it does not "
+                               f"generate; switch to a causal LM such as smollm2")
+
+
+def stop_ids(lm) -> set[int]:
+    """The end-of-sequence ids generation stops at: the model's generation config's, else the tokenizer's."""
+    eos = getattr(getattr(lm.model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(lm.tokenizer, "eos_token_id", None)
+    return set() if eos is None else {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+def _start(model, budget: int | None, sparse: dict) -> tuple[object, int]:
+    """Switch the model (sparse or dense decoding); the cache the loop fills and its page size."""
+    from transformers import DynamicCache
+
+    if budget is None:
+        use_dense_decoding(model)
+        return DynamicCache(config=model.config), sparse.get("page_size", DEFAULTS["page_size"])
+    use_sparse_decoding(model, budget, **sparse)
+    page_size = sparse_settings(model).page_size  # what the model now decodes with
+    return SparseKVCache(config=model.config, page_size=page_size), page_size
+
+
+@torch.no_grad()
+def greedy_tokens(model, cache, ids: torch.Tensor) -> Iterator[int]:
+    """The greedy token after ids (1, Q) in `cache`, then after each token it gave, one per `next()`; endless.
+
+        >>> list(itertools.islice(greedy_tokens(model, prefilled_cache, last_prompt_id), 5))   # ids (1, 1)
+
+    Each `next()` runs one forward pass into the cache (the caller stops by asking no more); the
+    model decodes as it is switched (use_sparse_decoding / use_dense_decoding).
+    """
+    while True:
+        out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        token = int(out.logits[0, -1].argmax())  # logits (1, 1, V)
+        yield token
+        ids = torch.tensor([[token]], device=ids.device)  # (1, 1)
+
+
+def _next(tokens: Iterator[int], picked: list | None) -> int:
+    """The loop's next token (one forward pass); what sparse layers read meanwhile lands in picked."""
+    def keep(call):
+        picked.append(LayerPages(call.layer if call.layer is not None else len(picked), call.selection))
+
+    with observe_sparse(keep) if picked is not None else contextlib.nullcontext():
+        return next(tokens)
+
+
+@torch.no_grad()
+def generation_steps(lm, ids: torch.Tensor, budget: int | None = DEFAULTS["budget"], max_new_tokens: int = 64, *,
+                     pages: bool = False, **sparse) -> Iterator[GenerationStart | GenerationStep | GenerationEnd]:
+    """GenerationStart, a GenerationStep per new token after ids (1, S), GenerationEnd (see the module doc).
+
+    budget: tokens each decode step reads (None: dense). pages: record which pages every sparse
+    layer read at every decode step (GenerationStep.pages). sparse: more use_sparse_decoding
+    settings (page_size, dense_layers, ...).
+    """
+    require_causal(lm)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise GatherValueError(f"max_new_tokens = {max_new_tokens!r} must be an int >= 1")
+    model, S, stop = lm.model, ids.shape[1], stop_ids(lm)
+    detok = Detokenizer(lm.tokenizer, context=ids[0, -CONTEXT_TOKENS:].tolist())
+    new: list[int] = []
+    times = [0.0, 0.0]  # prefill, decode
+    try:
+        cache, page_size = _start(model, budget, sparse)
+        tokens = greedy_tokens(model, cache, ids)  # the prompt (1, S) first, then (1, 1) per step
+        yield GenerationStart(S, budget, page_size, model.config.num_hidden_layers)
+        while len(new) < max_new_tokens and not (new and new[-1] in stop):
+            t0, picked = time.perf_counter(), ([] if pages and new else None)  # the prefill reads every page
+            new.append(_next(tokens, picked))
+            piece, seconds = detok.push(new[-1]), time.perf_counter() - t0
+            times[0 if len(new) == 1 else 1] += seconds
+            yield GenerationStep(len(new) - 1, new[-1], piece, detok.text, S + len(new) - 1,
+                                 tuple(sorted(picked or (), key=lambda p: p.layer)), seconds)
+        yield GenerationEnd(tuple(new), detok.text, S, "eos" if new[-1] in stop else "length", *times)
+    finally:
+        use_dense_decoding(model)

@@ -1,0 +1,153 @@
+"""`load(name, quantized=True)`: a Llama GGUF run from its blocks, with no float32 conversion.
+
+    >>> lm = load("smollm2", quantized=True)          # ~1 s when the config and tokenizer are cached
+    >>> lm.info["quantized"], type(lm.model.model.embed_tokens).__name__
+    (True, 'QuantizedEmbedding')
+    >>> lm.model.generate(lm.encode("The cat"), max_new_tokens=8)
+
+How the model is built: the config and tokenizer come from the converted cache folder when one
+exists (its config.json and tokenizer files only; the weights are never read), else from the GGUF
+through transformers. The `LlamaForCausalLM` is built on the meta device; every nn.Linear becomes a
+`QuantizedLinear` packed from its blocks (Q4_1 etc.: PyTorch's int4 kernel on the codes as stored,
+bf16 activations; formats it cannot take: a bf16 copy), the embedding a `QuantizedEmbedding` over
+the Q8_0 table mapped in place, the tied head a bf16 copy of the same table, the norms the file's
+F32 tensors. q|k|v and gate|up are packed fused (`qkv_proj`, `gate_up_proj`, used by the lean decode
+step) and the separate projections share their packed rows. attn_q / attn_k rows are stored
+permuted for llama.cpp's RoPE; the same row permutation as transformers' `reverse_permute` undoes it
+(blocks run along K, so moving whole rows is exact).
+Prefill (an x of at least `PREFILL_ROWS` rows) dequantizes each weight for the call and runs float32
+GEMM: bit-equal to the float model's weights and faster there than the int4 kernel on this CPU.
+"""
+from __future__ import annotations
+
+import torch
+
+from gatherlens.errors import GatherValueError
+from gatherlens.models import cache as _cache
+from gatherlens.models.integrity import readable
+from gatherlens.models.loading import LoadedModel
+from gatherlens.models.quantized_layers import QuantizedEmbedding, QuantizedLinear
+from gatherlens.models.registry import ModelSource
+from gatherlens.ops.quant import LinearConfig, QuantizedTable, pack_linear, split_linear
+from gatherlens.ops.quant.int4 import INT4_QTYPES
+
+__all__ = ["load_quantized", "PREFILL_ROWS", "HEAD_ROUTE", "quantized_modules"]
+
+PREFILL_ROWS = 128  # rows from which a call dequantizes to float32 (ops/quant/linear.py)
+HEAD_ROUTE = "bf16"  # the tied Q8_0 head: measured faster than its two int4 planes at one row
+_ATTN = {"attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj"}
+_MLP = {"ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "down_proj"}
+
+
+def load_quantized(source: ModelSource, attn_implementation: str | None, say) -> LoadedModel:
+    """A GGUF source -> LoadedModel whose linears and embedding are GGUF blocks (see module doc)."""
+    from gguf import GGUFReader
+
+    if source.kind != "gguf":
+        raise GatherValueError(f"quantized=True needs a .gguf model; {source.name!r} is a folder at "
+                               f"{str(source.path)!r}")
+    config, tokenizer, folder = _config_and_tokenizer(source, say)
+    if config.model_type != "llama":
+        raise GatherValueError(f"quantized=True runs Llama GGUF files; {source.path.name} is {config.model_type!r}")
+    say(f"mapping the blocks of {source.path.name}")
+    with readable(source.path):
+        reader = GGUFReader(source.path, mode="c")
+        tables = {t.name: t for t in reader.tensors}
+        model = _build(config, reader, tables, attn_implementation)
+    info = {"quantized": True, "config_from": "cache" if folder else "gguf"}
+    return LoadedModel(source.name, model, tokenizer, source.path, folder, info=info)
+
+
+def _config_and_tokenizer(source: ModelSource, say):
+    """(config, tokenizer, cache folder or None): the cached folder's small files, else the GGUF's."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = _cache.entry_dir(source.name, _cache.file_sha256(source.path))
+    if (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file():
+        say(f"reading the config and tokenizer of {source.name} from {folder}")
+        with readable(folder, part="its config and tokenizer"):
+            return (AutoConfig.from_pretrained(folder, local_files_only=True),
+                    AutoTokenizer.from_pretrained(folder, local_files_only=True), folder)
+    say(f"reading the config and tokenizer from {source.path.name}")
+    with readable(source.path):
+        kw = {"gguf_file": source.path.name, "local_files_only": True}
+        return AutoConfig.from_pretrained(source.path.parent, **kw), AutoTokenizer.from_pretrained(
+            source.path.parent, **kw), None
+
+
+def _build(config, reader, tables: dict, attn_implementation: str | None):
+    """The HF LlamaForCausalLM, built empty, its parts replaced by the file's blocks."""
+    from transformers import LlamaForCausalLM
+
+    if attn_implementation:
+        config._attn_implementation = attn_implementation
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    inner = model.model
+    embed = QuantizedTable.from_reader(reader, "token_embd.weight")
+    inner.embed_tokens = QuantizedEmbedding(embed)
+    head = QuantizedTable.from_reader(reader, "output.weight") if "output.weight" in tables else embed
+    model.lm_head = QuantizedLinear(pack_linear(head.raw, head.qtype, _config(head.qtype, HEAD_ROUTE)))
+    for i, layer in enumerate(inner.layers):
+        _fill_layer(layer, i, reader, tables, config)
+    inner.norm.weight = _norm(tables, "output_norm.weight")
+    inner.rotary_emb = type(inner.rotary_emb)(config=config)  # its inv_freq computed on the CPU
+    left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise GatherValueError(f"{len(left)} tensors of the model have no data in the file (first: {left[0]})")
+    return model.eval()
+
+
+def _config(qtype: str, route: str = "int4") -> LinearConfig:
+    return LinearConfig(route=route if route != "int4" or qtype in INT4_QTYPES else "bf16", prefill_rows=PREFILL_ROWS)
+
+
+def _rows(reader, name: str, config) -> torch.Tensor:
+    """The blocks of a linear (N, row_bytes), q and k rows back in HF's order (reverse_permute)."""
+    raw = QuantizedTable.from_reader(reader, name).raw  # (N, row_bytes), mapped in place
+    kind = name.split(".")[2]
+    if kind not in ("attn_q", "attn_k"):
+        return raw
+    heads = config.num_attention_heads if kind == "attn_q" else config.num_key_value_heads
+    order = torch.arange(raw.shape[0]).view(heads, -1, 2).transpose(1, 2).reshape(-1)  # (N,)
+    return raw.index_select(0, order)  # (N, row_bytes): new row h*D + j*D/2 + i is stored row h*D + 2i + j
+
+
+def _fused(parent, names: list[str], raws: list[torch.Tensor], qtype: str) -> QuantizedLinear:
+    """Pack the rows of several projections as one weight; each projection a view of its rows."""
+    fused = pack_linear(torch.cat(raws), qtype, _config(qtype))  # (sum N, row_bytes)
+    for name, part in zip(names, split_linear(fused, [r.shape[0] for r in raws])):
+        setattr(parent, name, QuantizedLinear(part))
+    return QuantizedLinear(fused)
+
+
+def _fill_layer(layer, i: int, reader, tables: dict, config) -> None:
+    """One decoder layer's projections (q|k|v and gate|up fused when one format) and norms."""
+    for part, kinds, fuse, fused_name in ((layer.self_attn, _ATTN, 3, "qkv_proj"),
+                                          (layer.mlp, _MLP, 2, "gate_up_proj")):
+        names = [f"blk.{i}.{kind}.weight" for kind in kinds]
+        missing = [n for n in names if n not in tables]
+        if missing:
+            raise GatherValueError(f"tensor {missing[0]!r} is missing from the file; a Llama layer needs it")
+        raws = [_rows(reader, n, config) for n in names]
+        qtypes = [tables[n].tensor_type.name for n in names]
+        if len(set(qtypes[:fuse])) == 1:
+            part.add_module(fused_name, _fused(part, list(kinds.values())[:fuse], raws[:fuse], qtypes[0]))
+        start = fuse if len(set(qtypes[:fuse])) == 1 else 0  # mixed formats: each packed alone
+        for raw, qtype, name in list(zip(raws, qtypes, kinds.values()))[start:]:
+            setattr(part, name, QuantizedLinear(pack_linear(raw, qtype, _config(qtype))))
+    layer.input_layernorm.weight = _norm(tables, f"blk.{i}.attn_norm.weight")
+    layer.post_attention_layernorm.weight = _norm(tables, f"blk.{i}.ffn_norm.weight")
+
+
+def _norm(tables: dict, name: str) -> torch.nn.Parameter:
+    if name not in tables:
+        raise GatherValueError(f"tensor {name!r} is missing from the file; a Llama model needs it")
+    data = torch.from_numpy(tables[name].data.astype("float32").reshape(-1).copy())  # (d,)
+    return torch.nn.Parameter(data, requires_grad=False)
+
+
+def quantized_modules(model) -> dict[str, int]:
+    """How many QuantizedLinear / QuantizedEmbedding modules `model` holds (a quick check)."""
+    kinds = (QuantizedLinear, QuantizedEmbedding)
+    return {k.__name__: sum(1 for m in model.modules() if type(m) is k) for k in kinds}

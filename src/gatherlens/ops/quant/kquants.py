@@ -1,0 +1,84 @@
+"""The fields of GGUF's K-quant super-blocks (256 weights), unpacked from raw bytes.
+
+    >>> raw = torch.zeros(2, 144, dtype=torch.uint8)           # (R, nb*144): 2 rows of one Q4_K block
+    >>> q, d, dmin, sc, mn = q4_k_fields(raw)
+    >>> q.shape, sc.shape                                       # codes in element order; 8 sub-blocks
+    (torch.Size([2, 256]), torch.Size([2, 1, 8]))
+
+`*_parts` give the fields by sub-block (what formats.py computes with), `*_fields` per row.
+
+Layouts (ggml's `ggml-common.h`, `dequantize_row_q4_K` / `_q6_K` in `ggml-quants.c`):
+
+- Q4_K, 144 bytes: `d`, `dmin` (fp16), `scales[12]` (eight 6-bit scales and eight 6-bit mins),
+  `qs[128]`: four chunks of 32 bytes; chunk c holds sub-block 2c in its low nibbles and 2c + 1 in
+  its high ones. Sub-block s (32 weights): w = (d * sc[s]) * q - (dmin * mn[s]).
+- Q6_K, 210 bytes: `ql[128]` (low 4 bits), `qh[64]` (high 2 bits), `scales[16]` (int8), `d` (fp16).
+  In half h (128 weights), element l < 32 of quarter k takes its low 4 bits from byte
+  ql[64h + 32(k % 2) + l] (the low nibble for k < 2, the high one for k >= 2) and its top 2 bits
+  from bits 2k, 2k + 1 of qh[32h + l]. Sub-block s (16 weights): w = (d * scales[s]) * (q - 32).
+"""
+from __future__ import annotations
+
+import torch
+
+from gatherlens.ops.quant.fields import as_blocks, half_at
+
+__all__ = ["q4_k_parts", "q6_k_parts", "q4_k_fields", "q6_k_fields", "k_scale_min"]
+
+
+
+def _shifts(step: int, device) -> torch.Tensor:
+    """(8 // step, 1) bit offsets 0, step, 2 step, ... of a byte's fields, on `device`."""
+    return torch.arange(0, 8, step, dtype=torch.uint8, device=device).view(-1, 1)  # (fields, 1)
+
+
+def k_scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's 12 scale bytes (R, nb, 12) -> (scales, mins), each (R, nb, 8) uint8 in 0..63.
+
+    ggml's get_scale_min_k4: sub-blocks 0-3 keep the low 6 bits of bytes 0-3 (scales) and 4-7
+    (mins); sub-blocks 4-7 take their low 4 bits from bytes 8-11 and their top 2 bits from the
+    spare top bits of bytes 0-3 (scales) or 4-7 (mins).
+    """
+    low, mid, top = packed.narrow(-1, 0, 4), packed.narrow(-1, 4, 4), packed.narrow(-1, 8, 4)  # (R, nb, 4)
+    scales = torch.cat((low & 63, (top & 0x0F) | ((low >> 6) << 4)), dim=-1)  # (R, nb, 8)
+    mins = torch.cat((mid & 63, (top >> 4) | ((mid >> 6) << 4)), dim=-1)  # (R, nb, 8)
+    return scales, mins
+
+
+def q4_k_parts(raw: torch.Tensor):
+    """Q4_K -> (q: uint8 (R, nb, 8, 32) codes 0..15 by sub-block, d, dmin: float16 (R, nb, 1),
+    scales, mins: uint8 (R, nb, 8))."""
+    blocks = as_blocks(raw, "Q4_K")  # (R, nb, 144)
+    rows, nb, _ = blocks.shape
+    chunks = blocks.narrow(-1, 16, 128).unflatten(-1, (4, 1, 32))  # (R, nb, 4, 1, 32)
+    q = (chunks >> _shifts(4, raw.device)) & 0x0F  # (R, nb, 4, 2, 32): sub-block 2c + h
+    scales, mins = k_scale_min(blocks.narrow(-1, 4, 12))  # (R, nb, 8) each
+    return q.view(rows, nb, 8, 32), half_at(blocks, 0), half_at(blocks, 2), scales, mins
+
+
+def q6_k_parts(raw: torch.Tensor):
+    """Q6_K -> (q: int8 (R, nb, 16, 16) in -32..31 by sub-block, scales: int8 (R, nb, 16),
+    d: float16 (R, nb, 1))."""
+    blocks = as_blocks(raw, "Q6_K")  # (R, nb, 210)
+    rows, nb, _ = blocks.shape
+    ql = blocks.narrow(-1, 0, 128).unflatten(-1, (2, 1, 64))  # (R, nb, half, 1, 64)
+    low = ((ql >> _shifts(4, raw.device)) & 0x0F).view(rows, nb, 2, 4, 32)  # (R, nb, half, quarter, 32)
+    qh = blocks.narrow(-1, 128, 64).unflatten(-1, (2, 1, 32))  # (R, nb, half, 1, 32)
+    high = (qh >> _shifts(2, raw.device)) & 3  # (R, nb, half, quarter, 32)
+    q = (low | (high << 4)).view(torch.int8) - 32  # (R, nb, 2, 4, 32): codes 0..63, less 32
+    scales = blocks.narrow(-1, 192, 16).view(torch.int8)  # (R, nb, 16)
+    return q.view(rows, nb, 16, 16), scales, half_at(blocks, 208)
+
+
+def q4_k_fields(raw: torch.Tensor):
+    """Q4_K rows (R, nb*144) uint8 -> (q: uint8 (R, nb*256) codes 0..15 in element order,
+    d: float16 (R, nb), dmin: float16 (R, nb), scales: uint8 (R, nb, 8), mins: uint8 (R, nb, 8))."""
+    q, d, dmin, scales, mins = q4_k_parts(raw)
+    return q.flatten(1), d.squeeze(-1).contiguous(), dmin.squeeze(-1).contiguous(), scales, mins
+
+
+def q6_k_fields(raw: torch.Tensor):
+    """Q6_K rows (R, nb*210) uint8 -> (q: int8 (R, nb*256) in -32..31 in element order,
+    scales: int8 (R, nb, 16), d: float16 (R, nb))."""
+    q, scales, d = q6_k_parts(raw)
+    return q.flatten(1), scales.contiguous(), d.squeeze(-1).contiguous()

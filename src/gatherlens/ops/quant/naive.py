@@ -1,0 +1,120 @@
+"""The plain reference: one block at a time, ggml's C loops written out, float32 arithmetic.
+
+    >>> raw = torch.zeros(2, 20, dtype=torch.uint8)            # (R, 20): 2 rows of one Q4_1 block
+    >>> naive_dequantize_rows(raw, "Q4_1").shape
+    torch.Size([2, 32])
+
+Each `_block_*` follows `dequantize_row_*` in ggml's `ggml-quants.c` line by line, on the bytes of
+one block as Python ints. Every float32 operation is done in Python (double) and rounded to float32
+at once by `f32`; for +, - and * of float32 values this equals float32 arithmetic exactly (double
+has more than twice float32's precision), so the reference owes nothing to torch's kernels.
+"""
+from __future__ import annotations
+
+import struct
+
+import torch
+
+from gatherlens.ops.quant.sizes import SIZES
+
+__all__ = ["naive_dequantize_rows", "f32"]
+
+
+def f32(x: float) -> float:
+    """`x` rounded to the nearest float32 (ties to even), as a Python float."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def _half(b: list[int], at: int) -> float:
+    """The little-endian IEEE half at bytes b[at], b[at + 1]."""
+    return struct.unpack("<e", bytes(b[at:at + 2]))[0]
+
+
+def _block_q8_0(b: list[int]) -> list[float]:
+    d = _half(b, 0)
+    return [f32((q - 256 if q > 127 else q) * d) for q in b[2:34]]
+
+
+def _block_q4_0(b: list[int]) -> list[float]:
+    d, y = _half(b, 0), [0.0] * 32
+    for j in range(16):
+        y[j] = f32(((b[2 + j] & 0x0F) - 8) * d)
+        y[j + 16] = f32(((b[2 + j] >> 4) - 8) * d)
+    return y
+
+
+def _block_q4_1(b: list[int]) -> list[float]:
+    d, m, y = _half(b, 0), _half(b, 2), [0.0] * 32
+    for j in range(16):
+        y[j] = f32(f32((b[4 + j] & 0x0F) * d) + m)
+        y[j + 16] = f32(f32((b[4 + j] >> 4) * d) + m)
+    return y
+
+
+def _codes_q5(qh: int, qs: list[int]) -> list[int]:
+    """The 32 five-bit codes of a Q5 block: qs nibbles, bit 4 from the uint32 qh."""
+    codes = [0] * 32
+    for j in range(16):
+        codes[j] = (qs[j] & 0x0F) | (((qh >> j) << 4) & 0x10)
+        codes[j + 16] = (qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)
+    return codes
+
+
+def _block_q5_0(b: list[int]) -> list[float]:
+    d, qh = _half(b, 0), int.from_bytes(bytes(b[2:6]), "little")
+    return [f32((q - 16) * d) for q in _codes_q5(qh, b[6:22])]
+
+
+def _block_q5_1(b: list[int]) -> list[float]:
+    d, m, qh = _half(b, 0), _half(b, 2), int.from_bytes(bytes(b[4:8]), "little")
+    return [f32(f32(q * d) + m) for q in _codes_q5(qh, b[8:24])]
+
+
+def _scale_min_k4(j: int, q: list[int]) -> tuple[int, int]:
+    """ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j from the 12 packed bytes."""
+    if j < 4:
+        return q[j] & 63, q[j + 4] & 63
+    return (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4)
+
+
+def _block_q4_k(b: list[int]) -> list[float]:
+    d, dmin, scales, qs, y = _half(b, 0), _half(b, 2), b[4:16], b[16:144], []
+    for chunk in range(4):  # 64 weights: sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles)
+        for sub, shift in ((2 * chunk, 0), (2 * chunk + 1, 4)):
+            sc, m = _scale_min_k4(sub, scales)
+            d1, m1 = f32(d * sc), f32(dmin * m)
+            y += [f32(f32(d1 * ((q >> shift) & 0x0F)) - m1) for q in qs[32 * chunk:32 * chunk + 32]]
+    return y
+
+
+def _block_q6_k(b: list[int]) -> list[float]:
+    ql, qh, d, y = b[0:128], b[128:192], _half(b, 208), [0.0] * 256
+    sc = [s - 256 if s > 127 else s for s in b[192:208]]
+    for half in range(2):  # 128 weights: ql[64h:64h+64], qh[32h:32h+32], sc[8h:8h+8]
+        lo, hi, s, out = ql[64 * half:], qh[32 * half:], sc[8 * half:], 128 * half
+        for l in range(32):
+            q1 = ((lo[l] & 0x0F) | (((hi[l] >> 0) & 3) << 4)) - 32
+            q2 = ((lo[l + 32] & 0x0F) | (((hi[l] >> 2) & 3) << 4)) - 32
+            q3 = ((lo[l] >> 4) | (((hi[l] >> 4) & 3) << 4)) - 32
+            q4 = ((lo[l + 32] >> 4) | (((hi[l] >> 6) & 3) << 4)) - 32
+            i = l // 16
+            for k, q in enumerate((q1, q2, q3, q4)):
+                y[out + l + 32 * k] = f32(f32(d * s[i + 2 * k]) * q)
+    return y
+
+
+_BLOCKS = {"Q8_0": _block_q8_0, "Q4_0": _block_q4_0, "Q4_1": _block_q4_1, "Q5_0": _block_q5_0,
+           "Q5_1": _block_q5_1, "Q4_K": _block_q4_k, "Q6_K": _block_q6_k}
+
+
+def naive_dequantize_rows(raw: torch.Tensor, qtype: str) -> torch.Tensor:
+    """(R, nb * block_bytes) uint8 rows of `qtype` -> (R, nb * block_weights) float32, block by block."""
+    elems, nbytes = SIZES[qtype]
+    rows, width = raw.shape
+    out = []
+    for row in raw.tolist():
+        values = []
+        for start in range(0, width, nbytes):
+            values += _BLOCKS[qtype](row[start:start + nbytes])
+        out.append(values)
+    return torch.tensor(out, dtype=torch.float32).view(rows, width // nbytes * elems)  # (R, nb*elems)

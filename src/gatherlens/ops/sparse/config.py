@@ -1,0 +1,164 @@
+"""How sparse decoding chooses pages: ONE frozen, validated configuration and its named presets.
+
+    >>> config = SparseConfig()                        # the measured best setting (DEFAULT)
+    >>> config.budget, config.page_size, config.share_selection, config.dense_layers
+    (1024, 8, False, 2)
+    >>> config.recent_window(), round(config.dense_share, 3)   # a quarter of the budget; dense at >= 1/3
+    (256, 0.333)
+    >>> config.budget_for(100_000, layer=5), config.budget_for(2_000, layer=5), config.budget_for(100_000, layer=0)
+    (1024, 2000, 100000)
+    >>> TOY.budget, TOY.page_size                      # the explorer's small preset
+    (16, 4)
+
+Every place that decodes sparsely takes or builds one of these and passes it on: the op
+(`sparse_decode(..., config=)`), the Hugging Face adapter (`use_sparse_decoding`: one reference
+per module, `module.gatherlens_sparse`), dist, serve and the command line. A new setting goes
+here: a field, its check in `_check`, and (if it is not the default's) a preset below.
+
+DEFAULT is the best setting of `gatherlens eval-sparse`'s comparison table (docs/bench/notes.md):
+pages of 8 tokens, the first two layers dense (as Quest), a recent window of a quarter of the
+budget, every query head choosing its own pages; a budget of a third of the cache or more
+decodes densely (`gatherlens bench generate`). Imports no torch (the command line reads it).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from gatherlens.errors import GatherTypeError, GatherValueError
+
+__all__ = ["SparseConfig", "DEFAULT", "OP", "QUEST", "SHARDED", "TOY", "PRESETS", "GROUP_SCORES", "CHOOSERS",
+           "check_budget", "check_choice", "check_page_size"]
+
+GROUP_SCORES = ("max", "sum")   # how a KV group's page bounds combine (shared choice)
+CHOOSERS = ("bound", "oracle")  # what ranks the pages: Quest's bound, or the true attention mass
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_budget(budget, *, dense_ok: bool = False) -> int | None:
+    """`budget` itself if it is an int >= 1 (tokens; or None when `dense_ok`), else a clear error.
+
+        >>> check_budget(512), check_budget(None, dense_ok=True)
+        (512, None)
+    """
+    if budget is None and dense_ok:
+        return None
+    if not _is_int(budget):
+        dense = " or None (dense)" if dense_ok else ""
+        raise GatherTypeError(f"budget must be an int number of tokens{dense}, got {type(budget).__name__} {budget!r}")
+    if budget <= 0:
+        raise GatherValueError(f"budget = {budget} tokens must be >= 1")
+    return budget
+
+
+def check_choice(recent, choose, group_score: str = "max") -> None:
+    """recent an int >= 0 (tokens always read), choose one of CHOOSERS, group_score one of GROUP_SCORES."""
+    if not _is_int(recent) or recent < 0:
+        raise GatherValueError(f"recent = {recent!r} must be an int >= 0 (newest tokens always read)")
+    if choose not in CHOOSERS:
+        raise GatherValueError(f"choose = {choose!r} must be one of {CHOOSERS}")
+    if group_score not in GROUP_SCORES:
+        raise GatherValueError(f"group_score = {group_score!r} must be one of {GROUP_SCORES}")
+
+
+def _check_count(name: str, value, low: int, what: str) -> None:
+    if not _is_int(value) or value < low:
+        raise GatherValueError(f"{name} = {value!r} must be an int >= {low} ({what})")
+
+
+def check_page_size(page_size) -> int:
+    """`page_size` itself if it is an int >= 1 (tokens per page), else a clear error."""
+    _check_count("page_size", page_size, 1, "tokens per page")
+    return page_size
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    """How decode steps choose pages (validated on construction; `dataclasses.replace` re-validates).
+
+    budget: tokens each decode step reads per selection head (pages are whole; page 0 and the
+        newest page always); None decodes densely over the paged cache.
+    page_size: tokens per page of the KV cache.
+    share_selection: True: the query heads of a KV group read the same pages (GQA: what saves
+        memory traffic); False: every query head chooses its own.
+    group_score: "max" or "sum" of a KV group's page bounds (with share_selection).
+    keep_selection: the HF adapter keeps each layer's last PageSelection (`last_page_selections`).
+    recent: the newest `recent` tokens are always read, within the budget; None: a quarter of the
+        budget (`recent_window`).
+    choose: "bound" (Quest's page bound) or "oracle" (true attention mass; reads every key: for evaluation).
+    dense_share: a budget of at least this share of the cache decodes densely, in place (scoring
+        and gathering would cost more than they save); 1.0: only a budget that covers the cache.
+    dense_layers: the first this many decoder layers decode densely (Quest keeps two).
+    """
+
+    budget: int | None = 1024
+    page_size: int = 8
+    share_selection: bool = False
+    group_score: str = "max"
+    keep_selection: bool = False
+    recent: int | None = None
+    choose: str = "bound"
+    dense_share: float = 1 / 3
+    dense_layers: int = 2
+
+    def __post_init__(self):
+        _check(self)
+
+    def recent_window(self) -> int:
+        """The recent window a step reads: `recent`, or for None a quarter of the budget (0 when dense).
+
+            >>> SparseConfig(512).recent_window(), SparseConfig(512, recent=0).recent_window()
+            (128, 0)
+        """
+        if self.recent is not None:
+            return self.recent
+        return self.budget // 4 if self.budget is not None else 0
+
+    def dense_at(self, layer: int | None) -> bool:
+        """True when decoder layer `layer` decodes densely (budget None, or one of the first dense_layers)."""
+        return self.budget is None or (_is_int(layer) and layer < self.dense_layers)
+
+    def budget_for(self, length: int, layer: int | None = None) -> int:
+        """The budget a step over `length` cached tokens of `layer` runs with: `length` (dense) or the budget.
+
+            >>> SparseConfig(24).budget_for(101), SparseConfig(24, dense_share=0.2).budget_for(101)
+            (24, 101)
+        """
+        if self.dense_at(layer) or self.budget >= self.dense_share * length:
+            return length
+        return self.budget
+
+    def replace(self, **changes) -> "SparseConfig":
+        """A copy with `changes` (checked like any other)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _check(c: SparseConfig) -> None:
+    """The one validation of every sparse setting; messages name the argument, value and range."""
+    check_budget(c.budget, dense_ok=True)
+    check_page_size(c.page_size)
+    for name in ("share_selection", "keep_selection"):
+        if not isinstance(getattr(c, name), bool):
+            raise GatherTypeError(f"{name} must be a bool, got {getattr(c, name)!r}")
+    check_choice(0 if c.recent is None else c.recent, c.choose, c.group_score)
+    share = c.dense_share
+    if not isinstance(share, (int, float)) or isinstance(share, bool) or not share > 0:
+        raise GatherValueError(f"dense_share = {share!r} must be a number > 0 (share of the cache)")
+    _check_count("dense_layers", c.dense_layers, 0, "leading layers kept dense")
+
+
+DEFAULT = SparseConfig()
+# sparse_decode's own keyword defaults (one call, no model): one choice per KV group, no window,
+# dense only when the budget covers the cache; also the paged caches' default page size.
+OP = SparseConfig(budget=2048, page_size=16, share_selection=True, recent=0, dense_share=1.0, dense_layers=0)
+# Quest's plain setting: the baseline row of `gatherlens eval-sparse`.
+QUEST = OP.replace(budget=1024)
+# use_sharded_decoding's defaults: the plain setting (sparse_decode_sharded has no recent window).
+SHARDED = QUEST
+# the explorer (`gatherlens serve`): a small budget and pages so that a short text shows a choice,
+# every layer choosing at every budget below the cache.
+TOY = QUEST.replace(budget=16, page_size=4)
+PRESETS = {"default": DEFAULT, "op": OP, "quest": QUEST, "sharded": SHARDED, "toy": TOY}

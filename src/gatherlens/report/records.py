@@ -1,0 +1,79 @@
+"""The story as the plain records render draws: the score grid and the terminal summary.
+
+    >>> scores_svg(score_grid(story.attention, story.shown_tokens), lang="zh")
+    >>> print_summary(explain_summary(story), paths, Console(), lang="zh")
+
+render reads no report object: what its figures and the summary show is copied here, from the
+Story, into the records of gatherlens.trace.story_records (the head groups already are one).
+"""
+from __future__ import annotations
+
+from gatherlens.trace.story_records import (Candidate, ExplainSummary, GatherLine, KeyRow,
+                                            LookupLine, NextToken, ScoreGrid, TokenRow, TopKeys)
+
+__all__ = ["score_grid", "explain_summary"]
+
+SHOWN_VALUES = 4  # values of each token's word-table row the summary prints
+
+
+def score_grid(view, labels: list[str]) -> ScoreGrid:
+    """The score grid of an AttentionView (gatherlens.report.collect), positions named by `labels`."""
+    return ScoreGrid(layer=view.layer, head=view.head, top_k=view.top_k, query=view.query,
+                     scores=view.scores, dense=view.dense, allowed=view.allowed,
+                     indices=view.indices, labels=tuple(labels))
+
+
+def explain_summary(story) -> ExplainSummary:
+    """The summary record of a Story (gatherlens.report.collect): every section's plain data."""
+    word = next((e for e in story.embeddings if e.kind == "word"), None)
+    gathers = tuple(GatherLine(op=g["op"], module=g["module"] or "", count=int(g["count"]),
+                               bytes_read=int(g["bytes_read"])) for g in story.gathers)
+    return ExplainSummary(
+        model_name=story.model_name, model_class=story.model_class, text=story.text,
+        table=_table_name(word),
+        width=word.table_shape[1] if word is not None else 0,
+        tokens=_token_rows(story, word), heads=story.heads, keys=_top_keys(story),
+        lookups=tuple(LookupLine(module=e.module, table_shape=tuple(e.table_shape),
+                                 ids=tuple(e.ids), item_bytes=e.record.source.element_size())
+                      for e in story.embeddings if not e.quantized),  # rows of blocks: see the report
+        next_token=_next_token(story), gathers=gathers, events=story.events,
+        bytes_read=story.bytes_read)
+
+
+def _table_name(word) -> str:
+    """The word table's name as the summary heads its values ("" when no word lookup ran)."""
+    if word is None:
+        return ""
+    return word.record.table_name if word.quantized else word.record.source_name
+
+
+def _token_rows(story, word) -> tuple[TokenRow, ...]:
+    """Each shown token, its id and the first values of the row it gathers (if a word lookup ran)."""
+    if word is None:
+        return tuple(TokenRow(t, i) for t, i in zip(story.shown_tokens, story.ids))
+    rows = word.record.output.reshape(-1, word.table_shape[1])[:, :SHOWN_VALUES].tolist()  # (S, 4)
+    return tuple(TokenRow(t, i, tuple(r)) for t, i, r in zip(story.shown_tokens, story.ids, rows))
+
+
+def _top_keys(story) -> TopKeys:
+    """The keys the drawn query kept, with their score, top-k weight and dense weight."""
+    att, toks = story.attention, story.shown_tokens
+    Q, L = att.scores.shape
+    qrow = att.query - (len(toks) - Q)
+    picked = [j for j in att.indices[qrow].tolist() if j >= 0]
+    keys = toks[-L:]
+    rows = tuple(KeyRow(key=j, token=keys[j], score=float(att.scores[qrow, j]), weight=w,
+                        dense=float(att.dense[qrow, j]))
+                 for j, w in zip(picked, att.weights[qrow].tolist()))
+    return TopKeys(layer=att.layer, head=att.head, kv_head=att.kv_head, query=att.query,
+                   query_token=toks[att.query], top_k=att.top_k, rows=rows, mass=att.mass)
+
+
+def _next_token(story) -> NextToken | None:
+    """The five best next tokens with top-k and with dense attention; None for an encoder."""
+    p = story.prediction
+    if p is None:
+        return None
+    return NextToken(after=story.shown_tokens[-1], top_k=story.top_k,
+                     top=tuple(Candidate(i, t, pr) for i, t, _, pr in p.top),
+                     dense=tuple(Candidate(i, t, pr) for i, t, _, pr in p.dense_top))

