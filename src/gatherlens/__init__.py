@@ -16,6 +16,8 @@ import importlib
 import sys
 import types
 
+from gatherlens.lazy import lazy_exports
+
 __version__ = "0.1.0"
 
 # public name -> module that defines it
@@ -82,17 +84,15 @@ _SUBPACKAGES = ("models", "eval", "dist")  # the edge, imported on first use
 __all__ = sorted(_EXPORTS) + [*_SUBPACKAGES, "trace"]
 
 
+_exported, _ = lazy_exports(__name__, _EXPORTS)
+
+
 def __getattr__(name: str):
     if name == "trace":
         return importlib.import_module("gatherlens.trace").trace
     if name in _SUBPACKAGES:
         return importlib.import_module(f"gatherlens.{name}")
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gatherlens' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return _exported(name)
 
 
 def __dir__():

@@ -11,7 +11,7 @@ The collectives are torch.distributed's own (DTensor for the embedding, all_gath
 """
 from __future__ import annotations
 
-import importlib
+from gatherlens.lazy import lazy_exports
 
 # public name -> module that defines it, imported on first use (PEP 562): `gatherlens --help`
 # reads the light demo_config (the demo's options) without torch
@@ -33,11 +33,4 @@ __all__ = [
     "DistTimeout",
 ]
 
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gatherlens.dist' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -16,7 +16,7 @@ reading a corpus does not import transformers.
 """
 from __future__ import annotations
 
-import importlib
+from gatherlens.lazy import lazy_exports
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -32,14 +32,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'gatherlens.eval' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"gatherlens.eval.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -9,7 +9,7 @@ transformers is imported when a model is loaded, not when this package is.
 """
 from __future__ import annotations
 
-import importlib
+from gatherlens.lazy import lazy_exports
 
 # public name -> module that defines it, imported on first use (PEP 562): `gatherlens cache
 # list` and `gatherlens --help` read light submodules (cache, sparse_defaults) without torch
@@ -37,11 +37,4 @@ __all__ = [
     "ATTN_NAME",
 ]
 
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gatherlens.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from gatherlens.models.sparse_attention import decode_attention
 from gatherlens.models.sparse_cache import SparseKVCache
+from gatherlens.ops.quant import quantized_linear
 
 __all__ = ["LEAN_LAYER_CLASSES", "install_lean_step", "remove_lean_step", "lean_layers", "supports_lean_step"]
 
@@ -95,20 +96,42 @@ def lean_step(layer, x: torch.Tensor, position_embeddings, attention_mask, cache
     B, D = x.shape[0], attn.head_dim
     n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
     h = F.rms_norm(x, x.shape[-1:], n1.weight, n1.variance_epsilon)  # (B, 1, d)
-    q = _linear(h, attn.q_proj).view(B, -1, 1, D)  # (B, Hq, 1, D): one token, so heads can lead
-    k = _linear(h, attn.k_proj).view(B, -1, 1, D)  # (B, Hkv, 1, D)
-    v = _linear(h, attn.v_proj).view(B, -1, 1, D)  # (B, Hkv, 1, D)
+    q, k, v = _qkv(h, attn)  # (B, 1, Hq*D), (B, 1, Hkv*D) x2
+    q, k, v = q.view(B, -1, 1, D), k.view(B, -1, 1, D), v.view(B, -1, 1, D)  # (B, H, 1, D): one token
     cos, sin = (t.unsqueeze(1) for t in position_embeddings)  # (B, 1, 1, D)
     q, k = rope(q, cos, sin), rope(k, cos, sin)
     paged = cache.layers[attn.layer_idx].append(k, v)  # the layer's PagedKVCache, this token included
     out = decode_attention(attn, q, paged, attention_mask, attn.scaling)  # (B, Hq, 1, D)
     x = x + _linear(out.to(x.dtype).view(B, 1, -1), attn.o_proj)  # (B, 1, d)
     h = F.rms_norm(x, x.shape[-1:], n2.weight, n2.variance_epsilon)  # (B, 1, d)
-    return x + _linear(F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj), mlp.down_proj)  # (B, 1, d)
+    return x + _linear(_gate_up(h, mlp), mlp.down_proj)  # (B, 1, d)
 
 
-def _linear(x: torch.Tensor, lin: torch.nn.Linear) -> torch.Tensor:
-    """lin(x) without the module call (its hooks and dispatch): F.linear on its own parameters."""
+def _qkv(h: torch.Tensor, attn) -> tuple[torch.Tensor, ...]:
+    """q, k, v of h (B, 1, d): one fused product where the model packed q|k|v as one weight
+    (a quantized model's `qkv_proj`), else three."""
+    fused = getattr(attn, "qkv_proj", None)
+    if fused is None:
+        return _linear(h, attn.q_proj), _linear(h, attn.k_proj), _linear(h, attn.v_proj)
+    sizes = (attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features)
+    return _linear(h, fused).split(sizes, dim=-1)  # (B, 1, Hq*D), (B, 1, Hkv*D) x2
+
+
+def _gate_up(h: torch.Tensor, mlp) -> torch.Tensor:
+    """silu(h Wg) * (h Wu) for h (B, 1, d): one fused product where the model packed gate|up."""
+    fused = getattr(mlp, "gate_up_proj", None)
+    if fused is None:
+        return F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj)  # (B, 1, I)
+    gate, up = _linear(h, fused).chunk(2, dim=-1)  # (B, 1, I) x2
+    return F.silu(gate) * up  # (B, 1, I)
+
+
+def _linear(x: torch.Tensor, lin: torch.nn.Module) -> torch.Tensor:
+    """lin(x) without the module call (its hooks and dispatch): F.linear on its own parameters, or
+    a QuantizedLinear's product from its packed blocks."""
+    weight = lin.__dict__.get("qweight")
+    if weight is not None:
+        return quantized_linear(x, weight)  # (..., N)
     return F.linear(x, lin.weight, lin.bias)
 
 

@@ -15,7 +15,7 @@ show into plain records (gatherlens.trace.story_records).
 """
 from __future__ import annotations
 
-import importlib
+from gatherlens.lazy import lazy_exports
 
 from gatherlens.report.defaults import DEFAULT_TEXT, MAX_TOKENS
 
@@ -28,11 +28,4 @@ _LAZY = {
 }
 __all__ = ["Story", "build_report", "write_report", "DEFAULT_TEXT", "MAX_TOKENS"]
 
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gatherlens.report' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -318,9 +318,9 @@ def _embeddings(t, model, ids, display) -> list[EmbeddingStep]:
     word = getattr(model.get_input_embeddings(), "weight", None)
     steps = []
     for e in t.of(op="embedding"):
-        if e.forward != 0:
-            continue
         table, index = e.tensors["input"], e.tensors["index"]               # (V, d), (B, S)
+        if e.forward != 0 or not isinstance(table, torch.Tensor):
+            continue  # a later forward, or a lookup in GGUF blocks (_quantized_word records it)
         looked = index[0].tolist() if index.dim() == 2 else index.reshape(-1).tolist()
         name = e.module.rsplit(".", 1)[-1]
         if word is not None and table is word:

@@ -18,7 +18,7 @@ argument checks; `selection.py` the PageSelection record. Names load on first us
 """
 from __future__ import annotations
 
-import importlib
+from gatherlens.lazy import lazy_exports
 
 _EXPORTS = {
     "PagedKVCache": "cache", "sparse_decode": "decode", "PageSelection": "selection",
@@ -29,15 +29,4 @@ _EXPORTS = {
 __all__ = ["PagedKVCache", "sparse_decode", "PageSelection", "select_pages", "page_bounds",
            "pages_for_budget", "SparseConfig"]
 
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gatherlens.ops.sparse' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
