@@ -42,7 +42,7 @@ def decode_logits(model, ids: torch.Tensor) -> torch.Tensor:
 
     cache, rows = DynamicCache(), []
     for i in range(ids.shape[0]):
-        out = model(ids[i:i + 1].view(1, 1), past_key_values=cache, use_cache=True)
+        out = model(ids[i:i + 1].view(1, 1), cache=cache, use_cache=True)
         rows.append(out.logits[0, -1])  # (V,)
     return torch.stack(rows)  # (S, V)
 

@@ -77,7 +77,7 @@ def test_summary_is_drawn_from_a_record_alone():
         model_name="toy", model_class="ToyLM", text="The cat sat", table="W_tok", width=8,
         tokens=(TokenRow("The", 5, (0.5, -0.25)), TokenRow("␣cat", 7, (1.0, 0.0)),
                 TokenRow("␣sat", 9, (0.0, 2.0))),
-        lookups=(LookupLine("emb", (10, 8), (5, 7, 9), 4),), heads=HeadMap(2, 2), keys=keys,
+        lookups=(LookupLine("emb", (10, 8), (5, 7, 9), 8 * 4),), heads=HeadMap(2, 2), keys=keys,
         next_token=NextToken(after="␣sat", top_k=1, top=(Candidate(3, "on", 0.5),),
                              dense=(Candidate(4, "in", 0.25),)),
         gathers=(GatherLine("embedding", "", 1, 96),), events=1, bytes_read=96)

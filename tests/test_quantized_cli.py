@@ -135,7 +135,9 @@ def test_quantized_report_writes_and_summarises(story, tmp_path):
     assert {p.name for p in paths} >= {"index.html", "story.json", "01-embedding.svg"}
     assert json.loads((tmp_path / "r" / "story.json").read_text(encoding="utf-8"))["quantized"] is True
     summary = explain_summary(story)
-    assert summary.table == "token_embd.weight" and summary.lookups == ()
+    assert summary.table == "token_embd.weight"
+    (line,) = summary.lookups                                                   # the lookup, in blocks
+    assert line.row_bytes == story.embeddings[0].record.row_bytes and line.ids == tuple(story.embeddings[0].ids)
     first = story.embeddings[0].record.output[0, 0, :4].tolist()
     assert list(summary.tokens[0].values) == first
 

@@ -63,7 +63,8 @@ def generate(prompt, file, model_name, quantized, budget, dense, max_new_tokens,
     load_kw = load_kwargs(model_name, quantized)  # before the model loads
     err = Console(stderr=True)
     try:
-        result = _run(text, (model_name, load_kw), budget, dense, max_new_tokens, pages_path is not None, threads)
+        result = _run(text, (model_name, load_kw), budget, dense, max_new_tokens, pages_path is not None,
+                      threads)
     except GatherLensError as e:
         raise click.ClickException(str(e)) from None
     _summary(result, err)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from gatherlens.ops.sparse.config import DIST_DEMO
+
 __all__ = ["DemoConfig", "DemoOption", "demo_options"]
 
 
@@ -31,8 +33,8 @@ class DemoConfig:
     vocab: int = field(default=50257, metadata=_option("embedding rows", low=1))
     dim: int = 16
     context: int = field(default=4133, metadata=_option("tokens in the KV cache", low=1))  # 4133: a partial last page
-    budget: int = field(default=512, metadata=_option("tokens a decode step reads", low=1))
-    page_size: int = field(default=16, metadata=_option("tokens per page of the KV cache", low=1))
+    budget: int = field(default=DIST_DEMO.budget, metadata=_option("tokens a decode step reads", low=1))
+    page_size: int = field(default=DIST_DEMO.page_size, metadata=_option("tokens per page of the KV cache", low=1))
     heads: int = 8
     kv_heads: int = 2
     head_dim: int = 64

@@ -76,7 +76,7 @@ def _lookups(s: ExplainSummary, console: Console, lang: str) -> None:
         console.print(Text.assemble(
             (text("sum_lookup", lang), "bold"), (e.module, "cyan"),
             text("sum_lookup_body", lang, V=V, d=d, n=n, distinct=len(set(e.ids)),
-                 read=human_bytes(n * d * e.item_bytes), size=human_bytes(V * d * e.item_bytes))))
+                 read=human_bytes(n * e.row_bytes), size=human_bytes(V * e.row_bytes))))
 
 
 def _heads(s: ExplainSummary, console: Console, lang: str) -> None:

@@ -33,11 +33,15 @@ def explain_summary(story) -> ExplainSummary:
         table=_table_name(word),
         width=word.table_shape[1] if word is not None else 0,
         tokens=_token_rows(story, word), heads=story.heads, keys=_top_keys(story),
-        lookups=tuple(LookupLine(module=e.module, table_shape=tuple(e.table_shape),
-                                 ids=tuple(e.ids), item_bytes=e.record.source.element_size())
-                      for e in story.embeddings if not e.quantized),  # rows of blocks: see the report
+        lookups=tuple(LookupLine(module=e.module, table_shape=tuple(e.table_shape), ids=tuple(e.ids),
+                                 row_bytes=_row_bytes(e)) for e in story.embeddings),
         next_token=_next_token(story), gathers=gathers, events=story.events,
         bytes_read=story.bytes_read)
+
+
+def _row_bytes(e) -> int:
+    """Bytes one row of the lookup's table takes: its GGUF blocks, or d x the element size."""
+    return e.record.row_bytes if e.quantized else e.table_shape[1] * e.record.source.element_size()
 
 
 def _table_name(word) -> str:

@@ -70,12 +70,13 @@ class TokenRow:
 
 @dataclass(frozen=True)
 class LookupLine:
-    """One embedding lookup: where, the table's shape, the ids looked up, bytes per element."""
+    """One embedding lookup: where, the table's shape, the ids looked up, bytes per table row
+    (d x element size for a float table; the blocks of a row for a GGUF table)."""
 
     module: str
     table_shape: tuple[int, int]
     ids: tuple[int, ...]
-    item_bytes: int
+    row_bytes: int
 
 
 @dataclass(frozen=True)

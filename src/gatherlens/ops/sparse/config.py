@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from gatherlens.errors import GatherTypeError, GatherValueError
 
-__all__ = ["SparseConfig", "DEFAULT", "OP", "QUEST", "SHARDED", "TOY", "PRESETS", "GROUP_SCORES", "CHOOSERS",
+__all__ = ["SparseConfig", "DEFAULT", "OP", "QUEST", "SHARDED", "TOY", "DIST_DEMO", "PRESETS", "GROUP_SCORES", "CHOOSERS",
            "check_budget", "check_choice", "check_page_size"]
 
 GROUP_SCORES = ("max", "sum")   # how a KV group's page bounds combine (shared choice)
@@ -161,4 +161,6 @@ SHARDED = QUEST
 # the explorer (`gatherlens serve`): a small budget and pages so that a short text shows a choice,
 # every layer choosing at every budget below the cache.
 TOY = QUEST.replace(budget=16, page_size=4)
-PRESETS = {"default": DEFAULT, "op": OP, "quest": QUEST, "sharded": SHARDED, "toy": TOY}
+# the dist demo (`gatherlens dist demo`): the sharded setting on a cache of a few hundred tokens.
+DIST_DEMO = SHARDED.replace(budget=512)
+PRESETS = {"default": DEFAULT, "op": OP, "quest": QUEST, "sharded": SHARDED, "toy": TOY, "dist_demo": DIST_DEMO}
