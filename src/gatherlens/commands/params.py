@@ -68,16 +68,16 @@ def load_kwargs(model: str, quantized: bool) -> dict:
     for a GGUF source, and a one-line error naming the option and the model for any other."""
     if not quantized:
         return {}
-    from gatherlens.models.registry import resolve
+    from gatherlens.models.registry import check_quantizable, resolve
 
     try:
         source = resolve(model)
     except GatherValueError as e:
         raise click.ClickException(str(e)) from None
-    if source.kind != "gguf":
-        raise click.BadParameter(f"runs a model from its GGUF blocks, but model {model!r} is a Hugging Face "
-                                 f"folder ({source.path}), not a .gguf file; leave --quantized out for it",
-                                 param_hint="--quantized")
+    try:
+        check_quantizable(source, "--quantized")
+    except GatherValueError as e:
+        raise click.BadParameter(str(e), param_hint="--quantized") from None
     return {"quantized": True}
 
 

@@ -27,7 +27,7 @@ from gatherlens.models import cache as _cache
 from gatherlens.models.integrity import readable
 from gatherlens.models.loading import LoadedModel
 from gatherlens.models.quantized_layers import QuantizedEmbedding, QuantizedLinear
-from gatherlens.models.registry import ModelSource
+from gatherlens.models.registry import ModelSource, check_quantizable
 from gatherlens.ops.quant import LinearConfig, QuantizedTable, pack_linear, split_linear
 from gatherlens.ops.quant.int4 import INT4_QTYPES
 
@@ -43,9 +43,7 @@ def load_quantized(source: ModelSource, attn_implementation: str | None, say) ->
     """A GGUF source -> LoadedModel whose linears and embedding are GGUF blocks (see module doc)."""
     from gguf import GGUFReader
 
-    if source.kind != "gguf":
-        raise GatherValueError(f"quantized=True needs a .gguf model; {source.name!r} is a folder at "
-                               f"{str(source.path)!r}")
+    check_quantizable(source)
     config, tokenizer, folder = _config_and_tokenizer(source, say)
     if config.model_type != "llama":
         raise GatherValueError(f"quantized=True runs Llama GGUF files; {source.path.name} is {config.model_type!r}")

