@@ -31,8 +31,8 @@ def shoot(url: str, out: Path) -> None:
         page = browser.new_page(viewport={"width": 1200, "height": 900}, device_scale_factor=1)
         page.goto(url)
         page.locator('textarea[name="text"]').fill(TEXT)
-        page.wait_for_function("t => document.getElementById('user-text').textContent === t", arg=TEXT,
-                               timeout=120000)
+        page.wait_for_function("() => [...document.querySelectorAll('.chip')].some(c => c.textContent === '␣sailor')",
+                               timeout=120000)   # the report of the typed text (the page has one text box)
         page.select_option('select[name="layer"]', "29")
         page.select_option('select[name="head"]', "8")
         page.fill('input[name="k"]', "6")

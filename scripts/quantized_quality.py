@@ -5,7 +5,7 @@
 
 On Austen (gatherlens.eval's corpus reader): perplexity of `--tokens` tokens (a) as the quantized model
 prefills (one forward: weights dequantized for the call, float32 GEMM) and (b) through its decode route
-(one token a step: int4 kernel, bf16 head), against the float model's one forward; how many of the
+(one token a step: the load's default routes, q8act where it builds: x rounded to 8 bits), against the float model's one forward; how many of the
 first `--greedy` next-token argmaxes agree (teacher-forced, decode route); the first token where
 free-running greedy generation from the same prompt parts; resident memory of each model loaded in a
 fresh process (after a short forward, so every weight was read).

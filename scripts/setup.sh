@@ -36,3 +36,5 @@ if [ "${1:-}" = "--test" ] && [ ! -d /usr/lib/R/site-library/janeaustenr ] \
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq r-cran-janeaustenr >/dev/null \
     || echo "note: r-cran-janeaustenr not installed; the Austen test will be skipped" >&2
 fi
+# The native operators (C++, torch.utils.cpp_extension), built once now rather than on first use.
+"$VPY" -m gatherlens.ops.kernels

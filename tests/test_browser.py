@@ -3,9 +3,9 @@ nothing, logs no error, and hovering an output cell highlights its source and in
 from pathlib import Path
 
 import pytest
+from browser_helpers import CHROMIUM, browser, needs_chromium, open_page  # noqa: F401 (browser: a fixture)
 import torch
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 
 pytestmark = [
@@ -15,27 +15,10 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api",
-                                   reason="playwright missing: pip install playwright")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])
-        yield b
-        b.close()
 
 
-def _open(browser, path: Path):
-    page = browser.new_page(viewport={"width": 1200, "height": 900})
-    requests, errors = [], []
-    page.on("request", lambda r: requests.append(r.url))
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(path.as_uri())
-    page.wait_for_load_state("load")
-    return page, requests, errors
+def _open(browser, path):
+    return open_page(browser, path, width=1200)
 
 
 def _classes(page, key):
@@ -117,8 +100,9 @@ EXPLORE_TEXT = "The cat sat on the mat because it was"
 
 
 def _expected_keys(story, layer, head, query, k):
-    """The keys the page must show: top-k of the float16 scores it carries (ties to the lower key)."""
-    row = story.explore.scores[layer, head, query].half().float()            # (L,)
+    """The keys the page must show: top-k of the scores it carries, as it decodes them (8-bit codes
+    per row, report/explore.py), ties to the lower key."""
+    row = story.explore.stored_scores()[layer, head, query]                   # (L,)
     keys = [j for j in range(row.numel()) if row[j] > float("-inf")]
     return sorted(keys, key=lambda j: (-float(row[j]), j))[:k]
 
@@ -173,14 +157,7 @@ def live_url(tiny_model):
 
 
 def _open_url(browser, url):
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    requests, errors = [], []
-    page.on("request", lambda r: requests.append(r.url))
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(url)
-    page.wait_for_load_state("load")
-    return page, requests, errors
+    return open_page(browser, url, width=1280)
 
 
 def test_served_page_updates_as_you_type_and_generates(browser, live_url):
@@ -203,6 +180,6 @@ def test_served_page_updates_as_you_type_and_generates(browser, live_url):
     assert page.locator("#gl-gen-text").inner_text().startswith("A dog ran in the park")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "serve_live.png"), full_page=True)
-    assert {u.split("?")[0] for u in requests} <= {live_url + p for p in ("/", "/api/explain", "/api/generate")}
+    assert {u.split("?")[0] for u in requests} <= {live_url + p for p in ("/", "/api/explain", "/api/generate", "/api/attention")}
     assert errors == [], errors
     page.close()

@@ -5,12 +5,12 @@ import json
 from pathlib import Path
 
 import pytest
+from browser_helpers import CHROMIUM, browser, needs_chromium, open_page  # noqa: F401 (browser: a fixture)
 from click.testing import CliRunner
 
 from gatherlens.commands.explain import explain
 from gatherlens.report.collect import DEFAULT_TEXT
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 
 pytestmark = pytest.mark.slow
@@ -46,8 +46,8 @@ def test_smollm2_default_report(smollm2_report):
                  "top-4 keys of query", "next token after", "topk_attention", "index.html"):
         assert part in stdout, part
     names = sorted(p.name for p in out.iterdir())
-    assert names == sorted(["01-embedding.svg", "03-heads.svg", "04-scores.svg", "05-score-gather.svg",
-                            "06-value-gather.svg", "07-next-token.svg", "story.json", "index.html"])
+    assert names == sorted(["01-embedding.svg", "02-heads-gallery.svg", "03-heads.svg", "04-scores.svg", "05-score-gather.svg",
+                            "06-value-gather.svg", "06-compare.svg", "07-next-token.svg", "story.json", "index.html"])
     data = json.loads((out / "story.json").read_text(encoding="utf-8"))
     assert data["text"] == DEFAULT_TEXT and data["model_class"] == "LlamaForCausalLM"
     assert data["heads"]["query"] == 9 and data["heads"]["kv"] == 3
@@ -75,30 +75,12 @@ def test_minilm_report_shows_three_lookups_and_no_prediction(minilm_report):
     assert set(data["embeddings"][2]["ids"]) == {0}                       # one segment
 
 
-needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                                    reason=f"{CHROMIUM} missing: apt-get install chromium (Debian's build)")
 
 
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright missing: pip install playwright")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])
-        yield b
-        b.close()
 
 
-def _open(browser, path: Path):
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    requests, errors = [], []
-    page.on("request", lambda r: requests.append(r.url))
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(path.as_uri())
-    page.wait_for_load_state("load")
-    return page, requests, errors
+def _open(browser, path):
+    return open_page(browser, path, width=1280)
 
 
 @pytest.mark.browser
@@ -108,8 +90,8 @@ def test_smollm2_report_in_chromium(smollm2_report, browser):
     page, requests, errors = _open(browser, out / "index.html")
     assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
     assert errors == []
-    assert page.locator("h2").count() == 7
-    assert page.locator("section svg").count() == 6  # every figure drawn on the page
+    assert page.locator("h2").count() == 8  # the article's seven sections and the head gallery
+    assert page.locator("section svg").count() >= 7  # every figure drawn on the page
     for sel in ("#fig-01-embedding svg", "#fig-04-scores svg", "#fig-06-value-gather svg"):
         box = page.locator(sel).bounding_box()
         assert box and box["width"] > 200 and box["height"] > 100, sel
@@ -131,16 +113,20 @@ def _page_data(out: Path) -> dict:
 
 
 def _top_keys(data: dict, layer: int, head: int, query: int, k: int) -> list[int]:
-    """Top-k of the page's own float16 scores for one (layer, head, query), ties to the lower key."""
+    """Top-k of the page's own 8-bit scores for one (layer, head, query), decoded as the page's
+    script decodes them (lo + code * (hi - lo) / 255 per query row), ties to the lower key."""
     import base64
 
     import numpy as np
 
     x = data["explore"]
     allowed = np.frombuffer(base64.b64decode(x["allowed"]), np.uint8).reshape(x["Q"], x["L"]).astype(bool)
-    cells = np.frombuffer(base64.b64decode(x["scores"]), "<f2").reshape(x["layers"], x["heads"], -1)
-    row = np.full((x["Q"], x["L"]), -np.inf, np.float32)
-    row[allowed] = cells[layer, head]
+    codes = np.frombuffer(base64.b64decode(x["scores"]), np.uint8).reshape(x["layers"], x["heads"], -1)
+    lo, hi = (np.frombuffer(base64.b64decode(x[n]), "<f4").reshape(x["layers"], x["heads"], x["Q"]).astype(np.float64)
+              for n in ("score_lo", "score_hi"))
+    rows = np.nonzero(allowed)[0]  # the query row of each stored cell
+    row = np.full((x["Q"], x["L"]), -np.inf, np.float64)
+    row[allowed] = lo[layer, head, rows] + codes[layer, head] * (hi - lo)[layer, head, rows] / 255
     keys = [j for j in range(x["L"]) if row[query, j] > -np.inf]
     return sorted(keys, key=lambda j: (-float(row[query, j]), j))[:k]
 

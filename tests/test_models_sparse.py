@@ -185,11 +185,18 @@ def test_not_a_model():
         use_sparse_decoding(torch.nn.Linear(2, 2))
 
 
-def test_sliding_window_config_refused():
-    from transformers import MistralConfig
+def test_sliding_window_config_gets_window_layers_and_other_types_are_refused():
+    """Issue 19: sliding layers are supported now (a ring of their window, tests/test_arch_matrix.py);
+    a layer type gatherlens cannot run is still refused, naming it."""
+    from transformers import LlamaConfig, MistralConfig
+
+    from gatherlens.models.sparse_window import WindowLayer
 
     cfg = MistralConfig(num_hidden_layers=2, sliding_window=16, layer_types=["sliding_attention"] * 2)
-    with pytest.raises(GatherValueError, match="full-attention"):
+    assert [type(layer) for layer in SparseKVCache(config=cfg).layers] == [WindowLayer, WindowLayer]
+    cfg = LlamaConfig(num_hidden_layers=2)
+    cfg.layer_types = ["full_attention", "linear_attention"]
+    with pytest.raises(GatherValueError, match="layer type 'linear_attention'"):
         SparseKVCache(config=cfg)
 
 

@@ -24,7 +24,8 @@ def test_guide_figures_exist(guide):
     for link in links:
         assert (guide.parent / link).exists(), link
     lang = "zh" if ".zh." in guide.name else "en"
-    assert all(f".{lang}.svg" in link for link in links)
+    drawn = [link for link in links if not link.endswith(".png")]  # .png: screenshots of the explorer
+    assert len(drawn) >= 9 and all(f".{lang}.svg" in link for link in drawn)
 
 
 def test_committed_figures_are_current():

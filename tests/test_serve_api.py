@@ -20,6 +20,8 @@ from starlette.testclient import TestClient  # noqa: E402
 from gatherlens.serve import ServeSettings, create_app  # noqa: E402
 
 TEXT = "The cat sat on the mat because it was"
+# the limits these tests were written at (the defaults are the long-text ones: tests/test_serve_long.py)
+SMALL = dict(max_chars=1000, max_tokens=128, max_target_bytes=16384)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,7 @@ def _loader(broken: str = "minilm"):
 
 @pytest.fixture(scope="module")
 def settings(model_dir):
-    return ServeSettings(model=model_dir, text=TEXT, max_new_tokens=400)
+    return ServeSettings(model=model_dir, text=TEXT, max_new_tokens=400, **SMALL)
 
 
 @pytest.fixture(scope="module")
@@ -339,7 +341,7 @@ def test_serve_with_a_mistyped_or_damaged_model_is_one_line(model_dir, tmp_path,
 @pytest.mark.parametrize("change, said", [
     ({"queue_limit": -1}, "queue_limit = -1 is outside the valid range [0, 10,000]"),
     ({"retry_after": 0}, "retry_after = 0 is outside the valid range [1, 3,600]"),
-    ({"max_chars": 5000}, "max_target_bytes = 16384 is outside the valid range [61,024"),
+    ({"max_chars": 20000}, "max_target_bytes = 200000 is outside the valid range [241,024"),
     ({"default_new_tokens": 99}, "the default request is refused: max_new = 99 is outside the valid range [1, 64]"),
     ({"budget": 0}, "the default request is refused: budget = 0"),
     ({"text": " "}, "the default request is refused: text is empty"),
@@ -375,7 +377,7 @@ def limited(model_dir):
             raise RuntimeError("the slow load failed")
         return load(name)
 
-    s = ServeSettings(model=model_dir, text=TEXT, queue_limit=1, retry_after=7)
+    s = ServeSettings(model=model_dir, text=TEXT, queue_limit=1, retry_after=7, **SMALL)
     with running_server(create_app(s, loader=loader), http=http_protocol(s)) as url:
         yield SimpleNamespace(url=url, slow=slow)
     slow.set()

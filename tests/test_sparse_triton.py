@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from triton_helpers import interpreted_results
 import torch
 
 from gatherlens.ops.sparse import PagedKVCache, sparse_decode
@@ -78,13 +79,7 @@ def _child(out_path: str) -> None:
 
 @pytest.fixture(scope="module")
 def kernel_results(tmp_path_factory):
-    pytest.importorskip("triton")
-    path = tmp_path_factory.mktemp("triton") / "results.pt"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, str(Path(__file__)), str(path)], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return torch.load(path)
+    return interpreted_results(__file__, tmp_path_factory)
 
 
 @pytest.mark.parametrize("name", list(CASES))

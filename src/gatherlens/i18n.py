@@ -313,6 +313,65 @@ STRINGS: dict[str, dict[str, str]] = {
     "ex_noscript": {"en": "This figure is drawn by the page's script for the layer, head, query "
                           "and k you pick; without scripts, open {file} beside this page.",
                     "zh": "这张图由页面脚本按你选的层、头、查询和 k 绘制；不运行脚本时，请打开本页旁边的 {file}。"},
+    # issue 20: long texts, the dense / top-k / sparse figure, the clickable generation step
+    "kc_title": {"en": "dense · top-k · sparse · layer {layer}, head {head}, query {q} {tok}",
+                 "zh": "稠密 · top-k · 稀疏 · 第 {layer} 层，头 {head}，查询 {q} {tok}"},
+    "kc_dense_label": {"en": "dense: all {n} keys", "zh": "稠密：全部 {n} 个键"},
+    "kc_topk_label": {"en": "top-k: {k} keys", "zh": "top-k：{k} 个键"},
+    "kc_sparse_label": {"en": "sparse: {n} pages", "zh": "稀疏：{n} 页"},
+    "kc_cells": {"en": "each cell sums the weight of {per} neighbouring keys",
+                 "zh": "每格是相邻 {per} 个键的权重之和"},
+    "kc_topk_line": {"en": "top-k keeps {k} keys ({keys}): {mass:.1%} of the dense weight; its output is "
+                           "{err:.3g} off dense (relative L2)",
+                     "zh": "top-k 保留 {k} 个键（{keys}）：占稠密权重的 {mass:.1%}；输出与稠密相差 {err:.3g}（相对 L2）"},
+    "kc_sparse_line": {"en": "sparse keeps {n} pages of {P} tokens ({tokens} keys, budget {budget}): "
+                             "{mass:.1%} of the dense weight; its output is {err:.3g} off dense (relative L2)",
+                       "zh": "稀疏保留 {n} 页、每页 {P} 个 token（{tokens} 个键，预算 {budget}）：占稠密权重的 "
+                             "{mass:.1%}；输出与稠密相差 {err:.3g}（相对 L2）"},
+    "kc_fig_title": {"en": "Dense, top-k and sparse side by side", "zh": "稠密、top-k 与稀疏并排对比"},
+    "kc_body": {"en": "The same query three ways. Dense attention weighs every allowed key; top-k keeps "
+                      "the k best-scoring keys; sparse decoding (as Generate runs it: pages of {P} tokens, "
+                      "a budget of {budget}) keeps whole pages, chosen by a bound of each page's keys. "
+                      "Each strip is shaded by the dense weight it keeps; grey is what it drops. The "
+                      "outputs are computed, not estimated: top-k from the kept keys, sparse by the real "
+                      "sparse_decode.",
+                "zh": "同一个查询的三种做法。稠密注意力给每个允许的键加权；top-k 只保留得分最高的 k 个键；"
+                      "稀疏解码（与“生成”一样：每页 {P} 个 token，预算 {budget}）按每页键的上界选出整页。"
+                      "每一条按它保留的稠密权重着色；灰色是它丢掉的。输出是算出来的，不是估计：top-k 用保留的键，"
+                      "稀疏用真实的 sparse_decode。"},
+    "kc_offline": {"en": "This figure shows the run's own choice (layer {layer}, head {head}, query {q}); "
+                         "gatherlens serve redraws it for the layer, head and query you pick.",
+                   "zh": "这张图显示这次运行自己选的（第 {layer} 层，头 {head}，查询 {q}）；"
+                         "gatherlens serve 会按你选的层、头和查询重画。"},
+    "lim_offline": {"en": "Limits: this page carries every layer's and head's scores for texts of up to "
+                          "{offline} tokens, as 8-bit codes per query row (each score at most {err} off; the "
+                          "keys the model kept are stored exactly): {size} of data here. Longer texts, up "
+                          "to {live} tokens, open in gatherlens serve, which fetches the rows it shows.",
+                    "zh": "限制：本页为不超过 {offline} 个 token 的文本保存每一层、每一个头的分数，按每个查询行存成"
+                          " 8 位编码（每个分数最多偏差 {err}；模型保留的键精确保存）：这里的数据共 {size}。"
+                          "更长的文本（最多 {live} 个 token）请用 gatherlens serve 打开，它按需取回要显示的行。"},
+    "lim_live": {"en": "Limits: up to {live} tokens. This text has {n}: past {offline} tokens the score grid "
+                       "shows {rows} query rows around the chosen query and {keys} keys, fetched from the "
+                       "server, which keeps this run ({size}) so that a change of layer, head or query "
+                       "runs no model; top-k keeps at most {picks:,} keys per head (k ≤ {kmax} here).",
+                 "zh": "限制：最多 {live} 个 token。这段文本有 {n} 个：超过 {offline} 个 token 时，分数网格只显示所选"
+                       "查询周围的 {rows} 个查询行和 {keys} 个键，从服务器取回；服务器保存这次运行（{size}），"
+                       "换层、头或查询都不必再运行模型；top-k 每个头最多保留 {picks:,} 个键（这里 k ≤ {kmax}）。"},
+    "ex_window": {"en": "rows {r0}–{r1} and keys {c0}–{c1} of {L}", "zh": "共 {L} 个中的第 {r0}–{r1} 行、第 {c0}–{c1} 个键"},
+    "st_click": {"en": "Click a step (a row) to see which tokens it read.",
+                 "zh": "点击一步（一行），看它读了哪些 token。"},
+    "st_detail": {"en": "step {step} → {tok} · layer {layer}, head {head} (KV head {kvh}): {n} pages, "
+                        "tokens {ranges}; they hold {mass} of this step's dense attention weight.",
+                  "zh": "第 {step} 步 → {tok} · 第 {layer} 层，头 {head}（键/值头 {kvh}）：{n} 页，"
+                        "token {ranges}；它们占这一步稠密注意力权重的 {mass}。"},
+    "st_dense": {"en": "With dense attention on the same text so far, the model would choose {dtok} ({p}): {verdict}",
+                 "zh": "在同样的已有文本上用稠密注意力，模型会选 {dtok}（{p}）：{verdict}"},
+    "st_same": {"en": "the same token.", "zh": "与稀疏解码相同。"},
+    "st_diff": {"en": "sparse decoding chose {tok} instead.", "zh": "稀疏解码选的却是 {tok}。"},
+    "st_dense_wait": {"en": "The dense choice of every step is computed when the generation ends.",
+                      "zh": "每一步的稠密选择在生成结束时计算。"},
+    "st_prefill": {"en": "The prompt's step (prefill) attends densely to every token.",
+                   "zh": "提示这一步（预填充）稠密地关注每个 token。"},
     # the live explorer (`gatherlens serve`)
     "live_title": {"en": "gatherlens explorer", "zh": "gatherlens 探索器"},
     "live_text": {"en": "Your text (the report follows as you type)",
@@ -342,6 +401,51 @@ STRINGS: dict[str, dict[str, str]] = {
                               "step produced; columns are pages.",
                         "zh": "每个解码步用每页键的摘要给 KV 缓存的所有页打分，只在预算内 gather 最好的页"
                               "（第 0 页和最新一页总会读）。每行是一步及其生成的 token，每列是一页。"},
+    # the head gallery (render/gallery.py; the rules: report/heads.py)
+    "gal_title": {"en": "Every layer and head at a glance", "zh": "一眼看遍每一层、每一个头"},
+    "gal_body": {
+        "en": "Each small map is one head's dense attention over your text (queries down, keys "
+              "across, darker = more weight; at most {grid} × {grid} blocks). Under it: what the head "
+              "does, measured from those weights, and the share of the dense weight its top-{k} keeps. "
+              "Click a head to open it in the sections below. (The gallery takes {size} of this page.)",
+        "zh": "每张小图是一个头对你的文本的稠密注意力（查询向下、键向右，越深权重越大；最多 {grid} × {grid} 块）。"
+              "图下是从这些权重量出的这个头的作用，以及 top-{k} 保留了多少稠密权重。"
+              "点击一个头，下面各节就显示它。（这个总览占本页 {size}。）",
+    },
+    "gal_rules": {
+        "en": "How a head is named, from its weights on the queries at positions 2 and later (there "
+              "key 0, the previous key and the query itself are three different keys); the first rule "
+              "that holds wins: copying (induction) when, on queries whose token appeared earlier, at "
+              "least {copying} of the weight is on the tokens right after those earlier copies; "
+              "previous token when at least {previous} is on key t − 1; first-token sink when at least "
+              "{sink} is on key 0; broad when the weights' entropy is at least {broad} of its most "
+              "(log of the allowed keys); else mixed.",
+        "zh": "头的名字由它在第 2 个及以后位置的查询上的权重决定（这些位置上第 0 个键、前一个键和查询本身是三个不同的键），"
+              "按顺序取第一条成立的规则：复制（归纳）——在其 token 之前出现过的查询上，至少 {copying} 的权重落在"
+              "那些较早出现之后紧跟的 token 上；前一个词——至少 {previous} 落在键 t − 1 上；首词汇聚——至少 "
+              "{sink} 落在键 0 上；广泛——权重的熵至少是其最大值（允许键数的对数）的 {broad}；否则为混合。",
+    },
+    "gal_fig_title": {"en": "{layers} layers × {heads} heads · what each head does · top-{k}",
+                      "zh": "{layers} 层 × {heads} 头 · 每个头做什么 · top-{k}"},
+    "gal_layer_axis": {"en": "layers →  ·  heads ↓", "zh": "层 →  ·  头 ↓"},
+    "gal_head": {"en": "head {h}", "zh": "头 {h}"},
+    "gal_kept": {"en": "Under each map: the share of the dense weight the run's top-{k} keeps (mean over "
+                       "queries).",
+                 "zh": "每张图下：这次运行的 top-{k} 保留的稠密权重占比（对所有查询取平均）。"},
+    "gal_kept_dense": {"en": "Top-k was off: the run kept every allowed key, so every head keeps 100%.",
+                       "zh": "top-k 已关闭：这次运行保留了所有允许的键，所以每个头都保留 100%。"},
+    "gal_short_sink": {"en": "sink", "zh": "首词"},
+    "gal_short_previous": {"en": "prev", "zh": "前词"},
+    "gal_short_copying": {"en": "copy", "zh": "复制"},
+    "gal_short_broad": {"en": "broad", "zh": "广泛"},
+    "gal_short_mixed": {"en": "mixed", "zh": "混合"},
+    "gal_tag_sink": {"en": "first-token sink", "zh": "首词汇聚"},
+    "gal_tag_previous": {"en": "previous token", "zh": "前一个词"},
+    "gal_tag_copying": {"en": "copying (induction)", "zh": "复制（归纳）"},
+    "gal_tag_broad": {"en": "broad", "zh": "广泛"},
+    "gal_tag_mixed": {"en": "mixed", "zh": "混合"},
+    "gal_info": {"en": "layer {layer}, head {head}: {tag}; top-{k} keeps {kept} of the dense weight",
+                 "zh": "第 {layer} 层，头 {head}：{tag}；top-{k} 保留了 {kept} 的稠密权重"},
     # 6. prediction
     "pred_title": {"en": "6. The next token: a row of the logits",
                    "zh": "6. 下一个 token：logits 的一行"},

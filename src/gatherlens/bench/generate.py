@@ -208,14 +208,24 @@ def _generate(model, m: Method, ids, hf_cache, paged_cache, tokens: int, L: int)
     _switch(model, m)
     cache = hf_cache if m.kind == "hf" else paged_cache
     w0, c0 = time.perf_counter(), time.process_time()
-    model.generate(ids, attention_mask=torch.ones_like(ids), cache=cache, max_new_tokens=tokens,
-                   min_new_tokens=tokens, do_sample=False, pad_token_id=0)
+    model.generate(ids, attention_mask=torch.ones_like(ids), cache=cache, generation_config=_no_stop(model, tokens))
     w, c = (time.perf_counter() - w0) / tokens, (time.process_time() - c0) / tokens
     if m.kind == "hf":
         cache.crop(L - cache.get_seq_length())  # a negative count: drop what generate appended
     else:
         cache.truncate(L)
     return w, c
+
+
+def _no_stop(model, tokens: int):
+    """The model's generation config without an end token: every run makes exactly `tokens` tokens,
+    with no per-step min_new_tokens processor (a scan of the vocabulary that `generate` users do
+    not pay, and llama.cpp's loop does not either)."""
+    import copy
+
+    config = copy.deepcopy(model.generation_config)
+    config.update(eos_token_id=None, max_new_tokens=tokens, do_sample=False, pad_token_id=0)
+    return config
 
 
 def attention_ms(model, m: Method, hf_cache, paged_cache, L: int, repeats: int = 3) -> float:

@@ -41,8 +41,8 @@ SHAPES = {
     "gate|up": (("blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"), "Q4_1", 3072, 576),
     "head": (("token_embd.weight",), "Q8_0", 49152, 576),
 }
-LINEAR_ROUTES = ("float32", "int4", "bf16", "int8_row", "dequant", "int4_f32")
-HEAD_ROUTES = ("float32", "int4", "bf16", "int8_row", "int4_requant", "dequant")
+LINEAR_ROUTES = ("float32", "int4", "q8act", "bf16", "int8_row", "dequant", "int4_f32")
+HEAD_ROUTES = ("float32", "int4", "q8act", "bf16", "int8_row", "int4_requant", "dequant")
 SLOW = {"int4_f32": 1}  # routes timed only up to this many rows (a scalar loop: ~10x the others)
 PER_LAYER = {"q/o": 2, "k/v": 2, "gate/up": 2, "down": 1}  # SmolLM2's seven linears a layer
 
@@ -140,7 +140,7 @@ def time_case(shape, raw, qtype, rows, routes, copies, cold_mib, repeats, thread
     timers, info = {}, {}
     for route in routes:
         weights = _copies(raw, qtype, route, copies, cold_mib)
-        hot, cold, count = _timers(weights, x)
+        hot, cold, count = _timers(weights, x.to(weights[0].activation_dtype))  # as the decode step feeds it
         timers[route] = (hot, cold, count)
         info[route] = (_errors(x, weights[0]), weights[0].nbytes() / 2**20, weights[0].shape)
     samples = {route: ([], []) for route in routes}

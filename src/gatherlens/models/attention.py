@@ -24,11 +24,12 @@ from typing import Callable
 import torch
 
 from gatherlens.errors import GatherTypeError, GatherValueError
+from gatherlens.models.features import AttentionExtras, attention_extras
 
 __all__ = [
     "ATTN_NAME", "register", "use_topk_attention", "use_dense_attention", "topk_settings",
     "AttentionCall", "observe_attention", "last_selections", "switch_attention", "restore_attention",
-    "set_config",
+    "set_config", "sdpa_rules", "exact_attention",
 ]
 
 ATTN_NAME = "gatherlens_topk"
@@ -68,43 +69,62 @@ def topk_attention_forward(module, query, key, value, attention_mask, dropout: f
     """The function transformers calls per layer; returns (output (B, Q, Hq, Dv), None).
 
     `dropout` is not applied (top-k attention is for inference and analysis); no attention
-    weights are returned (output_attentions gets None, as with SDPA).
+    weights are returned (output_attentions gets None, as with SDPA). Soft-capping (Gemma 2) and
+    sinks (GPT-OSS) come from the call's kwargs or the module (`features.attention_extras`).
     """
-    if kwargs.get("softcap") is not None:
-        raise GatherValueError("attention softcap is not supported by gatherlens_topk attention")
-    if kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None:
-        raise GatherValueError("position_bias / attention sinks are not supported by gatherlens_topk attention")
+    extras = attention_extras(module, kwargs, where="gatherlens_topk attention")
     top_k = topk_settings(module)["top_k"]
-    Q, L = query.shape[2], key.shape[2]                           # query (B, Hq, Q, D), key (B, Hkv, L, D)
-    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    # The rule SDPA gets from transformers: causal only for a plain prefill with no mask.
-    is_causal = bool(Q > 1 and attention_mask is None and is_causal)
-    if is_causal and L > Q:  # prefill into an empty static cache: keys past Q are unused
-        key, value = key[:, :, :Q], value[:, :, :Q]                # (B, Hkv, Q, D)
-    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-1] > key.shape[2]:
-        attention_mask = attention_mask[..., : key.shape[2]]       # (B, 1, Q, L)
+    key, value, attention_mask, is_causal = sdpa_rules(module, query, key, value, attention_mask, is_causal)
     tracing = _tracing()
     want_sel = topk_settings(module)["keep_selection"] or bool(_observers) or tracing
     with _pause_tracer() if tracing else contextlib.nullcontext():  # one event, not its internals
         result = _topk_kernel()(
             query, key, value, top_k, is_causal=is_causal, attn_mask=attention_mask, scale=scaling,
             enable_gqa=query.shape[1] != key.shape[1], return_selection=want_sel,
+            softcap=extras.softcap, sinks=extras.sinks,
         )
     out, sel = result if want_sel else (result, None)              # out (B, Hq, Q, Dv)
     if sel is not None:
-        layer = getattr(module, "layer_idx", None)
-        sel.meta.setdefault("layer", layer)
-        if topk_settings(module)["keep_selection"]:
-            module.gatherlens_selection = sel
-        if tracing:
-            from gatherlens.trace import tracer
-
-            tracer.emit_attention_selection(sel, query=query, key=key, value=value, output=out)
-        call = AttentionCall(module, layer, query, key, value, attention_mask, is_causal, scaling,
-                             top_k, out, sel)
-        for observer in list(_observers):
-            observer(call)
+        _tell(module, sel, AttentionCall(module, getattr(module, "layer_idx", None), query, key, value,
+                                         attention_mask, is_causal, scaling, top_k, out, sel), tracing)
     return out.transpose(1, 2).contiguous(), None                  # (B, Q, Hq, Dv)
+
+
+def sdpa_rules(module, query, key, value, attention_mask, is_causal):
+    """(key, value, mask, is_causal) as SDPA gets them from transformers: causal only for a plain
+    prefill with no mask; keys past Q unused in a prefill into an empty static cache; the mask
+    cut to the keys."""
+    Q = query.shape[2]                                             # query (B, Hq, Q, D), key (B, Hkv, L, D)
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    is_causal = bool(Q > 1 and attention_mask is None and is_causal)
+    if is_causal and key.shape[2] > Q:  # prefill into an empty static cache: keys past Q are unused
+        key, value = key[:, :, :Q], value[:, :, :Q]                # (B, Hkv, Q, D), (B, Hkv, Q, Dv)
+    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-1] > key.shape[2]:
+        attention_mask = attention_mask[..., : key.shape[2]]       # (B, 1, Q, L)
+    return key, value, attention_mask, is_causal
+
+
+def exact_attention(module, query, key, value, attention_mask, scaling, is_causal, extras: AttentionExtras):
+    """Dense attention with SDPA's rules and the layer's soft-capping / sinks (top-k keeping every
+    key: the exact softmax); returns (output (B, Q, Hq, Dv), None) as an attention function does."""
+    key, value, attention_mask, is_causal = sdpa_rules(module, query, key, value, attention_mask, is_causal)
+    out = _topk_kernel()(query, key, value, key.shape[2], is_causal=is_causal, attn_mask=attention_mask,
+                         scale=scaling, enable_gqa=query.shape[1] != key.shape[1], softcap=extras.softcap,
+                         sinks=extras.sinks)                       # (B, Hq, Q, Dv)
+    return out.transpose(1, 2).contiguous(), None                  # (B, Q, Hq, Dv)
+
+
+def _tell(module, sel, call: "AttentionCall", tracing: bool) -> None:
+    """Keep / trace / observe one call's selection."""
+    sel.meta.setdefault("layer", call.layer)
+    if topk_settings(module)["keep_selection"]:
+        module.gatherlens_selection = sel
+    if tracing:
+        from gatherlens.trace import tracer
+
+        tracer.emit_attention_selection(sel, query=call.query, key=call.key, value=call.value, output=call.output)
+    for observer in list(_observers):
+        observer(call)
 
 
 def _tracing() -> bool:
@@ -188,13 +208,20 @@ def set_config(model, remember: str, key: str, value) -> None:
 def restore_attention(model, remember: str, attn_implementation: str | None = None,
                       config_keys: tuple[str, ...] = ()) -> None:
     """Undo switch_attention(remember=...): the attention it replaced (or `attn_implementation`;
-    SDPA when nothing is remembered), and `config_keys` exactly as they were before it.
+    SDPA when nothing is remembered, eager for a model without SDPA, as Gemma 2 and GPT-OSS), and
+    `config_keys` exactly as they were before it.
 
         >>> restore_attention(model, "dense_attention", config_keys=("gatherlens_top_k",))
     """
     switches = model.__dict__.get(SWITCHES, {})
     saved = switches.pop(remember, None) or {"attention": None, "config": {}}
-    model.set_attn_implementation(attn_implementation or saved["attention"] or "sdpa")
+    chosen = attn_implementation or saved["attention"]
+    try:
+        model.set_attn_implementation(chosen or "sdpa")
+    except ValueError:  # transformers: this model has no SDPA attention
+        if chosen is not None:
+            raise
+        model.set_attn_implementation("eager")
     for key in config_keys:
         before = saved["config"].get(key, _ABSENT)
         if before is _ABSENT:

@@ -7,16 +7,20 @@
 A decode step of transformers' `LlamaDecoderLayer` runs ~80 small torch calls through five module
 calls (two RMSNorms, attention, MLP, the layer), keyword plumbing and the attention interface.
 At one token per step the weights' matmuls are fixed; what is left is that overhead, 30 layers
-a step. The lean step does the same arithmetic with the layer's own parameters in ~35 calls:
+a step. The lean step does the same arithmetic with the layer's own parameters in ~10 calls, the
+elementwise ones as C++ operators (gatherlens.ops.layer, each beside its torch reference):
 
-    h = rms_norm(x);  q, k, v = h Wq, h Wk, h Wv;  RoPE(q, k);  paged append;  decode_attention
-    x = x + out Wo;   h = rms_norm(x);  x = x + (silu(h Wg) * (h Wu)) Wd
+    h = rms_norm(x);  q, k, v = h Wq, h Wk, h Wv;  rope_append (RoPE(q, k), k and v into the page)
+    out = decode_attention;  x, h = x + out Wo, rms_norm(x + out Wo);  x = x + silu_mul(h Wg|u) Wd
 
+With a quantized model (QuantizedLinear) the norms and SiLU write the dtype its products take
+(`QuantizedWeight.activation_dtype`: float32 for the q8act route, bfloat16 for int4), so no product
+converts its input again.
 It is installed as the forward of each supported decoder layer (same class names and parts as
 Llama: input/post-attention RMSNorm, q/k/v/o projections, gate/up/down SiLU MLP, no q/k norms)
 and runs only for one-token steps with a `SparseKVCache`; anything else (prefill, training,
 another cache, other kwargs) goes to the layer's own forward. Results equal the HF layer's to
-float rounding (F.rms_norm computes the same normalisation in one call).
+float rounding (the sums of the norms run in another order).
 """
 from __future__ import annotations
 
@@ -27,7 +31,11 @@ import torch.nn.functional as F
 
 from gatherlens.models.sparse_attention import decode_attention
 from gatherlens.models.sparse_cache import SparseKVCache
+from gatherlens.ops.layer import add_rms_norm_cast, rms_norm_cast, rope_append, silu_mul_cast
 from gatherlens.ops.quant import quantized_linear
+from gatherlens.ops.quant.q8act import kernel_loaded as q8act_loaded
+from gatherlens.ops.quant.q8act import q8act_matmul
+from gatherlens.ops.sparse.cache import PagedKVCache
 
 __all__ = ["LEAN_LAYER_CLASSES", "install_lean_step", "remove_lean_step", "lean_layers", "supports_lean_step"]
 
@@ -82,7 +90,8 @@ def lean_forward(self, hidden_states, attention_mask=None, position_ids=None, ca
     """A decoder layer's forward: the lean step for one-token steps over a SparseKVCache."""
     cache = cache if cache is not None else kwargs.pop("past_key_values", None)
     lean = (hidden_states.shape[1] == 1 and isinstance(cache, SparseKVCache) and position_embeddings is not None
-            and not (self.training and torch.is_grad_enabled()) and not kwargs.get("output_attentions"))
+            and not (self.training and torch.is_grad_enabled()) and not kwargs.get("output_attentions")
+            and isinstance(_paged(cache, self.self_attn.layer_idx), PagedKVCache))
     if not lean:
         return type(self).forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
                                   cache=cache, use_cache=use_cache, position_embeddings=position_embeddings,
@@ -93,50 +102,58 @@ def lean_forward(self, hidden_states, attention_mask=None, position_ids=None, ca
 def lean_step(layer, x: torch.Tensor, position_embeddings, attention_mask, cache: SparseKVCache) -> torch.Tensor:
     """x (B, 1, d) -> (B, 1, d): one decoder layer, one token, appending its keys to `cache`."""
     attn, mlp = layer.self_attn, layer.mlp
-    B, D = x.shape[0], attn.head_dim
+    B, D, d = x.shape[0], attn.head_dim, x.shape[-1]
     n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
-    h = F.rms_norm(x, x.shape[-1:], n1.weight, n1.variance_epsilon)  # (B, 1, d)
-    q, k, v = _qkv(h, attn)  # (B, 1, Hq*D), (B, 1, Hkv*D) x2
-    q, k, v = q.view(B, -1, 1, D), k.view(B, -1, 1, D), v.view(B, -1, 1, D)  # (B, H, 1, D): one token
-    cos, sin = (t.unsqueeze(1) for t in position_embeddings)  # (B, 1, 1, D)
-    q, k = rope(q, cos, sin), rope(k, cos, sin)
-    paged = cache.layers[attn.layer_idx].append(k, v)  # the layer's PagedKVCache, this token included
-    out = decode_attention(attn, q, paged, attention_mask, attn.scaling)  # (B, Hq, 1, D)
-    x = x + _linear(out.to(x.dtype).view(B, 1, -1), attn.o_proj)  # (B, 1, d)
-    h = F.rms_norm(x, x.shape[-1:], n2.weight, n2.variance_epsilon)  # (B, 1, d)
-    return x + _linear(_gate_up(h, mlp), mlp.down_proj)  # (B, 1, d)
+    act = _activation_dtype(attn.o_proj, x.dtype)  # what the products take: bf16 for int4 blocks
+    paged = _paged(cache, attn.layer_idx)  # this layer's PagedKVCache
+    h = rms_norm_cast(x.view(B, d), n1.weight, n1.variance_epsilon, act)  # (B, d)
+    q, k, v = _qkv(h, attn)  # (B, Hq*D), (B, Hkv*D) x2
+    cos, sin = (t.reshape(B, D) for t in position_embeddings)  # (B, D): this token's angles
+    q = rope_append(q, k, v, cos, sin, paged)  # (B, Hq, D); RoPE(k) and v now in the paged cache
+    out = decode_attention(attn, q.unsqueeze(2).to(x.dtype), paged, attention_mask, attn.scaling)  # (B, Hq, 1, D)
+    y = _linear(out.reshape(B, -1).to(act), attn.o_proj)  # (B, d)
+    s, h = add_rms_norm_cast(x.view(B, d), y, n2.weight, n2.variance_epsilon, act)  # (B, d) x2: x + attn, norm
+    y = _linear(_gate_up(h, mlp, act), mlp.down_proj)  # (B, d)
+    return (s.to(x.dtype) + y).view(B, 1, d)  # (B, 1, d)
+
+
+def _paged(cache: SparseKVCache, layer_idx: int):
+    """The layer's PagedKVCache once the prefill made it (None before, or for a layer kept otherwise)."""
+    layers = cache.layers
+    return getattr(layers[layer_idx], "paged", None) if layer_idx < len(layers) else None
+
+
+def _activation_dtype(lin: torch.nn.Module, dtype: torch.dtype) -> torch.dtype:
+    """bfloat16 for a QuantizedLinear whose route computes in it (no conversion inside), else the
+    model's dtype."""
+    weight = lin.__dict__.get("qweight")
+    return dtype if weight is None else weight.activation_dtype
 
 
 def _qkv(h: torch.Tensor, attn) -> tuple[torch.Tensor, ...]:
-    """q, k, v of h (B, 1, d): one fused product where the model packed q|k|v as one weight
+    """q, k, v of h (B, d): one fused product where the model packed q|k|v as one weight
     (a quantized model's `qkv_proj`), else three."""
     fused = getattr(attn, "qkv_proj", None)
     if fused is None:
         return _linear(h, attn.q_proj), _linear(h, attn.k_proj), _linear(h, attn.v_proj)
     sizes = (attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features)
-    return _linear(h, fused).split(sizes, dim=-1)  # (B, 1, Hq*D), (B, 1, Hkv*D) x2
+    return _linear(h, fused).split(sizes, dim=-1)  # (B, Hq*D), (B, Hkv*D) x2
 
 
-def _gate_up(h: torch.Tensor, mlp) -> torch.Tensor:
-    """silu(h Wg) * (h Wu) for h (B, 1, d): one fused product where the model packed gate|up."""
+def _gate_up(h: torch.Tensor, mlp, act: torch.dtype) -> torch.Tensor:
+    """silu(h Wg) * (h Wu) for h (B, d), as `act`: one fused product where the model packed gate|up."""
     fused = getattr(mlp, "gate_up_proj", None)
     if fused is None:
-        return F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj)  # (B, 1, I)
-    gate, up = _linear(h, fused).chunk(2, dim=-1)  # (B, 1, I) x2
-    return F.silu(gate) * up  # (B, 1, I)
+        return (F.silu(_linear(h, mlp.gate_proj)) * _linear(h, mlp.up_proj)).to(act)  # (B, I)
+    return silu_mul_cast(_linear(h, fused), act)  # (B, I)
 
 
 def _linear(x: torch.Tensor, lin: torch.nn.Module) -> torch.Tensor:
     """lin(x) without the module call (its hooks and dispatch): F.linear on its own parameters, or
     a QuantizedLinear's product from its packed blocks."""
     weight = lin.__dict__.get("qweight")
-    if weight is not None:
-        return quantized_linear(x, weight)  # (..., N)
-    return F.linear(x, lin.weight, lin.bias)
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding as transformers' Llama applies it: x cos + rotate_half(x) sin."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (..., D)
-    return torch.addcmul(x * cos, rotated, sin)
+    if weight is None:
+        return F.linear(x, lin.weight, lin.bias)
+    if weight.route == "q8act" and x.dtype == torch.float32 and x.dim() == 2 and q8act_loaded():
+        return q8act_matmul(x, weight.raw, weight.qtype)  # (B, N): the route's operator, its checks done at load
+    return quantized_linear(x, weight)  # (..., N)

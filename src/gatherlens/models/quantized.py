@@ -8,10 +8,12 @@
 How the model is built: the config and tokenizer come from the converted cache folder when one
 exists (its config.json and tokenizer files only; the weights are never read), else from the GGUF
 through transformers. The `LlamaForCausalLM` is built on the meta device; every nn.Linear becomes a
-`QuantizedLinear` packed from its blocks (Q4_1 etc.: PyTorch's int4 kernel on the codes as stored,
-bf16 activations; formats it cannot take: a bf16 copy), the embedding a `QuantizedEmbedding` over
-the Q8_0 table mapped in place, the tied head a bf16 copy of the same table, the norms the file's
-F32 tensors. q|k|v and gate|up are packed fused (`qkv_proj`, `gate_up_proj`, used by the lean decode
+`QuantizedLinear` over its blocks (Q4_0 / Q4_1 / Q8_0: the "q8act" route where its C++ operator
+builds, llama.cpp's integer dot products on the blocks as stored, x rounded to 8 bits per 32
+values; else PyTorch's int4 kernel on the codes, bf16 activations; formats neither takes: a bf16
+copy), the embedding a `QuantizedEmbedding` over the Q8_0 table mapped in place, the tied head the
+same blocks (q8act; else a bf16 copy), the norms the file's F32 tensors. `ROUTE` / `HEAD_ROUTE`
+name another route ("int4" keeps x in bf16: +0.06% perplexity against q8act's +0.3%, slower). q|k|v and gate|up are packed fused (`qkv_proj`, `gate_up_proj`, used by the lean decode
 step) and the separate projections share their packed rows. attn_q / attn_k rows are stored
 permuted for llama.cpp's RoPE; the same row permutation as transformers' `reverse_permute` undoes it
 (blocks run along K, so moving whole rows is exact).
@@ -30,11 +32,14 @@ from gatherlens.models.quantized_layers import QuantizedEmbedding, QuantizedLine
 from gatherlens.models.registry import ModelSource, check_quantizable
 from gatherlens.ops.quant import LinearConfig, QuantizedTable, pack_linear, split_linear
 from gatherlens.ops.quant.int4 import INT4_QTYPES
+from gatherlens.ops.quant.q8act import Q8ACT_QTYPES
+from gatherlens.ops.quant.q8act import kernel_loaded as q8act_loaded
 
-__all__ = ["load_quantized", "PREFILL_ROWS", "HEAD_ROUTE", "quantized_modules"]
+__all__ = ["load_quantized", "PREFILL_ROWS", "ROUTE", "HEAD_ROUTE", "pick_route", "quantized_modules"]
 
 PREFILL_ROWS = 128  # rows from which a call dequantizes to float32 (ops/quant/linear.py)
-HEAD_ROUTE = "bf16"  # the tied Q8_0 head: measured faster than its two int4 planes at one row
+ROUTE = "auto"  # the linears: "q8act" where it builds (llama.cpp's integer dot products), else "int4"
+HEAD_ROUTE = "auto"  # the tied Q8_0 head: "q8act" where it builds, else bf16 (faster than two int4 planes)
 _ATTN = {"attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj"}
 _MLP = {"ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "down_proj"}
 
@@ -85,7 +90,8 @@ def _build(config, reader, tables: dict, attn_implementation: str | None):
     embed = QuantizedTable.from_reader(reader, "token_embd.weight")
     inner.embed_tokens = QuantizedEmbedding(embed)
     head = QuantizedTable.from_reader(reader, "output.weight") if "output.weight" in tables else embed
-    model.lm_head = QuantizedLinear(pack_linear(head.raw, head.qtype, _config(head.qtype, HEAD_ROUTE)))
+    head_config = LinearConfig(route=pick_route(head.qtype, HEAD_ROUTE, head=True), prefill_rows=PREFILL_ROWS)
+    model.lm_head = QuantizedLinear(pack_linear(head.raw, head.qtype, head_config))
     for i, layer in enumerate(inner.layers):
         _fill_layer(layer, i, reader, tables, config)
     inner.norm.weight = _norm(tables, "output_norm.weight")
@@ -96,8 +102,20 @@ def _build(config, reader, tables: dict, attn_implementation: str | None):
     return model.eval()
 
 
-def _config(qtype: str, route: str = "int4") -> LinearConfig:
-    return LinearConfig(route=route if route != "int4" or qtype in INT4_QTYPES else "bf16", prefill_rows=PREFILL_ROWS)
+def _config(qtype: str, route: str | None = None) -> LinearConfig:
+    """The LinearConfig of one weight: `route` (default ROUTE) where it takes `qtype`, else the next best."""
+    return LinearConfig(route=pick_route(qtype, route or ROUTE), prefill_rows=PREFILL_ROWS)
+
+
+def pick_route(qtype: str, route: str, head: bool = False) -> str:
+    """"auto": q8act for Q4_0 / Q4_1 / Q8_0 when its operator builds, else int4 (bf16 for a head);
+    a named route where it takes `qtype`; bf16 for any format no faster route takes."""
+    if route == "auto":
+        if qtype in Q8ACT_QTYPES and q8act_loaded():
+            return "q8act"
+        route = "bf16" if head else "int4"
+    takes = {"int4": INT4_QTYPES, "q8act": Q8ACT_QTYPES}.get(route)
+    return route if takes is None or qtype in takes else "bf16"
 
 
 def _rows(reader, name: str, config) -> torch.Tensor:

@@ -32,6 +32,7 @@ from gatherlens.errors import GatherTypeError, GatherValueError
 from gatherlens.models.attention import restore_attention, switch_attention
 from gatherlens.models.decode_head import install_lean_head, remove_lean_head
 from gatherlens.models.decode_step import install_lean_step, lean_layers, remove_lean_step
+from gatherlens.models.features import layer_kinds
 from gatherlens.models.sparse_attention import (
     CONFIG_ATTR, SPARSE_ATTN_NAME, SparseCall, SparseSettings, decode_attention, observe_sparse, register_sparse,
     sparse_attention_forward, sparse_settings,
@@ -99,8 +100,10 @@ def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: i
     share_selection: the query heads of a KV group read the same pages (GQA; what saves memory
         traffic); False lets every query head choose. group_score: "max" or "sum" of the group's bounds.
     keep_selection: keep each layer's last PageSelection (see `last_page_selections`).
-    dense_layers: the first this many decoder layers decode densely (Quest keeps its first two
-        layers dense: their attention is spread too evenly for page selection to pay).
+    dense_layers: the first this many global (full-attention) decoder layers decode densely (Quest
+        keeps its first two layers dense: their attention is spread too evenly for page selection
+        to pay). Local layers (sliding window: Mistral, Qwen2, Gemma 2/3, Cohere 2, GPT-OSS;
+        chunked: Llama 4) always read their window densely, from a ring of that window.
     recent: the newest `recent` tokens are always read, within the budget (a local window);
         None: a quarter of the budget.
     choose: "bound" (Quest) or "oracle" (pages by true attention mass: reads every key; for evaluation).
@@ -120,6 +123,7 @@ def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: i
                         dense_share=dense_share, dense_layers=dense_layers)
     if getattr(model.config, "is_encoder_decoder", False):
         raise GatherValueError(f"{type(model).__name__} is an encoder-decoder; sparse decoding needs a decoder-only LM")
+    layer_kinds(model.config)  # any layer type it cannot run: one clear error now, not at the first step
     register_sparse()
     switch_attention(model, SPARSE_ATTN_NAME, remember="gatherlens_sparse_previous", what="sparse decoding")
     for m in model.modules():  # the attention modules (by layer_idx) and the model itself (its cache's page size)

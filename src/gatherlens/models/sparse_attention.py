@@ -7,11 +7,16 @@
 transformers calls `sparse_attention_forward` per layer. For a decode step (one query token) it
 calls `decode_attention`: `sparse_decode` on that layer's PagedKVCache with the model's one
 `SparseConfig` (the module's only setting: `module.gatherlens_sparse`, a reference to it; the
-layer index and `config.dense_layers` say whether this layer is dense; the budget the step runs
-with, `config.budget_for(length, layer)`, is passed to the op as an argument). A budget that buys every page (or budget None) is dense attention over the
-cache in place, with the KV group's query heads folded: no scoring, no gather, no copy. Prefill
-(more than one query token) is dense SDPA, as in Quest. The lean decode step
-(`models/decode_step.py`) calls `decode_attention` too, so observers see both paths alike.
+layer's rank among the global layers (`features.global_rank`) and `config.dense_layers` say
+whether this layer is dense; the budget the step runs with, `config.budget_for(length, rank)`, is
+passed to the op as an argument). A budget that buys every page (or budget None) is dense
+attention over the cache in place, with the KV group's query heads folded: no scoring, no
+gather, no copy. A local layer (sliding window, chunked) reads its window densely from its ring
+(`sparse_window.window_decode`); observers see only the global layers' steps. Soft-capping and
+sinks (`features.attention_extras`) reach every path. Prefill (more than one query token) is
+dense, as in Quest: SDPA, or top-k attention at k = every key where SDPA lacks soft-capping or
+sinks. The lean decode step (`models/decode_step.py`) calls `decode_attention` too, so observers
+see both paths alike.
 """
 from __future__ import annotations
 
@@ -22,11 +27,14 @@ from typing import Callable
 
 import torch
 
-from gatherlens.errors import GatherValueError
-from gatherlens.models.sparse_cache import PAGED_KWARG
+from gatherlens.models.attention import exact_attention
+from gatherlens.models.features import AttentionExtras, attention_extras, global_rank, module_kind
+from gatherlens.models.sparse_cache import PAGED_KWARG, paged_cache_of
+from gatherlens.models.sparse_window import WindowKV, window_decode
 from gatherlens.ops.sparse.cache import PagedKVCache
 from gatherlens.ops.sparse.config import SparseConfig
 from gatherlens.ops.sparse.decode import sparse_decode
+from gatherlens.ops.sparse.fused_decode import fused_decode_step
 
 __all__ = ["SPARSE_ATTN_NAME", "CONFIG_ATTR", "SparseSettings", "SparseCall", "sparse_settings", "decode_attention",
            "sparse_attention_forward", "register_sparse", "observe_sparse", "padding_mask"]
@@ -46,7 +54,7 @@ class SparseCall:
     layer: int | None
     query: torch.Tensor        # (B, Hq, 1, D)
     cache: PagedKVCache        # the layer's paged cache, holding L tokens (this step's included)
-    output: torch.Tensor       # (B, Hq, 1, D)
+    output: torch.Tensor       # (B, Hq, 1, Dv)
     lse: torch.Tensor          # (B, Hq, 1) float32
     selection: object          # PageSelection
     scale: float
@@ -58,24 +66,34 @@ def sparse_settings(module: torch.nn.Module) -> SparseConfig | None:
     return module.__dict__.get(CONFIG_ATTR)
 
 
-def decode_attention(module, query: torch.Tensor, paged: PagedKVCache, attention_mask, scale: float):
-    """One decode step of `module` over its paged cache: query (B, Hq, 1, D) -> out (B, Hq, 1, D).
+def decode_attention(module, query: torch.Tensor, paged: PagedKVCache | WindowKV, attention_mask, scale: float,
+                     extras: AttentionExtras | None = None):
+    """One decode step of `module` over its cache: query (B, Hq, 1, D) -> out (B, Hq, 1, Dv).
 
-    Dense (budget None, one of the first `dense_layers`, or a budget of dense_share of the cache or
-    more: every page in place) or sparse; with observers or keep_selection, a sparse-layer step
-    also returns its PageSelection (every page when it ran densely). attention_mask:
-    transformers' decode mask or None.
+    A local layer's WindowKV: dense over its window. A PagedKVCache: dense (budget None, one of
+    the first `dense_layers` global layers, or a budget of dense_share of the cache or more: every
+    page in place) or sparse; with observers or keep_selection, a sparse-layer step also returns
+    its PageSelection (every page when it ran densely). attention_mask: transformers' decode mask
+    or None. extras: soft-capping and sinks (default: the module's own, `attention_extras`).
     """
-    config = sparse_settings(module) or _DENSE
-    layer = getattr(module, "layer_idx", None)
+    extras = extras if extras is not None else attention_extras(module, where="gatherlens_sparse attention")
     mask = padding_mask(attention_mask, paged.length)  # (B, 1, 1, L) bool or None
+    if isinstance(paged, WindowKV):
+        return window_decode(query, paged, mask, scale, extras)  # (B, Hq, 1, Dv)
+    config = sparse_settings(module) or _DENSE
+    layer, rank = getattr(module, "layer_idx", None), global_rank(module)
     key_mask = None if mask is None else mask[:, 0, 0]  # (B, L)
-    budget = config.budget_for(paged.length, layer)
-    if config.dense_at(layer) or not (config.keep_selection or _observers):
+    budget = config.budget_for(paged.length, rank)
+    plain = key_mask is None and extras.softcap is None and extras.sinks is None
+    if plain and not (config.keep_selection or _observers) and not config.dense_at(rank):
+        out = fused_decode_step(query, paged, budget, config, scale)  # the operator, no per-call checks
+        if out is not None:
+            return out  # (B, Hq, 1, Dv)
+    how = dict(scale=scale, key_mask=key_mask, config=config, **_extra_kwargs(extras))
+    if config.dense_at(rank) or not (config.keep_selection or _observers):
         # sparse_decode is dense in place when the budget buys every page
-        return sparse_decode(query, paged, budget, scale=scale, key_mask=key_mask, config=config)  # (B, Hq, 1, D)
-    out, lse, sel = sparse_decode(query, paged, budget, return_lse=True, return_selection=True, scale=scale,
-                                  key_mask=key_mask, config=config)  # (B, Hq, 1, D), (B, Hq, 1)
+        return sparse_decode(query, paged, budget, **how)  # (B, Hq, 1, Dv)
+    out, lse, sel = sparse_decode(query, paged, budget, return_lse=True, return_selection=True, **how)
     if mask is not None:
         sel.meta["padded"] = True
     sel.meta.setdefault("layer", layer)
@@ -87,29 +105,57 @@ def decode_attention(module, query: torch.Tensor, paged: PagedKVCache, attention
     return out
 
 
+def _extra_kwargs(extras: AttentionExtras) -> dict:
+    """The soft-capping / sinks keywords of the ops, only those in use."""
+    return {k: v for k, v in (("softcap", extras.softcap), ("sinks", extras.sinks)) if v is not None}
+
+
 def sparse_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                              scaling: float | None = None, is_causal: bool | None = None, **kwargs):
-    """The function transformers calls per layer; returns (output (B, Q, Hq, D), None).
+    """The function transformers calls per layer; returns (output (B, Q, Hq, Dv), None).
 
-    query (B, Hq, Q, D); key, value (B, Hkv, L, D) after RoPE and the cache update.
-    Q > 1 (prefill) or no settings: dense SDPA. Q == 1: `decode_attention` on the layer's paged cache.
+    query (B, Hq, Q, D); key (B, Hkv, L, D), value (B, Hkv, L, Dv) after RoPE and the cache update.
+    Q > 1 (prefill) or no settings: dense (`prefill_attention`). Q == 1: `decode_attention` on the
+    layer's cache, or, when the keys are not that cache's (another Cache; a model that expands a
+    latent cache, as DeepSeek-V3), on a window / temporary paged cache of the keys it was given.
     """
+    kv = kwargs.pop(PAGED_KWARG, None)
+    extras = attention_extras(module, kwargs, where="gatherlens_sparse attention")
+    if query.shape[2] != 1 or sparse_settings(module) is None:
+        return prefill_attention(module, query, key, value, attention_mask, dropout, scaling, is_causal, extras,
+                                 **kwargs)
+    if not _holds(kv, key):
+        kv = WindowKV(key, value) if module_kind(module).local else _paged_copy(module, key, value)
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+    out = decode_attention(module, query, kv, attention_mask, scale, extras)  # (B, Hq, 1, Dv)
+    return out.transpose(1, 2).contiguous(), None  # (B, 1, Hq, Dv)
+
+
+def _holds(kv, key: torch.Tensor) -> bool:
+    """True when `kv` (what the cache layer handed over) holds exactly these keys (same storage, same shape)."""
+    if kv is None:
+        return False
+    keys = kv.keys
+    return keys.shape == key.shape and keys.data_ptr() == key.data_ptr()
+
+
+def _paged_copy(module, key: torch.Tensor, value: torch.Tensor) -> PagedKVCache:
+    """A temporary PagedKVCache of the keys (B, Hkv, L, D) and values (B, Hkv, L, Dv) a step was given."""
+    paged = paged_cache_of(key, value, sparse_settings(module).page_size, key.shape[2])
+    paged.append(key, value)
+    return paged
+
+
+def prefill_attention(module, query, key, value, attention_mask, dropout, scaling, is_causal,
+                      extras: AttentionExtras, **kwargs):
+    """Dense attention of a prefill (or of a module without settings): SDPA, or, for soft-capping or
+    sinks (which SDPA lacks), top-k attention keeping every key (the exact softmax)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    paged = kwargs.pop(PAGED_KWARG, None)
-    if query.shape[2] != 1 or sparse_settings(module) is None:
+    if extras.softcap is None and extras.sinks is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
-    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
-        raise GatherValueError("attention softcap / sinks are not supported by gatherlens_sparse attention")
-    if paged is None or paged.length != key.shape[2]:  # not a SparseKVCache: page the keys we were given
-        paged = PagedKVCache(batch=key.shape[0], kv_heads=key.shape[1], head_dim=key.shape[3],
-                             page_size=sparse_settings(module).page_size, dtype=key.dtype, device=key.device,
-                             capacity=key.shape[2])
-        paged.append(key, value)
-    scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
-    out = decode_attention(module, query, paged, attention_mask, scale)  # (B, Hq, 1, D)
-    return out.transpose(1, 2).contiguous(), None  # (B, 1, Hq, D)
+    return exact_attention(module, query, key, value, attention_mask, scaling, is_causal, extras)
 
 
 def padding_mask(attention_mask, length: int) -> torch.Tensor | None:

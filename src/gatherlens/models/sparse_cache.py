@@ -5,32 +5,40 @@
     >>> cache.paged(0)                                          # layer 0's PagedKVCache
     >>> cache.truncate(4096)                                    # back to the first 4096 tokens
 
-Each layer stores its keys and values in a `gatherlens.ops.sparse.PagedKVCache` (pages with Quest's
-per-page key min/max, kept up to date as tokens arrive); `update` appends and returns views, so no
-decode step copies the cache. How the attention function finds a layer's PagedKVCache: the layer
-puts it in the kwargs dict the attention module passes on (key PAGED_KWARG).
+Each global (full-attention) layer stores its keys and values in a `gatherlens.ops.sparse.
+PagedKVCache` (pages with Quest's per-page key min/max, kept up to date as tokens arrive); `update`
+appends and returns views, so no decode step copies the cache. Values may be narrower or wider
+than keys (latent attention: the cache's `value_dim`). Each local layer (sliding window, chunked:
+`features.layer_kinds`) keeps only a ring of its window (`sparse_window.WindowLayer`). How the
+attention function finds a layer's cache: the layer puts it (or its WindowKV) in the kwargs dict
+the attention module passes on (key PAGED_KWARG).
 """
 from __future__ import annotations
 
 import functools
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
-from gatherlens.errors import GatherValueError
+from gatherlens.models.features import layer_kinds, unsupported
+from gatherlens.models.sparse_window import PAGED_KWARG, KeptLayer, WindowLayer
 from gatherlens.ops.sparse import PagedKVCache
 from gatherlens.ops.sparse.config import OP, check_page_size
 
-__all__ = ["PAGED_KWARG", "PagedLayer", "SparseKVCache"]
-
-PAGED_KWARG = "gatherlens_paged"
+__all__ = ["PAGED_KWARG", "PagedLayer", "SparseKVCache", "WindowLayer", "paged_cache_of"]
 
 
-class PagedLayer(CacheLayerMixin):
-    """One layer's keys and values in a PagedKVCache; `update` returns (B, Hkv, L, D) views of it."""
+def paged_cache_of(keys: torch.Tensor, values: torch.Tensor, page_size: int, capacity: int) -> PagedKVCache:
+    """An empty PagedKVCache shaped for keys (B, Hkv, T, D) and values (B, Hkv, T, Dv), room for `capacity`."""
+    B, H, _, D = keys.shape
+    return PagedKVCache(batch=B, kv_heads=H, head_dim=D, page_size=page_size, dtype=keys.dtype, device=keys.device,
+                        capacity=capacity, value_dim=values.shape[-1])
+
+
+class PagedLayer(KeptLayer):
+    """One layer's keys and values in a PagedKVCache; `update` returns (B, Hkv, L, D|Dv) views of it."""
 
     is_sliding = False
-    is_croppable = False
 
     def __init__(self, page_size: int = OP.page_size):
         # CacheLayerMixin.__init__ would assign self.keys / self.values, which are views here
@@ -47,13 +55,11 @@ class PagedLayer(CacheLayerMixin):
 
     @property
     def values(self) -> torch.Tensor | None:
-        return self.paged.values if self.paged is not None else None  # (B, Hkv, L, D)
+        return self.paged.values if self.paged is not None else None  # (B, Hkv, L, Dv)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        B, H, T, D = key_states.shape
         self.device = key_states.device
-        self.paged = PagedKVCache(batch=B, kv_heads=H, head_dim=D, page_size=self.page_size,
-                                  dtype=key_states.dtype, device=key_states.device, capacity=T)
+        self.paged = paged_cache_of(key_states, value_states, self.page_size, key_states.shape[2])
         self.is_initialized = True
 
     def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> PagedKVCache:
@@ -83,23 +89,9 @@ class PagedLayer(CacheLayerMixin):
         if self.paged is not None:
             self.paged.clear()
 
-    def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove != 0:
-            raise GatherValueError(
-                f"crop({tokens_to_remove}) is not supported by the paged sparse cache (page summaries "
-                f"cannot be shrunk); use a DynamicCache for assisted or speculative decoding")
-
-    def offload(self):
-        raise GatherValueError("offloading is not supported by the paged sparse cache")
-
-    def prefetch(self):
-        return None
-
     def _rebuild(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Replace the contents with these (B', Hkv, L, D) keys/values (batch reorder/expand/select)."""
-        B, H, L, D = keys.shape
-        paged = PagedKVCache(batch=B, kv_heads=H, head_dim=D, page_size=self.page_size,
-                             dtype=keys.dtype, device=keys.device, capacity=L)
+        """Replace the contents with these (B', Hkv, L, D|Dv) keys/values (batch reorder/expand/select)."""
+        paged = paged_cache_of(keys, values, self.page_size, keys.shape[2])
         paged.append(keys, values)
         self.paged = paged
 
@@ -124,8 +116,9 @@ class SparseKVCache(Cache):
         >>> model.generate(ids, cache=cache, max_new_tokens=16)     # with use_sparse_decoding on
         >>> cache.paged(0)                                          # layer 0's PagedKVCache
 
-    config: the model's config (one layer per decoder layer; only full-attention layers are
-    supported); without it, layers are created as `update` first sees each layer index.
+    config: the model's config: one PagedLayer per global decoder layer, one WindowLayer (a ring of
+    its window) per sliding-window or chunked layer (`features.layer_kinds`; other layer types
+    are refused); without it, paged layers are created as `update` first sees each layer index.
     """
 
     def __init__(self, config=None, page_size: int = OP.page_size):
@@ -133,23 +126,17 @@ class SparseKVCache(Cache):
         if config is None:
             super().__init__(layer_class_to_replicate=functools.partial(PagedLayer, page_size=page_size))
             return
-        from transformers.cache_utils import get_layer_types_and_kwargs
-
-        decoder = config.get_text_config(decoder=True)
-        layer_types, _ = get_layer_types_and_kwargs(decoder)
-        other = sorted({t for t in layer_types if t != "full_attention"})
-        if other:
-            raise GatherValueError(
-                f"{type(config).__name__} has layer types {other}; sparse decoding supports "
-                f"full-attention layers only (layer_types must all be 'full_attention')")
-        super().__init__(layers=[PagedLayer(page_size) for _ in layer_types])
+        kinds = layer_kinds(config, "sparse decoding (SparseKVCache)")
+        super().__init__(layers=[WindowLayer(k.window) if k.local else PagedLayer(page_size) for k in kinds])
 
     def paged(self, layer_idx: int) -> PagedKVCache | None:
-        """The PagedKVCache of one layer (None before the layer has seen a token)."""
-        return self.layers[layer_idx].paged
+        """The PagedKVCache of one global layer (None before it has seen a token, and for a local layer)."""
+        return getattr(self.layers[layer_idx], "paged", None)
 
     def truncate(self, length: int) -> None:
-        """Keep the first `length` tokens of every layer (exact page summaries; no copy)."""
+        """Keep the first `length` tokens of every global layer (exact page summaries; no copy)."""
         for layer in self.layers:
+            if isinstance(layer, WindowLayer):  # its ring no longer holds the tokens before its window
+                raise unsupported("truncating sliding-window / chunked layers", "SparseKVCache.truncate")
             if layer.paged is not None:
                 layer.paged.truncate(length)

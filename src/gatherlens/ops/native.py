@@ -35,7 +35,11 @@ import torch
 from gatherlens.errors import GatherLensWarning
 from gatherlens.paths import cache_root
 
-FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp-simd")
+# -fopenmp: at::parallel_for in a kernel runs on torch's own OpenMP threads (the process already
+# holds libgomp.so.1 through torch, so the kernel links that same runtime); without it the pragma is
+# ignored and the loop runs on one thread.
+FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp-simd", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
 STALE_LOCK_S = 900        # a build lock older than this was left by a killed process: removed
 _LOADED: dict[str, bool] = {}
 _LOCK = threading.Lock()  # one build at a time in this process (worker threads may ask at once)
@@ -49,6 +53,9 @@ def native_dir() -> Path:
 def load_library(source: Path, on_load=None) -> bool:
     """Build (first use) and load the operators of `source`, then call on_load() once; False if it cannot be."""
     key = str(source)
+    known = _LOADED.get(key)
+    if known is not None:  # decided before: no lock on the hot path (a decode step asks ~100 times)
+        return known
     with _LOCK:
         if key not in _LOADED:
             _LOADED[key] = os.environ.get("GATHERLENS_NATIVE") != "0" and _build(source)
@@ -69,7 +76,7 @@ def _compiler() -> str | None:
 
 def _build_dir(source: Path, cxx: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    digest = hashlib.sha256("\n".join([source.read_text(), " ".join(FLAGS), version, torch.__version__,
+    digest = hashlib.sha256("\n".join([source.read_text(), " ".join(FLAGS + LDFLAGS), version, torch.__version__,
                                        platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
     return native_dir() / f"{source.stem}-{digest}"
 
@@ -104,7 +111,7 @@ def _compile_and_load(source: Path, build: Path) -> None:
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)            # its compiler notes: folded into our one line
     try:
-        cpp_extension.load(f"gatherlens_{source.stem}", [str(source)], extra_cflags=list(FLAGS),
+        cpp_extension.load(f"gatherlens_{source.stem}", [str(source)], extra_cflags=list(FLAGS), extra_ldflags=list(LDFLAGS),
                            build_directory=str(build), is_python_module=False, verbose=False)
     finally:
         quiet.setLevel(level)

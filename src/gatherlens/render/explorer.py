@@ -40,6 +40,10 @@ JS_STRINGS = ("ex_scores_title", "ex_gather_title", "ex_value_title", "ex_heads_
               "ex_not_allowed", "ex_kept", "ex_more", "heads_q", "heads_kv", "ex_sum",
               "ex_weight", "ex_steps_title", "ex_steps_prefill", "ex_busy", "ex_error",
               "ex_stopped", "ex_pages_axis", "ex_no_steps")
+JS_STRINGS += ("gal_info", "gal_tag_sink", "gal_tag_previous", "gal_tag_copying", "gal_tag_broad",
+               "gal_tag_mixed")                      # the head gallery's line under it
+JS_STRINGS += ("ex_window", "st_detail", "st_dense", "st_same", "st_diff", "st_dense_wait",
+               "st_prefill")                         # a long text's window; a clicked generation step
 
 
 @lru_cache(maxsize=1)

@@ -29,6 +29,7 @@ from gatherlens.render.explorer import (csp, explorer_js, fragment_script, inlin
                                         json_block, strings_data, theme_data)
 from gatherlens.render.templates import render_template
 from gatherlens.render.theme import FONTS, MONO
+from gatherlens.report.long_page import limits_text, long_explore
 from gatherlens.report.collect import Story
 from gatherlens.report.sections import Figure, Section, sections
 
@@ -67,7 +68,7 @@ def _page(story: Story, parts: list[Section], figures: list[Figure], lang: str,
     hm, model = story.heads, story.model_name
     facts = text("facts", lang, cls=story.model_class, layers=story.layers, q_heads=hm.q_heads,
                  kv_heads=hm.kv_heads, vocab=story.vocab_size, d=story.hidden_size, k=story.top_k)
-    js = explorer_js()
+    js, data = explorer_js(), page_data(story, lang, live)
     scripts = [x for f in figures for x in inline_scripts(str(f.inline))] + [js, fragment_script()]
     policy = csp(scripts, connect_self=live is not None)
     return render_template(
@@ -78,7 +79,8 @@ def _page(story: Story, parts: list[Section], figures: list[Figure], lang: str,
         font=FONTS[lang], mono=MONO, files_title=text("files_title", lang),
         files_body=text("files_body", lang), files=[f.filename for f in figures],
         rerun=text("rerun", lang), command=command, csp=Markup(policy),
-        controls=controls(story, lang, live), data=json_block(page_data(story, lang, live)),
+        controls=controls(story, lang, live), data=json_block(data),
+        limits=limits_text(story, data["explore"], lang, live),
         js=Markup(js), live=live, words=_words(lang),
     ), policy
 
@@ -97,20 +99,20 @@ def _words(lang: str) -> dict:
     """The page's own labels (controls, live panel) from the string table."""
     keys = ("ex_controls", "ex_layer", "ex_head", "ex_query", "ex_k", "live_title", "live_text",
             "live_model", "live_topk", "live_generate", "live_tokens", "live_stop",
-            "live_steps_title", "live_steps_body", "ex_no_steps")
+            "live_steps_title", "live_steps_body", "ex_no_steps", "st_click")
     return {k: text(k, lang) for k in keys}
 
 
 def _view_k(story: Story, live: dict | None) -> int:
     """The k the page opens with: the run's, or after a dense run the k the reader asked for."""
     if story.dense_run and live and live.get("k"):
-        return min(int(live["k"]), story.explore.scores.shape[3])
+        return min(int(live["k"]), story.tensors.shape[3])
     return story.attention.top_k
 
 
 def controls(story: Story, lang: str, live: dict | None = None) -> dict:
     """The explorer's controls (layer, head, query, k) with the run's choice selected."""
-    att, n = story.attention, story.explore.scores.shape
+    att, n = story.attention, story.tensors.shape
     return {"layers": list(range(n[0])), "heads": list(range(n[1])),
             "queries": [f"{i} {t}" for i, t in enumerate(story.shown_tokens)],
             "layer": att.layer, "head": att.head, "query": att.query, "k": _view_k(story, live),
@@ -122,7 +124,8 @@ def controls(story: Story, lang: str, live: dict | None = None) -> dict:
 def page_data(story: Story, lang: str, live: dict | None = None) -> dict:
     """What the page's script reads: the run's every layer and head, the words, the theme."""
     att = story.attention
-    return {"explore": story.explore.pack(), "tokens": story.shown_tokens,
+    return {"explore": story.explore.pack() if story.explore is not None else long_explore(story, _view_k(story, live)),
+            "tokens": story.shown_tokens, "text": story.text,
             "sel": {"layer": att.layer, "head": att.head, "query": att.query,
                     "k": _view_k(story, live)},
             "model": story.model_name, "strings": strings_data(lang), "theme": theme_data(lang),

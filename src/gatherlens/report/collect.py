@@ -26,8 +26,9 @@ from typing import Callable
 import torch
 
 from gatherlens.errors import GatherIndexError, GatherValueError, shorten
-from gatherlens.report.defaults import DEFAULT_TEXT, MAX_TOKENS
+from gatherlens.report.defaults import DEFAULT_TEXT, MAX_PICKS, MAX_TOKENS
 from gatherlens.report.explore import explore_calls
+from gatherlens.report.run_tensors import run_tensors
 from gatherlens.report.scores import call_scale, layer_scores
 from gatherlens.trace.story_records import HeadMap
 
@@ -108,6 +109,7 @@ class Story:
     explore: object = None                # ExploreData: every layer and head, for the page
     dense_run: bool = False               # top-k off: every query kept every allowed key
     quantized: bool = False               # the model ran from its GGUF blocks (load(quantized=True))
+    tensors: object = None                # RunTensors: every layer's q, k, v and picks (report.run_tensors)
 
     @property
     def shown_tokens(self) -> list[str]:
@@ -153,13 +155,16 @@ def token_texts(tokenizer, ids: list[int]) -> list[str]:
 
 # -- the run ---------------------------------------------------------------------------------
 def collect(lm, text: str, *, top_k: int | None = 4, layer: int | None = None, head: int = 0,
-            query: int = -1, say: Callable[[str], None] | None = None) -> Story:
+            query: int = -1, say: Callable[[str], None] | None = None,
+            max_tokens: int = MAX_TOKENS) -> Story:
     """Run `lm` (a gatherlens.models.LoadedModel) once on `text` and gather the story.
 
     top_k: keys each query keeps in every layer; None keeps every allowed key (top-k off: the
     run is dense attention, drawn as a selection of all keys). layer: the attention layer
     drawn in detail (default: the middle one); head: its query head; query: the query
-    position whose value gather is drawn (default: the last token).
+    position whose value gather is drawn (default: the last token). max_tokens: the longest text
+    (MAX_TOKENS, the offline page's; `gatherlens serve` passes LIVE_MAX_TOKENS); past MAX_TOKENS
+    `story.explore` is None (no full grids: the live page reads `story.tensors`).
     """
     say = say or (lambda message: None)
     if not isinstance(text, str) or not text.strip():
@@ -168,7 +173,8 @@ def collect(lm, text: str, *, top_k: int | None = 4, layer: int | None = None, h
         raise GatherValueError(f"top_k {top_k!r} is outside the valid range [1, inf) (or None: dense)")
     enc = lm.tokenizer(text, return_tensors="pt")
     ids = enc["input_ids"]                                                   # (1, S)
-    n_layers, layer, query = _positions(lm.model, ids.shape[1], layer, query)
+    n_layers, layer, query = _positions(lm.model, ids.shape[1], layer, query, max_tokens)
+    _check_picks(ids.shape[1], top_k)
     dense_run, top_k = top_k is None, min(top_k or ids.shape[1], ids.shape[1])  # k as run: at most S keys
     tokens = token_texts(lm.tokenizer, ids[0].tolist())
     run = _run(lm, enc, top_k, say)
@@ -186,16 +192,28 @@ def collect(lm, text: str, *, top_k: int | None = 4, layer: int | None = None, h
     return _story(lm, text, ids, tokens, n_layers or len(run.calls), run, heads, top_k,
                   embeddings=_embeddings(run.trace, lm.model, ids, display),
                   attention=_attention(call, path, layer, head % Hq, heads, query, top_k, display),
-                  prediction=prediction, explore=explore_calls(run.calls, top_k, dense_run),
-                  dense_run=dense_run)
+                  prediction=prediction, dense_run=dense_run, tensors=run_tensors(run.calls, top_k, dense_run),
+                  explore=explore_calls(run.calls, top_k, dense_run) if ids.shape[1] <= MAX_TOKENS else None)
 
 
-def _positions(model, S: int, layer: int | None, query: int) -> tuple[int, int, int]:
+def _check_picks(S: int, top_k: int | None) -> None:
+    """Every layer keeps S x k picks per head: refuse more than MAX_PICKS (top-k off keeps S)."""
+    k = S if top_k is None else min(top_k, S)
+    if S * k > MAX_PICKS:
+        most = max(1, MAX_PICKS // S)
+        raise GatherValueError(f"k = {k} {'(top-k off keeps every key) ' if top_k is None else ''}"
+                               f"with {S} tokens keeps {S * k:,} keys per head and layer; the limit is "
+                               f"{MAX_PICKS:,}: use k in [1, {most}] (top-k on) for a text this long")
+
+
+def _positions(model, S: int, layer: int | None, query: int, max_tokens: int = MAX_TOKENS) -> tuple[int, int, int]:
     """(number of layers, layer, query), negatives counted from the end; clear range errors."""
-    if S > MAX_TOKENS:
+    if S > max_tokens:
+        where = ("the report draws a {S} x {S} score grid" if max_tokens <= MAX_TOKENS
+                 else "the live page holds every layer's queries and keys").format(S=S)
         raise GatherValueError(
-            f"text has {S} tokens; the report draws a {S} x {S} score grid, so keep it within "
-            f"[1, {MAX_TOKENS}] tokens (shorten the text)")
+            f"text has {S} tokens; {where}, so keep it within "
+            f"[1, {max_tokens}] tokens (shorten the text)")
     n_layers = _num_layers(model)
     if layer is None:
         layer = n_layers // 2 if n_layers else 0

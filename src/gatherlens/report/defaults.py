@@ -1,4 +1,11 @@
-"""Defaults of the report, importable without torch (so `gatherlens --help` stays light)."""
+"""Defaults of the report, importable without torch (so `gatherlens --help` stays light).
+
+The one home of the explorer's text limits: MAX_TOKENS for the offline page (`gatherlens explain`:
+it carries every layer's and head's full score grid), LIVE_MAX_TOKENS for `gatherlens serve`
+(its page asks the server for the rows it shows), MAX_PICKS for what every layer's top-k keeps.
+"""
 
 DEFAULT_TEXT = "The cat sat on the mat because it was"
-MAX_TOKENS = 128         # the score grid is Q x L cells; beyond this it stops being readable
+MAX_TOKENS = 128         # the offline page: Q x L cells of every head stored; the full grid stays readable
+LIVE_MAX_TOKENS = 2048   # the live page: the grid is windowed around the query, rows fetched on demand
+MAX_PICKS = MAX_TOKENS * MAX_TOKENS   # tokens x k of each head's picks (k <= 8 at 2,048 tokens)

@@ -1,7 +1,7 @@
 """The sections of the `explain` report, one function each: words, figures and a table per step.
 
     >>> [s.id for s in sections(story, lang="en")]
-    ['tokens', 'embedding', 'heads', 'scores', 'values', 'prediction', 'gathers']
+    ['tokens', 'embedding', 'gallery', 'heads', 'scores', 'values', 'prediction', 'gathers']
 
 Figures of gathers come from selection records through `gatherlens.render` (the record's SVG,
 and on the page its hover fragment: point at an output cell to see where it came from); the
@@ -16,15 +16,20 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from gatherlens.i18n import op_meaning, text
 from gatherlens.render.explorer import Slot, plain, slotted
+from gatherlens.render.gallery import gallery_svg
 from gatherlens.render.html import svg_fragment
+from gatherlens.render.keep_compare import keep_comparison_svg
 from gatherlens.render.layout import Limits
 from gatherlens.render.report_figures import heads_svg, scores_svg
 from gatherlens.render.theme import human_bytes
+from gatherlens.report.heads import RULES, head_gallery
 from gatherlens.report.records import score_grid
+from gatherlens.report.keep_compare import keep_comparison
+from gatherlens.ops.sparse.config import TOY
 
 __all__ = ["Figure", "Section", "sections"]
 
@@ -77,9 +82,9 @@ def _drawn_figure(name: str, title: str, picture: Callable[[], str], draw: str) 
 
 def sections(story, lang: str = "en") -> list[Section]:
     """Every section of the report of `story` (a gatherlens.report.collect.Story), in order."""
-    return [_tokens(story, lang), *_embeddings(story, lang), _heads(story, lang),
-            _scores(story, lang), _values(story, lang), _prediction(story, lang),
-            _gathers(story, lang)]
+    return [_tokens(story, lang), *_embeddings(story, lang), _gallery(story, lang),
+            _heads(story, lang), _scores(story, lang), _values(story, lang),
+            _prediction(story, lang), _gathers(story, lang)]
 
 
 # 1. text -> tokens -> ids
@@ -143,6 +148,18 @@ def _other_lookups(story, others: list, lang: str) -> Section:
                    [text("emb_extra_body", lang, model=story.model_name)], figures=figs)
 
 
+# every layer and head at a glance: the head gallery (its rules: report/heads.py)
+def _gallery(story, lang: str) -> Section:
+    g = head_gallery(story)
+    svg = gallery_svg(g, lang)
+    fig = Figure("02-heads-gallery", text("gal_title", lang), svg,
+                 inline=Markup(svg + '<div class="gl-figinfo" aria-live="polite"></div>'))
+    body = [text("gal_body", lang, grid=RULES.grid, k=g.top_k, size=human_bytes(len(svg.encode()))),
+            text("gal_rules", lang, copying=f"{RULES.copying:.0%}", previous=f"{RULES.previous:.0%}",
+                 sink=f"{RULES.sink:.0%}", broad=f"{RULES.broad:.0%}")]
+    return Section("gallery", text("gal_title", lang), body, figures=[fig])
+
+
 # 3. which query heads share which key/value head
 def _heads(story, lang: str) -> Section:
     hm, att = story.heads, story.attention
@@ -197,7 +214,21 @@ def _values(story, lang: str) -> Section:
     rows = [[j, keys[j], f"{float(att.scores[qrow, j]):.3f}", f"{wi:.3f}",
              f"{float(att.dense[qrow, j]):.3f}"] for j, wi in zip(picked, w)]
     return Section("values", text("values_title", lang), body, figures=[fig],
-                   table=dict(head=head, rows=rows))
+                   table=dict(head=head, rows=rows), **_compare(story, lang))
+
+
+def _compare(story, lang: str) -> dict:
+    """Dense, top-k and sparse side by side for the run's query (report.keep_compare); the live
+    page redraws it for the reader's choice (GET /api/attention)."""
+    att, config = story.attention, TOY
+    Q = story.tensors.shape[2]
+    rec = keep_comparison(story.tensors, story.shown_tokens, att.layer, att.head,
+                          att.query - (len(story.shown_tokens) - Q), att.top_k, config)
+    svg = keep_comparison_svg(rec, lang)
+    note = text("kc_offline", lang, layer=att.layer, head=att.head, q=att.query)
+    return dict(after=[text("kc_body", lang, P=config.page_size, budget=config.budget),
+                       Markup(f'<span class="gl-kc-offline">{escape(note)}</span>')],
+                after_figures=[Figure("06-compare", text("kc_fig_title", lang), svg, inline=Markup(svg))])
 
 
 # 6. the next token: top-k attention against dense

@@ -16,6 +16,9 @@ the page's data and HTML) and GET /api/generate (server-sent events, one per dec
 - app.py: the routes, security headers (Content-Security-Policy, allowed hosts), error bodies.
 - limits.py: the bounded queue of model requests (503 with Retry-After) and the 414 for a long target.
 - startup.py: what `gatherlens serve` checks before the server starts (settings, port, model).
+- runs.py, attention_api.py: the kept runs of the texts and GET /api/attention (a long text's window,
+  dense / top-k / sparse for one query) answered from them.
+- step_detail.py: a generation step's dense weight on the pages it read; the dense choice of every step.
 """
 from gatherlens.serve.settings import ServeSettings
 

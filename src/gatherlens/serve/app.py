@@ -4,6 +4,9 @@
     GET /api/explain      ?text=&model=&k=&topk=&layer=&head=&query=&lang=  -> the story (JSON)
                           (&explore=1 adds the page's data, &html=1 the page itself)
     GET /api/generate     ?text=&model=&max_new=&page_size=&budget=  -> server-sent events
+    GET /api/heads        ?text=&model=&k=&topk=&lang=  -> every layer and head: tag, kept share, map
+    GET /api/attention    ?text=&model=&k=&topk=&layer=&head=&query=&lang=  -> one head's rows around
+                          the query and the dense / top-k / sparse figure, from the kept run (serve/runs.py)
     GET /api/health       the loaded models and whether one is running
 
 Every answer carries a Content-Security-Policy (the page may run only its own scripts and talk
@@ -27,15 +30,18 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from gatherlens.errors import GatherLensError
+from gatherlens.serve.attention_api import attention_body, run_k_param
+from gatherlens.serve.heads import heads_body
 from gatherlens.serve.limits import RequestLimits, protocol_class
 from gatherlens.serve.params import explain_params, generate_params
 from gatherlens.serve.pool import ModelPool
+from gatherlens.serve.runs import RunCache, run_key
 from gatherlens.serve.settings import ServeSettings
 
 __all__ = ["create_app", "API_POLICY", "MODEL_PATHS", "http_protocol"]
 
 API_POLICY = "default-src 'none'; frame-ancestors 'none'"
-MODEL_PATHS = ("/", "/api/explain", "/api/generate")   # the routes that wait for the model (limits.py)
+MODEL_PATHS = ("/", "/api/explain", "/api/generate", "/api/heads", "/api/attention")   # the routes that wait for the model (limits.py)
 HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
            "X-Frame-Options": "DENY", "Cache-Control": "no-store"}
 
@@ -48,13 +54,16 @@ def _headers(policy: str) -> dict:
     return {**HEADERS, "Content-Security-Policy": policy}
 
 
-def _explain(lm, p, settings: ServeSettings) -> dict:
-    """The story of one request (runs in a worker thread, with the model's lock held)."""
+def _explain(lm, p, settings: ServeSettings, runs: RunCache | None = None) -> dict:
+    """The story of one request (runs in a worker thread, with the model's lock held); its run is
+    kept in `runs` for the page's later GET /api/attention."""
     from gatherlens.report.build import build_report, page_data, story_data
     from gatherlens.report.collect import collect
 
     story = collect(lm, p.text, top_k=p.k if p.topk else None, layer=p.layer, head=p.head,
-                    query=p.query)
+                    query=p.query, max_tokens=settings.max_tokens)
+    if runs is not None:
+        runs.put(run_key(p), story.tensors, story.shown_tokens)
     body = story_data(story)
     live = settings.live(p.model, p.topk, p.k)
     if p.explore:
@@ -70,7 +79,26 @@ async def explain(request: Request) -> Response:
     pool: ModelPool = request.app.state.pool
     p = explain_params(request.query_params, pool.settings)
     async with pool.using(p.model) as lm:
-        body = await pool.run(_explain, lm, p, pool.settings)
+        body = await pool.run(_explain, lm, p, pool.settings, request.app.state.runs)
+    return JSONResponse(body, headers=_headers(API_POLICY))
+
+
+async def heads(request: Request) -> Response:
+    """GET /api/heads: the head gallery's numbers (serve/heads.py), checked like /api/explain."""
+    pool: ModelPool = request.app.state.pool
+    p = explain_params(request.query_params, pool.settings)
+    async with pool.using(p.model) as lm:
+        body = await pool.run(heads_body, lm, p, pool.settings)
+    return JSONResponse(body, headers=_headers(API_POLICY))
+
+
+async def attention(request: Request) -> Response:
+    """GET /api/attention: one head's window and the dense / top-k / sparse figure (attention_api.py)."""
+    pool: ModelPool = request.app.state.pool
+    p = explain_params(request.query_params, pool.settings)
+    async with pool.using(p.model) as lm:
+        run_k = run_k_param(request.query_params.get("run_k"), p, pool.settings)
+        body = await pool.run(attention_body, lm, p, pool.settings, request.app.state.runs, run_k)
     return JSONResponse(body, headers=_headers(API_POLICY))
 
 
@@ -79,7 +107,7 @@ async def page(request: Request) -> Response:
     pool: ModelPool = request.app.state.pool
     p = explain_params({**request.query_params, "html": "1"}, pool.settings)
     async with pool.using(p.model) as lm:
-        body = await pool.run(_explain, lm, p, pool.settings)
+        body = await pool.run(_explain, lm, p, pool.settings, request.app.state.runs)
     return HTMLResponse(body["html"], headers=_headers(body["csp"]))
 
 
@@ -88,7 +116,7 @@ async def _stream(request: Request, pool: ModelPool, p):
     from gatherlens.serve.decode import decode_steps
 
     async with pool.using(p.model) as lm:
-        steps = decode_steps(lm, p.text, p.max_new, p.budget, p.page_size, pool.settings.max_tokens)
+        steps = decode_steps(lm, p.text, p.max_new, p.budget, p.page_size, pool.settings.max_tokens, detail=True)
         try:
             while True:
                 if await request.is_disconnected():
@@ -117,7 +145,8 @@ async def generate(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    return JSONResponse(request.app.state.pool.status(), headers=_headers(API_POLICY))
+    return JSONResponse({**request.app.state.pool.status(), "runs": request.app.state.runs.status()},
+                        headers=_headers(API_POLICY))
 
 
 async def _bad_input(request: Request, exc: GatherLensError) -> Response:
@@ -144,6 +173,7 @@ def create_app(settings: ServeSettings | None = None, loader=None, warm: bool = 
     async def lifespan(app):
         pool = ModelPool(settings, loader=loader)
         app.state.pool = pool
+        app.state.runs = RunCache(settings.run_cache_bytes)
         if warm:
             async with pool.using(settings.model):
                 pass
@@ -151,7 +181,7 @@ def create_app(settings: ServeSettings | None = None, loader=None, warm: bool = 
 
     return Starlette(
         routes=[Route("/", page), Route("/api/explain", explain), Route("/api/generate", generate),
-                Route("/api/health", health)],
+                Route("/api/heads", heads), Route("/api/attention", attention), Route("/api/health", health)],
         middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts),
                     Middleware(RequestLimits, settings=settings, headers=_headers(API_POLICY), paths=MODEL_PATHS)],
         exception_handlers={GatherLensError: _bad_input, Exception: _failure},

@@ -15,6 +15,7 @@ the cache.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Iterator
 
 import torch
@@ -24,7 +25,9 @@ from gatherlens.models.generation import (GenerationEnd, GenerationStart, Genera
                                           require_causal)
 from gatherlens.ops.sparse.config import TOY
 from gatherlens.ops.sparse.geometry import page_count
-from gatherlens.report.collect import shown_token
+from gatherlens.models.sparse import observe_sparse
+from gatherlens.report.collect import shown_token, token_texts
+from gatherlens.serve.step_detail import StepMass, dense_choices
 
 __all__ = ["decode_steps"]
 
@@ -50,26 +53,47 @@ def _step_data(step: GenerationStep, page_size: int) -> dict:
 
 
 def decode_steps(lm, text: str, max_new: int, budget: int, page_size: int,
-                 max_tokens: int = 4096) -> Iterator[tuple[str, dict]]:
+                 max_tokens: int = 4096, detail: bool = False) -> Iterator[tuple[str, dict]]:
     """("start", {...}) for the prompt, then ("step", {...}) per decode step, ("done", {...}).
 
     start: prompt, prompt_tokens, page_size, budget, layers, pages (of the prompt), token (the
     first new token, from the dense prefill). step: step, token, token_id, shown, length (tokens
     in the cache), pages_total, layers[l][h] = the page ids KV head h of layer l read.
+    detail (the live page's): start adds tokens (the prompt's, shown); step adds mass[l][h], the
+    dense weight query head h of layer l put on the pages it read (serve/step_detail.py); done
+    adds dense, what dense decoding would have chosen at every step (step_detail.dense_choices).
     """
     ids = _prompt(lm, text, max_tokens)                                      # (1, S)
     config = TOY.replace(budget=budget, page_size=page_size)               # the explorer's preset
     events = generation_steps(lm, ids, config.budget, max_new, pages=True, config=config)
-    start = None
-    try:
-        for event in events:
-            if isinstance(event, GenerationStart):
-                start = event
-            elif isinstance(event, GenerationStep) and event.index == 0:
-                yield "start", _start_data(text, start, event)
-            elif isinstance(event, GenerationStep):
-                yield "step", _step_data(event, start.page_size)
-            elif isinstance(event, GenerationEnd):
-                yield "done", {"message": f"{len(event.new_ids)} tokens generated", "tokens": len(event.new_ids)}
-    finally:
-        events.close()  # back to dense decoding
+    mass = StepMass() if detail else None
+    start = end = None
+    with observe_sparse(mass) if detail else contextlib.nullcontext():
+        try:
+            for event in events:
+                if isinstance(event, GenerationStart):
+                    start = event
+                elif isinstance(event, GenerationEnd):
+                    end = event
+                else:
+                    yield _event(lm, text, ids, start, event, mass)
+        finally:
+            events.close()  # back to dense decoding
+    if end is not None:
+        done = {"message": f"{len(end.new_ids)} tokens generated", "tokens": len(end.new_ids)}
+        if detail:
+            done["dense"] = dense_choices(lm, ids, end.new_ids)
+        yield "done", done
+
+
+def _event(lm, text: str, ids, start: GenerationStart, event: GenerationStep, mass: StepMass | None):
+    """The ("start" | "step", data) of one step of the loop; with `mass` (detail), its extra fields."""
+    if event.index == 0:
+        data = _start_data(text, start, event)
+        if mass is not None:
+            data["tokens"] = [shown_token(t) for t in token_texts(lm.tokenizer, ids[0].tolist())]
+        return "start", data
+    data = _step_data(event, start.page_size)
+    if mass is not None:
+        data["mass"] = mass.take(start.layers)
+    return "step", data

@@ -2,14 +2,14 @@
 
     >>> s = ServeSettings(model="minilm", port=9000)
     >>> s.max_chars, s.max_new_tokens
-    (1000, 64)
+    (16000, 64)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from gatherlens.ops.sparse.config import TOY, SparseConfig
-from gatherlens.report.defaults import DEFAULT_TEXT, MAX_TOKENS
+from gatherlens.report.defaults import DEFAULT_TEXT, LIVE_MAX_TOKENS
 
 __all__ = ["ServeSettings", "KNOWN", "LOCAL_HOSTS"]
 
@@ -27,8 +27,8 @@ class ServeSettings:
     lang: str = "en"
     text: str = DEFAULT_TEXT        # the text the page opens with
     top_k: int = 4                  # the k the page opens with
-    max_chars: int = 1000           # longest text accepted, in characters
-    max_tokens: int = MAX_TOKENS    # longest text accepted, in tokens (the report's own limit)
+    max_chars: int = 16000          # longest text accepted, in characters (2,048 tokens of prose fit)
+    max_tokens: int = LIVE_MAX_TOKENS  # longest text accepted, in tokens (report.defaults: the live page's)
     max_k: int = 4096
     max_new_tokens: int = 64        # most tokens one generation may produce
     default_new_tokens: int = 24
@@ -37,7 +37,8 @@ class ServeSettings:
     extra_hosts: list[str] = field(default_factory=list)   # Host headers accepted besides the bind host
     queue_limit: int = 8            # model requests that may wait while one runs; one more gets 503
     retry_after: int = 5            # seconds a 503 asks the client to wait (its Retry-After header)
-    max_target_bytes: int = 16384   # longest request target (path and query); longer gets 414. A text
+    run_cache_bytes: int = 600 << 20  # the texts' kept runs (serve/runs.py): 233 MiB each at 2,048 tokens
+    max_target_bytes: int = 200_000  # longest request target (path and query); longer gets 414. A text
                                     # of max_chars characters fits: percent-encoded, 12 bytes each at most
 
     @property
@@ -65,5 +66,5 @@ class ServeSettings:
     def live(self, model: str, topk: bool, k: int) -> dict:
         """The live page's settings (what its controls offer)."""
         return {"models": self.models, "model": model, "topk": topk, "k": k,
-                "max_chars": self.max_chars, "max_new": self.max_new_tokens,
+                "max_chars": self.max_chars, "max_tokens": self.max_tokens, "max_new": self.max_new_tokens,
                 "default_new": self.default_new_tokens}

@@ -1,6 +1,6 @@
 """Autograd for top-k attention: save the selection, recompute logits per chunk in backward.
 
-    >>> out, lse, vals, idx = TopkAttentionFn.apply(query, key, value, problem, ordered)
+    >>> out, lse, vals, idx = TopkAttentionFn.apply(query, key, value, sinks, problem, ordered)
 
 `ordered=True` (a selection record was asked for) also returns the selected logits, best first.
 
@@ -13,33 +13,38 @@ softmax backward restricted to the selected keys (flash-attention style):
     dQ = scale * dS @ K,  dK = dS^T @ (scale * Q),  dV = P^T @ dO.
 
 The selection itself is piecewise constant, so these are the gradients of a dense attention in
-which every key but the selected ones is masked (naive.dense_masked_attention).
+which every key but the selected ones is masked (naive.dense_masked_attention). With a softcap,
+dS is multiplied by the cap's slope 1 - tanh^2(logit / softcap) before dQ and dK. With sinks
+(sinks (Hq,) or None), lse includes the sink, so P is already the weight of each key, and the
+sink's own gradient is d sink_h = -sum over rows of head h of exp(sink_h - lse) * rowsum(dO * O).
 """
 from __future__ import annotations
 
 import torch
 
 from gatherlens.ops.attention.chunked import chunk_size, chunked_forward
-from gatherlens.ops.attention.logits import chunk_logits
+from gatherlens.ops.attention.logits import chunk_logits_and_slope
 from gatherlens.ops.attention.select import indices_to_mask
+from gatherlens.ops.attention.variants import join_sinks, sink_logits
 from gatherlens.ops.dtypes import NEG_INF, stat_dtype
 
 
 class TopkAttentionFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, query, key, value, problem, ordered):
+    def forward(ctx, query, key, value, sinks, problem, ordered):
         out, lse, vals, idx = chunked_forward(problem, query, key, value, need_idx=True, ordered=ordered,
                                               need_vals=ordered)
+        out, lse = join_sinks(out, lse, sinks)                  # (B, Hq, Q, Dv), (B, Hq, Q)
         vals = query.new_empty(0) if vals is None else vals     # logits only for a selection record
         idx32 = idx.to(torch.int32) if problem.key_len < 2**31 else idx
-        ctx.save_for_backward(query, key, value, out, lse, idx32)
+        ctx.save_for_backward(query, key, value, out, lse, idx32, sinks)
         ctx.problem = problem
         ctx.mark_non_differentiable(lse, vals, idx)
         return out, lse, vals, idx
 
     @staticmethod
     def backward(ctx, d_out, _d_lse, _d_vals, _d_idx):
-        query, key, value, out, lse, idx = ctx.saved_tensors
+        query, key, value, out, lse, idx, sinks = ctx.saved_tensors
         p = ctx.problem
         B, Hkv, G, Q = p.batch, p.kv_heads, p.groups, p.q_len
         cd = stat_dtype(query.dtype)                            # compute dtype of the backward
@@ -57,7 +62,7 @@ class TopkAttentionFn(torch.autograd.Function):
             Lc, n = p.key_end(q1), q1 - q0
             if Lc == 0:
                 continue
-            s = chunk_logits(p, q5, k_c, q0, q1, Lc)            # (B, Hkv, G, n, Lc)
+            s, slope = chunk_logits_and_slope(p, q5, k_c, q0, q1, Lc)  # (B, Hkv, G, n, Lc) each
             keep = indices_to_mask(idx5[..., q0:q1, :].long(), Lc)  # (B, Hkv, G, n, Lc)
             l = lse5[..., q0:q1].unsqueeze(-1)                  # (B, Hkv, G, n, 1)
             l = torch.where(l > NEG_INF, l, torch.zeros_like(l))
@@ -66,10 +71,21 @@ class TopkAttentionFn(torch.autograd.Function):
             delta = (do * o5[..., q0:q1, :]).sum(-1, keepdim=True)  # (B, Hkv, G, n, 1)
             dP = torch.matmul(do, v_c[:, :, None, :Lc].transpose(-1, -2))  # (B, Hkv, G, n, Lc)
             dS = P * (dP - delta)                               # (B, Hkv, G, n, Lc)
+            dS = dS if slope is None else dS * slope            # through the cap
             dS2 = dS.reshape(B, Hkv, G * n, Lc)                 # (B, Hkv, G*n, Lc)
             P2 = P.reshape(B, Hkv, G * n, Lc)                   # (B, Hkv, G*n, Lc)
             qs = (q5[..., q0:q1, :] * p.scale).reshape(B, Hkv, G * n, -1)  # (B, Hkv, G*n, D)
             dq[..., q0:q1, :] = torch.matmul(dS2, k_c[:, :, :Lc]).view(B, Hkv, G, n, -1) * p.scale
             dk[:, :, :Lc] += torch.matmul(dS2.transpose(-1, -2), qs)  # (B, Hkv, Lc, D)
             dv[:, :, :Lc] += torch.matmul(P2.transpose(-1, -2), do.reshape(B, Hkv, G * n, -1))
-        return (dq.flatten(1, 2).to(query.dtype), dk.to(key.dtype), dv.to(value.dtype), None, None)
+        d_sinks = _sinks_grad(sinks, lse, d_out, out) if ctx.needs_input_grad[3] else None
+        return (dq.flatten(1, 2).to(query.dtype), dk.to(key.dtype), dv.to(value.dtype), d_sinks, None, None)
+
+
+def _sinks_grad(sinks, lse, d_out, out) -> torch.Tensor:
+    """d sinks (Hq,): -sum over batch and queries of exp(sink - lse) * rowsum(dO * O)."""
+    sd = lse.dtype
+    delta = (d_out.to(sd) * out.to(sd)).sum(-1)                # (B, Hq, Q)
+    share = torch.exp(sink_logits(sinks, lse) - lse)            # (B, Hq, Q) the sink's weight
+    share = torch.where(lse > NEG_INF, share, torch.zeros_like(share))
+    return (-(share * delta).sum((0, 2))).to(sinks.dtype)       # (Hq,)

@@ -3,6 +3,7 @@
     >>> p = check_topk_args(q, k, v, 8, is_causal=True, attn_mask=None, scale=None, enable_gqa=False)
     >>> p.groups, p.causal_offset        # query heads per KV head, where the causal diagonal sits
     (1, 0)
+    >>> check_softcap(50.0), check_sinks(torch.zeros(8), heads=8, like=q)   # also used by ops/sparse
 
 Every message names the argument, the bad value and the valid range (gatherlens.errors).
 The mask is kept un-expanded as a 5-D view (B|1, Hkv|1, G|1, Q|1, L|1) so that a chunk of queries
@@ -40,6 +41,7 @@ class AttentionProblem:
     causal_offset: int     # query i sees keys j <= i + causal_offset (0 = SDPA's top-left)
     mask: torch.Tensor | None  # (B|1, Hkv|1, G|1, Q|1, L|1), bool (True = attend) or additive float
     share_selection: bool = False
+    softcap: float | None = None  # logits -> softcap * tanh(logits / softcap) before masks (variants.py)
 
     @property
     def k_out(self) -> int:
@@ -77,11 +79,44 @@ def _check_tensor(name: str, t) -> None:
         )
 
 
+def check_softcap(softcap) -> float | None:
+    """softcap: None (no cap) or a finite number > 0 (Gemma 2: 50.0)."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not math.isfinite(softcap) \
+            or softcap <= 0:
+        raise GatherValueError(
+            f"softcap = {softcap!r} is outside the valid range (0, inf): pass a finite number > 0 "
+            f"(logits -> softcap * tanh(logits / softcap)) or None for no cap")
+    return float(softcap)
+
+
+def check_sinks(sinks, *, heads: int, like: torch.Tensor) -> None:
+    """sinks: None or a float tensor of shape (heads,), one sink logit per query head, on like's device."""
+    if sinks is None:
+        return
+    if not isinstance(sinks, torch.Tensor):
+        raise GatherTypeError(f"sinks must be a torch.Tensor of shape (Hq,) = ({heads},) or None, "
+                              f"got {type(sinks).__name__}")
+    if not sinks.is_floating_point():
+        raise GatherTypeError(
+            f"sinks has dtype {sinks.dtype}; expected a float dtype (one logit per query head)")
+    if tuple(sinks.shape) != (heads,):
+        raise GatherValueError(
+            f"sinks has shape {tuple(sinks.shape)}; expected (Hq,) = ({heads},): one sink logit per "
+            f"query head")
+    if sinks.device != like.device:
+        raise GatherValueError(
+            f"sinks is on {sinks.device} but query is on {like.device}; they must share a device")
+
+
 def check_topk_args(query, key, value, top_k, *, is_causal, attn_mask, scale, enable_gqa,
-                    share_selection=False) -> AttentionProblem:
+                    share_selection=False, softcap=None, sinks=None) -> AttentionProblem:
     """Validate the arguments of `topk_attention` and describe the problem."""
     top_k = check_top_k(top_k)
     _check_qkv(query, key, value)
+    softcap = check_softcap(softcap)
+    check_sinks(sinks, heads=query.shape[1], like=query)
     B, Hq, Q, D = query.shape
     Hkv, L, Dv = key.shape[1], key.shape[2], value.shape[3]
     _check_heads(Hq, Hkv, enable_gqa)
@@ -96,7 +131,7 @@ def check_topk_args(query, key, value, top_k, *, is_causal, attn_mask, scale, en
     return AttentionProblem(
         batch=B, q_heads=Hq, kv_heads=Hkv, groups=G, q_len=Q, key_len=L, head_dim=D, value_dim=Dv,
         scale=float(scale), top_k=top_k, causal=causal, causal_offset=offset, mask=mask,
-        share_selection=bool(share_selection),
+        share_selection=bool(share_selection), softcap=softcap,
     )
 
 
@@ -119,7 +154,8 @@ def _check_qkv(query, key, value) -> None:
     if not (B == Bk == Bv):
         raise GatherValueError(f"batch sizes differ: query {B}, key {Bk}, value {Bv}; they must be equal")
     if Dk != D:
-        raise GatherValueError(f"key head_dim {Dk} does not match query head_dim {D}")
+        raise GatherValueError(f"key head_dim {Dk} does not match query head_dim {D} (value may be of "
+                               f"another width Dv: key (B, Hkv, L, D), value (B, Hkv, L, Dv))")
     if Lv != L:
         raise GatherValueError(f"value length {Lv} does not match key length {L}")
     if Hv != Hkv:

@@ -5,28 +5,46 @@
 Queries are grouped by KV head, q5 = query.view(B, Hkv, G, Q, D), so grouped-query attention
 multiplies each KV head once for its G query heads and never repeats K. A disallowed key
 (causal rule, False in a bool mask, -inf in a float mask) gets the logit -inf; the selection treats
-exactly the finite logits as allowed. 16-bit inputs are scored in float32.
+exactly the finite logits as allowed. 16-bit inputs are scored in float32. With
+`problem.softcap` the scaled logits are capped (variants.softcap_) before any mask.
 """
 from __future__ import annotations
 
 import torch
 
 from gatherlens.ops.attention.checks import AttentionProblem
+from gatherlens.ops.attention.variants import softcap_, softcap_slope_
 from gatherlens.ops.dtypes import NEG_INF, compute_dtype
 
 
 def chunk_logits(p: AttentionProblem, q5: torch.Tensor, key: torch.Tensor, q0: int, q1: int,
                  key_end: int | None = None) -> torch.Tensor:
     """Logits (B, Hkv, G, C, Lc) for queries [q0, q1) and keys [0, Lc), Lc = key_end."""
+    s = _scaled_logits(p, q5, key, q0, q1, key_end)             # (B, Hkv, G, C, Lc)
+    softcap_(s, p.softcap)
+    apply_masks(p, s, q0, q1)
+    return s
+
+
+def chunk_logits_and_slope(p: AttentionProblem, q5: torch.Tensor, key: torch.Tensor, q0: int, q1: int,
+                           key_end: int | None = None):
+    """chunk_logits, and the cap's derivative d capped / d logit (B, Hkv, G, C, Lc) (None without
+    a softcap): what autograd's backward multiplies dS by."""
+    s = _scaled_logits(p, q5, key, q0, q1, key_end)             # (B, Hkv, G, C, Lc)
+    slope = softcap_slope_(s, p.softcap)                        # (B, Hkv, G, C, Lc) or None
+    apply_masks(p, s, q0, q1)
+    return s, slope
+
+
+def _scaled_logits(p: AttentionProblem, q5, key, q0: int, q1: int, key_end: int | None) -> torch.Tensor:
+    """scale * q.k (B, Hkv, G, C, Lc), before the cap and the masks."""
     Lc = p.key_end(q1) if key_end is None else key_end
     B, Hkv, G, C = p.batch, p.kv_heads, p.groups, q1 - q0
     cd = compute_dtype(q5.dtype)
     q = q5[:, :, :, q0:q1].to(cd) * p.scale                     # (B, Hkv, G, C, D)
     k = key[:, :, :Lc].to(cd)                                   # (B, Hkv, Lc, D)
     s = torch.matmul(q.reshape(B, Hkv, G * C, -1), k.transpose(-1, -2))  # (B, Hkv, G*C, Lc)
-    s = s.view(B, Hkv, G, C, Lc)                                # (B, Hkv, G, C, Lc)
-    apply_masks(p, s, q0, q1)
-    return s
+    return s.view(B, Hkv, G, C, Lc)                             # (B, Hkv, G, C, Lc)
 
 
 def apply_masks(p: AttentionProblem, s: torch.Tensor, q0: int, q1: int) -> torch.Tensor:

@@ -25,6 +25,7 @@ from gatherlens.ops.attention.checks import AttentionProblem
 from gatherlens.ops.attention.chunked import chunk_size
 from gatherlens.ops.attention.logits import apply_masks
 from gatherlens.ops.attention.select import in_workers, topk_rows, topk_summed_rows, topk_weights_
+from gatherlens.ops.attention.variants import softcap_
 from gatherlens.ops.dtypes import NEG_INF, compute_dtype, stat_dtype
 from gatherlens.ops.sparse.geometry import ceil_div
 
@@ -79,7 +80,7 @@ def sparse_chunk(p: AttentionProblem, q5, key, table, q0: int, q1: int, *, need_
     if Lc == 0:                                                 # no query here sees any key
         lse = torch.full((B, Hkv, G, C), NEG_INF, dtype=stat_dtype(q5.dtype))
         return q5.new_zeros(B, Hkv, G, C, Dv), lse, None, None
-    s = logits_into(p, q5, key, q0, q1, Lc, buf)                # (B, Hkv, G, C, Lc) in cd
+    s = softcap_(logits_into(p, q5, key, q0, q1, Lc, buf), p.softcap)  # (B, Hkv, G, C, Lc) in cd
     lens = None
     if p.mask is not None or not p.causal:
         apply_masks(p, s, q0, q1)
@@ -144,8 +145,9 @@ def _bases(p: AttentionProblem) -> torch.Tensor:
 
 
 def logits_into(p: AttentionProblem, q5, key, q0: int, q1: int, Lc: int, buf=None) -> torch.Tensor:
-    """chunk_logits (logits.py) before the masks, written into buf: one 2-D matmul per KV head for
-    its G query heads, (G*C, D) @ (D, Lc) (faster here than one batched matmul; no fresh buffer)."""
+    """chunk_logits (logits.py) before the cap and the masks, written into buf: one 2-D matmul per
+    KV head for its G query heads, (G*C, D) @ (D, Lc) (faster here than one batched matmul; no
+    fresh buffer)."""
     B, Hkv, G, C = p.batch, p.kv_heads, p.groups, q1 - q0
     cd = compute_dtype(q5.dtype)
     n = B * Hkv * G * C * Lc

@@ -64,6 +64,14 @@ class QuantizedWeight:
     def device(self) -> torch.device:
         return self.raw.device
 
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        """The dtype its matmul computes x in (bfloat16 for the int4 and bf16 routes): an x already
+        in it is not converted again."""
+        if self.route in ("int4", "int4_f32", "int4_requant"):
+            return self.tensors[1].dtype  # scales_zeros: the kernel's activation dtype
+        return torch.bfloat16 if self.route == "bf16" else torch.float32
+
     def nbytes(self) -> int:
         """Bytes of the packed tensors (what this route keeps beside the blocks)."""
         return sum(t.numel() * t.element_size() for t in self.tensors)
@@ -110,7 +118,7 @@ def _part(weight: QuantizedWeight, start: int, stop: int) -> QuantizedWeight:
         tensors = (packed[start:stop], scales_zeros[:, start:stop].contiguous())  # a view, a small copy
     elif route in ("bf16", "float32"):
         tensors = (weight.tensors[0][start:stop],)  # (n, K): a view
-    elif route == "dequant":
+    elif route in ("dequant", "q8act"):
         tensors = ()
     else:
         return pack_linear(raw, weight.qtype, weight.config)  # packed again for these rows

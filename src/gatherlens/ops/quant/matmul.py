@@ -10,6 +10,7 @@
 | bf16         | any            | dequantized once, bf16      | weights rounded to bf16                 |
 | float32      | any            | dequantized once, float32   | bit-equal to the reference (today's way) |
 | dequant      | any            | none beyond the blocks      | bit-equal: dequantizes on every call    |
+| q8act        | Q4_0 Q4_1 Q8_0 | none beyond the blocks      | weights exact; x rounded to 8 bits per 32 (llama.cpp's way) |
 | int8_row     | any            | int8, one scale per row     | lossy: re-quantized (`_weight_int8pack_mm`) |
 | int4_requant | any            | int4 g32, re-quantized      | lossy: min/max per 32 weights           |
 """
@@ -23,6 +24,8 @@ import torch.nn.functional as F
 
 from gatherlens.ops.quant.formats import dequantize_rows
 from gatherlens.ops.quant.int4 import GROUP, INT4_QTYPES, int4_matmul, pack_codes, pack_int4
+from gatherlens.ops.quant.q8act import Q8ACT_QTYPES, q8act_matmul
+from gatherlens.ops.quant.q8act import kernel_loaded as q8act_loaded
 from gatherlens.ops.quant.sizes import QTYPES
 
 __all__ = ["Route", "ROUTES"]
@@ -66,6 +69,13 @@ def _dequant_mm(x, weight):
     return F.linear(x.to(w.dtype), w).to(x.dtype)  # (M, N)
 
 
+def _q8act_mm(x, weight):
+    if not q8act_loaded():  # no compiler: the blocks as float32 for this call (exact, slower)
+        return _dequant_mm(x, weight)
+    y = q8act_matmul(x, weight.raw, weight.qtype)  # (M, N) float32
+    return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
 def _int8_row_pack(raw, qtype):
     w = dequantize_rows(raw, qtype)  # (N, K)
     scale = w.abs().amax(dim=1) / 127  # (N,): one scale per row, as the kernel takes
@@ -99,6 +109,7 @@ ROUTES = {
     "bf16": Route(_dense_pack(torch.bfloat16), _dense_mm),
     "float32": Route(_dense_pack(torch.float32), _dense_mm),
     "dequant": Route(lambda raw, qtype: ((), 1), _dequant_mm),
+    "q8act": Route(lambda raw, qtype: ((), 1), _q8act_mm, Q8ACT_QTYPES, cpu_only=True),
     "int8_row": Route(_int8_row_pack, _int8_row_mm, cpu_only=True),
     "int4_requant": Route(_int4_requant_pack, _int4_mm, cpu_only=True),
 }

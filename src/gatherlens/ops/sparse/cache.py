@@ -4,8 +4,10 @@
     >>> cache.append(k, v)                 # k, v: (B, Hkv, T, D); any T, any number of calls
     >>> cache.length, cache.num_pages      # tokens stored, pages in use (the last may be partial)
     >>> cache.key_max.shape                # (B, Hkv, num_pages, D): the page summaries
+    >>> PagedKVCache(1, 1, head_dim=192, value_dim=128)   # latent attention: values Dv wide
 
-Storage is preallocated in pages, (B, Hkv, capacity_pages, page_size, D), and grows by
+Storage is preallocated in pages, (B, Hkv, capacity_pages, page_size, D) for keys (Dv for
+values), and grows by
 doubling, so `append` costs O(T) amortized. The summaries of only the pages an append touches
 are updated (at most ceil(T / page_size) + 1 pages); the whole cache is never rescanned.
 The summaries bound every score in a page: for any query q and any key k in page p,
@@ -35,7 +37,7 @@ class PagedKVCache:
     Args:
         batch (int): ``B`` of every append.
         kv_heads (int): ``Hkv``, key/value heads.
-        head_dim (int): ``D``.
+        head_dim (int): ``D``, the width of keys (and queries).
         page_size (int): tokens per page, the unit decode selects and reads. Default: 16.
         dtype (torch.dtype): storage dtype of keys and values (floating). Default: float32.
         device (torch.device or str, optional): where the storage lives. Default: CPU.
@@ -43,6 +45,9 @@ class PagedKVCache:
         summary_dtype (torch.dtype, optional): dtype of the page min/max (exact copies of key
             values). Default: the cache dtype, but float32 for 16-bit caches on CPU, where
             half-precision matmuls are slow.
+        value_dim (int, optional): ``Dv``, the width of values, when it differs from the keys'
+            (latent attention: ``qk_head_dim != v_head_dim``). Default: ``head_dim``. The
+            summaries stay on the keys only.
 
     Attributes:
         length (int): tokens stored, ``L``; ``num_pages`` (int): pages in use, ``N``.
@@ -57,11 +62,13 @@ class PagedKVCache:
         truncate(length): keep the first ``length`` tokens (exact summaries).
 
     Shape:
-        - append keys, values: :math:`(B, H_{kv}, T, D)`, any ``T``
-        - keys, values: :math:`(B, H_{kv}, L, D)`
-        - page_keys, page_values: :math:`(B, H_{kv}, N, P, D)` (the last page's tail is unused)
+        - append keys: :math:`(B, H_{kv}, T, D)`, values: :math:`(B, H_{kv}, T, D_v)`, any ``T``
+        - keys: :math:`(B, H_{kv}, L, D)`; values: :math:`(B, H_{kv}, L, D_v)`
+        - page_keys: :math:`(B, H_{kv}, N, P, D)`; page_values: :math:`(B, H_{kv}, N, P, D_v)`
+          (the last page's tail is unused)
         - key_max, key_min: :math:`(B, H_{kv}, N, D)`; summaries: :math:`(B, H_{kv}, N, 2D)`
-        - gather_pages: pages :math:`(B, H_{sel}, n)` -> keys, values :math:`(B, H_{sel}, nP, D)`
+        - gather_pages: pages :math:`(B, H_{sel}, n)` -> keys :math:`(B, H_{sel}, nP, D)`, values
+          :math:`(B, H_{sel}, nP, D_v)`
 
     Example::
 
@@ -81,9 +88,11 @@ class PagedKVCache:
         device: torch.device | str | None = None,
         capacity: int | None = None,
         summary_dtype: torch.dtype | None = None,
+        value_dim: int | None = None,
     ):
+        value_dim = head_dim if value_dim is None else value_dim
         for name, value in (("batch", batch), ("kv_heads", kv_heads), ("head_dim", head_dim),
-                            ("page_size", page_size)):
+                            ("page_size", page_size), ("value_dim", value_dim)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise GatherTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
             if value <= 0:
@@ -94,6 +103,7 @@ class PagedKVCache:
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise GatherTypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         self.batch, self.kv_heads, self.head_dim, self.page_size = batch, kv_heads, head_dim, page_size
+        self.value_dim = value_dim
         self.dtype = dtype
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         if summary_dtype is None:  # CPUs without bf16 GEMM score half-precision summaries slowly
@@ -113,7 +123,7 @@ class PagedKVCache:
         B, H, P, D = self.batch, self.kv_heads, self.page_size, self.head_dim
         kw = dict(dtype=self.dtype, device=self.device)
         k = torch.zeros(B, H, pages, P, D, **kw)  # (B, Hkv, cap, P, D)
-        v = torch.zeros(B, H, pages, P, D, **kw)  # (B, Hkv, cap, P, D)
+        v = torch.zeros(B, H, pages, P, self.value_dim, **kw)  # (B, Hkv, cap, P, Dv)
         s = torch.zeros(B, H, pages, 2 * D, dtype=self.summary_dtype, device=self.device)  # (B, Hkv, cap, 2D)
         used = self.num_pages if hasattr(self, "_k") else 0
         if used:
@@ -142,12 +152,14 @@ class PagedKVCache:
 
     # -- writing --------------------------------------------------------------------------------
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Append T tokens: keys, values (B, Hkv, T, D). Updates only the touched pages' summaries."""
-        self._check(keys, "keys")
-        self._check(values, "values")
-        if keys.shape != values.shape:
+        """Append T tokens: keys (B, Hkv, T, D), values (B, Hkv, T, Dv). Updates only the touched
+        pages' summaries."""
+        self._check(keys, "keys", self.head_dim)
+        self._check(values, "values", self.value_dim)
+        if keys.shape[:3] != values.shape[:3]:
             raise GatherValueError(
-                f"keys {tuple(keys.shape)} and values {tuple(values.shape)} must have the same shape")
+                f"keys {tuple(keys.shape)} and values {tuple(values.shape)} must have the same shape in "
+                f"(B, Hkv, T)")
         T = keys.shape[2]
         if T == 0:
             return
@@ -157,7 +169,7 @@ class PagedKVCache:
         self.reserve(L1)
         cap = self._k.shape[2]
         flat_k = self._k.view(self.batch, self.kv_heads, cap * P, self.head_dim)  # (B, Hkv, cap*P, D)
-        flat_v = self._v.view(self.batch, self.kv_heads, cap * P, self.head_dim)  # (B, Hkv, cap*P, D)
+        flat_v = self._v.view(self.batch, self.kv_heads, cap * P, self.value_dim)  # (B, Hkv, cap*P, Dv)
         flat_k[:, :, L0:L1] = keys.detach()  # the cache stores values, it is not part of a graph
         flat_v[:, :, L0:L1] = values.detach()
         self.length = L1
@@ -205,19 +217,22 @@ class PagedKVCache:
             self._s[:, :, page, :self.head_dim] = kept.amax(dim=2)
             self._s[:, :, page, self.head_dim:] = kept.amin(dim=2)
 
-    def _check(self, x, name: str) -> None:
+    def _check(self, x, name: str, width: int) -> None:
         if not isinstance(x, torch.Tensor):
             raise GatherTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        want = (self.batch, self.kv_heads, "T", self.head_dim)
-        if x.ndim != 4 or x.shape[0] != self.batch or x.shape[1] != self.kv_heads \
-                or x.shape[3] != self.head_dim:
+        want = (self.batch, self.kv_heads, "T", width)
+        if x.ndim != 4 or x.shape[0] != self.batch or x.shape[1] != self.kv_heads or x.shape[3] != width:
+            dims = "(B, Hkv, T, D)" if name == "keys" else "(B, Hkv, T, Dv)"
+            hint = "" if self.value_dim == self.head_dim else \
+                f" (keys are head_dim = {self.head_dim} wide, values value_dim = {self.value_dim})"
             raise GatherValueError(
-                f"{name} has shape {tuple(x.shape)}; expected (B, Hkv, T, D) = {want} for this cache")
+                f"{name} has shape {tuple(x.shape)}; expected {dims} = {want} for this cache{hint}")
         if not x.dtype.is_floating_point:
             raise GatherTypeError(f"{name} must be a floating tensor, got {x.dtype}")
 
     def workspace(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Two reusable (rows, page_size * D) buffers that decode gathers pages into.
+        """Two reusable buffers, (rows, page_size * D) for keys and (rows, page_size * Dv) for
+        values, that decode gathers pages into.
 
         Kept across steps so each decode writes into warm memory instead of fresh pages of a
         new allocation (which on CPU costs as much as the gather). Not thread-safe: one decode
@@ -225,10 +240,31 @@ class PagedKVCache:
         """
         have = self._work[0].shape[0] if self._work else 0
         if rows > have:
-            shape = (max(rows, 2 * have), self.page_size * self.head_dim)
+            n, P = max(rows, 2 * have), self.page_size
             kw = dict(dtype=self.dtype, device=self.device)
-            self._work = (torch.empty(shape, **kw), torch.empty(shape, **kw))
+            self._work = (torch.empty(n, P * self.head_dim, **kw), torch.empty(n, P * self.value_dim, **kw))
         return self._work[0][:rows], self._work[1][:rows]
+
+    def writable(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Room for `tokens` more tokens, and the whole storage a kernel writes them into in place:
+        keys (B, Hkv, cap, P, D), values (B, Hkv, cap, P, Dv), summaries (B, Hkv, cap, 2D).
+
+            >>> keys, values, summaries = cache.writable(1)   # write token cache.length, its page's box
+            >>> cache.advance(1)                               # then count it
+
+        The writer must store the tokens at positions length.. and keep their pages' summaries
+        exact ([max | min] of the page's keys), as `append` does (ops/layer's rope_append does both).
+        """
+        self.reserve(self.length + tokens)
+        return self._k, self._v, self._s
+
+    def advance(self, tokens: int) -> None:
+        """Count `tokens` tokens a kernel wrote through `writable` (their summaries included)."""
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0 \
+                or self.length + tokens > self.capacity:
+            raise GatherValueError(f"advance({tokens!r}): tokens must be an int in [0, {self.capacity - self.length}] "
+                                   f"(the room writable() made)")
+        self.length += tokens
 
     def clear(self) -> None:
         """Forget every token (keeps the storage)."""
@@ -236,9 +272,9 @@ class PagedKVCache:
 
     # -- reading the chosen pages ---------------------------------------------------------------
     def gather_pages(self, pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The chosen pages' keys and values, copied into (B, Hsel, n * P, D) tensors.
+        """The chosen pages' keys and values, copied into (B, Hsel, n * P, D) and (..., Dv) tensors.
 
-            >>> k, v = cache.gather_pages(pages)     # pages (B, Hsel, n) -> (B, Hsel, n * P, D) each
+            >>> k, v = cache.gather_pages(pages)     # pages (B, Hsel, n) -> (B, Hsel, n * P, D | Dv)
 
         pages: (B, Hsel, n) page ids; Hsel = kv_heads, or a multiple of it (selection head h
         reads KV head h * kv_heads // Hsel). One index_select per tensor, into the reusable
@@ -246,13 +282,13 @@ class PagedKVCache:
         page at positions >= length hold stale data (see `page_positions`).
         """
         B, Hsel, n = pages.shape
-        Hkv, P, D = self.kv_heads, self.page_size, self.head_dim
+        Hkv, P, D, Dv = self.kv_heads, self.page_size, self.head_dim, self.value_dim
         cap = self._k.shape[2]
         rows = (pages + self._first_rows(Hsel, cap, pages.device)).reshape(-1)  # (B*Hsel*n,) of (B*Hkv*cap, P*D)
-        k, v = self.workspace(rows.numel())  # (B*Hsel*n, P*D) each, reused across steps
+        k, v = self.workspace(rows.numel())  # (B*Hsel*n, P*D), (B*Hsel*n, P*Dv), reused across steps
         torch.index_select(self._k.view(B * Hkv * cap, P * D), 0, rows, out=k)  # (B*Hsel*n, P*D)
-        torch.index_select(self._v.view(B * Hkv * cap, P * D), 0, rows, out=v)  # (B*Hsel*n, P*D)
-        return k.view(B, Hsel, n * P, D), v.view(B, Hsel, n * P, D)
+        torch.index_select(self._v.view(B * Hkv * cap, P * Dv), 0, rows, out=v)  # (B*Hsel*n, P*Dv)
+        return k.view(B, Hsel, n * P, D), v.view(B, Hsel, n * P, Dv)
 
     def _first_rows(self, Hsel: int, cap: int, device) -> torch.Tensor:
         """(B, Hsel, 1): the row of page 0 of each selection head's KV head; kept until storage grows."""
@@ -283,7 +319,7 @@ class PagedKVCache:
     @property
     def values(self) -> torch.Tensor:
         cap = self._v.shape[2]
-        return self._v.view(self.batch, self.kv_heads, cap * self.page_size, self.head_dim)[:, :, :self.length]
+        return self._v.view(self.batch, self.kv_heads, cap * self.page_size, self.value_dim)[:, :, :self.length]
 
     @property
     def page_keys(self) -> torch.Tensor:
@@ -306,6 +342,7 @@ class PagedKVCache:
         return self._s[:, :, :self.num_pages, self.head_dim:]
 
     def __repr__(self) -> str:
-        return (f"PagedKVCache(batch={self.batch}, kv_heads={self.kv_heads}, head_dim={self.head_dim}, "
+        dv = "" if self.value_dim == self.head_dim else f"value_dim={self.value_dim}, "
+        return (f"PagedKVCache(batch={self.batch}, kv_heads={self.kv_heads}, head_dim={self.head_dim}, {dv}"
                 f"page_size={self.page_size}, length={self.length}, pages={self.num_pages}, "
                 f"capacity={self.capacity}, dtype={self.dtype}, device={self.device})")

@@ -2,6 +2,7 @@
 
     >>> scale = check_decode_args(q, cache, budget=64, page_size=None, group_score="max",
     ...                           backend="auto", scale=None, key_mask=None)   # 1 / sqrt(D)
+    >>> check_decode_args(..., softcap=30.0, sinks=torch.zeros(Hq))             # the same rules as topk_attention
 
 Every message names the argument, the bad value and the valid range (gatherlens.errors).
 """
@@ -12,19 +13,24 @@ import math
 import torch
 
 from gatherlens.errors import GatherTypeError, GatherValueError
+from gatherlens.ops.attention.checks import check_sinks, check_softcap
 
 from .cache import PagedKVCache
 from .config import check_budget, check_choice
 
 __all__ = ["BACKENDS", "check_decode_args", "check_key_mask", "check_choice"]
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "native", "triton")
 
 
 def check_decode_args(query, cache, budget, page_size, group_score, backend, scale, key_mask, recent=0,
-                      choose="bound") -> float:
-    """Validate the arguments of `sparse_decode`; return the logit scale (default 1 / sqrt(D))."""
+                      choose="bound", *, softcap=None, sinks=None) -> float:
+    """Validate the arguments of `sparse_decode`; return the logit scale (default 1 / sqrt(D)).
+
+    softcap and sinks follow topk_attention's checks (ops/attention/checks.py): their one home."""
     _check_query_and_cache(query, cache, budget, page_size)
+    check_softcap(softcap)
+    check_sinks(sinks, heads=query.shape[1], like=query)
     check_choice(recent, choose, group_score)
     if backend not in BACKENDS:
         raise GatherValueError(f"backend = {backend!r} must be one of {BACKENDS}")
@@ -54,9 +60,11 @@ def _check_query_and_cache(query, cache, budget, page_size) -> None:
             f"query has shape {tuple(query.shape)}; expected (B, Hq, 1, D): one decode query per head")
     B, Hq, _, D = query.shape
     if B != cache.batch or D != cache.head_dim:
+        dv = "" if cache.value_dim == cache.head_dim else \
+            f" (the keys' width; values are value_dim = {cache.value_dim})"
         raise GatherValueError(
             f"query (B, Hq, 1, D) = {tuple(query.shape)} does not match the cache's "
-            f"batch = {cache.batch}, head_dim = {cache.head_dim}")
+            f"batch = {cache.batch}, head_dim = {cache.head_dim}{dv}")
     if Hq == 0 or Hq % cache.kv_heads:
         raise GatherValueError(
             f"query heads Hq = {Hq} must be a multiple of the cache's kv_heads = {cache.kv_heads}")

@@ -3,8 +3,9 @@
     >>> out, lse = sparse_attention_reference(q, keys, values, pages, page_size=16)
     >>> page_bound_reference(q[0, 0, 0], keys[0, 0, 16:32])   # a bound >= every q . k of that page
 
-Everything here is computed in float64 from the plain (B, Hkv, L, D) keys and values, with an
-explicit mask, so it shares no code with `cache.py`, `page_choice.py` or `decode.py`.
+Everything here is computed in float64 from the plain (B, Hkv, L, D) keys and (B, Hkv, L, Dv)
+values, with an explicit mask, so it shares no code with `cache.py`, `page_choice.py` or
+`decode.py`; soft-capping and sinks are written out as transformers writes them.
 """
 from __future__ import annotations
 
@@ -37,33 +38,44 @@ def sparse_attention_reference(
     pages: torch.Tensor,
     page_size: int,
     scale: float | None = None,
+    *,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense attention of a decode query over only the tokens of the chosen pages.
 
-    query:  (B, Hq, 1, D); keys, values: (B, Hkv, L, D), Hq = G * Hkv
+    query:  (B, Hq, 1, D); keys: (B, Hkv, L, D), values: (B, Hkv, L, Dv), Hq = G * Hkv
     pages:  (B, Hsel, n) page ids per selection head; Hsel = Hkv (one choice per KV group)
             or Hq (one per query head)
-    returns out (B, Hq, 1, D) in query.dtype and lse (B, Hq, 1) float32 (natural log).
+    softcap: logits -> softcap * tanh(logits / softcap) before the page mask
+    sinks:  (Hq,) one more softmax column per head, with no value (its term is in lse)
+    returns out (B, Hq, 1, Dv) in query.dtype and lse (B, Hq, 1) float32 (natural log).
     """
     B, Hq, _, D = query.shape
     Hkv, L = keys.shape[1], keys.shape[2]
     G, Hsel = Hq // Hkv, pages.shape[1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     k = keys.double().repeat_interleave(G, dim=1)  # (B, Hq, L, D)
-    v = values.double().repeat_interleave(G, dim=1)  # (B, Hq, L, D)
+    v = values.double().repeat_interleave(G, dim=1)  # (B, Hq, L, Dv)
     page_of = torch.arange(L, device=keys.device) // page_size  # (L,)
     keep = (page_of.view(1, 1, 1, L) == pages.unsqueeze(-1)).any(dim=2)  # (B, Hsel, L)
     if Hsel != Hq:
         keep = keep.repeat_interleave(Hq // Hsel, dim=1)  # (B, Hq, L)
     logits = torch.matmul(query.double(), k.transpose(-1, -2)) * scale  # (B, Hq, 1, L)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)  # (B, Hq, 1, L)
     logits = logits.masked_fill(~keep.unsqueeze(2), float("-inf"))  # (B, Hq, 1, L)
-    lse = torch.logsumexp(logits, dim=-1)  # (B, Hq, 1)
-    out = torch.matmul(torch.exp(logits - lse.unsqueeze(-1)), v)  # (B, Hq, 1, D)
+    cols = logits  # (B, Hq, 1, L[+1]): the keys, and the sink's column
+    if sinks is not None:
+        cols = torch.cat([logits, sinks.double().view(1, Hq, 1, 1).expand(B, Hq, 1, 1)], dim=-1)
+    lse = torch.logsumexp(cols, dim=-1)  # (B, Hq, 1)
+    out = torch.matmul(torch.exp(logits - lse.unsqueeze(-1)), v)  # (B, Hq, 1, Dv)
     return out.to(query.dtype), lse.float()
 
 
-def dense_decode_reference(query, keys, values, scale: float | None = None):
+def dense_decode_reference(query, keys, values, scale: float | None = None, *, softcap=None, sinks=None):
     """Plain dense decode attention (every key), for the budget >= length case."""
     P = keys.shape[2]  # one page holding every key
     pages = torch.zeros(query.shape[0], keys.shape[1], 1, dtype=torch.long, device=keys.device)
-    return sparse_attention_reference(query, keys, values, pages, page_size=max(P, 1), scale=scale)
+    return sparse_attention_reference(query, keys, values, pages, page_size=max(P, 1), scale=scale,
+                                      softcap=softcap, sinks=sinks)

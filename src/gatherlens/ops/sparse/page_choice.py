@@ -21,7 +21,7 @@ import torch
 from .config import CHOOSERS, GROUP_SCORES, check_budget  # noqa: F401 (check_budget: its one home is config.py)
 from .geometry import last_page_tokens, page_count
 
-__all__ = ["page_bounds", "pages_for_budget", "select_pages", "choose_pages", "rankable", "page_mass", "first_recent_page",
+__all__ = ["page_bounds", "pages_for_budget", "pages_to_read", "select_pages", "choose_pages", "rankable", "page_mass", "first_recent_page",
            "GROUP_SCORES", "CHOOSERS"]
 
 
@@ -101,9 +101,20 @@ def select_pages(
     else:
         scores = scores.reshape(B, Hq, N)  # (B, Hq, N)
     scores = scores.float()  # (B, Hsel, N)
-    first = first_recent_page(cache.length, cache.page_size, recent)
-    n = max(pages_for_budget(budget, cache.length, cache.page_size), min(N, N - first + 1))
+    n, first = pages_to_read(cache.length, cache.page_size, budget, recent)
     return choose_pages(scores, n, first), scores
+
+
+def pages_to_read(length: int, page_size: int, budget: int, recent: int) -> tuple[int, int]:
+    """(n, first_recent): how many pages a step reads (the budget's, or more to hold page 0 and
+    the recent window) and the first page of the recent window. The one rule of every path.
+
+    >>> pages_to_read(1000, 8, 512, 128)
+    (64, 109)
+    """
+    N = page_count(length, page_size)
+    first = first_recent_page(length, page_size, recent)
+    return max(pages_for_budget(budget, length, page_size), min(N, N - first + 1)), first
 
 
 def _bounds(qq: torch.Tensor, summaries: torch.Tensor) -> torch.Tensor:

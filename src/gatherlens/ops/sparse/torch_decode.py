@@ -2,15 +2,18 @@
 
     >>> out, lse = attend_pages(q, cache, pages, scale)             # q (B, Hq, 1, D), pages (B, Hsel, n)
     >>> out, lse = attend_pages(q, cache, pages, scale, key_mask)   # key_mask (B, L), True = attend
+    >>> out, lse = attend_pages(q, cache, pages, scale, softcap=30.0)  # out (B, Hq, 1, Dv)
 
 `cache.gather_pages` copies the n chosen pages of every selection head into a reusable workspace
 (one index_select each for K and V); `attend_gathered` then runs exact attention over those rows.
-The Triton path (triton_decode.py) computes the same result without the copy.
+The Triton path (triton_decode.py) computes the same result without the copy. A softcap caps the
+scaled logits before the mask (ops/attention/variants.py); values may be Dv wide (cache.value_dim).
 """
 from __future__ import annotations
 
 import torch
 
+from gatherlens.ops.attention.variants import capped, softcap_
 from gatherlens.ops.dtypes import NEG_INF, compute_dtype
 
 from .cache import PagedKVCache
@@ -21,15 +24,16 @@ _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 
 
 def attend_pages(q: torch.Tensor, cache: PagedKVCache, pages: torch.Tensor, scale: float,
-                 key_mask: torch.Tensor | None = None):
+                 key_mask: torch.Tensor | None = None, *, softcap: float | None = None, exact_lse: bool = False):
     """Attention of q (B, Hq, 1, D) over the pages (B, Hsel, n, ascending) of `cache`.
 
     key_mask: optional (B, L) bool, True = attend (padded batches): masked keys inside the chosen
-    pages get no weight. Returns out (B, Hq, 1, D) in the compute dtype and lse (B, Hq, 1) float32.
+    pages get no weight. softcap, exact_lse: see attend_gathered. Returns out (B, Hq, 1, Dv) in the
+    compute dtype and lse (B, Hq, 1) float32 (exact_lse: the compute dtype).
     """
     B, Hq, _, D = q.shape
     Hsel = pages.shape[1]
-    k, v = cache.gather_pages(pages)  # (B, Hsel, n*P, D) each
+    k, v = cache.gather_pages(pages)  # (B, Hsel, n*P, D), (B, Hsel, n*P, Dv)
     valid = pages.shape[-1] * cache.page_size - (cache.num_pages * cache.page_size - cache.length)
     keep = None
     if key_mask is not None:
@@ -37,23 +41,26 @@ def attend_pages(q: torch.Tensor, cache: PagedKVCache, pages: torch.Tensor, scal
         flags = key_mask.gather(-1, pos.clamp(max=cache.length - 1).reshape(B, -1)).view_as(pos)
         keep = flags & (pos < cache.length)  # (B, Hsel, n*P)
     qs = q.view(B, Hsel, Hq // Hsel, D)  # (B, Hsel, R, D)
-    out, lse = attend_gathered(qs, k, v, valid, scale, keep)  # (B, Hsel, R, D), (B, Hsel, R)
-    return out.reshape(B, Hq, 1, D), lse.reshape(B, Hq, 1)
+    out, lse = attend_gathered(qs, k, v, valid, scale, keep, softcap=softcap, exact_lse=exact_lse)
+    return out.reshape(B, Hq, 1, -1), lse.reshape(B, Hq, 1)  # (B, Hq, 1, Dv), (B, Hq, 1)
 
 
-def attend_all(q: torch.Tensor, cache: PagedKVCache, scale: float, key_mask: torch.Tensor | None = None):
+def attend_all(q: torch.Tensor, cache: PagedKVCache, scale: float, key_mask: torch.Tensor | None = None, *,
+               softcap: float | None = None, exact_lse: bool = False):
     """Dense attention of q (B, Hq, 1, D) over every cached token, read in place (no gather).
 
     The KV group's query heads are folded into one (G, D) block per KV head, so K and V are
     read once per group, not repeated per head. key_mask: optional (B, L) bool, True = attend.
-    Returns out (B, Hq, 1, D) in the compute dtype and lse (B, Hq, 1) float32.
+    softcap, exact_lse: see attend_gathered. Returns out (B, Hq, 1, Dv) in the compute dtype and
+    lse (B, Hq, 1) float32 (exact_lse: the compute dtype).
     """
     B, Hq, _, D = q.shape
     Hkv, L = cache.kv_heads, cache.length
     keep = None if key_mask is None else key_mask[:, None, :].expand(B, Hkv, L)  # (B, Hkv, L)
     qs = q.reshape(B, Hkv, Hq // Hkv, D)  # (B, Hkv, G, D)
-    out, lse = attend_gathered(qs, cache.keys, cache.values, L, scale, keep)  # (B, Hkv, G, D), (B, Hkv, G)
-    return out.reshape(B, Hq, 1, D), lse.reshape(B, Hq, 1)
+    out, lse = attend_gathered(qs, cache.keys, cache.values, L, scale, keep, softcap=softcap,
+                               exact_lse=exact_lse)  # (B, Hkv, G, Dv), (B, Hkv, G)
+    return out.reshape(B, Hq, 1, -1), lse.reshape(B, Hq, 1)  # (B, Hq, 1, Dv), (B, Hq, 1)
 
 
 def _rows_in_tasks(k: torch.Tensor) -> bool:
@@ -64,17 +71,23 @@ def _rows_in_tasks(k: torch.Tensor) -> bool:
     return torch.get_num_threads() > 1 and 2 * k.shape[-2] * k.shape[-1] * k.element_size() <= 1 << 22
 
 
-def attend_gathered(q, k, v, valid: int, scale: float, keep: torch.Tensor | None = None):
-    """Exact attention of q (B, Hs, R, D) over the first `valid` rows of k, v (B, Hs, S, D).
+def attend_gathered(q, k, v, valid: int, scale: float, keep: torch.Tensor | None = None, *,
+                    softcap: float | None = None, exact_lse: bool = False):
+    """Exact attention of q (B, Hs, R, D) over the first `valid` rows of k (B, Hs, S, D), v (B, Hs, S, Dv).
 
     keep: optional (B, Hs, S) bool, False = no weight; a row with no key left gets out 0, lse -inf.
-    On CPU without `keep` this is one fused call (PyTorch's flash-attention CPU kernel, which also
-    returns the log-sum-exp): one parallel region instead of ~10, which matters on a busy machine.
-    Otherwise the explicit matmul / logsumexp / matmul below, in float32 for half-precision input
-    so the logits keep their precision. Returns out (B, Hs, R, D) and lse (B, Hs, R) float32.
+    softcap: the scaled logits become softcap * tanh(logits / softcap) before the mask.
+    exact_lse: return lse in the compute dtype (float64 for float64), differentiable in q, not
+    float32 from the fused kernel: what a sink's rescaling needs (decode.py casts it after).
+    On CPU without `keep`, a softcap or `exact_lse` this is one fused call (PyTorch's flash-attention
+    CPU kernel, which also returns the log-sum-exp): one parallel region instead of ~10, which
+    matters on a busy machine. Otherwise the explicit matmul / logsumexp / matmul below, in float32
+    for half-precision input so the logits keep their precision; without autograd, in place.
+    Returns out (B, Hs, R, Dv) and lse (B, Hs, R) float32 (exact_lse: the compute dtype).
     """
-    k, v = k[:, :, :valid], v[:, :, :valid]  # (B, Hs, S', D)
-    if keep is None and q.device.type == "cpu" and _CPU_FLASH is not None:
+    k, v = k[:, :, :valid], v[:, :, :valid]  # (B, Hs, S', D), (B, Hs, S', Dv)
+    fused = keep is None and softcap is None and not exact_lse and k.shape[-1] == v.shape[-1]
+    if fused and q.device.type == "cpu" and _CPU_FLASH is not None:
         B, Hs, R, D = q.shape
         if R > 1 and _rows_in_tasks(k):  # one task per query head: the kernel splits work by head
             out, lse = _CPU_FLASH(q.reshape(B, Hs * R, 1, D), k, v, 0.0, False, scale=scale)  # (B, Hs*R, 1, D)
@@ -83,12 +96,27 @@ def attend_gathered(q, k, v, valid: int, scale: float, keep: torch.Tensor | None
         return out, lse.float()
     cd = compute_dtype(k.dtype)
     q, k, v = q.to(cd), k.to(cd), v.to(cd)
+    if torch.is_grad_enabled() and q.requires_grad:  # the in-place steps below would break autograd
+        out, lse = _attend_out_of_place(q, k, v, scale, None if keep is None else keep[:, :, :valid], softcap)
+        return out, lse if exact_lse else lse.float()  # (B, Hs, R, Dv), (B, Hs, R)
     logits = torch.matmul(q, k.transpose(-1, -2))  # (B, Hs, R, S')
-    logits.mul_(scale)
+    softcap_(logits.mul_(scale), softcap)
     if keep is not None:
         logits.masked_fill_(~keep[:, :, None, :valid], NEG_INF)  # (B, Hs, R, S')
     lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # (B, Hs, R, 1)
     probs = logits.sub_(lse).exp_()  # (B, Hs, R, S')
     if keep is not None:
         probs.nan_to_num_(0.0)  # a row with every key masked: exp(-inf - -inf)
-    return torch.matmul(probs, v), lse.squeeze(-1).float()  # (B, Hs, R, D), (B, Hs, R)
+    lse = lse.squeeze(-1)  # (B, Hs, R)
+    return torch.matmul(probs, v), lse if exact_lse else lse.float()  # (B, Hs, R, Dv), (B, Hs, R)
+
+
+def _attend_out_of_place(q, k, v, scale: float, keep, softcap):
+    """attend_gathered's explicit steps without in-place ops, for a query that needs a gradient:
+    out (B, Hs, R, Dv), lse (B, Hs, R) in the compute dtype."""
+    logits = capped(torch.matmul(q, k.transpose(-1, -2)) * scale, softcap)  # (B, Hs, R, S')
+    if keep is not None:
+        logits = logits.masked_fill(~keep[:, :, None, :], NEG_INF)  # (B, Hs, R, S')
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # (B, Hs, R, 1)
+    probs = torch.exp(logits - torch.where(lse > NEG_INF, lse, 0.0))  # (B, Hs, R, S'), 0 in empty rows
+    return torch.matmul(probs, v), lse.squeeze(-1)  # (B, Hs, R, Dv), (B, Hs, R)

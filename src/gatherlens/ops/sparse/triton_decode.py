@@ -2,7 +2,8 @@
 
     >>> out = sparse_decode(q, cache, budget=2048, backend="triton")      # CUDA tensors
     >>> pages, bounds = triton_select_pages(q, cache, budget=2048)         # the two steps it runs
-    >>> out, lse = triton_attend_pages(q, cache, pages, scale)
+    >>> out, lse = triton_attend_pages(q, cache, pages, scale)             # out (B, Hq, 1, Dv)
+    >>> out, lse = triton_attend_pages(q, cache, pages, scale, softcap=30.0)  # Gemma 2's cap
     $ TRITON_INTERPRET=1 python ...                                        # runs on CPU tensors
 
 Flash-decoding layout: program (b, selection head, split) walks its share of the chosen pages in
@@ -14,7 +15,9 @@ the last page) followed by one torch top-k: 4 launches per step in all. In float
 IEEE (no TF32), so the pages equal the torch path's. Uses only what Triton 3.6 has (tl.dot with
 input_precision, masks, constexpr blocks; no runtime loop bounds, see NUM_BLOCKS).
 The kernels read the cache through its public views (`summaries`, `page_keys`, `page_values`),
-whose strides are those of the paged storage. This module imports neither `decode.py` nor
+whose strides are those of the paged storage; values may be Dv = cache.value_dim wide. A softcap
+caps each scaled logit (softcap * tanh(s / softcap), tanh from exp: Triton 3.6 has no tanh)
+before the mask, as ops/attention/variants.py does. This module imports neither `decode.py` nor
 `torch_decode.py`: `decode.sparse_decode` imports it when the triton backend runs.
 """
 from __future__ import annotations
@@ -32,13 +35,13 @@ __all__ = ["triton_page_bounds", "triton_select_pages", "triton_attend_pages"]
 @triton.jit
 def _pages_attn_partial(
     Q, K, V, PAGES, OPART, LPART,
-    length, sel_tokens, tokens_per_split, sm_scale,
-    stride_qb, stride_qh, stride_kb, stride_kh, stride_pb, stride_ph,
+    length, sel_tokens, tokens_per_split, sm_scale, softcap,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_pb, stride_ph,
     HSEL: tl.constexpr, HKV: tl.constexpr, R: tl.constexpr, NSPLIT: tl.constexpr,
     NUM_BLOCKS: tl.constexpr,
-    P: tl.constexpr, D: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
-    UPCAST: tl.constexpr,
+    P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)  # b * HSEL + selection head
     pid_s = tl.program_id(1)  # split
@@ -47,18 +50,20 @@ def _pages_attn_partial(
     kvh = hs * HKV // HSEL
     offs_r = tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     offs_n = tl.arange(0, BLOCK_N)
     rmask = offs_r < R
     dmask = offs_d < D
+    dvmask = offs_dv < DV
     q_ptr = Q + b * stride_qb + (hs * R + offs_r)[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptr, mask=rmask[:, None] & dmask[None, :], other=0.0)  # (BLOCK_R, BLOCK_D)
     k_base = K + b * stride_kb + kvh * stride_kh
-    v_base = V + b * stride_kb + kvh * stride_kh
+    v_base = V + b * stride_vb + kvh * stride_vh
     p_base = PAGES + b * stride_pb + hs * stride_ph
 
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
     start = pid_s * tokens_per_split
     # NUM_BLOCKS is a constexpr (blocks per split, rounded up to a power of 2): a static loop
     # the compiler can pipeline, one compile per size bucket, and no runtime loop bound (which
@@ -69,9 +74,8 @@ def _pages_attn_partial(
         page = tl.load(p_base + t // P, mask=tmask, other=0)  # page id of each slot
         tok = page * P + t % P  # key position in the cache
         valid = tmask & (tok < length)
-        kv_off = tok[:, None] * D + offs_d[None, :]
-        kv_mask = valid[:, None] & dmask[None, :]
-        k = tl.load(k_base + kv_off, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
+        k_off = tok[:, None] * D + offs_d[None, :]
+        k = tl.load(k_base + k_off, mask=valid[:, None] & dmask[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
         if UPCAST:  # Triton 3.6's CPU interpreter computes bf16 tl.dot wrongly: use fp32 there
             k = k.to(tl.float32)
             q = q.to(tl.float32)
@@ -80,13 +84,18 @@ def _pages_attn_partial(
         else:
             s = tl.dot(q, tl.trans(k))
         s = s * sm_scale  # (BLOCK_R, BLOCK_N)
+        if SOFTCAP:  # softcap * tanh(s / softcap), tanh(x) = sign(x) (1 - e^{-2|x|}) / (1 + e^{-2|x|})
+            e = tl.exp(-2.0 * tl.abs(s / softcap))
+            th = (1.0 - e) / (1.0 + e)
+            s = softcap * tl.where(s < 0, -th, th)
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a block with no valid token
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + kv_off, mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
+        v_off = tok[:, None] * DV + offs_dv[None, :]
+        v = tl.load(v_base + v_off, mask=valid[:, None] & dvmask[None, :], other=0.0)  # (BLOCK_N, BLOCK_DV)
         if UPCAST:
             v = v.to(tl.float32)
         if IEEE:
@@ -98,8 +107,8 @@ def _pages_attn_partial(
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
     row = pid_bh * NSPLIT + pid_s
-    o_ptr = OPART + (row * R + offs_r)[:, None] * D + offs_d[None, :]
-    tl.store(o_ptr, out, mask=rmask[:, None] & dmask[None, :])
+    o_ptr = OPART + (row * R + offs_r)[:, None] * DV + offs_dv[None, :]
+    tl.store(o_ptr, out, mask=rmask[:, None] & dvmask[None, :])
     tl.store(LPART + row * R + offs_r, lse, mask=rmask)
 
 
@@ -224,18 +233,20 @@ def _next_pow2(x: int) -> int:
 
 
 def triton_attend_pages(q: torch.Tensor, cache, pages: torch.Tensor, scale: float,
-                        num_splits: int | None = None, block_n: int = 64):
+                        num_splits: int | None = None, block_n: int = 64, *, softcap: float | None = None):
     """Attention of q (B, Hq, 1, D) over the chosen pages (B, Hsel, n) read in place from `cache`.
 
-    returns out (B, Hq, 1, D) in q.dtype and lse (B, Hq, 1) float32.
+    softcap: each scaled logit becomes softcap * tanh(logit / softcap) first (None: no cap).
+    returns out (B, Hq, 1, Dv) in q.dtype and lse (B, Hq, 1) float32.
     """
     B, Hq, _, D = q.shape
+    Dv = cache.value_dim
     Hsel, n = pages.shape[1], pages.shape[2]
     Hkv, P = cache.kv_heads, cache.page_size
     R = Hq // Hsel  # query rows per program: G when shared, 1 when per head
     qc = q.reshape(B, Hq, D).contiguous()  # (B, Hq, D)
     pg = pages.contiguous()  # (B, Hsel, n)
-    K, V = cache.page_keys, cache.page_values  # (B, Hkv, N, P, D) views with the storage's strides
+    K, V = cache.page_keys, cache.page_values  # (B, Hkv, N, P, D), (..., Dv) views with the storage's strides
     sel_tokens = n * P
     BLOCK_N = max(16, _next_pow2(block_n))
     if num_splits is None:  # enough programs to fill the machine, each with >= 2 blocks of work
@@ -246,19 +257,19 @@ def triton_attend_pages(q: torch.Tensor, cache, pages: torch.Tensor, scale: floa
     tokens_per_split = ceil_div(sel_tokens, NSPLIT)
     num_blocks = _next_pow2(ceil_div(tokens_per_split, BLOCK_N))
     tokens_per_split = num_blocks * BLOCK_N
-    opart = torch.empty(B * Hsel * NSPLIT * R, D, device=q.device, dtype=torch.float32)
+    opart = torch.empty(B * Hsel * NSPLIT * R, Dv, device=q.device, dtype=torch.float32)
     lpart = torch.empty(B * Hsel * NSPLIT * R, device=q.device, dtype=torch.float32)
-    BLOCK_D = max(16, _next_pow2(D))
+    BLOCK_D, BLOCK_DV = max(16, _next_pow2(D)), max(16, _next_pow2(Dv))
     _pages_attn_partial[(B * Hsel, NSPLIT)](
         qc, K, V, pg, opart, lpart,
-        cache.length, sel_tokens, tokens_per_split, float(scale),
-        qc.stride(0), qc.stride(1), K.stride(0), K.stride(1), pg.stride(0), pg.stride(1),
-        HSEL=Hsel, HKV=Hkv, R=R, NSPLIT=NSPLIT, NUM_BLOCKS=num_blocks, P=P, D=D,
-        BLOCK_R=max(16, _next_pow2(R)), BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
-        IEEE=q.dtype == torch.float32, UPCAST=q.device.type != "cuda",
+        cache.length, sel_tokens, tokens_per_split, float(scale), float(softcap or 1.0),
+        qc.stride(0), qc.stride(1), K.stride(0), K.stride(1), V.stride(0), V.stride(1), pg.stride(0), pg.stride(1),
+        HSEL=Hsel, HKV=Hkv, R=R, NSPLIT=NSPLIT, NUM_BLOCKS=num_blocks, P=P, D=D, DV=Dv,
+        BLOCK_R=max(16, _next_pow2(R)), BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV,
+        IEEE=q.dtype == torch.float32, UPCAST=q.device.type != "cuda", SOFTCAP=softcap is not None,
     )
-    out = torch.empty(B, Hq, 1, D, device=q.device, dtype=q.dtype)
+    out = torch.empty(B, Hq, 1, Dv, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, Hq, 1, device=q.device, dtype=torch.float32)
-    _merge_splits[(B * Hq,)](opart, lpart, out, lse, R=R, NSPLIT=NSPLIT, D=D, BLOCK_D=BLOCK_D)
+    _merge_splits[(B * Hq,)](opart, lpart, out, lse, R=R, NSPLIT=NSPLIT, D=Dv, BLOCK_D=BLOCK_DV)
     return out, lse
 

@@ -7,6 +7,7 @@
   var NS = "http://www.w3.org/2000/svg";
   var MARGIN = 16;
   var D, M, T, S, st = {}, steps = [], genInfo = null, source = null, pending = null, seq = 0;
+  var denseSteps = null, picked = null;   // the dense choice of every step (the "dense" event); the clicked step
 
   // -- data -------------------------------------------------------------------------------------
   function bytes(b64) {
@@ -25,17 +26,43 @@
     this.x = x; this.cell = new Int32Array(x.Q * x.L);
     for (i = 0; i < allowed.length; i++) { this.cell[i] = allowed[i] ? n++ : -1; }
     this.cells = n;
-    this.scores = new DataView(bytes(x.scores).buffer);
+    this.codes = bytes(x.scores);
+    this.lo = new DataView(bytes(x.score_lo).buffer); this.hi = new DataView(bytes(x.score_hi).buffer);
     this.picksView = new DataView(bytes(x.picks).buffer);
     this.valuesView = new DataView(bytes(x.values).buffer);
   }
   Model.prototype.row = function (l, h, i) {
-    var x = this.x, out = new Float64Array(x.L), base = (l * x.heads + h) * this.cells;
+    var x = this.x, out = new Float64Array(x.L), base = (l * x.heads + h) * this.cells, r = ((l * x.heads + h) * x.Q + i) * 4;
+    var lo = this.lo.getFloat32(r, true), span = this.hi.getFloat32(r, true) - lo;
     for (var j = 0; j < x.L; j++) {
       var c = this.cell[i * x.L + j];
-      out[j] = c < 0 ? -Infinity : half(this.scores.getUint16((base + c) * 2, true));
+      out[j] = c < 0 ? -Infinity : lo + this.codes[base + c] * span / 255;   // report/explore.py: dequantize_rows
     }
     return out;
+  };
+  Model.prototype.has = function () { return true; };
+  Model.prototype.rowSpan = function () { return [0, this.x.Q]; };
+  Model.prototype.keySpan = function () { return [0, this.x.L]; };
+  // a long text (report/window.py): the full score rows of a window of queries, fetched per choice
+  function Remote(x) { this.x = x; this.remote = true; this.set(x.window); }
+  Remote.prototype.set = function (w) { this.w = w; this.sc = new DataView(bytes(w.scores).buffer); };
+  Remote.prototype.has = function (l, h, i, k) {
+    var w = this.w;
+    return w.layer === l && w.head === h && w.query === i && w.k === k;
+  };
+  Remote.prototype.rowSpan = function () { return this.w.rows; };
+  Remote.prototype.keySpan = function () { return this.w.keys; };
+  Remote.prototype.row = function (l, h, i) {
+    var L = this.x.L, out = new Float64Array(L), base = (i - this.w.rows[0]) * L;
+    for (var j = 0; j < L; j++) { out[j] = this.sc.getFloat32((base + j) * 4, true); }
+    return out;
+  };
+  Remote.prototype.picks = function (l, h, i) {
+    return this.w.picks[i - this.w.rows[0]].filter(function (j) { return j >= 0; });
+  };
+  Remote.prototype.value = function (l, g, j, c) {
+    var r = this.w.values[String(j)];
+    return r ? r[c] : NaN;
   };
   Model.prototype.picks = function (l, h, i) {
     var x = this.x, ks = x.k_stored, base = ((l * x.heads + h) * x.Q + i) * ks, out = [];
@@ -190,13 +217,15 @@
             y0: MARGIN + 24 + topH, numbers: cw >= 34};
   }
   function drawScores(v) {
-    var x = D.explore, Q = x.Q, L = x.L, off = qoff(), i, j;
+    var x = D.explore, rs = M.rowSpan(), ks = M.keySpan(), r0 = rs[0], c0 = ks[0];
+    var Q = rs[1] - r0, L = ks[1] - c0, off = qoff(), i, j;
     var qlab = [], klab = [];
-    for (i = 0; i < Q; i++) { qlab.push((off + i) + " " + short(tokens()[off + i], 12)); }
-    for (j = 0; j < L; j++) { klab.push(j + " " + short(keyLabel(j), 12)); }
+    for (i = 0; i < Q; i++) { qlab.push((off + r0 + i) + " " + short(tokens()[off + r0 + i], 12)); }
+    for (j = 0; j < L; j++) { klab.push((c0 + j) + " " + short(keyLabel(c0 + j), 12)); }
     var g = grid(qlab, klab, L);
     var title = fill(S.ex_scores_title, {layer: st.layer, head: st.head, k: st.k});
-    var legend = fill(S.scores_legend, {k: st.k});
+    var legend = fill(S.scores_legend, {k: st.k}) + (M.remote ? " · " + fill(S.ex_window, {r0: off + r0,
+                      r1: off + rs[1] - 1, c0: c0, c1: ks[1] - 1, L: x.L}) : "");
     var width = Math.max(g.x0 + L * g.cw + MARGIN, textWidth(title, 13) + 2 * MARGIN,
                          textWidth(legend, 11) + 2 * MARGIN);
     var svg = root(width, g.y0 + Q * g.ch + 44, title, "gl-scores");
@@ -208,25 +237,25 @@
             transform: "rotate(" + g.angle + " " + cx + " " + (g.y0 - 6) + ")"});
     }
     for (i = 0; i < Q; i++) {
-      var row = i === v.qrow ? v.row : M.row(st.layer, st.head, i);
-      var dense = i === v.qrow ? v.dense : softmax(Array.from(row));
+      var ri = r0 + i, row = ri === v.qrow ? v.row : M.row(st.layer, st.head, ri);
+      var dense = ri === v.qrow ? v.dense : softmax(Array.from(row));
       var kept = {};
-      (i === v.qrow ? v.picked : select(st.layer, st.head, i, st.k, row)).forEach(function (k) { kept[k] = 1; });
+      (ri === v.qrow ? v.picked : select(st.layer, st.head, ri, st.k, row)).forEach(function (k) { kept[k] = 1; });
       rows.push({row: row, dense: dense, kept: kept});
       label(svg, g.x0 - 6, g.y0 + i * g.ch + mid, qlab[i], {"font-size": g.font, "text-anchor": "end",
-            "font-weight": i === v.qrow ? "bold" : "normal"});
+            "font-weight": ri === v.qrow ? "bold" : "normal"});
       for (j = 0; j < L; j++) {
-        var ok = row[j] > -Infinity, xx = g.x0 + j * g.cw, yy = g.y0 + i * g.ch;
-        var gg = E("g", {"class": "gl-score" + (kept[j] ? " gl-kept" : "")});
+        var kj = c0 + j, ok = row[kj] > -Infinity, xx = g.x0 + j * g.cw, yy = g.y0 + i * g.ch;
+        var gg = E("g", {"class": "gl-score" + (kept[kj] ? " gl-kept" : "")});
         gg.appendChild(E("rect", {x: xx, y: yy, width: g.cw, height: g.ch,
-                                  fill: ok ? weightColour(dense[j]) : T.masked, stroke: "#ffffff", "stroke-width": 1}));
+                                  fill: ok ? weightColour(dense[kj]) : T.masked, stroke: "#ffffff", "stroke-width": 1}));
         if (g.numbers && ok) {
           gg.appendChild(E("text", {x: xx + Math.floor(g.cw / 2), y: yy + Math.floor(g.ch / 2) + 4,
                                     "font-size": 10, "text-anchor": "middle",
-                                    fill: dense[j] > 0.45 ? "#ffffff" : "#1a1a1a"}, fmtValue(row[j])));
+                                    fill: dense[kj] > 0.45 ? "#ffffff" : "#1a1a1a"}, fmtValue(row[kj])));
         }
         svg.appendChild(gg);
-        if (kept[j]) { outlines.push([xx, yy]); }
+        if (kept[kj]) { outlines.push([xx, yy]); }
       }
     }
     outlines.forEach(function (p) {
@@ -236,7 +265,7 @@
     });
     svg.appendChild(E("rect", {x: g.x0, y: g.y0, width: L * g.cw, height: Q * g.ch, fill: "none",
                                stroke: "#999999", "stroke-width": 1}));
-    label(svg, MARGIN, g.y0 + v.qrow * g.ch + mid, "▶", {"font-size": 12, fill: T.picked, "font-weight": "bold"});
+    label(svg, MARGIN, g.y0 + (v.qrow - r0) * g.ch + mid, "▶", {"font-size": 12, fill: T.picked, "font-weight": "bold"});
     label(svg, MARGIN, g.y0 + Q * g.ch + 22, legend, {fill: "#555555"});
     var box = place("scores", svg);
     function at(ev) {
@@ -247,14 +276,14 @@
     svg.addEventListener("mousemove", function (ev) {
       var p = at(ev);
       if (!p) { info(box, ""); return; }
-      var r = rows[p[0]], ok = r.row[p[1]] > -Infinity;
-      info(box, fill(S.ex_scores_info, {q: off + p[0], qt: tokens()[off + p[0]], j: p[1], kt: keyLabel(p[1]),
-                     s: ok ? r.row[p[1]].toFixed(3) : S.ex_not_allowed, w: r.dense[p[1]].toFixed(3)})
-                + (r.kept[p[1]] ? " " + S.ex_kept : ""));
+      var r = rows[p[0]], kj = c0 + p[1], qi = off + r0 + p[0], ok = r.row[kj] > -Infinity;
+      info(box, fill(S.ex_scores_info, {q: qi, qt: tokens()[qi], j: kj, kt: keyLabel(kj),
+                     s: ok ? r.row[kj].toFixed(3) : S.ex_not_allowed, w: r.dense[kj].toFixed(3)})
+                + (r.kept[kj] ? " " + S.ex_kept : ""));
     });
     svg.addEventListener("click", function (ev) {
       var p = at(ev);
-      if (p) { st.query = off + p[0]; syncControls(); update(); }
+      if (p) { st.query = off + r0 + p[0]; syncControls(); update(); }
     });
   }
 
@@ -265,7 +294,8 @@
     return out;
   }
   function drawGather(v) {
-    var x = D.explore, rows = windowRows(x.Q, v.qrow, 12), kShow = Math.min(st.k, 12), off = qoff();
+    var x = D.explore, rs = M.rowSpan(), kShow = Math.min(st.k, 12), off = qoff();
+    var rows = windowRows(rs[1] - rs[0], v.qrow - rs[0], 12).map(function (i) { return rs[0] + i; });
     var title = fill(S.ex_gather_title, {layer: st.layer, head: st.head, k: st.k});
     var cw = 40, ch = 28, lab = rows.map(function (i) { return (off + i) + " " + short(tokens()[off + i], 12); });
     var left = MARGIN + Math.max.apply(null, lab.map(function (s) { return textWidth(s, 11); })) + 10;
@@ -427,6 +457,33 @@
     }
   }
 
+  // -- the head gallery (render/gallery.py): a click opens that layer and head below ---------------
+  function thumb(l, h) { return document.querySelector('.gl-thumb[data-layer="' + l + '"][data-head="' + h + '"]'); }
+  function bindGallery() {
+    document.querySelectorAll(".gl-thumb").forEach(function (g) {
+      var l = parseInt(g.getAttribute("data-layer"), 10), h = parseInt(g.getAttribute("data-head"), 10);
+      g.addEventListener("mouseenter", function () { galleryInfo(g, l, h); });
+      g.addEventListener("click", function () {
+        st.layer = l; st.head = h; syncControls(); update(); galleryInfo(g, l, h);
+        var f = controls();
+        if (f && f.scrollIntoView) { f.scrollIntoView({block: "start"}); }
+      });
+    });
+  }
+  function galleryInfo(g, l, h) {
+    var el = document.querySelector("#fig-02-heads-gallery .gl-figinfo"), t = g.querySelectorAll("text");
+    if (!el || t.length < 2) { return; }
+    el.textContent = fill(S.gal_info, {layer: l, head: h, tag: S["gal_tag_" + g.getAttribute("data-tag")] || "",
+                                       k: D.explore.run_k, kept: t[1].textContent});
+  }
+  function markGallery() {
+    var sel = document.querySelector(".gl-gallery-sel"), g = thumb(st.layer, st.head);
+    document.querySelectorAll(".gl-thumb.gl-chosen").forEach(function (x) { x.classList.remove("gl-chosen"); });
+    if (!g) { return; }
+    g.classList.add("gl-chosen");
+    if (sel) { sel.setAttribute("transform", g.getAttribute("transform")); }
+  }
+
   // -- controls ----------------------------------------------------------------------------------
   function controls() { return document.getElementById("gl-controls"); }
   function readControls() {
@@ -445,12 +502,15 @@
     if (document.activeElement !== f.elements.k) { f.elements.k.value = String(st.k); }
   }
   function update() {
+    if (!M.has(st.layer, st.head, st.query - qoff(), st.k)) { ask(0); return; }   // a long text: fetch first
     var v = view();
     drawHeads(v); drawScores(v); drawGather(v); drawValues(v); fillTable(v); fillSlots(v);
-    drawSteps();
+    drawSteps(); markGallery();
+    if (D.live && !M.remote) { ask(120); }                                  // the dense / top-k / sparse figure
   }
   function bind() {
     var f = controls();
+    bindGallery();
     if (!f) { return; }
     f.addEventListener("submit", function (ev) { ev.preventDefault(); });
     f.addEventListener("input", onControl);
@@ -463,7 +523,7 @@
   }
   function load(doc) {
     D = JSON.parse(doc.getElementById("gl-data").textContent);
-    M = new Model(D.explore); T = D.theme; S = D.strings;
+    M = D.explore.remote ? new Remote(D.explore) : new Model(D.explore); T = D.theme; S = D.strings;
     st = {layer: D.sel.layer, head: D.sel.head, query: D.sel.query, k: D.sel.k};
   }
 
@@ -513,6 +573,40 @@
     var again = active && controls() && controls().elements[active];
     if (again && again.focus) { again.focus(); }
   }
+  // -- live: a long text's window and the dense / top-k / sparse figure (GET /api/attention) ----------
+  var asking = null, aseq = 0;
+  function ask(ms) {
+    if (!D.live) { return; }
+    if (asking) { clearTimeout(asking); }
+    asking = setTimeout(function () { asking = null; fetchWindow(); }, ms);
+  }
+  function fetchWindow() {
+    var mine = ++aseq, p = params({}), t0 = performance.now();
+    p.set("text", D.text); p.set("model", D.live.model); p.set("topk", D.live.topk ? "1" : "0");   // the run shown
+    p.set("run_k", String(D.explore.dense_run ? st.k : D.explore.run_k));
+    if (M.remote) { status("gl-status", S.ex_busy); }
+    fetch("/api/attention?" + p.toString(), {headers: {Accept: "application/json"}})
+      .then(function (r) { return r.json().then(function (body) { return {ok: r.ok, body: body}; }); })
+      .then(function (res) {
+        if (mine !== aseq) { return; }
+        if (!res.ok) { status("gl-status", fill(S.ex_error, {message: res.body.error || "?"}), true); return; }
+        placeCompare(res.body.svg);
+        if (M.remote) {
+          var w = res.body.window;
+          M.set(w); st.layer = w.layer; st.head = w.head; st.query = w.query + qoff(); st.k = w.k;
+          syncControls(); update(); status("gl-status", "");
+        }
+        document.body.setAttribute("data-answer-ms", String(Math.round(performance.now() - t0)));
+      })
+      .catch(function (err) { if (mine === aseq) { status("gl-status", fill(S.ex_error, {message: String(err)}), true); } });
+  }
+  function placeCompare(svgText) {
+    var fig = document.getElementById("fig-06-compare"), old = fig && fig.querySelector("svg");
+    if (!old || !svgText) { return; }
+    var doc = new DOMParser().parseFromString(svgText, "image/svg+xml");
+    old.replaceWith(document.importNode(doc.documentElement, true));
+    document.querySelectorAll(".gl-kc-offline").forEach(function (el) { el.hidden = true; });
+  }
   function bindLive() {
     var f = live();
     if (!f) { return; }
@@ -536,7 +630,7 @@
     stop();
     var g = document.getElementById("gl-gen"), p = params({});
     p.set("max_new", g.elements.max_new.value);
-    steps = []; genInfo = null;
+    steps = []; genInfo = null; denseSteps = null; picked = null; showStep();
     g.elements.generate.disabled = true; g.elements.stop.disabled = false;
     status("gl-gen-status", S.ex_busy);
     document.getElementById("gl-gen-text").textContent = "";
@@ -553,7 +647,10 @@
       status("gl-gen-status", "step " + s.step + ": " + JSON.stringify(s.token));
       drawSteps();
     });
-    source.addEventListener("done", function (ev) { stop(JSON.parse(ev.data).message); });
+    source.addEventListener("done", function (ev) {
+      var d = JSON.parse(ev.data);
+      denseSteps = d.dense || null; stop(d.message); showStep();
+    });
     source.addEventListener("failure", function (ev) { stop(); status("gl-gen-status", fill(S.ex_error, {message: JSON.parse(ev.data).error}), true); });
     source.onerror = function () { if (source) { stop(S.ex_stopped); } };
   }
@@ -585,7 +682,65 @@
                                    stroke: "#ffffff", "stroke-width": 1}));
       }
     });
+    if (picked !== null && picked <= steps.length) {
+      svg.appendChild(E("rect", {"class": "gl-step-picked", x: MARGIN - 4, y: y0 + picked * ch, width: left + pages * cw - MARGIN + 4,
+                                 height: ch, fill: "none", stroke: T.picked, "stroke-width": 2, "pointer-events": "none"}));
+    }
+    svg.addEventListener("click", function (ev) {
+      var r = Math.floor((ev.clientY - svg.getBoundingClientRect().top - y0) / ch);
+      if (r >= 0 && r < labs.length) { picked = r; drawSteps(); }
+    });
     box.replaceChildren(svg);
+    showStep();
+  }
+
+  // -- live: a clicked generation step: the tokens its pages hold, their dense weight, the dense choice --
+  function ranges(ids, P, n) {
+    var out = [], a = -1, b = -1;
+    ids.forEach(function (p) {
+      var lo = p * P, hi = Math.min((p + 1) * P, n);
+      if (lo === b) { b = hi; } else { if (a >= 0) { out.push([a, b]); } a = lo; b = hi; }
+    });
+    if (a >= 0) { out.push([a, b]); }
+    return out;
+  }
+  function stepTokens(n, covered) {
+    var box = document.getElementById("gl-step-tokens"), all = genInfo.tokens.concat([genInfo.shown],
+              steps.map(function (s) { return s.shown; }));
+    if (!box) { return; }
+    box.replaceChildren();
+    for (var j = 0; j < n; j++) {
+      var span = document.createElement("span");
+      span.textContent = all[j] + " ";
+      span.className = "gl-tok" + (covered(j) ? " gl-covered" : "");
+      box.appendChild(span);
+    }
+  }
+  function showStep() {
+    var el = document.getElementById("gl-step-detail");
+    if (!el) { return; }
+    if (picked === null || !genInfo) { el.textContent = ""; var b = document.getElementById("gl-step-tokens"); if (b) { b.replaceChildren(); } return; }
+    var lines = [], n = picked === 0 ? genInfo.prompt_tokens : steps[picked - 1].length;
+    if (picked === 0) {
+      lines.push(S.st_prefill);
+      stepTokens(n, function () { return true; });
+    } else {
+      var s = steps[picked - 1], layer = Math.min(st.layer, genInfo.layers - 1), heads = s.layers[layer] || [];
+      var g = heads.length ? D.explore.heads / heads.length : 1, ids = heads.length ? heads[Math.floor(st.head / g)] : [];
+      var rs = heads.length ? ranges(ids, genInfo.page_size, n) : [[0, n]], mass = s.mass ? s.mass[layer][st.head] : 1;
+      lines.push(fill(S.st_detail, {step: s.step, tok: JSON.stringify(s.token), layer: layer, head: st.head,
+                                    kvh: Math.floor(st.head / g), n: heads.length ? ids.length : s.pages_total,
+                                    ranges: rs.map(function (r) { return r[1] - r[0] > 1 ? r[0] + "–" + (r[1] - 1) : String(r[0]); }).join(", "),
+                                    mass: pyfmt(mass, ".1%")}));
+      stepTokens(n, function (j) { return rs.some(function (r) { return j >= r[0] && j < r[1]; }); });
+    }
+    var d = denseSteps && denseSteps[picked];
+    if (!d) { lines.push(S.st_dense_wait); } else {
+      lines.push(fill(S.st_dense, {dtok: JSON.stringify(d.token), p: pyfmt(d.p, ".1%"),
+                                   verdict: d.same ? S.st_same : fill(S.st_diff, {tok: JSON.stringify(picked === 0 ? genInfo.token : steps[picked - 1].token)})}));
+    }
+    el.replaceChildren();
+    lines.forEach(function (t) { var p = document.createElement("p"); p.textContent = t; el.appendChild(p); });
   }
 
   // -- start -----------------------------------------------------------------------------------------

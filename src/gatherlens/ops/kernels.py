@@ -1,0 +1,28 @@
+"""Every native operator of gatherlens, built ahead of first use (setup does this once).
+
+    $ python -m gatherlens.ops.kernels          # builds into $GATHERLENS_CACHE/native, prints each
+    >>> build_all()
+    {'threshold_select.cpp': True, 'fused_decode.cpp': True, 'layer_ops.cpp': True, 'q8act.cpp': True}
+
+Each kernel otherwise builds the first time a call needs it (15-30 s each on 2 cores); a kernel
+that cannot build leaves its torch / numpy path in place (same results, slower).
+"""
+from __future__ import annotations
+
+__all__ = ["build_all"]
+
+
+def build_all() -> dict[str, bool]:
+    """Build and load every kernel; {source name: loaded}."""
+    from gatherlens.ops.attention.select import threshold_kernel
+    from gatherlens.ops.layer import fused
+    from gatherlens.ops.quant import q8act
+    from gatherlens.ops.sparse import fused_decode
+
+    modules = (threshold_kernel, fused_decode, fused, q8act)
+    return {m.KERNEL.name: m.kernel_loaded() for m in modules}
+
+
+if __name__ == "__main__":
+    for name, ok in build_all().items():
+        print(f"{name}: {'built' if ok else 'not built (the fallback path runs)'}")

@@ -1,0 +1,112 @@
+"""The pieces of one decoder-layer step as C++ operators (layer_ops.cpp), each beside its reference.
+
+    >>> h = rms_norm_cast(x, w, 1e-5, torch.bfloat16)         # x (..., d) float32 -> (..., d) bf16
+    >>> x2, h = add_rms_norm_cast(x, y, w, 1e-5, torch.bfloat16)
+    >>> a = silu_mul_cast(gu, torch.bfloat16)                  # (..., 2I) -> (..., I)
+    >>> q = rope_append(q, k, v, cos, sin, cache)              # (B, Hq, D); k, v in the cache
+
+A decode step moves one token through a layer: each of these is a few thousand floats, and what
+they cost in torch is the calls (a few microseconds of dispatch each, ~60 a layer). One operator
+each does the same float32 arithmetic as naive.py (equal up to the order of a sum, tested);
+`rope_append` also writes the rotated key and the value into a PagedKVCache in place, with its
+page summary, through the cache's public `writable` / `advance`. Without a compiler (or for inputs
+the operators do not take: not CPU, other dtypes) every call is its reference.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from gatherlens.ops.native import load_library
+
+from . import naive
+
+__all__ = ["kernel_loaded", "rms_norm_cast", "add_rms_norm_cast", "silu_mul_cast", "rope_append", "KERNEL"]
+
+KERNEL = Path(__file__).with_name("layer_ops.cpp")
+_OUT = (torch.float32, torch.bfloat16)
+
+
+def kernel_loaded() -> bool:
+    """True once the operators are registered (built on first use); False: the references run."""
+    return load_library(KERNEL, on_load=register_fakes)
+
+
+def register_fakes() -> None:
+    torch.library.register_fake("gatherlens::rms_norm_cast", _fake_norm)
+    torch.library.register_fake("gatherlens::add_rms_norm_cast", _fake_add_norm)
+    torch.library.register_fake("gatherlens::silu_mul_cast", _fake_silu)
+    torch.library.register_fake("gatherlens::rope_append", _fake_rope)
+
+
+def _fake_norm(x, w, eps, bf16):
+    return x.new_empty(x.shape, dtype=torch.bfloat16 if bf16 else torch.float32)
+
+
+def _fake_add_norm(x, y, w, eps, bf16):
+    return x.new_empty(x.shape), _fake_norm(x, w, eps, bf16)
+
+
+def _fake_silu(gu, bf16):
+    return gu.new_empty(gu.shape[0], gu.shape[1] // 2, dtype=torch.bfloat16 if bf16 else torch.float32)
+
+
+def _fake_rope(q, k, v, cos, sin, keys, values, summaries, position):
+    D = keys.shape[-1]
+    return keys.new_empty(q.shape[0], q.shape[1] // D, D)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # (R, d)
+
+
+def _fits(*xs, dtype=torch.float32) -> bool:
+    """CPU tensors, no autograd, an output dtype the operators write, the operators built (a loop,
+    not a generator: this runs ~5 times a layer a decode step)."""
+    if dtype not in _OUT or not kernel_loaded():
+        return False
+    for x in xs:
+        if x.requires_grad or x.device.type != "cpu":
+            return False
+    return True
+
+
+def rms_norm_cast(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """weight * x / rms(x) in float32, as `dtype` (float32 or bfloat16): x (..., d) -> (..., d)."""
+    if not (_fits(x, weight, dtype=dtype) and x.dtype == weight.dtype == torch.float32 and weight.is_contiguous()):
+        return naive.rms_norm_cast_reference(x, weight, eps, dtype)
+    h = torch.ops.gatherlens.rms_norm_cast(_rows(x).contiguous(), weight, eps, dtype == torch.bfloat16)
+    return h if x.dim() == 2 else h.view(x.shape)  # (..., d)
+
+
+def add_rms_norm_cast(x, y, weight, eps: float, dtype: torch.dtype):
+    """(x + y, rms_norm_cast of it): x (..., d) float32, y (..., d) float32 or bfloat16."""
+    ok = x.dtype == weight.dtype == torch.float32 and y.dtype in _OUT and y.shape == x.shape and weight.is_contiguous()
+    if not (ok and _fits(x, y, weight, dtype=dtype)):
+        return naive.add_rms_norm_cast_reference(x, y, weight, eps, dtype)
+    s, h = torch.ops.gatherlens.add_rms_norm_cast(_rows(x).contiguous(), _rows(y), weight, eps,
+                                                  dtype == torch.bfloat16)  # (R, d) x2
+    return (s, h) if x.dim() == 2 else (s.view(x.shape), h.view(x.shape))
+
+
+def silu_mul_cast(gu: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """silu(gate) * up of gu = [gate | up] (..., 2I), in float32, as `dtype`: (..., I)."""
+    if not (gu.dtype in _OUT and _fits(gu, dtype=dtype) and gu.shape[-1] % 2 == 0):
+        return naive.silu_mul_cast_reference(gu, dtype)
+    a = torch.ops.gatherlens.silu_mul_cast(_rows(gu), dtype == torch.bfloat16)  # (R, I)
+    return a if gu.dim() == 2 else a.view(*gu.shape[:-1], gu.shape[-1] // 2)
+
+
+def rope_append(q, k, v, cos, sin, cache) -> torch.Tensor:
+    """RoPE of q (B, Hq*D) -> (B, Hq, D) float32; RoPE(k) (B, Hkv*D) and v (B, Hkv*Dv) appended to
+    `cache` (a PagedKVCache) as one token. cos, sin: (B, D). q, k, v float32 or bfloat16."""
+    ok = (q.dtype in _OUT and k.dtype == v.dtype == q.dtype and cache.dtype == cache.summary_dtype == torch.float32
+          and q.dim() == k.dim() == v.dim() == 2 and all(t.stride(-1) == 1 for t in (q, k, v)))
+    if not (ok and _fits(q, k, v, cos, sin) and cache.device.type == "cpu"):
+        return naive.rope_append_reference(q, k, v, cos, sin, cache)
+    keys, values, summaries = cache.writable(1)
+    out = torch.ops.gatherlens.rope_append(q, k, v, cos.float().contiguous(), sin.float().contiguous(), keys,
+                                           values, summaries, cache.length)  # (B, Hq, D)
+    cache.advance(1)
+    return out

@@ -1,0 +1,45 @@
+"""The reference of the q8act matmul: the same 8-bit rounding of x, every sum in float64.
+
+    >>> y = q8act_reference(x, raw, "Q4_1")         # x (M, K) -> (M, N) float32
+
+    x block (32 values):  dx = max|x| / 127,  qx = round(x / dx)       (ties to even; dx = 0: qx = 0)
+    weight block:          w = q d + m  (Q4_1),  (q - 8) d  (Q4_0),  q d  (Q8_0)
+    y = sum over blocks of  d dx sum(q qx) + m dx sum(qx)
+
+written out from the fields (fields.py), so it shares nothing with q8act.cpp.
+"""
+from __future__ import annotations
+
+import torch
+
+from gatherlens.ops.quant.fields import q4_0_fields, q4_1_fields, q8_0_fields
+
+__all__ = ["quantize_activations", "q8act_reference"]
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) -> (qx (M, K/32, 32) float64 integers in -127..127, dx (M, K/32) float64)."""
+    blocks = x.float().reshape(x.shape[0], x.shape[1] // 32, 32)  # (M, K/32, 32)
+    dx = blocks.abs().amax(dim=-1) / 127  # (M, K/32) float32, as the kernel computes it
+    inv = torch.where(dx > 0, 1 / dx, torch.zeros_like(dx))  # (M, K/32)
+    qx = torch.round(blocks * inv.unsqueeze(-1))  # (M, K/32, 32)
+    return qx.double(), dx.double()
+
+
+def q8act_reference(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor:
+    """y = x W^T with x rounded to 8 bits per block, in float64, returned as float32 (M, N)."""
+    qx, dx = quantize_activations(x)  # (M, nb, 32), (M, nb)
+    if qtype == "Q4_1":
+        q, d, m = q4_1_fields(raw)  # (N, K), (N, nb), (N, nb)
+    elif qtype == "Q4_0":
+        q, d = q4_0_fields(raw)
+        m = -8 * d.double()  # w = q d - 8 d
+    else:
+        q, d = q8_0_fields(raw)
+        m = torch.zeros_like(d, dtype=torch.float64)
+    N, nb = d.shape
+    qw = q.double().view(N, nb, 32)  # (N, nb, 32)
+    dots = torch.einsum("nbi,mbi->mnb", qw, qx)  # (M, N, nb): integer sums
+    scaled = dots * d.double().unsqueeze(0) * dx.unsqueeze(1)  # (M, N, nb)
+    mins = m.double().unsqueeze(0) * (dx * qx.sum(-1)).unsqueeze(1)  # (M, N, nb)
+    return (scaled + mins).sum(-1).float()  # (M, N)
