@@ -11,6 +11,7 @@ from gatherlens.errors import GatherValueError
 from gatherlens.ops.sparse import PagedKVCache, sparse_decode
 from gatherlens.ops.sparse import fused_decode
 from gatherlens.ops.sparse.decode import sparse_decode_native
+from gatherlens.ops.sparse.geometry import page_count
 from gatherlens.ops.sparse.naive import sparse_attention_reference
 
 needs_kernel = pytest.mark.skipif(not fused_decode.kernel_loaded(), reason="no C++ compiler or ninja")
@@ -153,3 +154,26 @@ def test_values_of_another_width_latent_attention(share):
     assert o.shape == (1, 4, 1, 5) and torch.equal(sel.pages, sel2.pages)
     torch.testing.assert_close(o, o2, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse, lse2, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("L,P,G", [(1, 4, 3), (37, 4, 2), (1100, 8, 3), (513, 16, 1)], ids=str)
+def test_dense_in_place_equals_the_reference(L, P, G):
+    q, k, v, cache = make(B=2, Hkv=2, G=G, L=L, D=8, P=P, seed=L)
+    out, lse = fused_decode.fused_dense(q, cache, 0.3)
+    n = page_count(L, P)  # every page
+    ref, ref_lse = sparse_attention_reference(q, k, v, torch.arange(n).expand(2, 2, n), P, scale=0.3)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("budget", [16, 64, 10 ** 6], ids=["sparse", "sparse-64", "dense"])
+@pytest.mark.parametrize("share", [False, True], ids=["per-head", "shared"])
+def test_the_models_decode_step_is_sparse_decode(budget, share):
+    from gatherlens.ops.sparse.config import SparseConfig
+
+    q, k, v, cache = make(Hkv=3, G=3, L=300, D=16, P=8, seed=2)
+    config = SparseConfig(budget=min(budget, 300), share_selection=share, dense_layers=0)
+    fast = fused_decode.fused_decode_step(q, cache, min(budget, 300), config, 0.25)
+    ref = sparse_decode(q, cache, min(budget, 300), scale=0.25, config=config, backend="torch")
+    torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
+    assert fused_decode.fused_decode_step(q.double(), cache, 16, config, 0.25) is None  # not float32: not its call

@@ -85,7 +85,7 @@ def decode_attention(module, query: torch.Tensor, paged: PagedKVCache | WindowKV
     key_mask = None if mask is None else mask[:, 0, 0]  # (B, L)
     budget = config.budget_for(paged.length, rank)
     plain = key_mask is None and extras.softcap is None and extras.sinks is None
-    if plain and not (config.keep_selection or _observers) and not config.dense_at(rank):
+    if plain and not (config.keep_selection or _observers):
         out = fused_decode_step(query, paged, budget, config, scale)  # the operator, no per-call checks
         if out is not None:
             return out  # (B, Hq, 1, Dv)

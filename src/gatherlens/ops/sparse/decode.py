@@ -14,6 +14,7 @@ and triton_decode.py (the GPU kernels, imported only when that backend runs).
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import torch
 
@@ -23,7 +24,7 @@ from gatherlens.ops.attention.variants import join_sinks
 
 from .cache import PagedKVCache
 from .checks import check_decode_args
-from .fused_decode import fused_fits, fused_select_attend
+from .fused_decode import fused_dense, fused_fits, fused_select_attend
 from .fused_decode import kernel_loaded as fused_loaded
 from .config import OP, SparseConfig
 from .page_choice import first_recent_page, pages_for_budget, select_pages
@@ -148,7 +149,8 @@ def _decode(backend, q, cache, budget, how: dict, scale, key_mask, want_selectio
     """
     att = att or {}
     if backend in ("torch", "native") and reads_every_page(cache, budget, how["recent"]):
-        out, lse = attend_all(q, cache, scale, key_mask, **att)  # (B, Hq, 1, Dv), (B, Hq, 1)
+        dense = fused_dense if backend == "native" else partial(attend_all, key_mask=key_mask, **att)
+        out, lse = dense(q, cache, scale)  # (B, Hq, 1, Dv), (B, Hq, 1)
         pages, bounds = select_pages(q, cache, budget, scale=scale, **how) if want_selection else (None, None)
         return pages, bounds, out, lse
     if backend == "native":  # scoring, choice and attention in one C++ call, pages read in place

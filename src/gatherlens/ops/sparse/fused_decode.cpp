@@ -2,6 +2,7 @@
 //
 //   torch.ops.gatherlens.paged_decode(q, page_keys, page_values, summaries, length, n, first_recent,
 //                                     scale, per_head, group_sum) -> (out, lse, pages, bounds)
+//   torch.ops.gatherlens.dense_decode(q, page_keys, page_values, length, scale) -> (out, lse)
 //
 // The same arithmetic as the torch path of ops/sparse (page_choice.select_pages + torch_decode.
 // attend_pages), without the gather copy and without ~25 small torch calls per layer:
@@ -205,12 +206,95 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> paged_decode_cpu(
   return {out, lse, pages, bounds};
 }
 
+
+// Dense decode over every cached token, read in place: the G query heads of a KV group read each key
+// and value row once, and the rows are split in chunks over the threads (a split-K, combined by
+// log-sum-exp), so a few KV heads still use every thread. out (B, Hq, Dv), lse (B, Hq).
+std::tuple<at::Tensor, at::Tensor> dense_decode_cpu(const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv,
+                                                    int64_t length, double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat, "dense_decode: q must be (B, Hq, D) float32");
+  TORCH_CHECK(pk.dim() == 5 && pv.dim() == 5 && pk.scalar_type() == at::kFloat && pv.scalar_type() == at::kFloat &&
+                  pk.stride(4) == 1 && pk.stride(3) == pk.size(4) && pv.stride(4) == 1 && pv.stride(3) == pv.size(4) &&
+                  pk.stride(2) == pk.size(3) * pk.size(4) && pv.stride(2) == pv.size(3) * pv.size(4),
+              "dense_decode: page_keys / page_values must be float32 storage with contiguous pages");
+  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = pk.size(1), P = pk.size(3), Dv = pv.size(4);
+  TORCH_CHECK(pk.size(0) == B && pk.size(4) == D && Hq % Hkv == 0, "dense_decode: q does not match the cache");
+  TORCH_CHECK(length >= 1 && length <= pk.size(2) * P, "dense_decode: length ", length, " is outside the storage");
+  const int64_t G = Hq / Hkv;
+  constexpr int64_t kRows = 512;                   // rows per task
+  const int64_t chunks = (length + kRows - 1) / kRows, tasks = B * Hkv * chunks;
+  std::vector<float> part_m(tasks * G), part_s(tasks * G), part_acc(tasks * G * Dv);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = pk.data_ptr<float>();
+  const float* vp = pv.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> w(kRows * G);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t bh = t / chunks, c = t % chunks, b = bh / Hkv, h = bh % Hkv;
+      const int64_t r0 = c * kRows, r1 = std::min(length, r0 + kRows), n = r1 - r0;
+      const float* K = kp + b * pk.stride(0) + h * pk.stride(1) + r0 * D;  // rows are contiguous across pages
+      const float* V = vp + b * pv.stride(0) + h * pv.stride(1) + r0 * Dv;
+      const float* qg = qp + (b * Hq + h * G) * D;
+      float* m = part_m.data() + t * G;
+      float* sum = part_s.data() + t * G;
+      float* acc = part_acc.data() + t * G * Dv;
+      for (int64_t g = 0; g < G; ++g) m[g] = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t g = 0; g < G; ++g) {
+          const float l = dot(qg + g * D, K + j * D, D) * sc;
+          w[j * G + g] = l;
+          m[g] = std::max(m[g], l);
+        }
+      for (int64_t g = 0; g < G; ++g) sum[g] = 0.f;
+      std::fill(acc, acc + G * Dv, 0.f);
+      for (int64_t j = 0; j < n; ++j) {
+        const float* vr = V + j * Dv;
+        for (int64_t g = 0; g < G; ++g) {
+          const float e = std::exp(w[j * G + g] - m[g]);
+          sum[g] += e;
+          float* a = acc + g * Dv;
+#pragma omp simd
+          for (int64_t d = 0; d < Dv; ++d) a[d] += e * vr[d];
+        }
+      }
+    }
+  });
+  at::Tensor out = at::empty({B, Hq, Dv}, q.options()), lse = at::empty({B, Hq}, q.options());
+  float* op = out.data_ptr<float>();
+  float* lp = lse.data_ptr<float>();
+  for (int64_t bh = 0; bh < B * Hkv; ++bh)
+    for (int64_t g = 0; g < G; ++g) {
+      float M = -std::numeric_limits<float>::infinity();
+      for (int64_t c = 0; c < chunks; ++c) M = std::max(M, part_m[(bh * chunks + c) * G + g]);
+      double S = 0.0;
+      float* o = op + ((bh / Hkv) * Hq + (bh % Hkv) * G + g) * Dv;
+      std::fill(o, o + Dv, 0.f);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t t = bh * chunks + c;
+        const float f = std::exp(part_m[t * G + g] - M);
+        S += static_cast<double>(part_s[t * G + g]) * f;
+        const float* a = part_acc.data() + (t * G + g) * Dv;
+        for (int64_t d = 0; d < Dv; ++d) o[d] += f * a[d];
+      }
+      const float inv = static_cast<float>(1.0 / S);
+      for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
+      lp[(bh / Hkv) * Hq + (bh % Hkv) * G + g] = M + static_cast<float>(std::log(S));
+    }
+  return {out, lse};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(gatherlens, m) {
   m.def("paged_decode(Tensor q, Tensor page_keys, Tensor page_values, Tensor summaries, int length, int n, "
         "int first_recent, float scale, bool per_head, bool group_sum) -> (Tensor out, Tensor lse, Tensor pages, "
         "Tensor bounds)");
+  m.def("dense_decode(Tensor q, Tensor page_keys, Tensor page_values, int length, float scale) -> (Tensor out, "
+        "Tensor lse)");
 }
 
-TORCH_LIBRARY_IMPL(gatherlens, CPU, m) { m.impl("paged_decode", &paged_decode_cpu); }
+TORCH_LIBRARY_IMPL(gatherlens, CPU, m) {
+  m.impl("paged_decode", &paged_decode_cpu);
+  m.impl("dense_decode", &dense_decode_cpu);
+}

@@ -23,7 +23,7 @@ from .cache import PagedKVCache
 from .geometry import page_count
 from .page_choice import pages_to_read
 
-__all__ = ["kernel_loaded", "fused_fits", "fused_select_attend", "fused_decode_step", "KERNEL"]
+__all__ = ["kernel_loaded", "fused_fits", "fused_select_attend", "fused_dense", "fused_decode_step", "KERNEL"]
 
 KERNEL = Path(__file__).with_name("fused_decode.cpp")
 
@@ -35,6 +35,12 @@ def kernel_loaded() -> bool:
 
 def register_fakes() -> None:
     torch.library.register_fake("gatherlens::paged_decode", fake_paged_decode)
+    torch.library.register_fake("gatherlens::dense_decode", fake_dense_decode)
+
+
+def fake_dense_decode(q, page_keys, page_values, length, scale):
+    B, Hq, _ = q.shape
+    return q.new_empty(B, Hq, page_values.shape[-1]), q.new_empty(B, Hq)
 
 
 def fake_paged_decode(q, page_keys, page_values, summaries, length, n, first_recent, scale, per_head, group_sum):
@@ -73,6 +79,17 @@ def fused_select_attend(q: torch.Tensor, cache: PagedKVCache, budget: int, how: 
     return pages, scores, out.view(B, Hq, 1, Dv), lse.view(B, Hq, 1)
 
 
+def fused_dense(q: torch.Tensor, cache: PagedKVCache, scale: float):
+    """Dense attention of q (B, Hq, 1, D) over every cached token, in place, on the operator: out
+    (B, Hq, 1, Dv), lse (B, Hq, 1) float32. Each KV group's G query heads read a key row once, and
+    the rows split in chunks over the threads (PyTorch's flash kernel splits by head only)."""
+    B, Hq, _, D = q.shape
+    keys, values, _ = cache.writable(0)  # the whole storage: rows are contiguous across its pages
+    out, lse = torch.ops.gatherlens.dense_decode(q.reshape(B, Hq, D).contiguous(), keys, values, cache.length,
+                                                 scale)  # (B, Hq, Dv), (B, Hq)
+    return out.view(B, Hq, 1, -1), lse.view(B, Hq, 1)
+
+
 def fused_decode_step(query: torch.Tensor, cache, budget: int, config, scale: float):
     """One sparse decode step of a model's layer straight on the operator, or None where it does not
     apply (then the caller runs `sparse_decode`): query (B, Hq, 1, D) float32 -> out (B, Hq, 1, Dv).
@@ -80,9 +97,9 @@ def fused_decode_step(query: torch.Tensor, cache, budget: int, config, scale: fl
     For the adapter's own calls (models/sparse_attention.decode_attention), whose query and cache it
     made itself: `sparse_decode`'s argument checks and dispatch cost more than the operator at one
     token a step (~90 us against ~20 us a layer), so this path does only the checks that pick it:
-    a float32 CPU PagedKVCache, the bound choice, no autograd, a budget that leaves pages unread
-    (a dense step stays PyTorch's flash kernel, reading each KV group's rows once). Same choice rule
-    (`pages_to_read`, the config's recent window) and operator as backend="native".
+    a float32 CPU PagedKVCache, the bound choice, no autograd. Same choice rule (`pages_to_read`,
+    the config's recent window) and operators as backend="native": `fused_dense` when the budget
+    buys every page, else `paged_decode`.
     """
     if (type(cache) is not PagedKVCache or query.dtype != torch.float32 or cache.dtype != torch.float32
             or cache.summary_dtype != torch.float32 or query.device.type != "cpu" or config.choose != "bound"
@@ -90,7 +107,7 @@ def fused_decode_step(query: torch.Tensor, cache, budget: int, config, scale: fl
         return None
     n, first = pages_to_read(cache.length, cache.page_size, budget, config.recent_window())
     if n >= cache.num_pages:
-        return None
+        return fused_dense(query, cache, scale)[0]  # (B, Hq, 1, Dv)
     B, Hq, _, D = query.shape
     keys, values, summaries = cache.writable(0)  # the whole storage: the operator reads its first pages
     out = torch.ops.gatherlens.paged_decode(query.reshape(B, Hq, D).contiguous(), keys, values, summaries,
