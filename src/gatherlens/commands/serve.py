@@ -32,7 +32,10 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
               help="Language of the page.")
 @click.option("--max-new-tokens", "max_new", type=click.IntRange(1, 512), default=64,
               show_default=True, help="Most tokens one generation may produce.")
-def serve(model, host, port, lang, max_new):
+@click.option("--quantized", is_flag=True,
+              help="Run the model from its GGUF blocks (smollm2 or a .gguf PATH); the embedding section "
+                   "then draws the quantized row gather.")
+def serve(model, host, port, lang, max_new, quantized):
     """Serve the live explorer: type text, see every gather; generate with sparse decoding."""
     # Before torch loads OpenMP: idle threads sleep instead of spinning (see commands/explain.py).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -45,7 +48,7 @@ def serve(model, host, port, lang, max_new):
                    f"model on your machine and read what it is given. Use --host 127.0.0.1 to keep "
                    f"it local.", err=True)
     settings = ServeSettings(model=model, host=host, port=port, lang=lang, max_new_tokens=max_new,
-                             default_new_tokens=min(24, max_new))
+                             default_new_tokens=min(24, max_new), quantized=quantized)
     url = f"http://{_url_host(host)}:{port}/"
     click.echo(f"loading {model} and serving {url}  (Ctrl-C stops)", err=True)
     with prepared(settings) as loader:   # settings, port and model checked here: errors are one line

@@ -22,6 +22,7 @@ class ServeSettings:
     """What the server runs and how far a request may go."""
 
     model: str = "smollm2"          # the model loaded (and kept warm) at start: a name or a path
+    quantized: bool = False         # run that model from its GGUF blocks (load(quantized=True))
     host: str = "127.0.0.1"
     port: int = 8765
     lang: str = "en"

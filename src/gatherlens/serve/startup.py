@@ -84,9 +84,13 @@ def prepared(settings: ServeSettings, load: Callable | None = None) -> Iterator[
         if load is None:
             from gatherlens.models import load
         from gatherlens.models import resolve
+        from gatherlens.models.registry import check_quantizable
 
-        resolve(settings.model)           # a mistyped path or an incomplete folder: before anything slow
-        first = load(settings.model, progress=True)
+        source = resolve(settings.model)  # a mistyped path or an incomplete folder: before anything slow
+        if settings.quantized:
+            check_quantizable(source, "--quantized")  # a folder has no blocks to run from: one line
+        extra = {"quantized": True} if settings.quantized else {}
+        first = load(settings.model, progress=True, **extra)
         yield lambda name: first if name == settings.model else load(name)
     finally:
         sock.close()
