@@ -27,7 +27,7 @@ from .checks import check_decode_args
 from .fused_decode import fused_dense, fused_fits, fused_select_attend
 from .fused_decode import kernel_loaded as fused_loaded
 from .config import OP, SparseConfig
-from .page_choice import first_recent_page, pages_for_budget, select_pages
+from .page_choice import pages_to_read, select_pages
 from .selection import PageSelection
 from .torch_decode import attend_all, attend_pages
 
@@ -168,8 +168,7 @@ def _decode(backend, q, cache, budget, how: dict, scale, key_mask, want_selectio
 
 def reads_every_page(cache: PagedKVCache, budget: int, recent: int = 0) -> bool:
     """True when `budget` (and the `recent` window) buys every page: decode is dense attention."""
-    n = pages_for_budget(budget, cache.length, cache.page_size)
-    return n >= cache.num_pages or first_recent_page(cache.length, cache.page_size, recent) <= 1
+    return pages_to_read(cache.length, cache.page_size, budget, recent)[0] >= cache.num_pages  # the one rule
 
 
 def _pick_backend(q: torch.Tensor, cache, backend: str, key_mask, choose: str) -> str:
