@@ -101,10 +101,9 @@ def fused_decode_step(query: torch.Tensor, cache, budget: int, config, scale: fl
     the config's recent window) and operators as backend="native": `fused_dense` when the budget
     buys every page, else `paged_decode`.
     """
-    if (type(cache) is not PagedKVCache or query.dtype != torch.float32 or cache.dtype != torch.float32
-            or cache.summary_dtype != torch.float32 or query.device.type != "cpu" or config.choose != "bound"
-            or (query.requires_grad and torch.is_grad_enabled()) or not kernel_loaded()):
-        return None
+    if (type(cache) is not PagedKVCache or query.dtype != torch.float32
+            or not fused_fits(query, cache, None, config.choose) or not kernel_loaded()):
+        return None  # the operator's one rule (fused_fits), plus a float32 query: no cast on this path
     n, first = pages_to_read(cache.length, cache.page_size, budget, config.recent_window())
     if n >= cache.num_pages:
         return fused_dense(query, cache, scale)[0]  # (B, Hq, 1, Dv)
