@@ -216,7 +216,7 @@ def test_cli_writes_report_and_prints_summary(tiny_dir, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--layer", "7"], "layer 7 is outside"),
-    (["--top-k", "0"], "0 is not in the range x>=1"),
+    (["--top-k", "0"], "--top-k = 0 is outside the valid range [1, inf)"),
     (["--model", "no-such-model"], "neither a known name"),
     (["--lang", "fr"], "'fr' is not one of"),
     (["--head", "-9"], "head -9 is outside the query heads [-4, 4)"),

@@ -916,3 +916,774 @@ def test_a_non_finite_key_never_takes_a_forced_page_in_triton_or_dist():
     pages, _ = triton_select_pages(torch.randn(1, 4, 1, 8), cache, budget=12)  # (1, 2, n) unsorted
     for row in pages[0]:
         assert {0, 15} <= set(row.tolist()) and not ({5, 6} & set(row.tolist())), pages
+
+
+# -- the native build cache (ops/native.py) ------------------------------------------------------
+TINY_OP = Path(__file__).parent / "native" / "tiny_op.cpp"   # one int operator: a build costs seconds
+LOAD_TINY = ("import sys, torch; from pathlib import Path; from gatherlens.ops.native import load_library; "
+             "ok = load_library(Path(sys.argv[1])); "
+             "print('loaded', ok, torch.ops.gatherlens_test.twice(21) if ok else None, flush=True)")
+needs_compiler = pytest.mark.skipif(shutil.which("c++") is None or shutil.which("ninja", path=os.pathsep.join(
+    [str(Path(sys.executable).parent), os.environ.get("PATH", "")])) is None, reason="no C++ compiler or ninja")
+
+
+def load_tiny(cache: Path, timeout: float = 240, **env) -> subprocess.CompletedProcess:
+    """tests/native/tiny_op.cpp loaded in a fresh process (a SIGBUS fails the test, not pytest)."""
+    full = {**os.environ, "GATHERLENS_CACHE": str(cache), **env}
+    full.pop("GATHERLENS_NATIVE", None)
+    return subprocess.run([sys.executable, "-W", "always", "-c", LOAD_TINY, str(TINY_OP)], env=full,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def native_warnings(out: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in out.stderr.splitlines() if "GatherLensWarning" in line]
+
+
+@pytest.fixture(scope="module")
+def tiny_build(tmp_path_factory):
+    """A cache holding one sound build of tiny_op.cpp, made once for these tests (copy it, then damage)."""
+    cache = tmp_path_factory.mktemp("native") / "cache"
+    out = load_tiny(cache)
+    assert out.returncode == 0 and "loaded True 42" in out.stdout, out.stderr[-3000:]
+    (build,) = (cache / "native").iterdir()
+    return build
+
+
+def copy_build(tiny_build: Path, tmp_path: Path) -> Path:
+    """This test's own cache with the sound build in it; returns the build's folder."""
+    shutil.copytree(tiny_build.parent, tmp_path / "cache" / "native")
+    return tmp_path / "cache" / "native" / tiny_build.name
+
+
+@needs_compiler
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_damaged_native_build_is_said_once_and_rebuilt(tiny_build, tmp_path, damage):
+    """Must hold: a truncated or garbage kernel library in the cache is never loaded (no SIGBUS):
+    the next load says in one line that it is damaged, rebuilds it and runs it; the run after that
+    is silent, and nothing else is left in the cache."""
+    build = copy_build(tiny_build, tmp_path)
+    (so,) = build.glob("*.so")
+    size = so.stat().st_size
+    so.write_bytes(so.read_bytes()[:4096] if damage == "truncated" else os.urandom(size))
+    out = load_tiny(tmp_path / "cache")
+    assert out.returncode == 0 and "loaded True 42" in out.stdout, out.stderr[-3000:]
+    (line,) = native_warnings(out)
+    assert "tiny_op.cpp" in line and "is damaged" in line and "rebuilding it" in line, line
+    assert "could not build" not in out.stderr
+    again = load_tiny(tmp_path / "cache")
+    assert "loaded True 42" in again.stdout and not native_warnings(again), again.stderr[-3000:]
+    assert sorted(p.name for p in build.parent.iterdir()) == [build.name]
+
+
+@needs_compiler
+def test_a_native_build_killed_midway_leaves_no_lock_that_blocks(tmp_path):
+    """Must hold: kill -9 during the first build (ninja and the compiler too) leaves our lock file
+    and torch's `lock` in the build's temporary folder; the next run is not blocked by either (nor
+    by a torch `lock` in the build's folder itself): it builds in bounded time, and loads."""
+    cache = tmp_path / "cache"
+    env = {**os.environ, "GATHERLENS_CACHE": str(cache)}
+    builder = subprocess.Popen([sys.executable, "-c", LOAD_TINY, str(TINY_OP)], env=env, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list((cache / "native").glob(".tiny_op-*.tmp-*/lock")):      # torch's baton: building now
+        assert builder.poll() is None and time.monotonic() < deadline, "the builder never started building"
+        time.sleep(0.05)
+    os.killpg(builder.pid, signal.SIGKILL)
+    builder.wait()
+    (lock,) = (cache / "native").glob(".tiny_op-*.lock")
+    build = cache / "native" / lock.name[1:].removesuffix(".lock")
+    build.mkdir()
+    (build / "lock").write_text("")                                       # an older layout's baton, too
+    (build / "gatherlens_tiny_op.so").write_bytes(b"\x7fELF" + bytes(60))  # and a cut-short library
+    start = time.monotonic()
+    out = load_tiny(cache, timeout=180)
+    assert out.returncode == 0 and "loaded True 42" in out.stdout, out.stderr[-3000:]
+    assert not native_warnings(out), out.stderr                           # nothing built was damaged
+    assert sorted(p.name for p in (cache / "native").iterdir()) == [build.name]
+    assert time.monotonic() - start < 180
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert build.stat().st_mode & 0o777 == 0o777 & ~umask                 # a folder like any other, not 0700
+
+
+@needs_compiler
+def test_a_live_native_builder_is_waited_for_at_most_build_wait_s(tiny_build, tmp_path, monkeypatch):
+    """Must hold: while another live process holds the build's lock, a load says whom it waits for,
+    gives up after BUILD_WAIT_S with one line and takes the fallback (False), building nothing."""
+    from gatherlens.ops import native
+
+    build = copy_build(tiny_build, tmp_path)
+    (build / native.MANIFEST).unlink()                                    # so this one would build
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from gatherlens.filelock import hold\nwith hold(Path(sys.argv[1])):\n"
+                               "    print('held', flush=True); time.sleep(120)", str(build)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setenv("GATHERLENS_CACHE", str(tmp_path / "cache"))
+        monkeypatch.setattr(native, "BUILD_WAIT_S", 1.0)
+        source = tmp_path / TINY_OP.name
+        shutil.copy(TINY_OP, source)                                      # its own entry in native's memo
+        start = time.monotonic()
+        with pytest.warns(GatherLensWarning) as caught:
+            assert native.load_library(source) is False
+        assert time.monotonic() - start < 10
+    finally:
+        holder.kill()
+        holder.wait()
+    said = [str(w.message) for w in caught]
+    assert said[0].startswith(f"waiting for another process building the C++ kernel tiny_op.cpp (pid {holder.pid})")
+    assert said[1].startswith(f"gave up waiting 1 s for process {holder.pid}") and len(said) == 2, said
+    assert not list(build.glob("*.so.tmp*")) and not list(build.parent.glob(".*.tmp-*"))
+
+
+@needs_compiler
+def test_a_sound_native_build_loads_without_a_compiler(tiny_build, tmp_path):
+    """Must hold: with no c++ on PATH (or a $CXX that is not there) a sound build in the cache loads,
+    even beside a stale torch `lock`; a damaged one is not loaded (False, no crash)."""
+    build = copy_build(tiny_build, tmp_path)
+    (build / "lock").write_text("")                                       # torch's baton, left by a kill
+    for env in ({"PATH": str(tmp_path / "empty")}, {"CXX": str(tmp_path / "no-such-c++")}):
+        out = load_tiny(tmp_path / "cache", timeout=60, **env)
+        assert out.returncode == 0 and "loaded True 42" in out.stdout, (env, out.stderr[-3000:])
+        assert not native_warnings(out), out.stderr
+    (so,) = build.glob("*.so")
+    so.write_bytes(so.read_bytes()[:4096])
+    out = load_tiny(tmp_path / "cache", timeout=60, PATH=str(tmp_path / "empty"))
+    assert out.returncode == 0 and "loaded False None" in out.stdout, out.stderr[-3000:]
+
+
+# -- issue 29: one int rule on the command line, text files, kills while writing, stop signals ------
+def _error_lines(result) -> list[str]:
+    return [line for line in result.output.splitlines() if line.startswith("Error:")]
+
+
+def _cpus() -> int:
+    from gatherlens.commands.params import cpu_count
+
+    return cpu_count()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "hi", "--threads", "999"], "Error: --threads = 999 is outside the valid range [1, {cpus}]"),
+    (["generate", "hi", "--threads", "0"], "Error: --threads = 0 is outside the valid range [1, {cpus}]"),
+    (["generate", "hi", "--max-new-tokens", "²"],
+     "Error: --max-new-tokens = '²' is not an integer; give one in [1, inf)"),
+    (["explain", "hi", "--top-k", "٣"], "Error: --top-k = '٣' is not an integer; give one in [1, inf)"),
+    (["explain", "hi", "--layer", "1_0"],
+     "Error: --layer = '1_0' is not an integer; write it with the digits 0-9 and an optional leading -"),
+    (["serve", "--port", "0"], "Error: --port = 0 is outside the valid range [1, 65535]"),
+    (["eval", "-k", "8,²"], "Error: -k/--top-k = '8,²' is not a list of ints: '²' is not an integer; give one "
+                            "in [1, inf)"),
+    (["lookup", "--ids", "3,+1"], "Error: --ids = '3,+1' is not a list of ints: '+1' is not an integer; write it "
+                                  "with the digits 0-9 and an optional leading -"),
+    (["generate", "--file", "/dev/null"], "Error: text file '/dev/null' is not a regular file (a device, a pipe "
+                                          "or a socket); give a UTF-8 text file"),
+], ids=["threads-high", "threads-zero", "superscript", "arabic-indic", "underscore", "port", "list", "plus",
+        "dev-null"])
+def test_cli_ints_and_text_files_are_one_error_line(monkeypatch, args, message):
+    """Must hold: every int option is read by gatherlens.params' one rule (ASCII digits, one range
+    wording) and --threads stops at this machine's CPUs; /dev/null is named for what it is. One
+    `Error:` line, exit 1 or 2, no traceback, before any model loads."""
+    no_load(monkeypatch)
+    result = run(*args)
+    assert result.exit_code in (1, 2), result.output
+    assert _error_lines(result) == [message.format(cpus=_cpus())], result.output
+
+
+def test_a_text_file_loses_its_byte_order_mark(tmp_path, monkeypatch):
+    """Must hold: --file with a UTF-8 BOM gives the model the text without it; an empty file is
+    named empty."""
+    import gatherlens.commands.generate as generate_command
+
+    seen = {}
+
+    def stop(text, *a, **k):
+        seen["text"] = text
+        raise GatherValueError("stopped here")
+
+    monkeypatch.setattr(generate_command, "_run", stop)
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfIt is a truth")
+    result = run("generate", "--file", str(tmp_path / "bom.txt"))
+    assert _error_lines(result) == ["Error: stopped here"] and seen["text"] == "It is a truth"
+    (tmp_path / "empty.txt").write_bytes(b"\xef\xbb\xbf \n")
+    result = run("generate", "--file", str(tmp_path / "empty.txt"))
+    assert result.exit_code == 1 and _error_lines(result) == [f"Error: text file {str(tmp_path / 'empty.txt')!r} is empty"]
+
+
+def test_a_model_with_no_positions_is_named(tiny_dir, tmp_path):
+    """Must hold: a config (or GGUF context_length) of 0 positions is one error naming it, not
+    "ask for fewer than 0 new tokens"."""
+    folder = tmp_path / "zero"
+    shutil.copytree(tiny_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 0}))
+    result = run("generate", "hi", "--model", str(folder), "--max-new-tokens", "2")
+    assert result.exit_code == 1 and "fewer than 0" not in result.output, result.output
+    assert _error_lines(result) == [
+        "Error: model 'zero' says it has 0 positions (max_position_embeddings, a GGUF's context_length): it "
+        "cannot hold a prompt and a new token; its config is damaged or incomplete (it needs at least 2)"]
+
+
+KILLED_WRITER = """
+import sys, time
+from gatherlens.outputs import open_output
+path, force, ready = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+with open_output(path, "--plot", force=force, binary=True) as fh:   # eval --plot's writer (eval/plot.py)
+    fh.write(b"\\x89PNG half a plot")
+    fh.flush()
+    open(ready, "w").close()
+    time.sleep(120)
+"""
+
+
+def _killed_while_writing(path: Path, force: bool) -> int:
+    """A real process writing `path` by the output rule, killed with SIGKILL mid-write; its pid."""
+    ready = path.with_name("ready")
+    child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path), "1" if force else "0", str(ready)])
+    wait_for(ready, "the writer to start writing", timeout=60)
+    ready.unlink()
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(timeout=30)
+    return child.pid
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
+def test_kill_9_while_writing_a_plot_blocks_nothing_and_leaves_nothing(tmp_path, monkeypatch, force):
+    """Must hold: a run killed (kill -9) while writing --plot leaves no target (with --force the
+    earlier file whole), only a hidden `.gatherlens-tmp-PID-…` file, which the rerun's output
+    check removes (its process is gone); the rerun is not blocked. A live writer's file is kept."""
+    import gatherlens.models
+    from gatherlens import outputs
+
+    path = tmp_path / "q.png"
+    if force:
+        path.write_bytes(b"the earlier plot")
+    pid = _killed_while_writing(path, force)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([*(["q.png"] if force else []), *[n for n in left if n.startswith(f".gatherlens-tmp-{pid}-")]])
+    assert len(left) == (2 if force else 1), left
+    assert not force or path.read_bytes() == b"the earlier plot"
+
+    def stop(*a, **k):
+        raise GatherValueError("stop")
+
+    monkeypatch.setattr(gatherlens.models, "load", stop)
+    monkeypatch.setattr(outputs, "_CLEANED", set())
+    result = run("eval", "--text", str(WORKER), "--plot", str(path), *(["--force"] if force else []))
+    assert _error_lines(result) == ["Error: stop"], result.output           # not "exists", not blocked
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["q.png"] if force else [])
+    assert outputs.write_output(path, b"\x89PNG whole", "--plot", force=force) == path
+    assert path.read_bytes() == b"\x89PNG whole" and sorted(p.name for p in tmp_path.iterdir()) == ["q.png"]
+
+
+def test_a_live_writers_temporary_file_is_kept(tmp_path):
+    """Must hold: the stale-file sweep removes only files of processes that are gone."""
+    from gatherlens.outputs import clean_stale_temps
+
+    ready = tmp_path / "ready"
+    child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path / "q.png"), "0", str(ready)])
+    try:
+        wait_for(ready, "the writer to start writing", timeout=60)
+        (tmp_path / "notes.42-deadbeef.txt").write_text("mine")
+        assert clean_stale_temps(tmp_path) == []
+        assert any(p.name.startswith(f".gatherlens-tmp-{child.pid}-") for p in tmp_path.iterdir())
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+
+
+SLOW_GENERATE = """
+import sys, time, pathlib
+import gatherlens.commands.generate as g
+ready, real = pathlib.Path(sys.argv[1]), g._write
+def slow(piece, result):                    # the real writer, slowed so that a signal lands mid-run
+    real(piece, result)
+    if len(result.new_ids) >= 3:
+        ready.touch()
+    time.sleep(0.05)
+g._write = slow
+from gatherlens.cli import main
+main(sys.argv[2:], prog_name="gatherlens")
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_sigterm_during_generate_stops_like_ctrl_c(tiny_dir, tmp_path, signame):
+    """Must hold: SIGTERM (kill) or SIGHUP (a closed terminal) during `generate` stops it as Ctrl-C
+    does: the continuation so far, the summary naming the signal, --pages written; exit 0."""
+    ready, pages = tmp_path / "ready", tmp_path / "pages.svg"
+    child = subprocess.Popen([sys.executable, "-c", SLOW_GENERATE, str(ready), "generate", "The cat sat",
+                              "--model", str(tiny_dir), "--max-new-tokens", "50", "--pages", str(pages)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(ready, "three generated tokens", timeout=120)
+        child.send_signal(getattr(signal, signame))
+        out, err = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert child.returncode == 0, err
+    assert f"stopped ({signame}) after" in err and "Traceback" not in err, err
+    assert "wrote" in err and pages.read_text().startswith("<svg")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pages.svg", "ready"]
+
+
+def test_a_damaged_gguf_block_is_one_error_without_a_numpy_warning(root, gguf, monkeypatch, capfd):
+    """Must hold: a GGUF block with an inf scale (dequantized by gguf's numpy code: inf x 0) is the
+    one `Error: ... damaged weights` line, with no raw numpy RuntimeWarning before it."""
+    import numpy as np
+
+    def convert(path, say):
+        model = fault_worker.tiny_model()
+        scale, codes = np.float16("inf"), np.array([0, 3], dtype=np.int8)   # what a damaged Q8_0 block holds
+        row = torch.from_numpy(scale.astype(np.float32) * codes.astype(np.float32))  # (2,): nan, inf
+        with torch.no_grad():
+            model.lm_head.weight[5, 7:9] = row
+        return model, fault_worker.tokenizer()
+
+    monkeypatch.setattr(loading, "_convert_gguf", convert)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)           # a numpy warning would fail the run
+        result = run("generate", "hi", "--model", str(gguf), "--max-new-tokens", "2")
+    assert result.exit_code == 1 and "RuntimeWarning" not in result.output + capfd.readouterr().err
+    assert _error_lines(result)[0].startswith(f"Error: model file {str(gguf)!r} converts to damaged weights"), result.output
+
+
+def test_a_native_build_hash_covers_the_local_headers_it_includes(tmp_path):
+    """Must hold: editing a header a kernel includes (`#include "x.h"`, beside it or included by
+    such a header) makes a new build; system headers (<...>) are left to the compiler's version."""
+    from gatherlens.ops import native
+
+    (tmp_path / "a.h").write_text('#pragma once\n#include "b.h"\n')
+    (tmp_path / "b.h").write_text("int b();\n")
+    source = tmp_path / "k.cpp"
+    source.write_text('#include <cstdint>\n#include "a.h"\nint k() { return 1; }\n')
+    before = native._key(source)
+    assert native._key(source) == before
+    (tmp_path / "b.h").write_text("int b(int);\n")
+    assert native._key(source) != before
+
+
+def test_switches_refuse_models_they_cannot_change(monkeypatch):
+    """Must hold: `use_topk_attention` on a Mamba model (no attention layers) and `use_sparse_decoding`
+    on Mamba or BERT (no causal attention) raise one GatherValueError naming the class and what is
+    needed, instead of a silent no-op; the model is left as it was. BERT still takes top-k."""
+    import transformers
+
+    from gatherlens.models.attention import use_dense_attention, use_topk_attention
+    from gatherlens.models.sparse import use_sparse_decoding
+
+    mamba = transformers.MambaForCausalLM(transformers.MambaConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=1, state_size=4)).eval()
+    bert = transformers.BertModel(transformers.BertConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)).eval()
+    before = mamba.config.to_dict()
+    cases = [(lambda: use_topk_attention(mamba, 4), r"MambaForCausalLM \(mamba\) has no attention layers, so top-k "
+                                                     r"attention has nothing to replace.*needs a Transformer"),
+             (lambda: use_sparse_decoding(mamba), r"MambaForCausalLM \(mamba\) has no attention layers, so sparse "
+                                                  r"decoding"),
+             (lambda: use_sparse_decoding(bert), r"BertModel \(bert\) has bidirectional attention \(an encoder\), so "
+                                                 r"sparse decoding has no next token.*decoder-only causal LM")]
+    for call, message in cases:
+        with pytest.raises(GatherValueError, match=message):
+            call()
+    assert mamba.config.to_dict() == before
+    assert use_dense_attention(use_topk_attention(bert, 2)) is bert
+
+
+# -- a model file changed under a running model (models/file_watch.py, ops/fault/sigbus.cpp) ----
+def test_a_model_file_watch_says_how_the_file_changed(tmp_path):
+    """Must hold: FileWatch notices a rewrite of the same size, a size change, a file put in its
+    place and a removal, each said in words; check() raises the one ModelFileChanged message."""
+    from gatherlens.models.file_watch import FileWatch, ModelFileChanged
+
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"x" * 100)
+    watch = FileWatch(path)
+    assert watch.changed() is None
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert watch.changed() == "it was rewritten"
+    watch = FileWatch(path)
+    os.truncate(path, 10)
+    assert watch.changed() == "its size went from 100 to 10 bytes"
+    with pytest.raises(ModelFileChanged, match=r"^the model file '.*m\.gguf' changed while in use \(its size"):
+        watch.check()
+    watch = FileWatch(path)
+    (tmp_path / "new").write_bytes(b"y" * 10)
+    os.replace(tmp_path / "new", path)
+    assert watch.changed() == "another file was put in its place"
+    path.unlink()
+    assert watch.changed() == "it was removed or cannot be read"
+
+
+SIGBUS_MAPPING = """
+import os, sys
+import numpy as np
+from gatherlens.ops.fault import guard_mapping, kernel_loaded
+path, other = sys.argv[1], sys.argv[2]
+for p in (path, other):
+    with open(p, "wb") as f:
+        f.write(b"x" * (1 << 20))
+m, o = np.memmap(path, mode="c"), np.memmap(other, mode="c")
+assert kernel_loaded()
+guard_mapping(m.__array_interface__["data"][0], m.nbytes, "Error: the mapped file changed while in use\\n")
+os.truncate(path, 0)
+os.truncate(other, 0)
+print("reading", flush=True)
+print(int((o if sys.argv[3] == "other" else m)[-1]))
+"""
+
+
+@needs_compiler
+@pytest.mark.parametrize("which", ["guarded", "other"])
+def test_a_sigbus_in_a_guarded_mapping_is_one_line_and_exit_1(tmp_path, which):
+    """Must hold: reading a guarded mapping whose file was cut short writes the guard's one line and
+    exits 1 (not SIGBUS, 135); a fault in another mapping still dies by SIGBUS as before."""
+    out = subprocess.run([sys.executable, "-c", SIGBUS_MAPPING, str(tmp_path / "a"), str(tmp_path / "b"), which],
+                         capture_output=True, text=True, timeout=300)
+    assert "reading" in out.stdout, out.stderr
+    if which == "guarded":
+        assert out.returncode == 1 and out.stderr.strip() == "Error: the mapped file changed while in use", out
+    else:
+        assert out.returncode == -signal.SIGBUS, out
+
+
+def _smollm2_copy(tmp_path: Path) -> Path:
+    from gatherlens.models import resolve
+
+    try:
+        source = resolve("smollm2").path
+    except GatherValueError as e:   # the model package is not installed
+        pytest.skip(str(e))
+    copy = tmp_path / "copy.gguf"
+    shutil.copyfile(source, copy)
+    return copy
+
+
+def _change(path: Path, how: str) -> None:
+    if how == "truncate":
+        os.truncate(path, 4096)
+    else:                               # overwrite the second half in place, same size
+        size = path.stat().st_size
+        with open(path, "r+b") as f:
+            f.seek(size // 2)
+            f.write(os.urandom(size - size // 2))
+
+
+def _one_changed_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "changed while in use" in lines[0] and "copy.gguf" in lines[0], err
+    return lines[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["truncate", "overwrite"])
+def test_a_gguf_changed_under_generate_quantized_is_one_error_line(tmp_path, how):
+    """Must hold: the GGUF truncated or overwritten in place while `generate --quantized` runs from
+    it ends the run with exit 1 and one `Error: the model file ... changed while in use` line, no
+    traceback (before: SIGBUS, status 135, no message; or silent garbage)."""
+    copy = _smollm2_copy(tmp_path)
+    child = subprocess.Popen([sys.executable, "-m", "gatherlens", "generate", "Once upon a time", "--quantized",
+                              "--model", str(copy), "--max-new-tokens", "64"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert child.stdout.read(1), "no token was generated"     # the first token is out: mid-run
+        _change(copy, how)
+        out, err = child.communicate(timeout=300)
+    finally:
+        child.kill()
+    assert child.returncode == 1, err.decode()
+    _one_changed_line(err.decode())
+
+
+CUT_MID_STEP = """
+import os, sys
+import gatherlens.commands.generate as g
+import gatherlens.models.generation as generation
+path, real = sys.argv[1], g._write
+generation.check_unchanged = lambda model: None      # no check between steps: the next read faults
+def cut(piece, result):
+    real(piece, result)
+    if len(result.new_ids) == 2:
+        os.truncate(path, 4096)
+g._write = cut
+from gatherlens.cli import main
+main(sys.argv[2:], prog_name="gatherlens")
+"""
+
+
+@needs_compiler
+@pytest.mark.slow
+def test_a_gguf_cut_short_inside_a_forward_pass_is_the_same_line(tmp_path):
+    """Must hold: a truncation no check between steps sees in time (here: the checks switched off)
+    faults inside the model's kernels; the SIGBUS guard says the same one line and exits 1."""
+    copy = _smollm2_copy(tmp_path)
+    out = subprocess.run([sys.executable, "-c", CUT_MID_STEP, str(copy), "generate", "Once upon a time",
+                          "--quantized", "--model", str(copy), "--max-new-tokens", "8"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stderr
+    assert "cut short while the model read it" in _one_changed_line(out.stderr)
+
+
+# -- a GGUF is checked before it runs (issue 29: models/gguf_check.py) -----------------------------
+def _gguf_field(reader, key: str, value) -> None:
+    field = reader.fields[key]
+    field.parts[field.data[0]][0] = value
+
+
+def _gguf_tensor(reader, name: str):
+    return next(t for t in reader.tensors if t.name == name)
+
+
+def _gguf_scale(name: str, row: int, at: int, value: float):
+    """Set the fp16 at byte `at` of row `row` of tensor `name` (a block's d or m) to `value`."""
+    import numpy as np
+
+    def patch(reader):
+        _gguf_tensor(reader, name).data[row, at:at + 2] = np.array([value], np.float16).view(np.uint8)
+    return patch
+
+
+def _gguf_dims(name: str, axis: int, value: int):
+    return lambda reader: _gguf_tensor(reader, name).field.parts[3].__setitem__(axis, value)
+
+
+def _gguf_type(name: str, number: int):
+    return lambda reader: _gguf_tensor(reader, name).field.parts[4].__setitem__(0, number)
+
+
+def _gguf_meta(key: str, value: int):
+    return lambda reader: _gguf_field(reader, key, value)
+
+
+def _patched_smollm2(tmp_path: Path, patch) -> Path:
+    """A copy of the shipped SmolLM2 Q4_1 GGUF patched in place with gguf's own reader ("r+"), as the user did."""
+    import gguf
+
+    from gatherlens.models import resolve
+
+    try:
+        source = resolve("smollm2").path
+    except GatherValueError as e:   # the model package is not installed
+        pytest.skip(str(e))
+    path = tmp_path / "damaged.gguf"
+    shutil.copyfile(source, path)
+    reader = gguf.GGUFReader(path, "r+")
+    patch(reader)
+    reader.data.flush()
+    del reader
+    return path
+
+
+# case -> (the patch, what the one error line says); block 3 of a Q4_1 row starts at byte 3 * 20
+GGUF_FAULTS = {
+    "A: NaN scale in the embedding row of 'The'": (
+        _gguf_scale("token_embd.weight", 504, 0, float("nan")),
+        r"is damaged: token_embd.weight row 504, block 0: its fp16 scale d is nan; every block scale must be finite"),
+    "A: NaN scale in an attn_q block": (
+        _gguf_scale("blk.10.attn_q.weight", 7, 3 * 20, float("nan")),
+        r"is damaged: blk.10.attn_q.weight row 7, block 3: its fp16 scale d is nan"),
+    "A: inf min in an attn_q block": (
+        _gguf_scale("blk.10.attn_q.weight", 7, 3 * 20 + 2, float("inf")),
+        r"is damaged: blk.10.attn_q.weight row 7, block 3: its fp16 scale m is inf"),
+    "B: attn_q 512 rows": (
+        _gguf_dims("blk.3.attn_q.weight", 1, 512),
+        r"does not match its own metadata: blk.3.attn_q.weight is 512 rows of 576 weights; head_count 9 x "
+        r"head_dim 64 and embedding_length 576 expect 576 rows of 576 weights$"),
+    "B: attn_q 544 wide": (
+        _gguf_dims("blk.3.attn_q.weight", 0, 544),
+        r"blk.3.attn_q.weight is 576 rows of 544 weights; .* expect 576 rows of 576 weights$"),
+    "B: ffn_down 575 rows": (
+        _gguf_dims("blk.3.ffn_down.weight", 1, 575),
+        r"blk.3.ffn_down.weight is 575 rows of 1,536 weights; embedding_length 576 and feed_forward_length 1536 "
+        r"expect 576 rows of 1,536 weights$"),
+    "B: ffn_down 575 wide (not whole blocks)": (
+        _gguf_dims("blk.3.ffn_down.weight", 0, 575),
+        r"blk.3.ffn_down.weight is 576 rows of 575 weights; .* expect 576 rows of 1,536 weights$"),
+    "B: a norm 500 wide": (
+        _gguf_dims("blk.3.attn_norm.weight", 0, 500),
+        r"blk.3.attn_norm.weight is 500 weights; embedding_length 576 expects 576 weights$"),
+    "B: embedding_length 512": (
+        _gguf_meta("llama.embedding_length", 512),
+        r"token_embd.weight is 49,152 rows of 576 weights; vocabulary 49,152 \(tokenizer.ggml.tokens\) and "
+        r"embedding_length 512 expect 49,152 rows of 512 weights \(271 more tensors disagree with it\)"),
+    "C: head_count 8": (
+        _gguf_meta("llama.attention.head_count", 8),
+        r"blk.0.attn_output.weight is 576 rows of 576 weights; embedding_length 576 and head_count 8 x head_dim 64 "
+        r"expect 576 rows of 512 weights"),
+    "C: head_count_kv 4": (
+        _gguf_meta("llama.attention.head_count_kv", 4),
+        r"blk.0.attn_k.weight is 192 rows of 576 weights; head_count_kv 4 x head_dim 64 and embedding_length 576 "
+        r"expect 256 rows of 576 weights"),
+    "C: Q4_1 blocks declared Q8_0": (
+        _gguf_type("blk.3.attn_q.weight", 8),
+        r"blk.3.attn_q.weight as Q8_0 \(576 rows of 576 weights\) is 352,512 bytes, but the next tensor, "
+        r"blk.3.attn_v.weight, starts 207,360 bytes after it: its type or shape does not describe its data"),
+    "C: block_count 29": (
+        _gguf_meta("llama.block_count", 29),
+        r"it holds blk.29.attn_norm.weight and 8 more that nothing reads \(a llama model of block_count 29 reads "
+        r"blk.0 to blk.28"),
+    "C: block_count 31": (
+        _gguf_meta("llama.block_count", 31),
+        r"it lacks blk.30.attn_norm.weight and 8 more, which block_count 31 and the llama architecture need"),
+    "C: context_length 0": (
+        _gguf_meta("llama.context_length", 0),
+        r"has bad metadata: llama.context_length is 0; it must be a positive whole number"),
+    "C: vocab_size against the token list": (
+        _gguf_meta("llama.vocab_size", 50000),
+        r"has bad metadata: llama.vocab_size 50000 but tokenizer.ggml.tokens holds 49,152 tokens"),
+    "a type number ggml does not have": (
+        _gguf_type("blk.3.attn_q.weight", 99),
+        r"holds tensors quantized=True cannot run: type 99 \(blk.3.attn_q.weight\); it runs matrices in Q8_0, .*F16$"),
+}
+
+
+@pytest.mark.parametrize("case", list(GGUF_FAULTS))
+def test_a_damaged_or_lying_gguf_is_one_error_naming_tensor_and_field(tmp_path, case):
+    """Must hold (issue 29, cases A-C): a non-finite block scale, a tensor of the wrong shape or
+    metadata that lies is one GatherValueError naming the file, the tensor (or key), what the
+    metadata expects and what was found, from the header and the scale bytes alone."""
+    import re
+
+    from gatherlens.models.gguf_check import open_checked
+
+    patch, said = GGUF_FAULTS[case]
+    path = _patched_smollm2(tmp_path, patch)
+    with pytest.raises(GatherValueError) as caught:
+        open_checked(path, quantized=True)
+    message = str(caught.value)
+    assert message.startswith(f"model file {str(path)!r} ") and "\n" not in message
+    assert re.search(said, message), message
+    assert "np." not in message
+
+
+def test_the_shipped_gguf_passes_the_check_in_milliseconds():
+    """Must hold: the check runs on every load, so it costs milliseconds: SmolLM2's 98 MB, 272 tensors,
+    every fp16 scale of its 4.9 million blocks read (about 25 ms here; the bound is for a loaded machine)."""
+    import time
+
+    from gatherlens.models import resolve
+    from gatherlens.models.gguf_check import check_gguf
+    from gatherlens.models.gguf_config import open_gguf
+
+    try:
+        path = resolve("smollm2").path
+    except GatherValueError as e:
+        pytest.skip(str(e))
+    reader = open_gguf(path, mode="c")
+    check_gguf(reader, path, quantized=False)   # the pages mapped once
+    start = time.perf_counter()
+    check_gguf(reader, path, quantized=True)
+    assert time.perf_counter() - start < 0.5
+
+
+def _tiny_llama_gguf(path: Path, kinds: dict | None = None) -> Path:
+    """A 1-block Llama GGUF (64 wide, 4 heads over 2 KV heads, 256 feed-forward); `kinds`: tensor -> ggml type
+    for tensors written as zero blocks of that type (any type gguf knows, IQ4_XS and Q2_K too)."""
+    import gguf
+    import numpy as np
+    from gguf import GGMLQuantizationType as T
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in {"block_count": 1, "context_length": 128, "embedding_length": 64, "feed_forward_length": 256,
+                       "attention.head_count": 4, "attention.head_count_kv": 2}.items():
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(96)])
+    shapes = {"token_embd": (96, 64), "output_norm": (64,), "blk.0.attn_norm": (64,), "blk.0.ffn_norm": (64,),
+              "blk.0.attn_q": (64, 64), "blk.0.attn_k": (32, 64), "blk.0.attn_v": (32, 64),
+              "blk.0.attn_output": (64, 64), "blk.0.ffn_gate": (256, 64), "blk.0.ffn_up": (256, 64),
+              "blk.0.ffn_down": (64, 256)}
+    for name, shape in shapes.items():
+        kind = (kinds or {}).get(name, T.F32 if len(shape) == 1 else T.Q8_0)
+        if kind in (T.F32, T.F16):
+            writer.add_tensor(f"{name}.weight", np.ones(shape, np.float32 if kind == T.F32 else np.float16))
+            continue
+        weights, nbytes = gguf.GGML_QUANT_SIZES[kind]
+        raw = np.zeros((shape[0], shape[1] // weights * nbytes), np.uint8)  # (rows, row bytes): zero blocks
+        writer.add_tensor(f"{name}.weight", raw, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_sound_tiny_gguf_passes_and_an_f16_matrix_is_float_only(tmp_path):
+    from gguf import GGMLQuantizationType as T
+
+    from gatherlens.models.gguf_check import open_checked
+
+    open_checked(_tiny_llama_gguf(tmp_path / "sound.gguf"), quantized=True)
+    path = _tiny_llama_gguf(tmp_path / "f16.gguf", {"blk.0.ffn_down": T.F16})
+    open_checked(path, quantized=False)
+    with pytest.raises(GatherValueError, match=r"cannot run: F16 \(blk.0.ffn_down.weight\); .*try without "
+                                               r"--quantized \(quantized=True\)"):
+        open_checked(path, quantized=True)
+
+
+def test_unsupported_types_are_all_named_before_anything_slow(tmp_path, monkeypatch):
+    """Must hold: a file in formats the quantized path cannot run is refused at once, before the
+    config, tokenizer or any block is read: one line naming every such type by ggml's name (IQ4_XS
+    for an IQ4_XS tensor), its tensors, shapes as plain ints, and the float path as the way out."""
+    from gguf import GGMLQuantizationType as T
+
+    import gatherlens.models.quantized as quantized
+
+    path = _tiny_llama_gguf(tmp_path / "iq.gguf", {"blk.0.ffn_down": T.IQ4_XS, "blk.0.ffn_gate": T.Q2_K,
+                                                   "blk.0.ffn_up": T.Q2_K, "blk.0.attn_output": T.IQ4_NL})
+    monkeypatch.setattr(quantized, "_config_and_tokenizer", lambda *a: pytest.fail("read past the check"))
+    result = run("generate", "--quantized", "--model", str(path), "--max-new-tokens", "2", "hi")
+    assert result.exit_code == 1 and len(_error_lines(result)) == 1, result.output
+    assert _error_lines(result)[0] == (
+        f"Error: model file {str(path)!r} holds tensors quantized=True cannot run: IQ4_NL (blk.0.attn_output.weight); "
+        f"Q2_K (blk.0.ffn_gate.weight and 1 more); IQ4_XS (blk.0.ffn_down.weight); it runs matrices in Q8_0, Q4_0, "
+        f"Q4_1, Q5_0, Q5_1, Q4_K, Q6_K and vectors in F32, F16; try without --quantized (quantized=True): the "
+        f"float32 path dequantizes them")
+
+
+@pytest.mark.parametrize("case", ["A: NaN scale in the embedding row of 'The'", "B: attn_q 512 rows",
+                                  "C: head_count 8", "C: block_count 29"])
+@pytest.mark.parametrize("quantized", [True, False], ids=["--quantized", "float"])
+def test_generate_on_a_damaged_gguf_is_one_error_line_and_writes_nothing(root, tmp_path, case, quantized):
+    """Must hold: what the user sees from `generate` (and so `serve`, which loads the same way): exit 1,
+    one `Error:` line naming the file and the fault, no traceback, no internal error, no output file,
+    nothing cached (the float path checks before it converts)."""
+    import re
+
+    patch, said = GGUF_FAULTS[case]
+    path = _patched_smollm2(tmp_path, patch)
+    pages = tmp_path / "pages.svg"
+    args = ["generate", "--model", str(path), "--max-new-tokens", "2", "--pages", str(pages), "hi"]
+    result = run(*args[:1], *(["--quantized"] if quantized else []), *args[1:])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith(f"Error: model file {str(path)!r}"), \
+        result.output
+    assert re.search(said, lines[0]) and "internal error" not in lines[0], lines[0]
+    models = root / "models"
+    assert not pages.exists() and not (models.exists() and any(models.iterdir()))
+
+
+def test_a_gguf_cut_inside_its_data_names_the_tensor_past_the_end(tmp_path):
+    """Must hold: a file truncated after its header (a partial download) names the first tensor whose
+    data is missing; one cut inside the header keeps the reader's own words (test above)."""
+    from gatherlens.models import resolve
+    from gatherlens.models.gguf_check import open_checked
+
+    path = tmp_path / "partial.gguf"
+    with open(resolve("smollm2").path, "rb") as f:
+        path.write_bytes(f.read(50_000_000))
+    with pytest.raises(GatherValueError, match=r"partial.gguf' is truncated: blk\.\d+\.\w+\.weight's data ends at "
+                                               r"byte [\d,]+, past the end of the file \(50,000,000 bytes\)"):
+        open_checked(path)
+
+
+def test_quantized_table_from_a_file_that_is_not_gguf_names_it(tmp_path):
+    from gatherlens.ops.quant import QuantizedTable
+
+    path = tmp_path / "notes.gguf"
+    path.write_text("just text")
+    with pytest.raises(GatherValueError, match=r"path '.*notes.gguf' is not a readable GGUF file \(GGUF magic invalid\)"):
+        QuantizedTable.from_gguf(path, "token_embd.weight")

@@ -16,28 +16,36 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
 from gatherlens.errors import GatherTypeError, GatherValueError
+from gatherlens.ops.quant import FORMATS, QTYPES
 from gatherlens.ops.quant.int4 import INT4_QTYPES, affine_groups
 from gatherlens.ops.quant.linear import LinearConfig, pack_linear, quantized_linear
 from gatherlens.ops.quant.linear_naive import naive_quantized_linear
+from test_quantized_table import GGUF_QUANTIZES
 
 EPS = 2.0 ** -8  # bf16's relative rounding bound (2^-9), doubled for the few roundings in a row
-EXACT_INT4 = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # float32 kernel weights bit-equal (see below)
+# float32 kernel weights bit-equal (see below): every int4 format but the K-quants (d*sc*q - dmin*mn)
+EXACT_INT4 = tuple(q for q in INT4_QTYPES if not FORMATS[q].has("dmin"))
+NO_RESTRICTED_ROUTE = tuple(q for q in QTYPES if not FORMATS[q].routes)  # Q6_K: only the dense routes
 
 
 def blocks(qtype: str, rows: int, width: int, seed: int = 0) -> torch.Tensor:
-    """(rows, row bytes) uint8: gguf's quantizer on normal data, or random Q4_K bytes, finite scales."""
+    """(rows, row bytes) uint8: gguf's quantizer on normal data, or (K-quants, which gguf-py cannot
+    write) random bytes with small finite fp16 scales."""
     rng = np.random.default_rng(seed)
-    if qtype != "Q4_K":
+    fmt = FORMATS[qtype]
+    if qtype in GGUF_QUANTIZES:
         data = (rng.standard_normal((rows, width)) * 0.05).astype(np.float32)
         return torch.from_numpy(quantize(data, GGMLQuantizationType[qtype]))
-    raw = rng.integers(0, 256, (rows, width // 256, 144), dtype=np.uint8)
-    halves = (rng.random((rows, width // 256, 2)) * 1e-2).astype(np.float16)  # d, dmin
-    raw[..., 0:4] = halves.view(np.uint8)
+    nb, halves = width // fmt.weights, [f for f in fmt.fields if f.kind == "fp16"]
+    raw = rng.integers(0, 256, (rows, nb, fmt.block_bytes), dtype=np.uint8)
+    values = (rng.random((rows, nb, len(halves))) * 1e-2).astype(np.float16)  # d (and dmin)
+    for k, field in enumerate(halves):
+        raw[..., field.offset:field.end] = values[..., k:k + 1].view(np.uint8)
     return torch.from_numpy(raw.reshape(rows, -1))
 
 
 def width_for(qtype: str) -> int:
-    return 512 if qtype == "Q4_K" else 96
+    return max(96, 2 * FORMATS[qtype].weights)  # 3 blocks of 32, or 2 super-blocks of 256
 
 
 def weight(qtype: str, rows: int, route: str, prefill_rows=None):
@@ -117,7 +125,7 @@ ROUTES_ALL = ("int4", "int4_f32", "bf16", "float32", "dequant", "int8_row", "int
 @pytest.mark.parametrize("rows", [1, 16, 40])  # 40: not a multiple of the kernel's 16 (padded)
 @pytest.mark.parametrize("batch", [(1,), (7,), (2, 3), ()])
 @pytest.mark.parametrize("route", ROUTES_ALL)
-@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q5_0", "Q4_K"])
+@pytest.mark.parametrize("qtype", INT4_QTYPES)  # every route of ROUTES_ALL takes these
 def test_route_against_the_reference(qtype, route, batch, rows):
     w = weight(qtype, rows, route)
     x = torch.randn(*batch, w.shape[1], generator=torch.Generator().manual_seed(rows))  # (..., K)
@@ -182,7 +190,7 @@ RAW = blocks("Q4_1", 16, 96)
     (lambda: pack_linear(RAW, "Q3_K"), GatherValueError, "qtype must be one of"),
     (lambda: pack_linear(RAW[:, :50], "Q4_1"), GatherValueError, "raw of Q4_1 rows must be a whole number of 20-byte blocks; got 50"),
     (lambda: pack_linear(RAW, "Q4_1", LinearConfig("int3")), GatherValueError, "route must be one of"),
-    (lambda: pack_linear(torch.zeros(16, 210, dtype=torch.uint8), "Q6_K"), GatherValueError,
+    (lambda: pack_linear(torch.zeros(16, FORMATS["Q6_K"].block_bytes, dtype=torch.uint8), "Q6_K"), GatherValueError,
      "route 'int4' takes qtype"),
     (lambda: pack_linear(RAW, "Q4_1", LinearConfig(prefill_rows=0)), GatherValueError, "prefill_rows"),
     (lambda: quantized_linear(torch.zeros(2, 96), RAW), GatherTypeError, "weight must be a QuantizedWeight"),
@@ -199,10 +207,12 @@ def test_errors_name_the_argument(call, error, words):
         call()
 
 
-def test_q6_k_takes_the_dense_routes():
-    raw = torch.zeros(16, 210, dtype=torch.uint8)  # (16, 210): one Q6_K block a row, all zero
-    w = pack_linear(raw, "Q6_K", LinearConfig("bf16"))
-    assert torch.equal(quantized_linear(torch.ones(2, 256), w), torch.zeros(2, 16))
+@pytest.mark.parametrize("qtype", NO_RESTRICTED_ROUTE)
+def test_formats_no_kernel_takes_take_the_dense_routes(qtype):
+    fmt = FORMATS[qtype]
+    raw = torch.zeros(16, fmt.block_bytes, dtype=torch.uint8)  # (16, bytes): one block a row, all zero
+    w = pack_linear(raw, qtype, LinearConfig("bf16"))
+    assert torch.equal(quantized_linear(torch.ones(2, fmt.weights), w), torch.zeros(2, 16))
 
 
 def test_reference_is_f_linear_on_the_dequantized_blocks():

@@ -20,21 +20,20 @@ from rich.console import Console
 
 import gatherlens
 from gatherlens import GatherIndexError, GatherTypeError, GatherValueError, QuantizedTable
-from gatherlens.ops.quant import (SIZES, block_terms, q4_0_fields, q4_1_fields, q4_k_fields, q5_0_fields,
-                                  q5_1_fields, q6_k_fields, q8_0_fields)
+from gatherlens.ops.quant import FORMATS, SIZES, block_terms
 from gatherlens.ops.quant.sizes import LAYOUT
 from gatherlens.ops.quant.terms import GROUP, groups
 from gatherlens.render.theme import fmt_value
 from gatherlens.trace import as_record
 from gatherlens.trace.quantized import record_quantized_embedding
-from test_quantized_table import QTYPES, random_blocks
+from test_quantized_table import GGUF_QUANTIZES, QTYPES, random_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = "{http://www.w3.org/2000/svg}"
 
 
 def table_of(qtype: str, rows: int = 7, seed: int = 0) -> QuantizedTable:
-    width = 512 if qtype.endswith("_K") else 96
+    width = max(96, 2 * FORMATS[qtype].weights)  # 3 blocks of 32, or 2 super-blocks of 256
     return QuantizedTable.from_blocks(random_blocks(np.random.default_rng(seed), qtype, rows, width), qtype)
 
 
@@ -57,21 +56,22 @@ def test_every_blocks_terms_make_the_rows_values(qtype):
             assert torch.equal(terms.raw, table.raw[row, first:first + nbytes])
 
 
-FIELDS = {  # the *_fields output each LAYOUT field feeds
-    "Q8_0": (q8_0_fields, {"qs": {0}, "d": {1}}),
-    "Q4_0": (q4_0_fields, {"qs": {0}, "d": {1}}),
-    "Q4_1": (q4_1_fields, {"qs": {0}, "d": {1}, "m": {2}}),
-    "Q5_0": (q5_0_fields, {"qs": {0}, "qh": {0}, "d": {1}}),
-    "Q5_1": (q5_1_fields, {"qs": {0}, "qh": {0}, "d": {1}, "m": {2}}),
-    "Q4_K": (q4_k_fields, {"d": {1}, "dmin": {2}, "scales": {3, 4}, "qs": {0}}),
-    "Q6_K": (q6_k_fields, {"ql": {0}, "qh": {0}, "scales": {1}, "d": {2}}),
+FEEDS = {  # test-local, from each unpacker's docstring: the outputs of the record's `unpack` each field feeds
+    "Q8_0": {"qs": {0}, "d": {1}},
+    "Q4_0": {"qs": {0}, "d": {1}},
+    "Q4_1": {"qs": {0}, "d": {1}, "m": {2}},
+    "Q5_0": {"qs": {0}, "qh": {0}, "d": {1}},
+    "Q5_1": {"qs": {0}, "qh": {0}, "d": {1}, "m": {2}},
+    "Q4_K": {"d": {1}, "dmin": {2}, "scales": {3, 4}, "qs": {0}},
+    "Q6_K": {"ql": {0}, "qh": {0}, "scales": {1}, "d": {2}},
 }
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_layout_names_the_bytes_the_fields_read(qtype):
     """Changing a byte of LAYOUT's field F changes some of the outputs F feeds, and nothing else."""
-    fields, feeds = FIELDS[qtype]
+    assert qtype in FEEDS, f"a new format {qtype}: say which outputs of its unpack each field feeds in FEEDS"
+    fields, feeds = FORMATS[qtype].unpack, FEEDS[qtype]
     raw = torch.from_numpy(random_blocks(np.random.default_rng(1), qtype, 1, SIZES[qtype][0]))  # one block
     base = [f.view(torch.int16) if f.dtype == torch.float16 else f for f in fields(raw)]
     at = 0
@@ -182,7 +182,7 @@ def test_committed_figures_are_current(figures, name, lang):
 def test_every_format_draws(tmp_path):
     for qtype in QTYPES:
         x = np.random.default_rng(2).standard_normal((9, 512)).astype(np.float32)
-        raw = (quantize(x, GGMLQuantizationType[qtype]) if not qtype.endswith("_K")
+        raw = (quantize(x, GGMLQuantizationType[qtype]) if qtype in GGUF_QUANTIZES
                else random_blocks(np.random.default_rng(2), qtype, 9, 512))
         rec = record_quantized_embedding(torch.tensor([[3, 1, 3]]), QuantizedTable.from_blocks(raw, qtype),
                                          labels=["a", "<b>", "a"], position=1, block=1, lang="zh")

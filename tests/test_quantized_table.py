@@ -6,6 +6,7 @@ of random bytes with finite fp16 scales (every format, every code pattern). Rows
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -20,19 +21,32 @@ from hypothesis import strategies as st
 import gatherlens
 from gatherlens import GatherIndexError, GatherTypeError, GatherValueError, QuantizedTable, embedding_lookup
 from gatherlens.ops.embedding import OutOfVocabularyWarning
-from gatherlens.ops.quant import SIZES, naive_dequantize_rows, q4_1_fields, q8_0_fields, row_bytes
+from gatherlens.ops.quant import (DEQUANTIZERS, FORMATS, QTYPES, SIZES, naive_dequantize_rows, q4_1_fields,
+                                  q8_0_fields, row_bytes)
+from gatherlens.ops.quant import int4, q8act
+from gatherlens.ops.quant.layout import HEADER, KINDS, LAYOUTS, c_header, formats_taking
+from gatherlens.ops.quant.matmul import ROUTES
 
-QTYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K"]
-GGUF_QUANTIZES = {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"}  # gguf-py has no K-quant quantizer
+
+def _gguf_quantizes(qtype: str) -> bool:
+    """Whether gguf-py can quantize `qtype` (it has no K-quant quantizer)."""
+    try:
+        quantize(np.zeros((1, FORMATS[qtype].weights), np.float32), GGMLQuantizationType[qtype])
+    except NotImplementedError:
+        return False
+    return True
+
+
+GGUF_QUANTIZES = {q for q in QTYPES if _gguf_quantizes(q)}
 ROWS = (1, 7, 33)
-# bytes of each block that hold an fp16 scale or min (test-local: read from ggml-common.h)
-HALVES = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2),
-          "Q6_K": (208,)}
+# bytes of each block that hold an fp16 scale or min (checked against the unpackers in test_quantized_picture)
+HALVES = {q: tuple(f.offset for f in fmt.fields if f.kind == "fp16") for q, fmt in FORMATS.items()}
 
 
 def widths(qtype: str) -> tuple[int, ...]:
-    """Row widths valid for the format: a few whole blocks."""
-    return (256, 512) if qtype.endswith("_K") else (32, 96, 576)
+    """Row widths valid for the format: a few whole blocks (1, 3 and 18 of 32 weights; 1 and 2 super-blocks)."""
+    elems = FORMATS[qtype].weights
+    return tuple(n * elems for n in ((1, 2) if elems > 32 else (1, 3, 18)))
 
 
 def random_blocks(rng, qtype: str, rows: int, width: int) -> np.ndarray:
@@ -100,9 +114,54 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def test_block_sizes_are_ggmls():
     assert SIZES == {q: GGML_QUANT_SIZES[GGMLQuantizationType[q]] for q in QTYPES}
+    assert QTYPES == tuple(FORMATS) == tuple(LAYOUTS) == tuple(DEQUANTIZERS)
     assert row_bytes("Q8_0", 576) == 612 and row_bytes("Q4_1", 576) == 360
     with pytest.raises(GatherValueError, match="not a multiple of 256"):
         row_bytes("Q4_K", 576)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_every_record_is_complete(qtype):
+    """A format's one record: every field set, ggml's numbers, a layout covering exactly its bytes, its functions."""
+    fmt = FORMATS[qtype]
+    unset = [f.name for f in dataclasses.fields(fmt) if getattr(fmt, f.name) is None or getattr(fmt, f.name) == ""]
+    assert not unset, f"{qtype}: unset {unset}"
+    ggml = GGMLQuantizationType[qtype]
+    assert fmt.name == qtype and fmt.ggml_type == ggml.value
+    assert (fmt.weights, fmt.block_bytes) == GGML_QUANT_SIZES[ggml]
+    at = 0
+    for field in fmt.fields:  # in block order, each starting where the last ended, none empty
+        assert (field.offset, field.kind in KINDS, field.size > 0) == (at, True, True), f"{qtype} {field}"
+        assert field.kind != "fp16" or field.size == 2
+        at = field.end
+    assert at == fmt.block_bytes and len({f.name for f in fmt.fields}) == len(fmt.fields)
+    assert {"codes", "fp16"} <= {f.kind for f in fmt.fields}
+    assert fmt.weights % fmt.group == 0 and 1 <= fmt.bits <= 8 and 0 <= fmt.code_offset < 2 ** fmt.bits
+    assert fmt.formula and set(fmt.routes) <= set(ROUTES)
+    raw = torch.from_numpy(random_blocks(np.random.default_rng(0), qtype, 1, 2 * fmt.weights))  # (1, 2 blocks)
+    assert tuple(fmt.dequantize(raw).flatten(1).shape) == (1, 2 * fmt.weights)
+    assert len(fmt.naive(raw[0, :fmt.block_bytes].tolist())) == fmt.weights
+    assert fmt.unpack(raw)[0].shape == (1, 2 * fmt.weights)  # the codes, in element order
+    terms = fmt.terms(raw[0], 1)
+    assert (terms.qtype, len(terms.codes), terms.offset, terms.start) == (qtype, fmt.group, fmt.code_offset, fmt.group)
+
+
+def test_routes_take_the_formats_their_records_name():
+    for name, route in ROUTES.items():
+        family = "int4" if name in ("int4", "int4_f32") else name
+        named = formats_taking(family)
+        assert route.qtypes == (named if named else QTYPES), name
+    assert int4.INT4_QTYPES == formats_taking("int4") and q8act.Q8ACT_QTYPES == formats_taking("q8act")
+    assert q8act.GGML_TYPE == {q: GGMLQuantizationType[q].value for q in q8act.Q8ACT_QTYPES}
+
+
+def test_the_c_header_is_what_the_table_writes():
+    """quant_formats.h (the C++ kernels' layouts) is generated from the records, never edited by hand."""
+    assert HEADER.read_text() == c_header(), (
+        f"{HEADER.name} is stale: python -c 'from gatherlens.ops.quant.layout import write_c_header; write_c_header()'")
+    for qtype, fmt in FORMATS.items():
+        assert f"struct {qtype} {{" in c_header() and f"type = {fmt.ggml_type}, weights = {fmt.weights}, " \
+            f"bytes = {fmt.block_bytes};" in c_header()
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CASES])

@@ -472,3 +472,54 @@ def test_serve_starts_after_its_checks_with_plain_lines(model_dir, monkeypatch):
                        (["--lang", "fr"], "--lang")):
         res, last = _serve(monkeypatch, *args)
         assert res.exit_code == 2 and said in res.output and "loading" not in res.output, res.output
+
+
+# -- issue 29: one int parser, one set of position checks for /api/explain and /api/attention ------
+@pytest.mark.parametrize("value, words", [
+    ("²", ["run_k = '²' is not an integer; give one in [1, 4096]"]),       # '²'.isdigit() is True
+    ("٣", ["run_k = '٣' is not an integer"]),                              # int('٣') == 3
+    ("abc", ["run_k = 'abc' is not an integer; give one in [1, 4096]"]),
+    ("0", ["run_k = 0 is outside the valid range [1, 4096]"]),
+    ("1_0", ["run_k = '1_0' is not an integer"]),                          # int('1_0') == 10
+], ids=["superscript", "arabic-indic", "text", "zero", "underscore"])
+def test_attention_run_k_is_read_like_every_int(client, value, words):
+    """Must hold: run_k goes through the API's one int rule: a 400 naming it and [1, max_k], never
+    a 500 (before: '²' passed isdigit() and int() raised: a 500 and a traceback on the server)."""
+    r = client.get("/api/attention", params={"text": TEXT, "run_k": value})
+    assert r.status_code == 400, r.text
+    for w in words:
+        assert w in r.json()["error"], (w, r.json())
+    assert client.get("/api/health").json()["busy"] is False
+
+
+@pytest.mark.parametrize("params, words", [
+    ({"layer": -3}, ["layer -3 is outside the model's layers [-2, 2): there are 2 layers"]),
+    ({"layer": 2}, ["layer 2 is outside the model's layers [-2, 2)"]),
+    ({"head": -5}, ["head -5 is outside the query heads [-4, 4): there are 4 heads in layer"]),
+    ({"query": -12}, ["query -12 is outside the token positions [-11, 11): the text has 11 tokens"]),
+    ({"query": 11}, ["query 11 is outside the token positions [-11, 11)"]),
+    ({"k": "²"}, ["k = '²' is not an integer; give one in [1, 4096]"]),
+], ids=["layer-negative", "layer", "head-negative", "query-negative", "query", "k"])
+def test_explain_and_attention_refuse_a_position_in_the_same_words(client, params, words):
+    """Must hold: /api/attention checks layer, head and query with /api/explain's functions: the
+    same message, negatives shown as given (not shifted), no "querys"."""
+    for path in ("/api/explain", "/api/attention"):
+        r = client.get(path, params={"text": TEXT, **params})
+        assert r.status_code == 400, (path, r.text)
+        message = r.json()["error"]
+        for w in words:
+            assert w in message, (path, w, message)
+        assert "querys" not in message and "[0, " not in message
+
+
+def test_the_page_answers_a_bad_argument_with_an_html_page(client):
+    """Must hold: GET /?k=0 is a 400 HTML page (what a browser shows) holding the one error line,
+    escaped; the API keeps answering JSON."""
+    r = client.get("/", params={"k": "0<b>"})
+    assert r.status_code == 400 and r.headers["content-type"].startswith("text/html"), r.headers
+    assert "k = &#x27;0&lt;b&gt;&#x27; is not an integer; give one in [1, 4096]" in r.text, r.text
+    assert "<b>" not in r.text and r.headers["content-security-policy"].startswith("default-src 'none'")
+    r = client.get("/", params={"k": "0"})
+    assert r.status_code == 400 and "k = 0 is outside the valid range [1, 4096]" in r.text
+    api = client.get("/api/explain", params={"text": TEXT, "k": "0"})
+    assert api.status_code == 400 and api.json()["error"] == "k = 0 is outside the valid range [1, 4096]"

@@ -197,8 +197,8 @@ def test_attention_api_answers_from_the_kept_run(client, lm):
     ({"text": "a " * 2100}, ["text has 2102 tokens", f"within [1, {LIVE_MAX_TOKENS}] tokens"]),
     ({"text": LONG, "k": 40}, ["k = 40 with 602 tokens", f"the limit is {MAX_PICKS:,}", "use k in [1, 27]"]),
     ({"text": LONG, "topk": 0}, ["top-k off", "use k in [1, 27]"]),
-    ({"text": TEXT, "query": 11}, ["query 11 is outside [0, 11)"]),
-    ({"text": TEXT, "head": 4}, ["head 4 is outside [0, 4)"]),
+    ({"text": TEXT, "query": 11}, ["query 11 is outside the token positions [-11, 11)"]),
+    ({"text": TEXT, "head": 4}, ["head 4 is outside the query heads [-4, 4)"]),
 ], ids=["over-the-live-limit", "k-too-big-for-a-long-text", "dense-long", "query", "head"])
 def test_attention_api_bad_input_is_a_400_naming_the_range(client, params, words):
     r = client.get("/api/attention", params=params)

@@ -147,14 +147,6 @@ def test_config_and_geometry_import_without_torch():
     assert run.stdout.strip() == "False"
 
 
-def test_old_names_view_the_config():
-    from gatherlens.models.sparse_defaults import DEFAULTS, recent_for
-
-    assert DEFAULTS == {"budget": 1024, "page_size": 8, "group_score": "max", "dense_layers": 2, "recent": None,
-                        "share_selection": False, "dense_share": DEFAULT.dense_share}
-    assert (recent_for(512, None), recent_for(512, 0), recent_for(None, None)) == (128, 0, 0)
-
-
 # -- one reference on the model ---------------------------------------------------------------
 transformers = pytest.importorskip("transformers")
 

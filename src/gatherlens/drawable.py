@@ -9,8 +9,19 @@ of `gatherlens.render.draw(obj, fmt, **options)`, imported when a picture is ask
 (`draw_lazily`), so this module imports nothing at load time and `ops/` and `trace/` stay below
 `render/`. Options that choose what to record (`batch`, `head`, `query`, `labels`) go to
 `gatherlens.trace.as_record`; the others (`lang`, `limits`, `scale`, `console`) to the renderer.
+
+A picture file's suffix names its format here too (`FILE_FORMATS`, the one table: commands check an
+output path against it before any slow work); `gatherlens.render.picture_file` writes each format.
 """
 from __future__ import annotations
+
+# a picture file's suffix -> the format it holds (a `draw` format; "png" is the SVG rasterised)
+FILE_FORMATS = {".svg": "svg", ".html": "html", ".htm": "html", ".png": "png"}
+
+
+def picture_suffixes(*formats: str) -> tuple[str, ...]:
+    """`picture_suffixes("svg", "html")` -> ('.svg', '.html', '.htm'): the suffixes of those formats (all without)."""
+    return tuple(s for s, fmt in FILE_FORMATS.items() if not formats or fmt in formats)
 
 
 def draw_lazily(obj, fmt: str, **options):

@@ -12,16 +12,19 @@ The rule, in one place:
 - a folder: no file on the way to it; missing or empty unless `force`; writable.
 "Writable" is a probe file created (and removed) where the output will go: the one test that a
 read-only mount, a folder without write permission and a missing parent all fail the same way,
-for root too. A late write (`open_output`, `write_output`) checks the path again, and without
-`force` creates the file exclusively (`open(path, "x")`): a file that appeared since the first
-check is refused, never overwritten. With `force` it writes a temporary file beside the target
-and renames it over: a reader never sees half a file. Errors are GatherValueError naming the
-option and the path.
+for root too. A late write (`open_output`, `write_output`) checks the path again and writes a
+temporary file beside the target (`.gatherlens-tmp-PID-…`), which becomes the target at the end:
+without `force` by `os.link`, which refuses a target that appeared since the first check (it is
+kept, never overwritten), with `force` by a rename over it. A reader never sees half a file, and a
+killed run leaves no target, only its temporary file, which the next check of that folder removes
+(its process is gone). Errors are GatherValueError naming the option and the path.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import secrets
 import tempfile
 from pathlib import Path
@@ -30,7 +33,13 @@ from typing import IO, Iterator
 from gatherlens.errors import GatherValueError
 
 __all__ = ["output_file", "output_dir", "open_output", "write_output", "writable_file", "writable_dir",
-           "pictures_dir"]
+           "pictures_dir", "clean_stale_temps", "TEMP_PREFIX"]
+
+TEMP_PREFIX = ".gatherlens-tmp-"   # + pid-hex-name: a late write's temporary file, beside its target
+# this module's temporary files: today's, and the ".name.pid-hex.tmp" of earlier versions
+_TEMP_NAME = re.compile(r"\.gatherlens-tmp-(?P<pid>[0-9]+)-[0-9a-f]{8}-|\..+\.(?P<old>[0-9]+)-[0-9a-f]{8}\.tmp$")
+_NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS, errno.EXDEV}
+_CLEANED: set[str] = set()         # folders already cleaned by this process
 
 
 def output_file(path: str | os.PathLike, what: str, *, force: bool = False,
@@ -44,6 +53,7 @@ def output_file(path: str | os.PathLike, what: str, *, force: bool = False,
     if suffixes and p.suffix.lower() not in suffixes:
         raise GatherValueError(f"{what} {str(p)!r} must end in {' or '.join(suffixes)}")
     _check_file_path(p, what)
+    clean_stale_temps(p.parent)
     if p.exists() and not force:
         raise GatherValueError(f"{what} {str(p)!r} exists; pass --force to overwrite it")
     return writable_file(p, what)
@@ -56,6 +66,8 @@ def output_dir(path: str | os.PathLike, what: str, *, force: bool = False) -> Pa
     GatherValueError: --out 'notes.txt/report' cannot be a folder: 'notes.txt' is a file
     """
     p = writable_dir(path, what)
+    if p.is_dir():
+        clean_stale_temps(p)
     present = sorted(e.name for e in p.iterdir()) if p.is_dir() else []
     if present and not force:
         shown = ", ".join(present[:5]) + (", …" if len(present) > 5 else "")
@@ -70,27 +82,84 @@ def open_output(path: str | os.PathLike, what: str, *, force: bool = False,
                 binary: bool = False) -> Iterator[IO]:
     """`with open_output(path, "--pages") as fh: fh.write(...)`: the late write, checked again.
 
-    Without force the file is created exclusively (a file that appeared meanwhile is refused,
-    and one half written by a failure is removed); with force a temporary file beside it is
-    renamed over it when the block ends.
+    The block writes a temporary file beside the target (TEMP_PREFIX, this process's id), which
+    becomes the target when the block ends: without force by a hard link that refuses an
+    existing target (a file that appeared meanwhile is refused and kept), with force by a rename
+    over it. A failure, or a kill, never leaves a half-written target; a killed run's temporary
+    file is removed by the next output check in that folder.
     """
     p = Path(path).expanduser()
     _check_file_path(p, what)
+    clean_stale_temps(p.parent)
+    if not force and p.exists():
+        raise _made_meanwhile(p, what)
     mode, kw = ("b", {}) if binary else ("", {"encoding": "utf-8"})
-    if not force:
-        try:
-            fh = open(p, "x" + mode, **kw)
-        except FileExistsError:
-            raise GatherValueError(f"{what} {str(p)!r} was created meanwhile (after the check at the start); "
-                                   f"it is kept: pass --force to overwrite it") from None
-        with _removed_on_failure(p), fh:
-            yield fh
-        return
-    tmp = p.with_name(f".{p.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    tmp = p.with_name(f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{p.name[:120]}")
     with _removed_on_failure(tmp):
         with open(tmp, "x" + mode, **kw) as fh:
             yield fh
+        _publish(tmp, p, what, force)
+
+
+def _publish(tmp: Path, p: Path, what: str, force: bool) -> None:
+    """Make the written temporary file `tmp` the target `p` (see open_output)."""
+    if force:
         os.replace(tmp, p)
+        return
+    try:
+        os.link(tmp, p)                      # atomic, and refuses an existing target
+    except FileExistsError:
+        raise _made_meanwhile(p, what) from None
+    except OSError as err:
+        if err.errno not in _NO_LINKS:
+            raise
+        try:                                 # a file system without hard links: claim the name, then rename
+            os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            raise _made_meanwhile(p, what) from None
+        os.replace(tmp, p)
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+
+
+def _made_meanwhile(p: Path, what: str) -> GatherValueError:
+    return GatherValueError(f"{what} {str(p)!r} was created meanwhile (after the check at the start); "
+                            f"it is kept: pass --force to overwrite it")
+
+
+def clean_stale_temps(folder: str | os.PathLike) -> list[str]:
+    """Remove the temporary output files in `folder` whose process is gone (a killed run's); once
+    per folder and process. Returns the names removed. Only names this module makes are touched."""
+    key = os.path.abspath(folder)
+    if key in _CLEANED:
+        return []
+    _CLEANED.add(key)
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _TEMP_NAME.match(entry.name)
+        if m and not _alive(int(m["pid"] or m["old"])) and entry.is_file(follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                removed.append(entry.name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (on this machine); True when it cannot be told."""
+    if pid == os.getpid() or os.name != "posix":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def write_output(path: str | os.PathLike, data: str | bytes, what: str, *, force: bool = False) -> Path:

@@ -25,7 +25,6 @@ share_selection=True (one key set per KV group). `--plot` draws the ratios again
 from __future__ import annotations
 
 import resource
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -33,10 +32,11 @@ from pathlib import Path
 
 import click
 
-from gatherlens.bench.output import check_json_path, write_results
+from gatherlens.bench import timing
+from gatherlens.bench.output import check_json_path, json_option, write_results
 from gatherlens.bench.plot import check_plot_path, plot_ratios
 
-from gatherlens.bench.fresh import run_fresh, worker
+from gatherlens.bench.fresh import run_fresh
 
 MODES = {
     # mode: (query heads, kv heads, head_dim, causal, contexts)
@@ -135,19 +135,9 @@ def run_case(spec: dict) -> dict:
                                       share_selection=spec.get("share", False))
         result["topk_extra"] = _peak_extra(topk)
         sdpa()                                                  # warm-up
-        fns = (("sdpa", sdpa), ("topk", topk)) + ((("sdpa_gqa", gqa),) if not causal else ())
-        times = {name: [] for name, _ in fns}
-        for _ in range(spec["repeats"]):
-            for name, fn in fns:
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
-        result.update({f"{n}_s": statistics.median(t) for n, t in times.items()})
+        fns = {"sdpa": sdpa, "topk": topk, **({"sdpa_gqa": gqa} if not causal else {})}
+        result.update({f"{n}_s": s for n, s in timing.medians(timing.round_robin(fns, spec["repeats"])).items()})
     return result
-
-
-def _worker() -> None:
-    worker(run_case)
 
 
 # -- the driver --------------------------------------------------------------------------------
@@ -204,8 +194,7 @@ def _ms(s: float) -> str:
 @click.option("--repeats", type=int, default=None,
               help="timed calls per op; the median is reported (default: decode 5, prefill 3, "
                    "prefill at L >= 8K 1)")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              default="bench-attention.json", show_default=True, help="where to write the results")
+@json_option("bench-attention.json")
 @click.option("--force", is_flag=True, help="overwrite an existing --json or --plot file")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="also draw the ratios against the context (.png/.svg/.pdf)")

@@ -20,17 +20,16 @@ for sparse 1 / (1/page + budget/L); "of bound" is the measured speedup as a frac
 """
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import click
 
-from gatherlens.bench.output import check_json_path, write_results
+from gatherlens.bench import timing
+from gatherlens.bench.output import check_json_path, json_option, write_results
 
-from gatherlens.bench.fresh import run_fresh, worker
+from gatherlens.bench.fresh import run_fresh
 from gatherlens.ops.sparse import geometry
 from gatherlens.ops.sparse.config import OP
 
@@ -93,21 +92,11 @@ def run_case(spec: dict) -> dict:
     except ImportError:
         pass
     result = {"tokens_read": geometry.tokens_read(pages_for_budget(budget, L, P), P, L)}
-    times = {name: [] for name in methods}
     with torch.inference_mode():
         for fn in methods.values():  # warm-up (allocations, oneDNN primitives)
             fn()
-        for _ in range(spec["repeats"]):
-            for name, fn in methods.items():
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
-    result["seconds"] = {n: statistics.median(t) for n, t in times.items()}
+        result["seconds"] = timing.medians(timing.round_robin(methods, spec["repeats"]))
     return result
-
-
-def _worker() -> None:
-    worker(run_case)
 
 
 # -- the driver --------------------------------------------------------------------------------
@@ -171,8 +160,7 @@ def parse_context(text: str) -> int:
 @click.option("--threads", default=2, show_default=True, help="torch threads in each case")
 @click.option("--repeats", type=int, default=None,
               help="timed calls per method; the median is reported (default 10, 5 at L >= 128K)")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              default="bench-decode.json", show_default=True, help="where to write the results")
+@json_option("bench-decode.json")
 @click.option("--force", is_flag=True, help="overwrite an existing --json file")
 def command(contexts, budget, page_size, top_k, dtypes, threads, repeats, json_path, force):
     """Time page-selected sparse decode against dense SDPA and exact top-k (fresh process per case)."""

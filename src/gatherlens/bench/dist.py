@@ -20,12 +20,11 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import click
 
 from gatherlens.bench.decode import HEAD_DIM, KV_HEADS, Q_HEADS, parse_context
-from gatherlens.bench.output import check_json_path, write_results
+from gatherlens.bench.output import check_json_path, json_option, write_results
 from gatherlens.ops.sparse.config import OP
 
 RANKS = (1, 2, 4)
@@ -140,8 +139,7 @@ def _run(spec: dict, worlds) -> list[Row]:
 @click.option("--ranks", "worlds", multiple=True, type=int, help="world sizes, repeatable (default 1, 2, 4)")
 @click.option("--repeats", default=10, show_default=True, help="timed steps per mode; the median is reported")
 @click.option("--timeout", default=1800, show_default=True, help="seconds before every rank is stopped")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              default="bench-dist.json", show_default=True, help="where to write the results")
+@json_option("bench-dist.json")
 @click.option("--force", is_flag=True, help="overwrite an existing --json file")
 def command(context, budget, page_size, worlds, repeats, timeout, json_path, force):
     """Time sparse decode over a sequence-sharded KV cache on 1, 2 and 4 gloo ranks (one thread each)."""

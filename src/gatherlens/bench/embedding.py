@@ -14,14 +14,13 @@ fraction of the copy's.
 """
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
-from gatherlens.bench.output import check_json_path, human_seconds, write_results
+from gatherlens.bench import timing
+from gatherlens.bench.output import check_json_path, human_seconds, json_option, write_results
 import torch
 import torch.nn.functional as F
 
@@ -53,37 +52,20 @@ class Row:
     copy_into_fraction: float  # copy-into-existing time / time
 
 
-def _sample(fn, budget_s: float = 2e-2) -> float:
-    """Seconds per call of fn, averaged over enough calls to last about budget_s (a microsecond
-    op needs thousands of calls per sample: fewer left the timer's jitter in the ratios)."""
-    start = time.perf_counter()
-    fn()
-    once = time.perf_counter() - start
-    calls = max(1, min(20000, int(budget_s / max(once, 1e-7))))
-    if calls == 1:
-        return once
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls
-
-
 def _medians(fns: dict, repeats: int) -> dict:
     """Median seconds per op, sampled round-robin. Ops slower than 0.1 s: their warm-up call is
     their first sample and they get 3 samples (2 above 0.5 s): the grid must finish in minutes."""
     samples = {}
     for name, fn in fns.items():  # warm-up
-        start = time.perf_counter()
-        fn()
-        once = time.perf_counter() - start
+        once = timing.call_seconds(fn)
         samples[name] = [once] if once > 0.1 else []
     for round_ in range(repeats):
         for name, fn in fns.items():
             first = samples[name][0] if samples[name] else 0.0
             if len(samples[name]) >= (2 if first > 0.5 else 3 if first > 0.1 else repeats):
                 continue
-            samples[name].append(_sample(fn))
-    return {name: statistics.median(values) for name, values in samples.items()}
+            samples[name].append(timing.sample_seconds(fn, max_calls=20000, first_counts=True))
+    return timing.medians(samples)
 
 
 def _forward_ops(table, ids, methods):
@@ -175,8 +157,7 @@ def _ints(text):
               help="methods whose backward is timed (F.embedding's always is); '' for none")
 @click.option("--repeats", default=5, show_default=True, help="samples per op; the median is reported")
 @click.option("--no-backward", is_flag=True, help="time the forward only")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              default="bench-embedding.json", show_default=True, help="where to write the results")
+@json_option("bench-embedding.json")
 @click.option("--force", is_flag=True, help="overwrite an existing --json or --plot file")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="also draw the default's and get_embeddings' time / F.embedding's against N")

@@ -25,8 +25,9 @@ def worker(run_case) -> None:
 
 
 def run_fresh(module: str, spec: dict) -> dict:
-    """The parent's side: run `module._worker()` in a new interpreter and return its result."""
-    return _run([sys.executable, "-c", f"from {module} import _worker; _worker()"], spec)
+    """The parent's side: `worker(module.run_case)` in a new interpreter; its result."""
+    code = f"import {module} as case; from gatherlens.bench.fresh import worker; worker(case.run_case)"
+    return _run([sys.executable, "-c", code], spec)
 
 
 def run_script(python: str, script: str, spec: dict) -> dict:

@@ -40,13 +40,13 @@ from pathlib import Path
 
 import click
 
-from gatherlens.bench.fresh import run_fresh, worker
+from gatherlens.bench.fresh import run_fresh
 from gatherlens.bench.generate_peers import gguf_of, llama_python, quantized_note, run_llamacpp
 from gatherlens.bench.llamacpp_case import rss_mb
-from gatherlens.bench.output import check_json_path, check_output, write_results
+from gatherlens.bench.output import check_json_path, check_output, json_option, write_results
+from gatherlens.bench.plot import save_figure
 from gatherlens.errors import GatherValueError
 from gatherlens.ops.sparse.geometry import ceil_div
-from gatherlens.outputs import open_output
 
 CONTEXTS = ("2K", "4K", "8K", "16K", "32K")
 BUDGETS = (512, 1024, 2048)
@@ -139,15 +139,22 @@ def run_case(spec: dict) -> dict:
 
 
 def profile_step(model, m: Method, ids, hf_cache, paged_cache, L: int, steps: int = 3, top: int = 12) -> list:
-    """torch.profiler over `steps` decode steps: the top ops by self CPU time, per step."""
+    """torch.profiler over `steps` decode steps: the top ops by self CPU time, per step; then one
+    row per native operator's backend table (ops/backends.describe(): which row ran, why others did not)."""
     from torch.profiler import ProfilerActivity, profile
 
+    from gatherlens.ops import backends
+
+    backends.reset_ran()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         _generate(model, m, ids, hf_cache, paged_cache, steps, L)
     ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
     total = sum(e.self_cpu_time_total for e in ops)
+    calls = {name: sum(c.values()) for name, c in backends.ran().items()}
+    ran = [{"op": f"backend {line}", "ms": 0.0, "calls": calls[line.split(":")[0]] / steps, "share": 0.0}
+           for line in backends.describe().splitlines()]
     return [{"op": e.key, "ms": e.self_cpu_time_total / 1e3 / steps, "calls": e.count / steps,
-             "share": e.self_cpu_time_total / total} for e in ops[:top]]
+             "share": e.self_cpu_time_total / total} for e in ops[:top]] + ran
 
 
 def real_prefix(lm):
@@ -231,9 +238,11 @@ def _no_stop(model, tokens: int):
 def attention_ms(model, m: Method, hf_cache, paged_cache, L: int, repeats: int = 3) -> float:
     """Median ms per step of every layer's cache append + attention call, on the same caches."""
     import torch
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    from gatherlens.models.hf_adapter import sdpa_attention
     from gatherlens.models.sparse import decode_attention
+
+    sdpa_attention_forward = sdpa_attention()
 
     _switch(model, m)
     layers = [layer.self_attn for layer in model.model.layers]
@@ -252,10 +261,6 @@ def attention_ms(model, m: Method, hf_cache, paged_cache, L: int, repeats: int =
         times.append(time.perf_counter() - start)
         hf_cache.crop(L - hf_cache.get_seq_length()) if m.kind == "hf" else paged_cache.truncate(L)
     return statistics.median(times) * 1e3
-
-
-def _worker() -> None:
-    worker(run_case)
 
 
 # -- the driver --------------------------------------------------------------------------------
@@ -364,8 +369,7 @@ def make_plan(model_name, budget_list, ablation, profile, llama_python_option, b
 @click.option("--llama-python", "llama_python_option", default=None, metavar="PATH",
               help="the python of a virtualenv with llama-cpp-python, for the llama.cpp row "
               "(default: $GATHERLENS_LLAMA_PYTHON; skipped when neither is set)")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              default="bench-generate.json", show_default=True, help="where to write the results")
+@json_option("bench-generate.json")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="the ms/token plot (.png or .svg; default: the --json path with .png)")
 @click.option("--force", is_flag=True, help="overwrite existing --json / --plot / --profile files")
@@ -529,9 +533,4 @@ def plot_rows(rows: list[Row], path: Path, force: bool = True) -> Path:
     ax.set_title("decode speed in generate (lower is faster)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    try:
-        with open_output(path, "--plot", force=force, binary=True) as fh:
-            fig.savefig(fh, format=path.suffix.lstrip(".").lower() or "png")
-    finally:
-        plt.close(fig)
-    return path
+    return save_figure(fig, path, force)

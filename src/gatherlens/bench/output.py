@@ -17,6 +17,12 @@ from gatherlens.errors import GatherValueError
 from gatherlens.outputs import output_file, write_output
 
 
+def json_option(default: str):
+    """`@json_option("bench-decode.json")`: every suite's --json FILE option (the `json_path` argument)."""
+    return click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+                        default=default, show_default=True, help="where to write the results")
+
+
 def check_json_path(path: Path, force: bool) -> Path:
     """Refuse, before any timing, a --json path that exists (without --force) or cannot be written."""
     return check_output(path, force, "--json")

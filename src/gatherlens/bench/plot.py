@@ -14,7 +14,7 @@ from pathlib import Path
 from gatherlens.bench.output import check_output
 from gatherlens.outputs import open_output
 
-__all__ = ["check_plot_path", "plot_ratios"]
+__all__ = ["check_plot_path", "plot_ratios", "save_figure"]
 
 
 def check_plot_path(path: Path | None, force: bool) -> Path | None:
@@ -48,9 +48,19 @@ def plot_ratios(rows, path: str | Path, *, x: str, series: tuple[str, ...], titl
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
+    return save_figure(fig, path, force, dpi=120)
+
+
+def save_figure(fig, path: Path, force: bool, what: str = "--plot", **savefig) -> Path:
+    """`save_figure(fig, Path("a.svg"), force)`: the figure in the format its suffix names, then closed.
+
+    Written by `gatherlens.outputs.open_output` (force=False: a file made meanwhile is refused);
+    `savefig` goes to matplotlib's `Figure.savefig` (dpi=...)."""
+    import matplotlib.pyplot as plt
+
     try:
-        with open_output(path, "--plot", force=force, binary=True) as fh:
-            fig.savefig(fh, dpi=120, format=path.suffix.lstrip(".").lower() or "png")
+        with open_output(path, what, force=force, binary=True) as fh:
+            fig.savefig(fh, format=path.suffix.lstrip(".").lower() or "png", **savefig)
     finally:
         plt.close(fig)
     return path

@@ -15,8 +15,6 @@ For each number of ids N (random, seeded) and thread count, timed round-robin, m
 """
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +22,8 @@ import click
 import torch
 import torch.nn.functional as F
 
-from gatherlens.bench.output import check_json_path, write_results
+from gatherlens.bench.output import check_json_path, json_option, write_results
+from gatherlens.bench import timing
 from gatherlens.ops.embedding import embedding_lookup
 from gatherlens.ops.quant import QuantizedTable
 
@@ -47,25 +46,9 @@ class Row:
     bytes_read: int      # table bytes the op reads
 
 
-def _sample(fn, budget_s: float = 2e-2) -> float:
-    """Seconds per call of fn, averaged over enough calls to last about budget_s."""
-    start = time.perf_counter()
-    fn()
-    once = time.perf_counter() - start
-    calls = max(1, min(10000, int(budget_s / max(once, 1e-7))))
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls
-
-
 def _medians(fns: dict, repeats: int) -> dict:
     """Median seconds per op, the ops sampled round-robin so noise hits all alike."""
-    samples = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            samples[name].append(_sample(fn))
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return timing.medians(timing.round_robin(fns, repeats, sample=timing.sample_seconds))
 
 
 def _ops(table: QuantizedTable, dense: torch.Tensor, ids: torch.Tensor) -> dict:
@@ -121,8 +104,7 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 @click.option("--tokens", default=",".join(map(str, TOKENS)), show_default=True, help="comma-separated id counts")
 @click.option("--threads", default="2", show_default=True, help="comma-separated torch thread counts")
 @click.option("--repeats", default=5, show_default=True, help="samples per op; the median is reported")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              default="bench-quantized-embedding.json", show_default=True, help="where to write the results")
+@json_option("bench-quantized-embedding.json")
 @click.option("--force", is_flag=True, help="overwrite an existing --json file")
 def command(gguf_path, tensor, tokens, threads, repeats, json_path, force):
     """Time a row gather from GGUF blocks against dequantize-all + F.embedding and F.embedding on floats."""

@@ -19,14 +19,14 @@ against the reference (blocks -> float32 -> F.linear, x ~ N(0, 1)): the largest 
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
-from pathlib import Path
+from functools import partial
 
 import click
 import torch
 
-from gatherlens.bench.output import check_json_path, human_seconds, write_results
+from gatherlens.bench import timing
+from gatherlens.bench.output import check_json_path, human_seconds, json_option, write_results
 from gatherlens.ops.quant.linear import LinearConfig, pack_linear, quantized_linear
 from gatherlens.ops.quant.linear_naive import naive_quantized_linear
 from gatherlens.ops.quant.sizes import SIZES
@@ -94,18 +94,6 @@ def load_blocks(source: str | None, names: tuple[str, ...]) -> dict:
     return out
 
 
-def _sample(fn, budget_s: float = 2e-2) -> float:
-    """Seconds per call of fn, averaged over enough calls to last about budget_s."""
-    start = time.perf_counter()
-    fn()
-    once = time.perf_counter() - start
-    calls = max(1, min(2000, int(budget_s / max(once, 1e-7))))
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls
-
-
 def _timers(weights: list, x: torch.Tensor):
     """(hot, cold): one call on weights[0]; one call on each copy, per call."""
     def hot():
@@ -143,11 +131,9 @@ def time_case(shape, raw, qtype, rows, routes, copies, cold_mib, repeats, thread
         hot, cold, count = _timers(weights, x.to(weights[0].activation_dtype))  # as the decode step feeds it
         timers[route] = (hot, cold, count)
         info[route] = (_errors(x, weights[0]), weights[0].nbytes() / 2**20, weights[0].shape)
-    samples = {route: ([], []) for route in routes}
-    for _ in range(repeats):
-        for route, (hot, cold, count) in timers.items():
-            samples[route][0].append(_sample(hot))
-            samples[route][1].append(_sample(cold) / count)
+    fns = {(r, mode): fn for r, (hot, cold, _) in timers.items() for mode, fn in (("hot", hot), ("cold", cold))}
+    drawn = timing.round_robin(fns, repeats, sample=partial(timing.sample_seconds, max_calls=2000))
+    samples = {r: (drawn[r, "hot"], [s / count for s in drawn[r, "cold"]]) for r, (_, _, count) in timers.items()}
     medians = {r: (statistics.median(h), statistics.median(c)) for r, (h, c) in samples.items()}
     base = medians.get("float32", next(iter(medians.values())))
     return [Row(shape, info[r][2][0], info[r][2][1], qtype, rows, r, hot, cold, timers[r][2],
@@ -185,8 +171,7 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.option("--cold-mib", default=256.0, show_default=True, help="cap on one route's copies, MiB")
 @click.option("--repeats", default=7, show_default=True, help="round-robin samples; the median is reported")
 @click.option("--threads", default=2, show_default=True, help="torch threads")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              default="bench-qlinear.json", show_default=True, help="where to write the results")
+@json_option("bench-qlinear.json")
 @click.option("--force", is_flag=True, help="overwrite an existing --json file")
 def command(source, shapes, rows_text, routes, head_routes, copies, cold_mib, repeats, threads, json_path, force):
     """Time quantized linears (GGUF blocks) against F.linear on float32, hot and from memory."""

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from gatherlens.commands.params import Int
 from gatherlens.dist.demo_config import DemoConfig, demo_options
 
 
@@ -28,7 +29,7 @@ def _click_kind(o) -> dict:
         return {"type": click.Choice(o.choices), "show_default": True}
     if o.kind is Path:
         return {"type": click.Path(file_okay=False, path_type=Path)}
-    return {"type": click.IntRange(o.low), "show_default": True}
+    return {"type": Int(o.low), "show_default": True}
 
 
 def demo_option_flags(command):
@@ -44,7 +45,7 @@ def dist():
 
 
 @dist.command("demo")
-@click.option("--nproc", default=2, show_default=True, type=click.IntRange(1, 64), help="processes (ranks)")
+@click.option("--nproc", default=2, show_default=True, type=Int(1, 64), help="processes (ranks)")
 @demo_option_flags
 def demo(nproc, **options):
     """Run the demo on NPROC local processes (torchrun) and check every rank against one process."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import click
 
 from gatherlens.commands.params import (
-    number, output_file, positive_ints, print_table, progress_bar, text_source_options,
+    Int, number, output_file, positive_ints, print_table, progress_bar, text_source_options,
 )
 
 
@@ -22,11 +22,11 @@ from gatherlens.commands.params import (
 @text_source_options('"smollm2", "minilm", or a local Hugging Face folder / .gguf file.')
 @click.option("-k", "--top-k", "ks", multiple=True, help="k values, comma-separated or repeated (-k 8 -k 32)  "
               "[default: 8,32,128,512].")
-@click.option("--tokens", default=2048, show_default=True, type=click.IntRange(min=2),
+@click.option("--tokens", default=2048, show_default=True, type=Int(2),
               help="Score the first N tokens of the text.")
-@click.option("--window", default=None, type=click.IntRange(min=2),
+@click.option("--window", default=None, type=Int(2),
               help="Context window of each forward pass  [default: 1024, or the model's limit].")
-@click.option("--stride", default=None, type=click.IntRange(min=1),
+@click.option("--stride", default=None, type=Int(1),
               help="Step between windows; each token then has >= window - stride tokens of context "
                    "[default: window / 2].")
 @click.option("--out", "out", default=None, help="Write the results to a .csv or .json file.")

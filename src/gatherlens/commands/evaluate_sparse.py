@@ -25,7 +25,7 @@ from pathlib import Path
 import click
 
 from gatherlens.commands.params import (
-    number, output_file, positive_ints, print_table, progress_bar, text_source_options,
+    Int, number, output_file, positive_ints, print_table, progress_bar, text_source_options, threads_option,
 )
 from gatherlens.ops.sparse.config import DEFAULT, GROUP_SCORES
 from gatherlens.errors import GatherValueError
@@ -48,34 +48,34 @@ class _Plan:
 
 @click.command("eval-sparse")
 @text_source_options('"smollm2" or a local Hugging Face Llama-family folder / .gguf file.')
-@click.option("--context", default=8192, show_default=True, type=click.IntRange(min=64),
+@click.option("--context", default=8192, show_default=True, type=Int(64),
               help="Tokens of context (prefix + decoded tokens; also the passkey prompt length).")
 @click.option("--budgets", default=None,
               help="Comma-separated token budgets, one row each with the settings below (default: the comparison table).")
 @click.option("--compare", default="512,256", show_default=True,
               help="The comparison table's two budgets: every setting at the first, the main ones at the second.")
-@click.option("--page-size", default=DEFAULT.page_size, show_default=True, type=click.IntRange(min=1),
+@click.option("--page-size", default=DEFAULT.page_size, show_default=True, type=Int(1),
               help="Tokens per page (with --budgets).")
-@click.option("--decode-tokens", default=512, show_default=True, type=click.IntRange(min=0),
+@click.option("--decode-tokens", default=512, show_default=True, type=Int(0),
               help="Last N tokens of the context decoded step by step and scored; 0 skips perplexity.")
-@click.option("--passkey-trials", default=5, show_default=True, type=click.IntRange(min=0),
+@click.option("--passkey-trials", default=5, show_default=True, type=Int(0),
               help="Passkey prompts (needle depths spread over the context); 0 skips the test.")
-@click.option("--dense-layers", default=DEFAULT.dense_layers, show_default=True, type=click.IntRange(min=0),
+@click.option("--dense-layers", default=DEFAULT.dense_layers, show_default=True, type=Int(0),
               help="Leading layers that decode densely (Quest keeps 2; with --budgets).")
-@click.option("--recent", default=DEFAULT.recent, type=click.IntRange(min=0),
+@click.option("--recent", default=DEFAULT.recent, type=Int(0),
               help="Newest tokens always read, within the budget (with --budgets; default: a quarter of it).")
 @click.option("--group-score", type=click.Choice(GROUP_SCORES), default=DEFAULT.group_score, show_default=True,
               help="How a KV group's heads' page bounds combine (with --budgets).")
 @click.option("--per-head/--shared", default=not DEFAULT.share_selection, show_default=True,
               help="Each query head chooses its pages, or one choice per KV group (with --budgets).")
-@click.option("--threads", default=None, type=click.IntRange(min=1), help="torch threads (default: torch's).")
+@threads_option
 @click.option("--json", "json_out", default=None, help="Write rows, passkey trials and meta to a .json file.")
 @click.option("--csv", "csv_out", default=None, help="Write the table to a .csv file.")
 @click.option("--pictures", "pictures", default=None, type=click.Path(file_okay=False),
               help="Folder for SVG/HTML pictures of the pages one layer read (one per budget).")
-@click.option("--layer", default=None, type=int,
+@click.option("--layer", default=None, type=Int(),
               help="Layer to draw (default: the middle one; negative counts from the end).")
-@click.option("--head", default=0, show_default=True, type=int,
+@click.option("--head", default=0, show_default=True, type=Int(),
               help="KV group (or query head) to draw; negative counts from the end.")
 @click.option("--force", is_flag=True, help="Overwrite output files that exist.")
 def evaluate_sparse(model_name, corpus, text_file, context, budgets, compare, page_size, decode_tokens,
@@ -245,6 +245,7 @@ def _write(json_path, csv_path, meta: dict, rows: list[dict], passkeys, console,
 def _pictures(folder: Path, selections: dict, layer: int, head: int, console, force: bool) -> None:
     """An SVG and an HTML page per setting; without --force a file made since the start is refused, not replaced."""
     from gatherlens.errors import GatherLensError
+    from gatherlens.render import picture_file
 
     folder.mkdir(parents=True, exist_ok=True)
     for setting, sel in selections.items():
@@ -254,7 +255,7 @@ def _pictures(folder: Path, selections: dict, layer: int, head: int, console, fo
         head %= H
         try:
             record = sel.to_record(batch=0, head=head)
-            drawn = {".svg": record.to_svg(), ".html": record.to_html()}
+            drawn = {suffix: picture_file(suffix, record.to_svg, record.to_html) for suffix in (".svg", ".html")}
         except GatherLensError as err:
             raise click.ClickException(f"drawing the pages of {setting}: {err}") from None
         slug = re.sub(r"[^A-Za-z0-9]+", "_", setting.replace("=", "")).strip("_")  # "budget512_dense_layers2"

@@ -24,7 +24,7 @@ import time
 
 import click
 
-from gatherlens.commands.params import load_kwargs, quantized_option
+from gatherlens.commands.params import Int, load_kwargs, quantized_option
 from gatherlens.i18n import LANGS
 from gatherlens.report.defaults import DEFAULT_TEXT
 
@@ -54,14 +54,14 @@ def _command_line(text, model, quantized, top_k, layer, head, query, lang, out) 
               help="smollm2 (SmolLM2-135M, causal LM), minilm (all-MiniLM-L6-v2, BERT encoder), or "
                    "a path to a local Hugging Face model folder or .gguf file.")
 @quantized_option
-@click.option("--top-k", "top_k", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("--top-k", "top_k", type=Int(1), default=4, show_default=True,
               help="Keys each query gathers in every attention layer.")
-@click.option("--layer", type=int, default=None,
+@click.option("--layer", type=Int(), default=None,
               help="Attention layer drawn in detail (default: the middle layer; negative counts "
                    "from the end).")
-@click.option("--head", type=int, default=0, show_default=True,
+@click.option("--head", type=Int(), default=0, show_default=True,
               help="Query head drawn in detail (negative counts from the end).")
-@click.option("--query", type=int, default=-1, show_default=True,
+@click.option("--query", type=Int(), default=-1, show_default=True,
               help="Token position whose value gather is drawn (-1 = the last token).")
 @click.option("--lang", type=click.Choice(LANGS), default="en", show_default=True,
               help="Language of the report and its captions.")
@@ -111,7 +111,11 @@ def explain(text, model, quantized, top_k, layer, head, query, lang, out, force)
             lm = load(model, progress=say, **load_kw)
             err.log(f"loaded {lm.name} in {lm.seconds:.1f} s"
                     + (" (from the converted copy in the cache)" if lm.from_cache else ""))
+            from gatherlens.ops import backends
+
+            backends.reset_ran()  # what ran for this text only
             story = collect(lm, text, top_k=top_k, layer=layer, head=head, query=query, say=say)
+            ran = backends.describe()  # which row of each native operator's table ran, and why others did not
             require_finite(story_data(story), "the report's numbers (story.json)")
             say("drawing the figures and writing the report")
             command = _command_line(text, model, quantized, top_k, layer, head, query, lang, out)
@@ -122,6 +126,8 @@ def explain(text, model, quantized, top_k, layer, head, query, lang, out, force)
     if not console.is_terminal:
         console.width = max(console.width, 110)
     print_summary(explain_summary(story), paths, console, lang)
+    for line in ran.splitlines():
+        err.log(f"backend {line}")
     err.log(f"done in {time.perf_counter() - t0:.1f} s")
 
 

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import click
 
-from gatherlens.commands.params import output_file
+from gatherlens.commands.params import Int, int_list, output_file
+from gatherlens.drawable import picture_suffixes
 from gatherlens.i18n import LANGS
-
-FORMATS = (".svg", ".html", ".htm", ".png")
 
 
 def _parse_nested(value: str, what: str):
@@ -64,11 +63,7 @@ TOY_LIMIT = 10**6  # elements of a toy source: a picture, not a workload
 
 
 def _shape(value: str):
-    try:
-        dims = [int(s) for s in value.replace("x", ",").split(",") if s.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a shape like 4,5",
-                                 param_hint="--shape") from None
+    dims = int_list(value.replace("x", ","), "--shape")
     if not dims or any(d <= 0 for d in dims) or len(dims) > 5:
         raise click.BadParameter(f"{value!r}: give 1 to 5 positive sizes, like 4,5",
                                  param_hint="--shape")
@@ -136,11 +131,11 @@ def _build(op, shape, values, dim, index, ids, vocab, labels, lang):
               default="gather", show_default=True, help="Which gather to draw.")
 @click.option("--shape", help="Source shape, e.g. 4,5 (values 0, 1, 2, ... in order).")
 @click.option("--values", help="Source values as nested lists, e.g. \"[[1,2],[3,4]]\".")
-@click.option("--dim", type=int, default=None,
+@click.option("--dim", type=Int(), default=None,
               help="Gathered dimension (default 0); for --op embedding the table width d.")
 @click.option("--index", help="Index as nested lists, e.g. \"[[0,2],[1,0]]\", or 2,0,3.")
 @click.option("--ids", help="Token ids for --op embedding, e.g. 3,1,4 or \"[[3,1],[4,1]]\".")
-@click.option("--vocab", type=int, default=None, help="Vocabulary size V for --op embedding.")
+@click.option("--vocab", type=Int(), default=None, help="Vocabulary size V for --op embedding.")
 @click.option("--labels", help="Token strings for the ids, comma separated: The,cat,sat.")
 @click.option("--mistakes", is_flag=True, help="Draw the article's two mistakes beside the fix.")
 @click.option("--lang", type=click.Choice(LANGS), default="en", show_default=True,
@@ -148,9 +143,9 @@ def _build(op, shape, values, dim, index, ids, vocab, labels, lang):
 @click.option("-o", "--out", "out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write to FILE (.svg, .html or .png); default: draw in the terminal.")
 @click.option("--force", is_flag=True, help="Overwrite FILE if it exists.")
-@click.option("--max-rows", type=click.IntRange(2, 200), default=10, show_default=True,
+@click.option("--max-rows", type=Int(2, 200), default=10, show_default=True,
               help="Rows shown before eliding with '...'.")
-@click.option("--max-cols", type=click.IntRange(2, 200), default=10, show_default=True,
+@click.option("--max-cols", type=Int(2, 200), default=10, show_default=True,
               help="Columns shown before eliding with '...'.")
 def gather(op, shape, values, dim, index, ids, vocab, labels, mistakes, lang, out, force,
            max_rows, max_cols):
@@ -158,9 +153,10 @@ def gather(op, shape, values, dim, index, ids, vocab, labels, mistakes, lang, ou
     output element came from."""
     from gatherlens.errors import GatherLensError
     from gatherlens.outputs import write_output
+    from gatherlens.render import picture_file
     from gatherlens.render.layout import Limits
 
-    out = output_file(out, force, FORMATS, "-o/--out")  # the output rule, before drawing
+    out = output_file(out, force, picture_suffixes(), "-o/--out")  # the output rule, before drawing
     limits = Limits(rows=max_rows, cols=max_cols)
     try:
         if mistakes:
@@ -170,42 +166,21 @@ def gather(op, shape, values, dim, index, ids, vocab, labels, mistakes, lang, ou
         if out is None:
             rec.print_terminal(lang=lang, limits=limits)
             return
-        ext = out.suffix.lower()
-        if ext == ".svg":
-            picture = rec.to_svg(lang=lang, limits=limits)
-        elif ext in (".html", ".htm"):
-            picture = rec.to_html(lang=lang, limits=limits)
-        else:
-            picture = _png_bytes(lambda path: rec.to_png(path, lang=lang, limits=limits))
+        picture = picture_file(out.suffix, lambda: rec.to_svg(lang=lang, limits=limits),
+                               lambda: rec.to_html(lang=lang, limits=limits))
         write_output(out, picture, "-o/--out", force=force)  # a file made meanwhile is refused without --force
     except GatherLensError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"wrote {out}", err=True)
 
 
-def _png_bytes(draw_png) -> bytes:
-    """The PNG that `draw_png(path)` writes, as bytes: the renderer writes to a path, the output rule the file."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="gatherlens-png-") as tmp:
-        path = Path(tmp) / "picture.png"
-        draw_png(path)
-        return path.read_bytes()
-
-
 def _print_or_write_mistakes(out: Path | None, lang: str, force: bool) -> None:
     from gatherlens.outputs import write_output
-    from gatherlens.render import mistakes
+    from gatherlens.render import mistakes, picture_file
 
     if out is None:
         mistakes.print_mistakes(lang)
         return
-    ext = out.suffix.lower()
-    if ext == ".svg":
-        picture = mistakes.mistakes_svg(lang)
-    elif ext in (".html", ".htm"):
-        picture = mistakes.mistakes_html(lang)
-    else:
-        picture = _png_bytes(lambda path: mistakes.mistakes_png(path, lang))
+    picture = picture_file(out.suffix, lambda: mistakes.mistakes_svg(lang), lambda: mistakes.mistakes_html(lang))
     write_output(out, picture, "-o/--out", force=force)
     click.echo(f"wrote {out}", err=True)

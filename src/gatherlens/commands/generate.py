@@ -5,8 +5,8 @@
     gatherlens generate "Once upon a time" --dense
     gatherlens generate "Once upon a time" --quantized     # SmolLM2 run from its GGUF blocks
 
-The continuation streams as it is generated, with tokens/s and the context length; Ctrl-C stops
-cleanly and prints what was generated so far. A text longer than the model's positions keeps
+The continuation streams as it is generated, with tokens/s and the context length; Ctrl-C (or
+SIGTERM, SIGHUP) stops cleanly, prints what was generated so far and still writes --pages. A text longer than the model's positions keeps
 its end, with a warning saying how many tokens were dropped. --pages FILE.svg|.html draws, for
 every layer, which pages of the KV cache each decode step read (pages x steps). The work is done
 by gatherlens.models.streaming; this module parses and prints.
@@ -19,7 +19,10 @@ from pathlib import Path
 
 import click
 
-from gatherlens.commands.params import load_kwargs, output_file, quantized_option
+from gatherlens.commands.params import (
+    Int, load_kwargs, output_file, quantized_option, signals_as_ctrl_c, threads_option,
+)
+from gatherlens.drawable import picture_suffixes
 from gatherlens.i18n import LANGS
 from gatherlens.ops.sparse.config import DEFAULT
 
@@ -42,13 +45,13 @@ def _prompt_text(prompt: str | None, file: str | None) -> str:
 @click.option("--model", "model_name", default="smollm2", show_default=True,
               help='"smollm2" or a local Llama-family folder / .gguf file.')
 @quantized_option
-@click.option("--budget", type=click.IntRange(min=1), default=None,
+@click.option("--budget", type=Int(1), default=None,
               help=f"Tokens each decode step reads per KV head (default: {DEFAULT.budget}).")
 @click.option("--dense", is_flag=True, help="Decode densely (transformers' default path) instead.")
-@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=1), help="Tokens to generate.")
+@click.option("--max-new-tokens", default=64, show_default=True, type=Int(1), help="Tokens to generate.")
 @click.option("--pages", "pages", default=None, help="Write the pages x steps picture to FILE.svg or FILE.html.")
 @click.option("--lang", type=click.Choice(LANGS), default="en", show_default=True, help="Language of the picture.")
-@click.option("--threads", default=None, type=click.IntRange(min=1), help="torch threads (default: torch's).")
+@threads_option
 @click.option("--force", is_flag=True, help="Overwrite the --pages file if it exists.")
 def generate(prompt, file, model_name, quantized, budget, dense, max_new_tokens, pages, lang, threads, force):
     """Continue PROMPT with sparse decoding, streaming tokens/s and the context length."""
@@ -58,16 +61,17 @@ def generate(prompt, file, model_name, quantized, budget, dense, max_new_tokens,
 
     if dense and budget is not None:
         raise click.UsageError("--budget and --dense exclude each other")
-    pages_path = output_file(pages, force, (".svg", ".html"), "--pages")
+    pages_path = output_file(pages, force, picture_suffixes("svg", "html"), "--pages")
     text = _prompt_text(prompt, file)
     load_kw = load_kwargs(model_name, quantized)  # before the model loads
     err = Console(stderr=True)
     try:
-        result = _run(text, (model_name, load_kw), budget, dense, max_new_tokens, pages_path is not None,
-                      threads)
+        with signals_as_ctrl_c() as stop:   # kill (SIGTERM) or a closed terminal (SIGHUP): as Ctrl-C
+            result = _run(text, (model_name, load_kw), budget, dense, max_new_tokens, pages_path is not None,
+                          threads)
     except GatherLensError as e:
         raise click.ClickException(str(e)) from None
-    _summary(result, err)
+    _summary(result, err, stop["signal"] or "Ctrl-C")
     if pages_path is not None:
         try:  # checked again as it is written: a file made meanwhile is kept unless --force
             _write_pages(result, pages_path, lang, force, err)
@@ -128,22 +132,24 @@ class _LiveView:
                                 f"{len(result.new_ids)} new · {self.how}[/]")
 
 
-def _summary(result, err) -> None:
+def _summary(result, err, stopped_by: str = "Ctrl-C") -> None:
     if not sys.stdout.isatty():
         sys.stdout.write("\n")
     speed = f", {result.tokens_per_s:.2f} tokens/s" if result.tokens_per_s else ""
-    head = "stopped (Ctrl-C) after" if result.stopped else "generated"
+    head = f"stopped ({stopped_by}) after" if result.stopped else "generated"
     err.print(f"{head} {len(result.new_ids)} tokens{speed}; context {result.context} tokens "
               f"(prompt {result.prompt_tokens}, prefill {result.prefill_seconds:.2f} s)")
 
 
 def _write_pages(result, path: Path, lang: str, force: bool, err) -> None:
     from gatherlens.outputs import write_output
+    from gatherlens.render import picture_file
     from gatherlens.render.page_trace import page_trace_html, page_trace_svg
 
     if result.trace is None:
         err.print("no picture: fewer than two tokens were generated, so no decode step read any page")
         return
-    draw = page_trace_html if path.suffix.lower() == ".html" else page_trace_svg
-    write_output(path, draw(result.trace, lang=lang), "--pages", force=force)
+    picture = picture_file(path.suffix, lambda: page_trace_svg(result.trace, lang=lang),
+                           lambda: page_trace_html(result.trace, lang=lang))
+    write_output(path, picture, "--pages", force=force)
     err.print(f"wrote {path}")

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import click
 
+from gatherlens.commands.params import Int, int_list
+
 
 def _ids(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers like 3,1,4, got {text!r}") from None
+    return int_list(text.replace(" ", ""), "--ids")   # gatherlens.params' one int rule
 
 
 @click.command("lookup")
 @click.option("--ids", "ids_text", default="3,1,4", show_default=True, help="comma-separated token ids")
-@click.option("--vocab", default=10, show_default=True, type=click.IntRange(1, 1000), help="rows V of the table")
-@click.option("--dim", default=6, show_default=True, type=click.IntRange(1, 32), help="columns d of the table")
-@click.option("--seed", default=0, show_default=True, help="seed of the random table")
+@click.option("--vocab", default=10, show_default=True, type=Int(1, 1000), help="rows V of the table")
+@click.option("--dim", default=6, show_default=True, type=Int(1, 32), help="columns d of the table")
+@click.option("--seed", default=0, show_default=True, type=Int(), help="seed of the random table")
 def lookup(ids_text, vocab, dim, seed):
     """Draw one embedding lookup: token ids pick rows of the table."""
     import torch

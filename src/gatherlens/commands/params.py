@@ -1,5 +1,5 @@
-"""What the evaluation commands share: lists of positive ints, output files never overwritten
-without --force, the --model/--corpus/--text options, --quantized and its check, a progress bar
+"""What the commands share: the int type of every option (`Int`, gatherlens.params' one rule),
+lists of ints, --threads, output files never overwritten without --force, the --model/--corpus/--text options, --quantized and its check, a progress bar
 and the results table.
 
     >>> positive_ints("8,32,8", "-k/--top-k", "k")
@@ -10,22 +10,65 @@ and the results table.
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import click
 
 from gatherlens import outputs
-from gatherlens.errors import GatherValueError
+from gatherlens.errors import GatherValueError, shorten
+from gatherlens.params import check_int, parse_int
+
+
+class Int(click.ParamType):
+    """click's type of every int option and argument: `gatherlens.params.parse_int`'s rule (ASCII
+    digits, an optional "-") and its one wording, `Error: --threads = 999 is outside the valid
+    range [1, 16]`. `Int(1)` is [1, inf); `Int(1, 64)` is [1, 64]; `Int()` any int."""
+
+    name = "integer"
+
+    def __init__(self, lo: int | None = None, hi: int | None = None):
+        self.lo, self.hi = lo, hi
+
+    def convert(self, value, param, ctx):
+        name = max(param.opts, key=len) if param is not None and param.opts else "value"
+        try:
+            if isinstance(value, int) and not isinstance(value, bool):   # a default, or a caller's int
+                return check_int(value, name, self.lo, self.hi)
+            return parse_int(value, name, self.lo, self.hi)
+        except GatherValueError as e:
+            raise click.UsageError(str(e), ctx) from None
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (its affinity where the system tells it): --threads' ceiling."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def threads_option(command):
+    """--threads N: torch threads, in [1, the CPUs this process may use]; more is refused by name."""
+    return click.option("--threads", default=None, type=Int(1, cpu_count()),
+                        help=f"torch threads, 1 to {cpu_count()} (default: torch's).")(command)
+
+
+def int_list(value: str, hint: str, lo: int | None = None, hi: int | None = None) -> list[int]:
+    """"3,1,4" -> [3, 1, 4]: each item by `parse_int`'s rule (spaces and empty items ignored); one
+    click error naming `hint` and the bad item otherwise."""
+    try:
+        return [parse_int(s, hint, lo, hi) for s in value.split(",") if s.strip(" \t")]
+    except GatherValueError as e:
+        raise click.UsageError(f"{hint} = {shorten(value)} is not a list of ints: "
+                               f"{str(e).removeprefix(f'{hint} = ')}") from None
 
 
 def positive_ints(value: str, hint: str, what: str) -> list[int]:
     """"8,32,128" -> [8, 32, 128] (sorted, unique); a clear error for anything else."""
-    try:
-        values = sorted({int(s) for s in value.split(",") if s.strip()})
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a list of ints like 8,32,128", param_hint=hint) from None
-    if not values or values[0] < 1:
-        raise click.BadParameter(f"{value!r}: each {what} must be a positive int", param_hint=hint)
+    values = sorted(set(int_list(value, hint, lo=1)))
+    if not values:
+        raise click.BadParameter(f"{value!r}: give at least one {what}, like 8,32,128", param_hint=hint)
     return values
 
 
@@ -79,6 +122,39 @@ def load_kwargs(model: str, quantized: bool) -> dict:
     except GatherValueError as e:
         raise click.BadParameter(str(e), param_hint="--quantized") from None
     return {"quantized": True}
+
+
+STOP_SIGNALS = ("SIGTERM", "SIGHUP")   # stop a command like Ctrl-C does (what `kill` and a closed terminal send)
+
+
+@contextlib.contextmanager
+def signals_as_ctrl_c():
+    """`with signals_as_ctrl_c() as stop:` SIGTERM and SIGHUP raise KeyboardInterrupt inside the
+    block, so they stop a command the way Ctrl-C does (its summary and files are still written);
+    `stop["signal"]` then names the signal. A second one ends the process (the default action).
+    Outside the main thread nothing changes."""
+    import signal
+
+    stop: dict = {"signal": None}
+
+    def interrupt(signum, frame):
+        signal.signal(signum, signal.SIG_DFL)
+        stop["signal"] = signal.Signals(signum).name
+        raise KeyboardInterrupt
+
+    before = {}
+    for name in STOP_SIGNALS:
+        signum = getattr(signal, name, None)
+        if signum is not None:
+            try:
+                before[signum] = signal.signal(signum, interrupt)
+            except ValueError:   # not the main thread
+                break
+    try:
+        yield stop
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ import os
 
 import click
 
+from gatherlens.commands.params import Int
 from gatherlens.i18n import LANGS
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -27,10 +28,10 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
                    "(the page can switch between it and the two known models).")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on. Anything but 127.0.0.1 / localhost exposes the model.")
-@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True)
+@click.option("--port", type=Int(1, 65535), default=8765, show_default=True)
 @click.option("--lang", type=click.Choice(LANGS), default="en", show_default=True,
               help="Language of the page.")
-@click.option("--max-new-tokens", "max_new", type=click.IntRange(1, 512), default=64,
+@click.option("--max-new-tokens", "max_new", type=Int(1, 512), default=64,
               show_default=True, help="Most tokens one generation may produce.")
 @click.option("--quantized", is_flag=True,
               help="Run the model from its GGUF blocks (smollm2 or a .gguf PATH); the embedding section "

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from transformers.cache_utils import Cache
+from transformers import Cache
 
 from gatherlens.errors import GatherTypeError, GatherValueError
 from gatherlens.models.attention import switch_attention
+from gatherlens.models.hf_adapter import hand_over, handed_over, register_attention, sdpa_attention, unwrap
 from gatherlens.models.sparse import CONFIG_ATTR, PagedLayer, SparseConfig, sparse_settings
 from gatherlens.ops.sparse import PagedKVCache
 from gatherlens.ops.sparse.config import OP, SHARDED, check_page_size
@@ -31,7 +32,6 @@ __all__ = ["SHARDED_ATTN_NAME", "ShardedSettings", "ShardedLayer", "ShardedKVCac
            "use_sharded_decoding", "register_sharded"]
 
 SHARDED_ATTN_NAME = "gatherlens_sharded"
-LAYER_KWARG = "gatherlens_sharded_layer"
 
 
 ShardedSettings = SparseConfig  # the old name: sharded decoding takes the one configuration too
@@ -55,7 +55,7 @@ class ShardedLayer(PagedLayer):
                                   dtype=key_states.dtype, device=key_states.device, capacity=max(share, 1))
         self.is_initialized = True
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, kwargs=None, **kw):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Keep this rank's share of (B, Hkv, T, D) new keys/values; return them (prefill attends to them)."""
         T = key_states.shape[2]
         if not self.is_initialized:
@@ -72,8 +72,7 @@ class ShardedLayer(PagedLayer):
             raise GatherValueError(f"a {T}-token step after the prompt (chunked prefill, assisted decoding) "
                                    f"is not supported by the sequence-sharded cache; decode one token at a time")
         self.paged.append(key_states[:, :, mine], value_states[:, :, mine])  # (B, Hkv, t, D)
-        if isinstance(kwargs, dict):  # the dict the attention function is called with
-            kwargs[LAYER_KWARG] = self
+        hand_over(self, key_states)  # for the attention call that follows (hf_adapter.handed_over)
         return key_states, value_states
 
     def get_seq_length(self) -> int:
@@ -108,13 +107,11 @@ class ShardedKVCache(Cache):
 def sharded_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                               scaling: float | None = None, is_causal: bool | None = None, **kwargs):
     """transformers' per-layer call: SDPA for the prompt, sparse_decode_sharded for a decode step."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    layer = kwargs.pop(LAYER_KWARG, None)
+    layer = handed_over(key)  # this layer's ShardedLayer, when the cache is a ShardedKVCache
     if query.shape[2] != 1:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal, **kwargs)
-    if layer is None:
+        return sdpa_attention()(module, query, key, value, attention_mask, dropout=dropout,
+                                scaling=scaling, is_causal=is_causal, **kwargs)
+    if not isinstance(layer, ShardedLayer):
         raise GatherValueError("gatherlens_sharded attention needs generate(..., cache=ShardedKVCache(config))")
     if attention_mask is not None and attention_mask.dtype == torch.bool and not bool(attention_mask.all()):
         raise GatherValueError("padded batches are not supported by the sequence-sharded cache")
@@ -128,11 +125,7 @@ def sharded_attention_forward(module, query, key, value, attention_mask, dropout
 
 def register_sharded() -> None:
     """Register "gatherlens_sharded" with transformers' attention and mask interfaces (idempotent)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    AttentionInterface.register(SHARDED_ATTN_NAME, sharded_attention_forward)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(SHARDED_ATTN_NAME, sdpa_mask)
+    register_attention(SHARDED_ATTN_NAME, sharded_attention_forward)
 
 
 def use_sharded_decoding(model, budget: int | None = SHARDED.budget, *,
@@ -149,7 +142,7 @@ def use_sharded_decoding(model, budget: int | None = SHARDED.budget, *,
     SHARDED preset's fields; sharded decoding has no recent window and no oracle). Each
     attention module gets a reference to the one SparseConfig. Returns the model.
     """
-    model = getattr(model, "model", model) if not hasattr(model, "set_attn_implementation") else model
+    model = unwrap(model)
     if config is None:
         config = SHARDED.replace(budget=budget, share_selection=share_selection, group_score=group_score)
     elif not isinstance(config, SparseConfig):

@@ -63,10 +63,13 @@ def load_text(corpus: str = "default", path: str | Path | None = None) -> str:
     """The text of a corpus ("default", "austen", "austen:BOOK", "pydoc") or of a file."""
     if path is not None:
         p = Path(path)
-        if not p.is_file():
+        if not p.exists():
             raise GatherValueError(f"text file {str(p)!r} does not exist")
+        if not p.is_file():   # /dev/null, a pipe, a folder: nothing to read (or a read that never ends)
+            kind = "a folder" if p.is_dir() else "not a regular file (a device, a pipe or a socket)"
+            raise GatherValueError(f"text file {str(p)!r} is {kind}; give a UTF-8 text file")
         try:
-            text = p.read_text(encoding="utf-8")
+            text = p.read_text(encoding="utf-8-sig")   # a UTF-8 byte-order mark is not text: dropped
         except UnicodeDecodeError as err:
             raise GatherValueError(f"text file {str(p)!r} is not UTF-8 text ({err})") from None
         if not text.strip():

@@ -29,8 +29,9 @@ import torch
 from gatherlens.errors import GatherValueError
 from gatherlens.eval.stats import EvalReport, EvalRow, LayerStats, check_ids, perplexity, positive_settings
 from gatherlens.models.attention import (
-    ATTN_NAME, AttentionCall, observe_attention, use_dense_attention, use_topk_attention,
+    AttentionCall, attention_restored, observe_attention, use_dense_attention, use_topk_attention,
 )
+from gatherlens.models.hf_adapter import is_causal_lm
 
 __all__ = ["QualityRow", "QualityReport", "TopkStats", "evaluate_quality", "sliding_windows", "dense_probs",
            "topk_recall_cosine"]
@@ -148,21 +149,15 @@ def evaluate_quality(model, ids: torch.Tensor, ks=(8, 32, 128, 512), *, window: 
     if n < 2:
         raise GatherValueError(f"the text has {n} token(s); need at least 2 to measure anything")
     windows = sliding_windows(n, window, stride)
-    lm_head = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
-    before, before_k = model.config._attn_implementation, getattr(model.config, "gatherlens_top_k", ks[-1])
+    lm_head = is_causal_lm(model)
     rows = []
-    try:
+    with attention_restored(model):
         for k in [None, *ks]:
             if k is None:
                 use_dense_attention(model, "sdpa")
             else:
                 use_topk_attention(model, top_k=k)
             rows.append(_measure_setting(model, ids, windows, k, lm_head, progress))
-    finally:
-        if before == ATTN_NAME:
-            use_topk_attention(model, top_k=before_k)
-        else:
-            use_dense_attention(model, before)
     meta = {"tokens_total": n, "window": window, "stride": stride, "windows": len(windows),
             "model_type": model.config.model_type, "perplexity": lm_head}
     return QualityReport(rows=rows, meta=meta)

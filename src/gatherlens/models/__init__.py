@@ -12,7 +12,7 @@ from __future__ import annotations
 from gatherlens.lazy import lazy_exports
 
 # public name -> module that defines it, imported on first use (PEP 562): `gatherlens cache
-# list` and `gatherlens --help` read light submodules (cache, sparse_defaults) without torch
+# list` and `gatherlens --help` read light submodules (cache, registry) without torch
 _EXPORTS = {
     **dict.fromkeys(("ATTN_NAME", "last_selections", "observe_attention", "register",
                      "topk_attention_enabled", "use_dense_attention", "use_topk_attention"),

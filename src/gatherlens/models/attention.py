@@ -24,12 +24,13 @@ from typing import Callable
 import torch
 
 from gatherlens.errors import GatherTypeError, GatherValueError
-from gatherlens.models.features import AttentionExtras, attention_extras
+from gatherlens.models.features import AttentionVariant, attention_variant
+from gatherlens.models.hf_adapter import attn_implementation, register_attention, set_attn_implementation, unwrap
 
 __all__ = [
     "ATTN_NAME", "register", "use_topk_attention", "use_dense_attention", "topk_settings",
     "AttentionCall", "observe_attention", "last_selections", "switch_attention", "restore_attention",
-    "set_config", "sdpa_rules", "exact_attention",
+    "attention_restored", "set_config", "sdpa_rules", "exact_attention",
 ]
 
 ATTN_NAME = "gatherlens_topk"
@@ -70,9 +71,9 @@ def topk_attention_forward(module, query, key, value, attention_mask, dropout: f
 
     `dropout` is not applied (top-k attention is for inference and analysis); no attention
     weights are returned (output_attentions gets None, as with SDPA). Soft-capping (Gemma 2) and
-    sinks (GPT-OSS) come from the call's kwargs or the module (`features.attention_extras`).
+    sinks (GPT-OSS) come from the call's kwargs or the module (`features.attention_variant`).
     """
-    extras = attention_extras(module, kwargs, where="gatherlens_topk attention")
+    variant = attention_variant(module, kwargs, where="gatherlens_topk attention")
     top_k = topk_settings(module)["top_k"]
     key, value, attention_mask, is_causal = sdpa_rules(module, query, key, value, attention_mask, is_causal)
     tracing = _tracing()
@@ -80,8 +81,7 @@ def topk_attention_forward(module, query, key, value, attention_mask, dropout: f
     with _pause_tracer() if tracing else contextlib.nullcontext():  # one event, not its internals
         result = _topk_kernel()(
             query, key, value, top_k, is_causal=is_causal, attn_mask=attention_mask, scale=scaling,
-            enable_gqa=query.shape[1] != key.shape[1], return_selection=want_sel,
-            softcap=extras.softcap, sinks=extras.sinks,
+            enable_gqa=query.shape[1] != key.shape[1], return_selection=want_sel, variant=variant,
         )
     out, sel = result if want_sel else (result, None)              # out (B, Hq, Q, Dv)
     if sel is not None:
@@ -104,13 +104,13 @@ def sdpa_rules(module, query, key, value, attention_mask, is_causal):
     return key, value, attention_mask, is_causal
 
 
-def exact_attention(module, query, key, value, attention_mask, scaling, is_causal, extras: AttentionExtras):
+def exact_attention(module, query, key, value, attention_mask, scaling, is_causal, variant: AttentionVariant):
     """Dense attention with SDPA's rules and the layer's soft-capping / sinks (top-k keeping every
     key: the exact softmax); returns (output (B, Q, Hq, Dv), None) as an attention function does."""
     key, value, attention_mask, is_causal = sdpa_rules(module, query, key, value, attention_mask, is_causal)
     out = _topk_kernel()(query, key, value, key.shape[2], is_causal=is_causal, attn_mask=attention_mask,
-                         scale=scaling, enable_gqa=query.shape[1] != key.shape[1], softcap=extras.softcap,
-                         sinks=extras.sinks)                       # (B, Hq, Q, Dv)
+                         scale=scaling, enable_gqa=query.shape[1] != key.shape[1],
+                         variant=variant)                          # (B, Hq, Q, Dv)
     return out.transpose(1, 2).contiguous(), None                  # (B, Q, Hq, Dv)
 
 
@@ -145,11 +145,7 @@ def register() -> None:
     The mask function is transformers' own SDPA one, so padding, causality and sliding windows
     reach the kernel exactly as they reach SDPA.
     """
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    AttentionInterface.register(ATTN_NAME, topk_attention_forward)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_NAME, sdpa_mask)
+    register_attention(ATTN_NAME, topk_attention_forward)
 
 
 def topk_settings(module: torch.nn.Module) -> dict:
@@ -160,17 +156,6 @@ def topk_settings(module: torch.nn.Module) -> dict:
     return {"top_k": top_k, "keep_selection": bool(getattr(module, "gatherlens_keep_selection", False))}
 
 
-def _check_model(model) -> None:
-    if not hasattr(model, "set_attn_implementation") or not hasattr(model, "config"):
-        raise GatherTypeError(
-            f"model must be a transformers PreTrainedModel (or a LoadedModel), got {type(model).__name__}"
-        )
-
-
-def _unwrap(model):
-    return getattr(model, "model", model) if not hasattr(model, "set_attn_implementation") else model
-
-
 def switch_attention(model, name: str, *, remember: str, what: str) -> None:
     """Set a registered attention implementation, keeping the one it replaces under `remember`.
 
@@ -179,11 +164,11 @@ def switch_attention(model, name: str, *, remember: str, what: str) -> None:
     What it replaced is kept on the model itself, never in its config: a config saved after
     `restore_attention` is the one loaded, with no gatherlens key.
     """
-    previous = model.config._attn_implementation
+    previous = attn_implementation(model)
     if previous != name:
         _switches(model).setdefault(remember, {"attention": None, "config": {}})["attention"] = previous or "sdpa"
-    model.set_attn_implementation(name)
-    if model.config._attn_implementation != name:
+    set_attn_implementation(model, name)
+    if attn_implementation(model) != name:
         raise GatherValueError(
             f"{type(model).__name__} cannot switch its attention implementation (it does not use "
             f"transformers' AttentionInterface), so {what} cannot be plugged in"
@@ -217,11 +202,11 @@ def restore_attention(model, remember: str, attn_implementation: str | None = No
     saved = switches.pop(remember, None) or {"attention": None, "config": {}}
     chosen = attn_implementation or saved["attention"]
     try:
-        model.set_attn_implementation(chosen or "sdpa")
+        set_attn_implementation(model, chosen or "sdpa")
     except ValueError:  # transformers: this model has no SDPA attention
         if chosen is not None:
             raise
-        model.set_attn_implementation("eager")
+        set_attn_implementation(model, "eager")
     for key in config_keys:
         before = saved["config"].get(key, _ABSENT)
         if before is _ABSENT:
@@ -238,8 +223,10 @@ def use_topk_attention(model, top_k: int = DEFAULT_TOP_K, *, keep_selection: boo
     keep_selection: store each layer's last AttentionSelection as `module.gatherlens_selection`
     (see `last_selections(model)`), for pictures. Returns the model.
     """
-    model = _unwrap(model)
-    _check_model(model)
+    from gatherlens.models.requirements import require_attention_layers
+
+    model = unwrap(model)
+    require_attention_layers(model, "top-k attention")   # Mamba: one clear error, not a silent no-op
     if isinstance(top_k, bool) or not isinstance(top_k, int):
         raise GatherTypeError(f"top_k must be a positive int, got {top_k!r} of type {type(top_k).__name__}")
     if top_k < 1:
@@ -256,8 +243,7 @@ def use_topk_attention(model, top_k: int = DEFAULT_TOP_K, *, keep_selection: boo
 
 def use_dense_attention(model, attn_implementation: str | None = None):
     """Switch `model` back to the attention it had before top-k (SDPA by default). Returns it."""
-    model = _unwrap(model)
-    _check_model(model)
+    model = unwrap(model)
     restore_attention(model, _DENSE, attn_implementation, config_keys=("gatherlens_top_k",))
     for m in model.modules():
         for name in ("gatherlens_top_k", "gatherlens_keep_selection", "gatherlens_selection"):
@@ -267,12 +253,18 @@ def use_dense_attention(model, attn_implementation: str | None = None):
 
 
 @contextlib.contextmanager
-def topk_attention_enabled(model, top_k: int, **kw):
-    """`with topk_attention_enabled(model, 32): ...` then back to the previous attention."""
-    model = _unwrap(model)
-    before = model.config._attn_implementation
+def attention_restored(model):
+    """The block may switch attention freely; afterwards the model's attention is what it was before.
+
+        >>> with attention_restored(lm.model) as model:
+        ...     use_topk_attention(model, 8); model(ids); use_dense_attention(model, "sdpa"); model(ids)
+
+    The one switch-and-restore: the attention implementation, and the top-k it ran with (a model
+    that was on top-k attention gets it back with its k; any other gets its implementation back).
+    """
+    model = unwrap(model)
+    before = attn_implementation(model)
     before_k = getattr(model.config, "gatherlens_top_k", None)
-    use_topk_attention(model, top_k, **kw)
     try:
         yield model
     finally:
@@ -282,9 +274,17 @@ def topk_attention_enabled(model, top_k: int, **kw):
             use_dense_attention(model, before)
 
 
+@contextlib.contextmanager
+def topk_attention_enabled(model, top_k: int, **kw):
+    """`with topk_attention_enabled(model, 32): ...` then back to the previous attention."""
+    with attention_restored(model) as model:
+        use_topk_attention(model, top_k, **kw)
+        yield model
+
+
 def last_selections(model) -> dict[str, object]:
     """module path -> the AttentionSelection its last call made (needs keep_selection=True)."""
-    model = _unwrap(model)
+    model = unwrap(model)
     return {name: m.gatherlens_selection for name, m in model.named_modules()
             if "gatherlens_selection" in m.__dict__}
 

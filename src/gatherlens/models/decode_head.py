@@ -17,10 +17,10 @@ Results equal `F.linear`'s up to float rounding (the sums run in another order).
 """
 from __future__ import annotations
 
-import types
-
 import torch
 import torch.nn.functional as F
+
+from gatherlens.models.hf_adapter import forward_replaced, replace_forward, restore_forward
 
 __all__ = ["install_lean_head", "remove_lean_head", "lean_head_active"]
 
@@ -41,7 +41,7 @@ def install_lean_head(model) -> bool:
     head = _head(model)
     if head is None:
         return False
-    head.forward = types.MethodType(lean_head_forward, head)
+    replace_forward(head, lean_head_forward)
     _transposed(head)
     return True
 
@@ -50,13 +50,13 @@ def remove_lean_head(model) -> None:
     """The head's class forward back, and its transposed copy freed."""
     head = _head(model)
     if head is not None:
-        head.__dict__.pop("forward", None)
+        restore_forward(head)
         head.__dict__.pop(_COPY, None)
 
 
 def lean_head_active(model) -> bool:
     head = _head(model)
-    return head is not None and "forward" in head.__dict__
+    return head is not None and forward_replaced(head)
 
 
 def lean_head_forward(self, x: torch.Tensor) -> torch.Tensor:

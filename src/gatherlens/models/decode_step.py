@@ -24,65 +24,58 @@ float rounding (the sums of the norms run in another order).
 """
 from __future__ import annotations
 
-import types
-
 import torch
 import torch.nn.functional as F
 
+from gatherlens.models.hf_adapter import class_named, decoder_layers, forward_replaced, replace_forward, restore_forward
 from gatherlens.models.sparse_attention import decode_attention
 from gatherlens.models.sparse_cache import SparseKVCache
 from gatherlens.ops.layer import add_rms_norm_cast, rms_norm_cast, rope_append, silu_mul_cast
-from gatherlens.ops.quant import quantized_linear
-from gatherlens.ops.quant.q8act import kernel_loaded as q8act_loaded
-from gatherlens.ops.quant.q8act import q8act_matmul
+from gatherlens.ops.quant.linear import linear_product
 from gatherlens.ops.sparse.cache import PagedKVCache
 
 __all__ = ["LEAN_LAYER_CLASSES", "install_lean_step", "remove_lean_step", "lean_layers", "supports_lean_step"]
 
 LEAN_LAYER_CLASSES = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer")
+_SILU_CLASSES = ("SiLU", "SiLUActivation")  # torch's or HF's
 _PARTS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
           "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
 def supports_lean_step(layer: torch.nn.Module) -> bool:
     """True for a Llama-shaped decoder layer the lean step computes exactly (see module doc)."""
-    if type(layer).__name__ not in LEAN_LAYER_CLASSES:
+    if not class_named(layer, LEAN_LAYER_CLASSES):
         return False
     try:
         parts = [layer.get_submodule(p) for p in _PARTS]
     except AttributeError:
         return False
     attn = layer.self_attn
-    plain_norms = all(type(n).__name__.endswith("RMSNorm") and hasattr(n, "variance_epsilon") for n in parts[:2])
+    plain_norms = all(class_named(n, suffix=("RMSNorm",)) and hasattr(n, "variance_epsilon") for n in parts[:2])
     no_qk_norm = not hasattr(attn, "q_norm") and not hasattr(attn, "k_norm")
-    silu = type(getattr(layer.mlp, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation")  # torch's or HF's
+    silu = class_named(getattr(layer.mlp, "act_fn", None), _SILU_CLASSES)
     return plain_norms and no_qk_norm and silu and all(hasattr(attn, a) for a in ("head_dim", "scaling", "layer_idx"))
-
-
-def _decoder_layers(model) -> list:
-    inner = getattr(model, "model", model)
-    return list(getattr(inner, "layers", []))
 
 
 def install_lean_step(model) -> int:
     """Give every supported decoder layer the lean decode step; returns how many took it."""
     count = 0
-    for layer in _decoder_layers(model):
+    for layer in decoder_layers(model):
         if supports_lean_step(layer):
-            layer.forward = types.MethodType(lean_forward, layer)
+            replace_forward(layer, lean_forward)
             count += 1
     return count
 
 
 def remove_lean_step(model) -> None:
     """Give every decoder layer its class's forward back."""
-    for layer in _decoder_layers(model):
-        layer.__dict__.pop("forward", None)
+    for layer in decoder_layers(model):
+        restore_forward(layer)
 
 
 def lean_layers(model) -> int:
     """How many decoder layers run the lean decode step."""
-    return sum(1 for layer in _decoder_layers(model) if "forward" in layer.__dict__)
+    return sum(1 for layer in decoder_layers(model) if forward_replaced(layer))
 
 
 def lean_forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
@@ -149,11 +142,10 @@ def _gate_up(h: torch.Tensor, mlp, act: torch.dtype) -> torch.Tensor:
 
 
 def _linear(x: torch.Tensor, lin: torch.nn.Module) -> torch.Tensor:
-    """lin(x) without the module call (its hooks and dispatch): F.linear on its own parameters, or
-    a QuantizedLinear's product from its packed blocks."""
+    """lin(x) for x (B, K) without the module call (its hooks and dispatch): F.linear on its own
+    parameters, or a QuantizedLinear's product from its blocks through the product's one entrance
+    (`linear_product`: its table picks q8act / packed / dequant; checks done at load)."""
     weight = lin.__dict__.get("qweight")
     if weight is None:
         return F.linear(x, lin.weight, lin.bias)
-    if weight.route == "q8act" and x.dtype == torch.float32 and x.dim() == 2 and q8act_loaded():
-        return q8act_matmul(x, weight.raw, weight.qtype)  # (B, N): the route's operator, its checks done at load
-    return quantized_linear(x, weight)  # (..., N)
+    return linear_product(x, weight)  # (B, N)

@@ -37,8 +37,10 @@ import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.models.detokenize import CONTEXT_TOKENS, Detokenizer
-from gatherlens.models.sparse import (DEFAULTS, SparseKVCache, observe_sparse, sparse_settings, use_dense_decoding,
+from gatherlens.models.file_watch import check_unchanged
+from gatherlens.models.sparse import (SparseKVCache, observe_sparse, sparse_settings, use_dense_decoding,
                                       use_sparse_decoding)
+from gatherlens.ops.sparse.config import DEFAULT
 
 __all__ = ["GenerationStart", "GenerationStep", "GenerationEnd", "LayerPages", "generation_steps", "greedy_tokens",
            "require_causal", "stop_ids"]
@@ -125,7 +127,7 @@ def _start(model, budget: int | None, sparse: dict) -> tuple[object, int]:
 
     if budget is None:
         use_dense_decoding(model)
-        return DynamicCache(config=model.config), sparse.get("page_size", DEFAULTS["page_size"])
+        return DynamicCache(config=model.config), sparse.get("page_size", DEFAULT.page_size)
     use_sparse_decoding(model, budget, **sparse)
     page_size = sparse_settings(model).page_size  # what the model now decodes with
     return SparseKVCache(config=model.config, page_size=page_size), page_size
@@ -147,17 +149,21 @@ def greedy_tokens(model, cache, ids: torch.Tensor) -> Iterator[int]:
         ids = torch.tensor([[token]], device=ids.device)  # (1, 1)
 
 
-def _next(tokens: Iterator[int], picked: list | None) -> int:
-    """The loop's next token (one forward pass); what sparse layers read meanwhile lands in picked."""
+def _next(tokens: Iterator[int], picked: list | None, model) -> int:
+    """The loop's next token (one forward pass); what sparse layers read meanwhile lands in picked.
+    A model run from its file in place checks the file before and after (models/file_watch.py)."""
     def keep(call):
         picked.append(LayerPages(call.layer if call.layer is not None else len(picked), call.selection))
 
+    check_unchanged(model)
     with observe_sparse(keep) if picked is not None else contextlib.nullcontext():
-        return next(tokens)
+        token = next(tokens)
+    check_unchanged(model)  # a file changed during the forward pass: its token is not given out
+    return token
 
 
 @torch.no_grad()
-def generation_steps(lm, ids: torch.Tensor, budget: int | None = DEFAULTS["budget"], max_new_tokens: int = 64, *,
+def generation_steps(lm, ids: torch.Tensor, budget: int | None = DEFAULT.budget, max_new_tokens: int = 64, *,
                      pages: bool = False, **sparse) -> Iterator[GenerationStart | GenerationStep | GenerationEnd]:
     """GenerationStart, a GenerationStep per new token after ids (1, S), GenerationEnd (see the module doc).
 
@@ -178,7 +184,7 @@ def generation_steps(lm, ids: torch.Tensor, budget: int | None = DEFAULTS["budge
         yield GenerationStart(S, budget, page_size, model.config.num_hidden_layers)
         while len(new) < max_new_tokens and not (new and new[-1] in stop):
             t0, picked = time.perf_counter(), ([] if pages and new else None)  # the prefill reads every page
-            new.append(_next(tokens, picked))
+            new.append(_next(tokens, picked, model))
             piece, seconds = detok.push(new[-1]), time.perf_counter() - t0
             times[0 if len(new) == 1 else 1] += seconds
             yield GenerationStep(len(new) - 1, new[-1], piece, detok.text, S + len(new) - 1,

@@ -6,7 +6,7 @@
     >>> lm = load("minilm")                           # all-MiniLM-L6-v2, a BERT encoder
     >>> lm = load("/path/to/hf-folder")               # any local Hugging Face model folder
 
-A GGUF source (SmolLM2, or any .gguf path) is dequantized once by transformers (tens of seconds)
+A GGUF source (SmolLM2, or any .gguf path) is dequantized once (a few seconds; `_convert_gguf`)
 and saved as a plain safetensors folder in the user cache (see `gatherlens.models.cache`); later
 loads read that folder, re-hashing its files meanwhile: a damaged copy is reported in one
 warning and converted again, never used. Weights holding NaN or inf are refused (checked after
@@ -18,7 +18,6 @@ passes local_files_only=True.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import time
 import warnings
@@ -30,6 +29,9 @@ from typing import Any, Callable
 from gatherlens.errors import GatherLensWarning, GatherValueError
 from gatherlens.models import cache as _cache
 from gatherlens.models import locks as _locks
+from gatherlens.models.hf_adapter import (
+    CAUSAL_LM_SUFFIXES, class_named, is_causal_lm, quiet_gguf_progress, set_attn_implementation,
+)
 from gatherlens.models.integrity import nonfinite_weights, readable
 from gatherlens.models.registry import WEIGHT_FILES, ModelSource, resolve
 
@@ -62,8 +64,7 @@ class LoadedModel:
     @property
     def is_causal(self) -> bool:
         """True for decoder LMs (Llama, GPT-2, ...), False for encoders such as BERT."""
-        name = type(self.model).__name__
-        return name.endswith(("ForCausalLM", "LMHeadModel")) or bool(getattr(self.config, "is_decoder", False))
+        return is_causal_lm(self.model) or bool(getattr(self.config, "is_decoder", False))
 
     def encode(self, text: str | list[str], **kw):
         """Token ids of `text` as a (B, S) int64 tensor; keyword args go to the tokenizer."""
@@ -149,7 +150,7 @@ def _from_folder(folder: Path, attn_implementation: str | None, check_weights: b
     with readable(folder, _weight_names(folder)):
         config = AutoConfig.from_pretrained(folder, local_files_only=True)
         archs = getattr(config, "architectures", None) or []
-        if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        if any(a.endswith(CAUSAL_LM_SUFFIXES) for a in archs):
             auto = AutoModelForCausalLM
         elif any(a.endswith("ForMaskedLM") for a in archs):
             auto = AutoModelForMaskedLM
@@ -253,7 +254,7 @@ def _convert_into_cache(source: ModelSource, folder: Path, attn_impl, digest: st
             _warn(_uncached(source.name, "could not hold the converted model", err))
             return LoadedModel(source.name, model, tok, source.path, info={"sha256": digest, "converted": True})
     if attn_impl:
-        model.set_attn_implementation(attn_impl)
+        set_attn_implementation(model, attn_impl)
     return LoadedModel(source.name, model, tok, source.path, folder, info={"sha256": digest, "converted": True})
 
 
@@ -287,8 +288,13 @@ def _warn(message: str) -> None:
 
 
 def _convert_checked(path: Path, say):
-    """_convert_gguf, refusing weights that hold NaN or inf (they are never cached)."""
-    model, tok = _convert_gguf(path, say)
+    """_convert_gguf, refusing weights that hold NaN or inf (they are never cached). gguf's numpy
+    dequantizing of a damaged block (an inf or NaN scale) raises no RuntimeWarning: the check
+    right after names the damage in one error."""
+    import numpy as np
+
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        model, tok = _convert_gguf(path, say)
     bad = nonfinite_weights(model)
     if bad is not None:
         raise GatherValueError(f"model file {str(path)!r} converts to damaged weights: {bad}; the file "
@@ -297,30 +303,37 @@ def _convert_checked(path: Path, say):
 
 
 def _convert_gguf(path: Path, say):
-    """Dequantize a GGUF file with transformers -> (float32 model, tokenizer), plain modules."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """A GGUF file -> (float32 model, tokenizer), plain modules, read and dequantized by gatherlens
+    (models/gguf_config.py, gguf_tokenizer.py, gguf_weights.py: seconds, bit-equal to transformers'
+    GGUF loader); transformers reads only an architecture or a tokenizer those do not know."""
+    from gatherlens.models.gguf_check import open_checked
+    from gatherlens.models.gguf_config import gguf_config
+    from gatherlens.models.gguf_tokenizer import load_gguf_tokenizer
+    from gatherlens.models.gguf_weights import float_model
 
-    say(f"reading the tokenizer from {path.name} (one time)")
+    say(f"reading the config and tokenizer from {path.name} (one time)")
     with readable(path):
-        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
-    say(f"dequantizing {path.name} to float32 (one time, about half a minute)")
-    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+        reader = open_checked(path, mode="c")  # "c": copy-on-write; checked first (models/gguf_check.py)
+        config, tok = gguf_config(reader), load_gguf_tokenizer(path, reader)
+        if config is None:
+            return _convert_with_transformers(path, tok, say)
+        say(f"dequantizing {path.name} to float32 (one time, a few seconds)")
+        return float_model(reader, config), tok
 
-    bar = getattr(gguf_utils, "tqdm", None)
-    if bar is not None:  # its own tqdm bar would fight our status line
-        gguf_utils.tqdm = functools.partial(bar, disable=True)
-    try:
-        with readable(path):
-            model = AutoModelForCausalLM.from_pretrained(
-                path.parent, gguf_file=path.name, dtype=torch.float32, local_files_only=True
-            )
-    finally:
-        if bar is not None:
-            gguf_utils.tqdm = bar
+
+def _convert_with_transformers(path: Path, tok, say):
+    """An architecture models/gguf_config.py has no row for: transformers' GGUF loader (tens of seconds)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    say(f"dequantizing {path.name} to float32 with transformers (one time, about half a minute)")
+    with quiet_gguf_progress(), readable(path):  # its own tqdm bar would fight our status line
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32, local_files_only=True
+        )
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:  # the weights are plain float32 now: drop the GGUF marker to save them
-        if any(type(m).__name__.startswith("Gguf") for m in model.modules()):
+        if any(class_named(m, prefix=("Gguf",)) for m in model.modules()):
             raise GatherValueError(
                 f"model file {str(path)!r} was loaded with packed GGUF layers; gatherlens needs plain "
                 f"float32 modules (install transformers without the `kernels` package)"
@@ -349,7 +362,7 @@ def _check_transformers() -> None:
 @contextlib.contextmanager
 def _quiet_transformers():
     """No transformers progress bars or warnings while loading (our own display says what happens)."""
-    from transformers.utils import logging as hf_logging
+    from transformers import logging as hf_logging
 
     level = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()

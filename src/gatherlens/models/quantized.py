@@ -1,18 +1,17 @@
 """`load(name, quantized=True)`: a Llama GGUF run from its blocks, with no float32 conversion.
 
-    >>> lm = load("smollm2", quantized=True)          # ~1 s when the config and tokenizer are cached
+    >>> lm = load("smollm2", quantized=True)          # a few seconds, nothing cached needed
     >>> lm.info["quantized"], type(lm.model.model.embed_tokens).__name__
     (True, 'QuantizedEmbedding')
     >>> lm.model.generate(lm.encode("The cat"), max_new_tokens=8)
 
-How the model is built: the config and tokenizer come from the converted cache folder when one
-exists (its config.json and tokenizer files only; the weights are never read), else from the GGUF
-through transformers. The `LlamaForCausalLM` is built on the meta device; every nn.Linear becomes a
-`QuantizedLinear` over its blocks (Q4_0 / Q4_1 / Q8_0: the "q8act" route where its C++ operator
-builds, llama.cpp's integer dot products on the blocks as stored, x rounded to 8 bits per 32
-values; else PyTorch's int4 kernel on the codes, bf16 activations; formats neither takes: a bf16
-copy), the embedding a `QuantizedEmbedding` over the Q8_0 table mapped in place, the tied head the
-same blocks (q8act; else a bf16 copy), the norms the file's F32 tensors. `ROUTE` / `HEAD_ROUTE`
+How the model is built: the config and tokenizer come from the GGUF's own metadata
+(models/gguf_config.py, gguf_tokenizer.py; no cached copy to go stale). The `LlamaForCausalLM` is
+built on the meta device; every nn.Linear becomes a `QuantizedLinear` over its blocks (Q4_0 / Q4_1 /
+Q8_0: the "q8act" route where its C++ operator builds, llama.cpp's integer dot products on the
+blocks as stored, x rounded to 8 bits per 32 values; else PyTorch's int4 kernel on the codes, bf16
+activations; formats neither takes: a bf16 copy), the embedding a `QuantizedEmbedding` over the
+Q8_0 table mapped in place, the tied head the same blocks (q8act; else a bf16 copy), the norms the file's F32 tensors. `ROUTE` / `HEAD_ROUTE`
 name another route ("int4" keeps x in bf16: +0.06% perplexity against q8act's +0.3%, slower). q|k|v and gate|up are packed fused (`qkv_proj`, `gate_up_proj`, used by the lean decode
 step) and the separate projections share their packed rows. attn_q / attn_k rows are stored
 permuted for llama.cpp's RoPE; the same row permutation as transformers' `reverse_permute` undoes it
@@ -25,15 +24,15 @@ from __future__ import annotations
 import torch
 
 from gatherlens.errors import GatherValueError
-from gatherlens.models import cache as _cache
+from gatherlens.models.hf_adapter import preset_attn_implementation
 from gatherlens.models.integrity import readable
 from gatherlens.models.loading import LoadedModel
 from gatherlens.models.quantized_layers import QuantizedEmbedding, QuantizedLinear
 from gatherlens.models.registry import ModelSource, check_quantizable
 from gatherlens.ops.quant import LinearConfig, QuantizedTable, pack_linear, split_linear
-from gatherlens.ops.quant.int4 import INT4_QTYPES
+from gatherlens.ops.quant.matmul import ROUTES
 from gatherlens.ops.quant.q8act import Q8ACT_QTYPES
-from gatherlens.ops.quant.q8act import kernel_loaded as q8act_loaded
+from gatherlens.ops.quant.linear import LINEAR_PRODUCT
 
 __all__ = ["load_quantized", "PREFILL_ROWS", "ROUTE", "HEAD_ROUTE", "pick_route", "quantized_modules"]
 
@@ -46,36 +45,38 @@ _MLP = {"ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "down_proj"}
 
 def load_quantized(source: ModelSource, attn_implementation: str | None, say) -> LoadedModel:
     """A GGUF source -> LoadedModel whose linears and embedding are GGUF blocks (see module doc)."""
-    from gguf import GGUFReader
+    from gatherlens.models.file_watch import FileWatch, watch_model
+    from gatherlens.models.gguf_check import open_reader
 
     check_quantizable(source)
+    watch = FileWatch(source.path)  # the file before any of it is read: a change later is one error
+    say(f"checking {source.path.name}")
+    with readable(source.path):
+        reader = open_reader(source.path, quantized=True)  # a gguf.GGUFReader ("c": copy-on-write)
+    check_quantizable(source, reader=reader)  # types, metadata, shapes, scales: before anything slow
     config, tokenizer, folder = _config_and_tokenizer(source, say)
     if config.model_type != "llama":
         raise GatherValueError(f"quantized=True runs Llama GGUF files; {source.path.name} is {config.model_type!r}")
     say(f"mapping the blocks of {source.path.name}")
     with readable(source.path):
-        reader = GGUFReader(source.path, mode="c")
         tables = {t.name: t for t in reader.tensors}
         model = _build(config, reader, tables, attn_implementation)
+        watch_model(model, watch, reader.data)  # it reads the mapping in place (models/file_watch.py)
     info = {"quantized": True, "config_from": "cache" if folder else "gguf"}
     return LoadedModel(source.name, model, tokenizer, source.path, folder, info=info)
 
 
 def _config_and_tokenizer(source: ModelSource, say):
-    """(config, tokenizer, cache folder or None): the cached folder's small files, else the GGUF's."""
-    from transformers import AutoConfig, AutoTokenizer
+    """(config, tokenizer, None): both read from the GGUF's own metadata (models/gguf_config.py,
+    gguf_tokenizer.py), never from a cached copy that could have gone stale; transformers reads
+    only what those do not know."""
+    from gatherlens.models.gguf_config import load_gguf_config, open_gguf
+    from gatherlens.models.gguf_tokenizer import load_gguf_tokenizer
 
-    folder = _cache.entry_dir(source.name, _cache.file_sha256(source.path))
-    if (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file():
-        say(f"reading the config and tokenizer of {source.name} from {folder}")
-        with readable(folder, part="its config and tokenizer"):
-            return (AutoConfig.from_pretrained(folder, local_files_only=True),
-                    AutoTokenizer.from_pretrained(folder, local_files_only=True), folder)
     say(f"reading the config and tokenizer from {source.path.name}")
     with readable(source.path):
-        kw = {"gguf_file": source.path.name, "local_files_only": True}
-        return AutoConfig.from_pretrained(source.path.parent, **kw), AutoTokenizer.from_pretrained(
-            source.path.parent, **kw), None
+        reader = open_gguf(source.path, mode="c")  # the reader load_quantized then maps the blocks from
+        return load_gguf_config(source.path, reader), load_gguf_tokenizer(source.path, reader), None
 
 
 def _build(config, reader, tables: dict, attn_implementation: str | None):
@@ -83,7 +84,7 @@ def _build(config, reader, tables: dict, attn_implementation: str | None):
     from transformers import LlamaForCausalLM
 
     if attn_implementation:
-        config._attn_implementation = attn_implementation
+        preset_attn_implementation(config, attn_implementation)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     inner = model.model
@@ -108,13 +109,14 @@ def _config(qtype: str, route: str | None = None) -> LinearConfig:
 
 
 def pick_route(qtype: str, route: str, head: bool = False) -> str:
-    """"auto": q8act for Q4_0 / Q4_1 / Q8_0 when its operator builds, else int4 (bf16 for a head);
-    a named route where it takes `qtype`; bf16 for any format no faster route takes."""
+    """"auto": q8act for Q4_0 / Q4_1 / Q8_0 when its operator can run here (the product table's
+    q8act row says), else int4 (bf16 for a head); a named route where it takes `qtype`; bf16 for any
+    format no faster route takes."""
     if route == "auto":
-        if qtype in Q8ACT_QTYPES and q8act_loaded():
+        if qtype in Q8ACT_QTYPES and LINEAR_PRODUCT.ready("q8act") is None:
             return "q8act"
         route = "bf16" if head else "int4"
-    takes = {"int4": INT4_QTYPES, "q8act": Q8ACT_QTYPES}.get(route)
+    takes = ROUTES[route].qtypes if route in ROUTES else None  # from the format records (ops/quant/layout.py)
     return route if takes is None or qtype in takes else "bf16"
 
 

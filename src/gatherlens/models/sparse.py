@@ -26,38 +26,29 @@ keys it is given: the same answer, without the memory saving.
 from __future__ import annotations
 
 import contextlib
-import types
 
 from gatherlens.errors import GatherTypeError, GatherValueError
 from gatherlens.models.attention import restore_attention, switch_attention
 from gatherlens.models.decode_head import install_lean_head, remove_lean_head
 from gatherlens.models.decode_step import install_lean_step, lean_layers, remove_lean_step
 from gatherlens.models.features import layer_kinds
+from gatherlens.models.hf_adapter import attn_implementation, default_cache, restore_default_cache, unwrap
 from gatherlens.models.sparse_attention import (
     CONFIG_ATTR, SPARSE_ATTN_NAME, SparseCall, SparseSettings, decode_attention, observe_sparse, register_sparse,
     sparse_attention_forward, sparse_settings,
 )
-from gatherlens.models.sparse_cache import PAGED_KWARG, PagedLayer, SparseKVCache
-from gatherlens.models.sparse_defaults import DEFAULTS
+from gatherlens.models.sparse_cache import PagedLayer, SparseKVCache
 from gatherlens.ops.sparse.config import DEFAULT, SparseConfig
 
 __all__ = [
     "SPARSE_ATTN_NAME", "CONFIG_ATTR", "SparseConfig", "SparseSettings", "PagedLayer", "SparseKVCache", "SparseCall",
     "use_sparse_decoding", "use_dense_decoding", "sparse_decoding", "sparse_settings",
     "last_page_selections", "observe_sparse", "register_sparse", "decode_attention",
-    "sparse_attention_forward", "lean_layers", "PAGED_KWARG", "DEFAULTS",
+    "sparse_attention_forward", "lean_layers",
 ]
 
 
 # -- switching a model ----------------------------------------------------------------------------
-def _unwrap(model):
-    model = model if hasattr(model, "set_attn_implementation") else getattr(model, "model", model)
-    if not hasattr(model, "set_attn_implementation") or not hasattr(model, "config"):
-        raise GatherTypeError(
-            f"model must be a transformers PreTrainedModel (or a LoadedModel), got {type(model).__name__}")
-    return model
-
-
 def _config_of(config: SparseConfig | None, **settings) -> SparseConfig:
     """The one SparseConfig of a use_sparse_decoding call: `config`, or one built from the keywords.
 
@@ -75,14 +66,9 @@ def _config_of(config: SparseConfig | None, **settings) -> SparseConfig:
     return config
 
 
-def _prepare_sparse_cache(self, generation_config, model_kwargs, *args, **kwargs):
-    """generate's cache set-up, bound to a model by use_sparse_decoding: a SparseKVCache by default."""
-    original = type(self)._prepare_cache_for_generation
-    wants_default = (model_kwargs.get("cache") is None and generation_config.use_cache is not False
-                     and generation_config.cache_implementation in (None, "dynamic"))
-    if not wants_default:
-        return original(self, generation_config, model_kwargs, *args, **kwargs)
-    model_kwargs["cache"] = SparseKVCache(config=self.config, page_size=sparse_settings(self).page_size)
+def _sparse_cache_for(model) -> SparseKVCache:
+    """generate's default cache while use_sparse_decoding is on: a SparseKVCache of the model's page size."""
+    return SparseKVCache(config=model.config, page_size=sparse_settings(model).page_size)
 
 
 def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: int = DEFAULT.page_size,
@@ -117,7 +103,10 @@ def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: i
     setting of `gatherlens eval-sparse`); every module gets a reference to it, nothing else.
     Prefill stays dense (SDPA). Returns the model.
     """
-    model = _unwrap(model)
+    from gatherlens.models.requirements import require_causal_attention
+
+    model = unwrap(model)
+    require_causal_attention(model, "sparse decoding")   # Mamba, BERT: one clear error naming the class
     config = _config_of(config, budget=budget, page_size=page_size, share_selection=share_selection,
                         group_score=group_score, keep_selection=keep_selection, recent=recent, choose=choose,
                         dense_share=dense_share, dense_layers=dense_layers)
@@ -129,8 +118,7 @@ def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: i
     for m in model.modules():  # the attention modules (by layer_idx) and the model itself (its cache's page size)
         if hasattr(m, "layer_idx") or hasattr(m, "config"):
             setattr(m, CONFIG_ATTR, config)
-    if hasattr(model, "_prepare_cache_for_generation"):
-        model._prepare_cache_for_generation = types.MethodType(_prepare_sparse_cache, model)
+    default_cache(model, _sparse_cache_for)
     remove_lean_step(model)
     remove_lean_head(model)
     if lean:
@@ -141,12 +129,12 @@ def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: i
 
 def use_dense_decoding(model, attn_implementation: str | None = None):
     """Undo use_sparse_decoding: the previous attention (SDPA by default) and generate's usual cache."""
-    model = _unwrap(model)
+    model = unwrap(model)
     restore_attention(model, "gatherlens_sparse_previous", attn_implementation)  # what it replaced, not in config
     for m in model.modules():
         for name in (CONFIG_ATTR, "gatherlens_page_selection"):
             m.__dict__.pop(name, None)
-    model.__dict__.pop("_prepare_cache_for_generation", None)
+    restore_default_cache(model)
     remove_lean_step(model)
     remove_lean_head(model)
     return model
@@ -156,8 +144,8 @@ def use_dense_decoding(model, attn_implementation: str | None = None):
 def sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: int = DEFAULT.page_size,
                     share_selection: bool = DEFAULT.share_selection, **kw):
     """`with sparse_decoding(model, budget=1024): model.generate(...)`, then back to dense."""
-    inner = _unwrap(model)
-    before = inner.config._attn_implementation
+    inner = unwrap(model)
+    before = attn_implementation(inner)
     use_sparse_decoding(inner, budget, page_size, share_selection, **kw)
     try:
         yield inner
@@ -167,7 +155,7 @@ def sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: int =
 
 def last_page_selections(model) -> dict[int, object]:
     """layer index -> the PageSelection of its last decode step (needs keep_selection=True)."""
-    model = _unwrap(model)
+    model = unwrap(model)
     out = {}
     for name, m in model.named_modules():
         sel = m.__dict__.get("gatherlens_page_selection")

@@ -5,7 +5,9 @@
     >>> with observe_sparse(print): model.generate(...)                   # every sparse step
 
 transformers calls `sparse_attention_forward` per layer. For a decode step (one query token) it
-calls `decode_attention`: `sparse_decode` on that layer's PagedKVCache with the model's one
+calls `decode_attention`: `decode_pages` (the op's one entrance that picks where it runs, without
+`sparse_decode`'s argument checks; `sparse_decode` when a step's selection is observed) on that
+layer's PagedKVCache with the model's one
 `SparseConfig` (the module's only setting: `module.gatherlens_sparse`, a reference to it; the
 layer's rank among the global layers (`features.global_rank`) and `config.dense_layers` say
 whether this layer is dense; the budget the step runs with, `config.budget_for(length, rank)`, is
@@ -13,8 +15,8 @@ passed to the op as an argument). A budget that buys every page (or budget None)
 attention over the cache in place, with the KV group's query heads folded: no scoring, no
 gather, no copy. A local layer (sliding window, chunked) reads its window densely from its ring
 (`sparse_window.window_decode`); observers see only the global layers' steps. Soft-capping and
-sinks (`features.attention_extras`) reach every path. Prefill (more than one query token) is
-dense, as in Quest: SDPA, or top-k attention at k = every key where SDPA lacks soft-capping or
+sinks (the layer's `AttentionVariant`, `features.attention_variant`) reach every path. Prefill
+(more than one query token) is dense, as in Quest: SDPA, or top-k attention at k = every key where SDPA lacks soft-capping or
 sinks. The lean decode step (`models/decode_step.py`) calls `decode_attention` too, so observers
 see both paths alike.
 """
@@ -28,13 +30,13 @@ from typing import Callable
 import torch
 
 from gatherlens.models.attention import exact_attention
-from gatherlens.models.features import AttentionExtras, attention_extras, global_rank, module_kind
-from gatherlens.models.sparse_cache import PAGED_KWARG, paged_cache_of
+from gatherlens.models.features import AttentionVariant, attention_variant, global_rank
+from gatherlens.models.hf_adapter import handed_over, register_attention, sdpa_attention
+from gatherlens.models.sparse_cache import paged_cache_of
 from gatherlens.models.sparse_window import WindowKV, window_decode
 from gatherlens.ops.sparse.cache import PagedKVCache
 from gatherlens.ops.sparse.config import SparseConfig
-from gatherlens.ops.sparse.decode import sparse_decode
-from gatherlens.ops.sparse.fused_decode import fused_decode_step
+from gatherlens.ops.sparse.decode import choice_of_config, decode_pages, sparse_decode
 
 __all__ = ["SPARSE_ATTN_NAME", "CONFIG_ATTR", "SparseSettings", "SparseCall", "sparse_settings", "decode_attention",
            "sparse_attention_forward", "register_sparse", "observe_sparse", "padding_mask"]
@@ -67,35 +69,34 @@ def sparse_settings(module: torch.nn.Module) -> SparseConfig | None:
 
 
 def decode_attention(module, query: torch.Tensor, paged: PagedKVCache | WindowKV, attention_mask, scale: float,
-                     extras: AttentionExtras | None = None):
+                     variant: AttentionVariant | None = None):
     """One decode step of `module` over its cache: query (B, Hq, 1, D) -> out (B, Hq, 1, Dv).
 
     A local layer's WindowKV: dense over its window. A PagedKVCache: dense (budget None, one of
     the first `dense_layers` global layers, or a budget of dense_share of the cache or more: every
     page in place) or sparse; with observers or keep_selection, a sparse-layer step also returns
     its PageSelection (every page when it ran densely). attention_mask: transformers' decode mask
-    or None. extras: soft-capping and sinks (default: the module's own, `attention_extras`).
+    or None. variant: soft-capping and sinks (default: the module's own, `attention_variant`).
     """
-    extras = extras if extras is not None else attention_extras(module, where="gatherlens_sparse attention")
+    variant = variant if variant is not None else attention_variant(module, where="gatherlens_sparse attention")
     mask = padding_mask(attention_mask, paged.length)  # (B, 1, 1, L) bool or None
     if isinstance(paged, WindowKV):
-        return window_decode(query, paged, mask, scale, extras)  # (B, Hq, 1, Dv)
+        return window_decode(query, paged, mask, scale, variant)  # (B, Hq, 1, Dv)
     config = sparse_settings(module) or _DENSE
-    layer, rank = getattr(module, "layer_idx", None), global_rank(module)
+    rank = global_rank(module)
     key_mask = None if mask is None else mask[:, 0, 0]  # (B, L)
     budget = config.budget_for(paged.length, rank)
-    plain = key_mask is None and extras.softcap is None and extras.sinks is None
-    if plain and not (config.keep_selection or _observers):
-        out = fused_decode_step(query, paged, budget, config, scale)  # the operator, no per-call checks
-        if out is not None:
-            return out  # (B, Hq, 1, Dv)
-    how = dict(scale=scale, key_mask=key_mask, config=config, **_extra_kwargs(extras))
     if config.dense_at(rank) or not (config.keep_selection or _observers):
-        # sparse_decode is dense in place when the budget buys every page
-        return sparse_decode(query, paged, budget, **how)  # (B, Hq, 1, Dv)
-    out, lse, sel = sparse_decode(query, paged, budget, return_lse=True, return_selection=True, **how)
+        # the op's one entrance, unchecked (this adapter made the query and the cache); dense in place
+        # when the budget buys every page
+        q = query if query.dtype == paged.dtype else query.to(paged.dtype)  # (B, Hq, 1, D)
+        out = decode_pages(q, paged, budget, choice_of_config(config), scale, variant, key_mask)[2]
+        return out if out.dtype == query.dtype else out.to(query.dtype)  # (B, Hq, 1, Dv)
+    out, lse, sel = sparse_decode(query, paged, budget, return_lse=True, return_selection=True, scale=scale,
+                                  key_mask=key_mask, config=config, variant=variant)
     if mask is not None:
         sel.meta["padded"] = True
+    layer = getattr(module, "layer_idx", None)
     sel.meta.setdefault("layer", layer)
     if config.keep_selection:
         module.gatherlens_page_selection = sel
@@ -103,11 +104,6 @@ def decode_attention(module, query: torch.Tensor, paged: PagedKVCache | WindowKV
     for observer in list(_observers):
         observer(call)
     return out
-
-
-def _extra_kwargs(extras: AttentionExtras) -> dict:
-    """The soft-capping / sinks keywords of the ops, only those in use."""
-    return {k: v for k, v in (("softcap", extras.softcap), ("sinks", extras.sinks)) if v is not None}
 
 
 def sparse_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -119,24 +115,16 @@ def sparse_attention_forward(module, query, key, value, attention_mask, dropout:
     layer's cache, or, when the keys are not that cache's (another Cache; a model that expands a
     latent cache, as DeepSeek-V3), on a window / temporary paged cache of the keys it was given.
     """
-    kv = kwargs.pop(PAGED_KWARG, None)
-    extras = attention_extras(module, kwargs, where="gatherlens_sparse attention")
+    kv = handed_over(key)  # the layer's PagedKVCache / WindowKV when its cache holds exactly these keys
+    variant = attention_variant(module, kwargs, where="gatherlens_sparse attention")
     if query.shape[2] != 1 or sparse_settings(module) is None:
-        return prefill_attention(module, query, key, value, attention_mask, dropout, scaling, is_causal, extras,
+        return prefill_attention(module, query, key, value, attention_mask, dropout, scaling, is_causal, variant,
                                  **kwargs)
-    if not _holds(kv, key):
-        kv = WindowKV(key, value) if module_kind(module).local else _paged_copy(module, key, value)
-    scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
-    out = decode_attention(module, query, kv, attention_mask, scale, extras)  # (B, Hq, 1, Dv)
-    return out.transpose(1, 2).contiguous(), None  # (B, 1, Hq, Dv)
-
-
-def _holds(kv, key: torch.Tensor) -> bool:
-    """True when `kv` (what the cache layer handed over) holds exactly these keys (same storage, same shape)."""
     if kv is None:
-        return False
-    keys = kv.keys
-    return keys.shape == key.shape and keys.data_ptr() == key.data_ptr()
+        kv = WindowKV(key, value) if variant.window is not None else _paged_copy(module, key, value)
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+    out = decode_attention(module, query, kv, attention_mask, scale, variant)  # (B, Hq, 1, Dv)
+    return out.transpose(1, 2).contiguous(), None  # (B, 1, Hq, Dv)
 
 
 def _paged_copy(module, key: torch.Tensor, value: torch.Tensor) -> PagedKVCache:
@@ -147,15 +135,13 @@ def _paged_copy(module, key: torch.Tensor, value: torch.Tensor) -> PagedKVCache:
 
 
 def prefill_attention(module, query, key, value, attention_mask, dropout, scaling, is_causal,
-                      extras: AttentionExtras, **kwargs):
+                      variant: AttentionVariant, **kwargs):
     """Dense attention of a prefill (or of a module without settings): SDPA, or, for soft-capping or
     sinks (which SDPA lacks), top-k attention keeping every key (the exact softmax)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    if extras.softcap is None and extras.sinks is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal, **kwargs)
-    return exact_attention(module, query, key, value, attention_mask, scaling, is_causal, extras)
+    if variant.plain:
+        return sdpa_attention()(module, query, key, value, attention_mask, dropout=dropout,
+                                scaling=scaling, is_causal=is_causal, **kwargs)
+    return exact_attention(module, query, key, value, attention_mask, scaling, is_causal, variant)
 
 
 def padding_mask(attention_mask, length: int) -> torch.Tensor | None:
@@ -170,11 +156,7 @@ def padding_mask(attention_mask, length: int) -> torch.Tensor | None:
 
 def register_sparse() -> None:
     """Register "gatherlens_sparse" with transformers' attention and mask interfaces (idempotent)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    AttentionInterface.register(SPARSE_ATTN_NAME, sparse_attention_forward)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(SPARSE_ATTN_NAME, sdpa_mask)
+    register_attention(SPARSE_ATTN_NAME, sparse_attention_forward)
 
 
 @contextlib.contextmanager

@@ -10,22 +10,23 @@ PagedKVCache` (pages with Quest's per-page key min/max, kept up to date as token
 appends and returns views, so no decode step copies the cache. Values may be narrower or wider
 than keys (latent attention: the cache's `value_dim`). Each local layer (sliding window, chunked:
 `features.layer_kinds`) keeps only a ring of its window (`sparse_window.WindowLayer`). How the
-attention function finds a layer's cache: the layer puts it (or its WindowKV) in the kwargs dict
-the attention module passes on (key PAGED_KWARG).
+attention function finds a layer's cache: `update` hands it (or its WindowKV) over with the keys it
+returns (`hf_adapter.hand_over`), and the attention call takes it for exactly those keys.
 """
 from __future__ import annotations
 
 import functools
 
 import torch
-from transformers.cache_utils import Cache
+from transformers import Cache
 
 from gatherlens.models.features import layer_kinds, unsupported
-from gatherlens.models.sparse_window import PAGED_KWARG, KeptLayer, WindowLayer
+from gatherlens.models.hf_adapter import hand_over
+from gatherlens.models.sparse_window import KeptLayer, WindowLayer
 from gatherlens.ops.sparse import PagedKVCache
 from gatherlens.ops.sparse.config import OP, check_page_size
 
-__all__ = ["PAGED_KWARG", "PagedLayer", "SparseKVCache", "WindowLayer", "paged_cache_of"]
+__all__ = ["PagedLayer", "SparseKVCache", "WindowLayer", "paged_cache_of"]
 
 
 def paged_cache_of(keys: torch.Tensor, values: torch.Tensor, page_size: int, capacity: int) -> PagedKVCache:
@@ -69,12 +70,12 @@ class PagedLayer(KeptLayer):
         self.paged.append(key_states, value_states)
         return self.paged
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, kwargs=None, **kw):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Append (B, Hkv, T, D) keys/values; return all keys/values so far (views, no copy)."""
-        self.append(key_states, value_states)
-        if isinstance(kwargs, dict):  # the dict the attention function is called with (see module doc)
-            kwargs[PAGED_KWARG] = self.paged
-        return self.paged.keys, self.paged.values
+        paged = self.append(key_states, value_states)
+        keys = paged.keys  # (B, Hkv, L, D)
+        hand_over(paged, keys)  # for the attention call that follows (see module doc)
+        return keys, paged.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0

@@ -22,14 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import CacheLayerMixin
+from transformers import CacheLayerMixin
 
 from gatherlens.errors import GatherValueError
-from gatherlens.models.features import AttentionExtras
+from gatherlens.models.hf_adapter import hand_over
+from gatherlens.ops.attention.variants import PLAIN, AttentionVariant
 
-__all__ = ["PAGED_KWARG", "WindowKV", "KeptLayer", "WindowLayer", "window_decode"]
-
-PAGED_KWARG = "gatherlens_paged"  # the kwargs key under which a cache layer hands its step to the attention function
+__all__ = ["WindowKV", "KeptLayer", "WindowLayer", "window_decode"]
 
 
 @dataclass(frozen=True)
@@ -142,11 +141,10 @@ class WindowLayer(KeptLayer):
         self._write(key_states, value_states)
         return WindowKV(keys, values)
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, kwargs=None, **kw):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Append; return the keys/values this step attends to (their mask sizes: `get_mask_sizes`)."""
         kv = self.append(key_states, value_states)
-        if isinstance(kwargs, dict):  # the dict the attention function is called with
-            kwargs[PAGED_KWARG] = kv
+        hand_over(kv, kv.keys)  # for the attention call that follows (hf_adapter.handed_over)
         return kv.keys, kv.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -178,7 +176,7 @@ class WindowLayer(KeptLayer):
 
 
 def window_decode(query: torch.Tensor, kv: WindowKV, mask: torch.Tensor | None, scale: float,
-                  extras: AttentionExtras = AttentionExtras()) -> torch.Tensor:
+                  variant: AttentionVariant = PLAIN) -> torch.Tensor:
     """Dense attention of query (B, Hq, 1, D) over a local layer's window -> (B, Hq, 1, Dv).
 
     mask: (B, 1, 1, n) bool in position order (True = attend) or None. Every allowed key is
@@ -188,5 +186,4 @@ def window_decode(query: torch.Tensor, kv: WindowKV, mask: torch.Tensor | None, 
 
     n = kv.length
     return topk_attention(query, kv.keys, kv.values, n, attn_mask=kv.slot_mask(mask), scale=scale,
-                          enable_gqa=query.shape[1] != kv.keys.shape[1], softcap=extras.softcap,
-                          sinks=extras.sinks)  # (B, Hq, 1, Dv)
+                          enable_gqa=query.shape[1] != kv.keys.shape[1], variant=variant)  # (B, Hq, 1, Dv)

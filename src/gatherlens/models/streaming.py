@@ -57,6 +57,10 @@ def fit_prompt(lm, ids: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor
     max_new_tokens alone does not fit.
     """
     limit = getattr(lm.config, "max_position_embeddings", None)
+    if limit is not None and limit < 2:   # a prompt token and a new one need two positions
+        raise GatherValueError(f"model {getattr(lm, 'name', '?')!r} says it has {limit} positions "
+                               f"(max_position_embeddings, a GGUF's context_length): it cannot hold a prompt "
+                               f"and a new token; its config is damaged or incomplete (it needs at least 2)")
     if limit is None or ids.shape[1] + max_new_tokens <= limit:
         return ids, 0
     room = limit - max_new_tokens

@@ -5,7 +5,10 @@
     {'threshold_select.cpp': True, 'fused_decode.cpp': True, 'layer_ops.cpp': True, 'q8act.cpp': True}
 
 Each kernel otherwise builds the first time a call needs it (15-30 s each on 2 cores); a kernel
-that cannot build leaves its torch / numpy path in place (same results, slower).
+that cannot build leaves its torch / numpy path in place (slower; the same results, except that a
+quantized model without q8act multiplies dequantized floats, so its text may differ slightly).
+Run it again at any time: a sound build is checked (its recorded xxh3-128) and kept, a damaged one
+is rebuilt, and a build another process is running is waited for (at most ops.native.BUILD_WAIT_S).
 """
 from __future__ import annotations
 

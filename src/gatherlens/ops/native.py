@@ -2,37 +2,53 @@
 real operators (`torch.ops.gatherlens.*`).
 
     >>> load_library(Path(__file__).with_name("threshold_select.cpp"), on_load=register_fakes)
-    True                                        # False: no compiler, switched off, or the build failed
+    True                                        # False: no compiler and no sound build, switched off, failed
     >>> torch.ops.gatherlens.topk_rows(x, None, None, 8, True, 0, rows)
 
 A kernel source defines its own operators: the schemas in `TORCH_LIBRARY_FRAGMENT(gatherlens, m)`,
 the CPU kernels in `TORCH_LIBRARY_IMPL(gatherlens, CPU, m)`. The Python module beside it registers
 their fake kernels (`torch.library.register_fake`) in `on_load`, so they trace under torch.compile
 and show by name in the profiler. `torch.utils.cpp_extension.load` builds the source (ninja and a
-C++ compiler: $CXX, else `c++`) into $GATHERLENS_CACHE/native/<stem>-<hash> (else
-$XDG_CACHE_HOME/gatherlens/native, else ~/.cache/gatherlens/native); the hash covers the source,
-the flags, the compiler, torch's version and the CPU (the build uses -march=native), so later
-processes find it built. Without a compiler, with GATHERLENS_NATIVE=0, or when the build fails
-(one GatherLensWarning line; the compiler's output is kept in build.log beside the build),
-`load_library` returns False and callers take their numpy / torch path: same results, slower.
+C++ compiler: $CXX, else `c++`; `#include "x.h"` is looked up beside the source and in ops/include)
+into $GATHERLENS_CACHE/native/<stem>-<hash> (else $XDG_CACHE_HOME/gatherlens/native, else
+~/.cache/gatherlens/native); the hash covers the source and every local header it includes, the
+flags, the compiler, torch's version and the CPU (the build uses -march=native), so later
+processes find it built.
+
+Nothing unverified is loaded: a finished build writes `gatherlens-native.json` (the library's size
+and xxh3-128) and a load checks the library against it first. A build runs in a temporary folder
+`.<stem>-<hash>.tmp-*` beside its place, under the `flock` of `.<stem>-<hash>.lock`
+(`gatherlens.filelock`: the kernel drops it when its process dies, so a killed build never blocks
+the next one, and torch's own `lock` file only ever sits in a temporary folder the next holder
+removes), then moves into place. A damaged build (truncated, garbage) is rebuilt, said in one
+GatherLensWarning line; a process waits at most BUILD_WAIT_S for another's build (one line when
+it starts waiting), then takes its fallback. Without a compiler a sound build made earlier still
+loads. Without one and without such a build, with GATHERLENS_NATIVE=0, or when the build fails
+(one GatherLensWarning line; the compiler's output is kept in build.log in the build's folder),
+`load_library` returns False and callers take their numpy / torch path: slower, and the same results except that a quantized
+model without the q8act operator rounds differently (its text may change slightly).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import logging
 import os
 import platform
 import re
 import shutil
+import secrets
 import subprocess
 import threading
-import time
 import warnings
 from pathlib import Path
 
 import torch
+import xxhash
 
 from gatherlens.errors import GatherLensWarning
+from gatherlens.filelock import Busy, hold, holder, remove, sweep_name, temp_prefix, trash_prefix
 from gatherlens.paths import cache_root
 
 # -fopenmp: at::parallel_for in a kernel runs on torch's own OpenMP threads (the process already
@@ -40,9 +56,12 @@ from gatherlens.paths import cache_root
 # ignored and the loop runs on one thread.
 FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp-simd", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
-STALE_LOCK_S = 900        # a build lock older than this was left by a killed process: removed
+INCLUDE = Path(__file__).with_name("include")  # headers shared by several kernels
+MANIFEST = "gatherlens-native.json"           # written last: a folder without it holds no finished build
+BUILD_WAIT_S = 300.0      # the longest wait for another process's build (one takes 15-60 s), then the fallback
 _LOADED: dict[str, bool] = {}
 _LOCK = threading.Lock()  # one build at a time in this process (worker threads may ask at once)
+_INCLUDE_LINE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 
 
 def native_dir() -> Path:
@@ -74,63 +93,174 @@ def _compiler() -> str | None:
     return shutil.which("c++")
 
 
-def _build_dir(source: Path, cxx: str) -> Path:
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    digest = hashlib.sha256("\n".join([source.read_text(), " ".join(FLAGS + LDFLAGS), version, torch.__version__,
-                                       platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
-    return native_dir() / f"{source.stem}-{digest}"
-
-
 def _build(source: Path) -> bool:
-    build = None
+    build, doing = None, "build"
     try:
-        cxx = _compiler()
-        if cxx is None:
-            return False                        # no compiler at all: the fallback, quietly
-        build = _build_dir(source, cxx)
-        library = build / f"gatherlens_{source.stem}.so"
-        if library.exists() and not (build / "lock").exists():  # built before, under this very hash
-            torch.ops.load_library(str(library))
-        else:
-            _compile_and_load(source, build)
+        key = _key(source)
+        try:
+            cxx = _compiler()
+        except FileNotFoundError:
+            if _load_any_sound(source, key):    # built earlier (with another compiler): still good
+                return True
+            raise
+        if cxx is None:                         # no compiler at all: a sound earlier build, else the fallback
+            return _load_any_sound(source, key)
+        build = _build_dir(key, source, cxx)
+        library, _ = _verified(build, key)
+        if library is None:
+            return _build_locked(source, build, key)
+        doing = "load"
+        torch.ops.load_library(str(library))    # built before under this very hash, and sound
         return True
     except Exception as e:                      # any failure to build or load: the fallback, said once
-        _warn_failed(source, e, build)
+        _warn_failed(source, e, build, doing)
         return False
 
 
-def _compile_and_load(source: Path, build: Path) -> None:
-    """torch.utils.cpp_extension.load into `build` (ninja: rebuilt only if out of date), its notes muted."""
+def _key(source: Path) -> str:
+    """What a build depends on besides the compiler: source and local headers, flags, torch, the CPU."""
+    parts = [source.read_text(), *_headers(source), " ".join(FLAGS + LDFLAGS), torch.__version__,
+             platform.machine(), _cpu_flags()]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _headers(source: Path) -> list[str]:
+    """Name and text of every local header `source` includes (`#include "x.h"`), and theirs, once each."""
+    seen: dict[Path, str] = {}
+    todo = [source]
+    while todo:
+        for name in _INCLUDE_LINE.findall(todo.pop().read_text()):
+            found = next((d / name for d in _include_dirs(source) if (d / name).is_file()), None)
+            if found is not None and found.resolve() not in seen:
+                seen[found.resolve()] = f"{name}\n{found.read_text()}"
+                todo.append(found)
+    return [seen[p] for p in sorted(seen)]
+
+
+def _include_dirs(source: Path) -> list[Path]:
+    return [d for d in (source.parent, INCLUDE) if d.is_dir()]
+
+
+def _build_dir(key: str, source: Path, cxx: str) -> Path:
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    return native_dir() / f"{source.stem}-{hashlib.sha256((key + version).encode()).hexdigest()[:16]}"
+
+
+def _verified(build: Path, key: str) -> tuple[Path | None, str]:
+    """(the library, "") when `build`'s manifest vouches for it; else (None, what is wrong: "" if unbuilt)."""
+    try:
+        manifest = json.loads((build / MANIFEST).read_text())
+        name, size, digest = manifest["library"], manifest["size"], manifest["xxh3_128"]
+    except FileNotFoundError:
+        return None, ""                         # never built, or the build did not finish: build, quietly
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return None, f"its {MANIFEST} is unreadable ({type(e).__name__})"
+    if manifest.get("key") != key or not isinstance(name, str) or Path(name).name != name:
+        return None, f"its {MANIFEST} belongs to another build"
+    library = build / name
+    try:
+        data = library.read_bytes()
+    except OSError as e:
+        return None, f"{name} cannot be read ({e.strerror or type(e).__name__})"
+    if len(data) != size:
+        return None, f"{name} is {len(data):,} bytes, {size:,} were built"
+    if xxhash.xxh3_128_hexdigest(data) != digest:
+        return None, f"{name} does not match its recorded hash"
+    return library, ""
+
+
+def _load_any_sound(source: Path, key: str) -> bool:
+    """Without a compiler: load a sound build of `source` made earlier (any compiler), newest first."""
+    folders = sorted(native_dir().glob(f"{source.stem}-*"), key=_mtime, reverse=True)
+    library = next((lib for lib in (_verified(f, key)[0] for f in folders) if lib is not None), None)
+    if library is not None:
+        torch.ops.load_library(str(library))
+    return library is not None
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _build_locked(source: Path, build: Path, key: str) -> bool:
+    """Build under `build`'s flock (waiting at most BUILD_WAIT_S for another process), then load."""
+    build.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with hold(build, timeout=BUILD_WAIT_S, on_wait=lambda pid: _warn(
+                f"waiting for another process building the C++ kernel {source.name} (pid {pid}), "
+                f"at most {BUILD_WAIT_S:g} s")):
+            library, problem = _verified(build, key)   # the process we waited for may have built it
+            if library is not None:
+                torch.ops.load_library(str(library))
+                return True
+            if problem:
+                _warn(f"the built C++ kernel {source.name} in {build} is damaged ({problem}); rebuilding it")
+            _compile_and_load(source, build, key)
+            return True
+    except Busy:
+        _warn(f"gave up waiting {BUILD_WAIT_S:g} s for process {holder(build)}, which is building the C++ "
+              f"kernel {source.name}; using the torch / numpy path in this process (slower; a quantized model "
+              f"may give slightly different text)")
+        return False
+
+
+def _compile_and_load(source: Path, build: Path, key: str) -> None:
+    """Build into a fresh temporary folder (loading it), write its manifest, move it into `build`'s place.
+
+    Called holding `build`'s lock: a killed build's temporary folder (with torch's own `lock` file in
+    it) and trash are a dead process's, removed first."""
+    sweep_name(build)
+    with contextlib.suppress(OSError):
+        (build / "lock").unlink()               # torch's baton in a folder of an older layout
+    temp = build.parent / f"{temp_prefix(build)}{os.getpid()}-{secrets.token_hex(4)}"
+    temp.mkdir()                                # the umask's mode, as the folder it replaces
+    try:
+        library = Path(_cpp_load(source, temp))
+        data = library.read_bytes()
+        manifest = {"source": source.name, "key": key, "library": library.name, "size": len(data),
+                    "xxh3_128": xxhash.xxh3_128_hexdigest(data)}
+        (temp / f".{MANIFEST}.tmp").write_text(json.dumps(manifest, indent=1) + "\n")
+        os.replace(temp / f".{MANIFEST}.tmp", temp / MANIFEST)
+        trash = build.parent / f"{trash_prefix(build)}{os.getpid()}"
+        if build.exists():
+            os.replace(build, trash)            # a damaged or older build: aside, then removed
+        os.replace(temp, build)
+        remove(trash)
+    finally:
+        remove(temp)                            # gone after the move; a failed build's folder removed
+
+
+def _cpp_load(source: Path, folder: Path) -> str:
+    """torch.utils.cpp_extension.load into `folder` (built and loaded); the library's path. Its notes muted."""
     from torch.utils import cpp_extension      # imports setuptools: only when a build is due
 
     if not cpp_extension.is_ninja_available():
         raise FileNotFoundError("ninja is not installed (pip install ninja)")
-    build.mkdir(parents=True, exist_ok=True)
-    _clear_stale_lock(build / "lock")
     quiet = logging.getLogger("torch.utils.cpp_extension")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)            # its compiler notes: folded into our one line
     try:
-        cpp_extension.load(f"gatherlens_{source.stem}", [str(source)], extra_cflags=list(FLAGS), extra_ldflags=list(LDFLAGS),
-                           build_directory=str(build), is_python_module=False, verbose=False)
+        return cpp_extension.load(f"gatherlens_{source.stem}", [str(source)], extra_cflags=list(FLAGS),
+                                  extra_ldflags=list(LDFLAGS), extra_include_paths=[str(d) for d in _include_dirs(source)],
+                                  build_directory=str(folder), is_python_module=False, verbose=False)
     finally:
         quiet.setLevel(level)
 
 
-def _clear_stale_lock(lock: Path) -> None:
-    try:
-        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
-            lock.unlink()
-    except OSError:
-        pass
+def _warn(message: str) -> None:
+    warnings.warn_explicit(message, GatherLensWarning, filename="gatherlens", lineno=0)
 
 
-def _warn_failed(source: Path, err: Exception, build: Path | None) -> None:
+def _warn_failed(source: Path, err: Exception, build: Path | None, doing: str) -> None:
     """One line: what failed, the first error line of the compiler's output, where the full log is."""
     text = str(err)
     log = ""
     if build is not None and "\n" in text:
         try:
+            build.mkdir(parents=True, exist_ok=True)
             (build / "build.log").write_text(text)
             log = f"; full log: {build / 'build.log'}"
         except OSError:
@@ -138,9 +268,9 @@ def _warn_failed(source: Path, err: Exception, build: Path | None) -> None:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     first = next((line for line in lines[1:] if re.search(r"error|not found", line, re.I)), lines[0] if lines else "")
     reason = re.sub(r"\s+", " ", first)[:200]
-    message = (f"could not build the C++ kernel {source.name} ({type(err).__name__}: {reason}{log}); "
-               f"using the numpy path (same results, slower); GATHERLENS_NATIVE=0 skips the build")
-    warnings.warn_explicit(message, GatherLensWarning, filename="gatherlens", lineno=0)
+    _warn(f"could not {doing} the C++ kernel {source.name} ({type(err).__name__}: {reason}{log}); "
+          f"using the torch / numpy path (slower; a quantized model without q8act may give slightly "
+          f"different text); GATHERLENS_NATIVE=0 skips the build")
 
 
 def _cpu_flags() -> str:

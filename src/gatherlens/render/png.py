@@ -80,8 +80,11 @@ def _split_cjk_runs(svg: str, family: str) -> str:
     return ET.tostring(root, encoding="unicode")
 
 
-def svg_to_png(svg: str, path: str | Path, scale: float = 2.0) -> Path:
-    """Rasterise an SVG string to `path` with the installed fonts that cover its text."""
+def png_bytes(svg: str, scale: float = 2.0) -> bytes:
+    """An SVG string rasterised to PNG bytes with the installed fonts that cover its text.
+
+    >>> Path("g.png").write_bytes(png_bytes(render_svg(record)))   # what svg_to_png writes
+    """
     import cairosvg
 
     if _needs_cjk(svg):
@@ -92,8 +95,13 @@ def svg_to_png(svg: str, path: str | Path, scale: float = 2.0) -> Path:
                 f"install one, e.g. `apt-get install {CJK_PACKAGES}`, or use lang='en'"
             )
         svg = _split_cjk_runs(svg, family)
+    return cairosvg.svg2png(bytestring=svg.encode("utf-8"), scale=scale)
+
+
+def svg_to_png(svg: str, path: str | Path, scale: float = 2.0) -> Path:
+    """Rasterise an SVG string to `path` (png_bytes) and return the path."""
     path = Path(path)
-    cairosvg.svg2png(bytestring=svg.encode("utf-8"), write_to=str(path), scale=scale)
+    path.write_bytes(png_bytes(svg, scale=scale))
     return path
 
 

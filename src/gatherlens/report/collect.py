@@ -25,7 +25,8 @@ from typing import Callable
 
 import torch
 
-from gatherlens.errors import GatherIndexError, GatherValueError, shorten
+from gatherlens.errors import GatherValueError
+from gatherlens.params import head_index, layer_index, query_index
 from gatherlens.report.defaults import DEFAULT_TEXT, MAX_PICKS, MAX_TOKENS
 from gatherlens.report.explore import explore_calls
 from gatherlens.report.run_tensors import run_tensors
@@ -181,9 +182,7 @@ def collect(lm, text: str, *, top_k: int | None = 4, layer: int | None = None, h
     say("collecting the gathers")
     path, call = _chosen_call(run.calls, layer, lm.model)
     Hq, Hkv = call.query.shape[1], call.key.shape[1]
-    if not -Hq <= head < Hq:
-        raise GatherIndexError(f"head {shorten(head)} is outside the query heads [{-Hq}, {Hq}) of layer "
-                               f"{layer}: there are {Hq} heads (negative counts from the end)")
+    head_index(head, Hq, layer)
     heads = HeadMap(q_heads=Hq, kv_heads=Hkv)
     display = [shown_token(x) for x in tokens]
     prediction = None
@@ -217,14 +216,8 @@ def _positions(model, S: int, layer: int | None, query: int, max_tokens: int = M
     n_layers = _num_layers(model)
     if layer is None:
         layer = n_layers // 2 if n_layers else 0
-    if n_layers and not -n_layers <= layer < n_layers:
-        raise GatherIndexError(f"layer {shorten(layer)} is outside the model's layers [{-n_layers}, {n_layers}): "
-                               f"there are {n_layers} layers (negative counts from the end)")
-    layer = layer % n_layers if n_layers else layer
-    if not -S <= query < S:
-        raise GatherIndexError(f"query {shorten(query)} is outside the token positions [{-S}, {S}): the text has "
-                               f"{S} tokens (negative counts from the end)")
-    return n_layers, layer, query % S
+    layer = layer_index(layer, n_layers) if n_layers else layer
+    return n_layers, layer, query_index(query, S)
 
 
 @dataclass
@@ -239,6 +232,7 @@ class _Run:
 def _run(lm, enc, top_k: int, say) -> _Run:
     """One forward with top-k attention under trace(); a second, dense one for the prediction."""
     from gatherlens.models import observe_attention, use_dense_attention, use_topk_attention
+    from gatherlens.models.attention import attention_restored
     from gatherlens.trace.tracer import trace
 
     model = lm.model
@@ -252,13 +246,11 @@ def _run(lm, enc, top_k: int, say) -> _Run:
               if k in ("input_ids", "attention_mask", "token_type_ids")}
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
         inputs["logits_to_keep"] = 1       # the prediction reads the last position's logits only
-    before = model.config._attn_implementation
-    restore = before if before != "gatherlens_topk" else None
     say(f"running {lm.name} on {enc['input_ids'].shape[1]} tokens under trace() "
         f"(top-k attention, k={top_k})")
     t0 = time.perf_counter()
-    use_topk_attention(model, top_k=top_k)
-    try:
+    with attention_restored(model):  # the model's attention afterwards is the one it had
+        use_topk_attention(model, top_k=top_k)
         with torch.no_grad(), observe_attention(keep), trace() as t:
             out = model(**inputs)
         seconds = time.perf_counter() - t0
@@ -267,11 +259,9 @@ def _run(lm, enc, top_k: int, say) -> _Run:
             dense_out = out                # k >= L keeps every allowed key: the run was dense
         elif lm.is_causal and hasattr(out, "logits"):
             say("running it again with dense attention, to compare the prediction")
-            use_dense_attention(model, restore)
+            use_dense_attention(model)     # what top-k replaced
             with torch.no_grad():
                 dense_out = model(**inputs)
-    finally:
-        use_dense_attention(model, restore)
     return _Run(calls=calls, trace=t, out=out, dense_out=dense_out, seconds=seconds)
 
 
@@ -284,10 +274,7 @@ def _chosen_call(calls: list, layer: int, model):
         raise GatherValueError(
             f"{type(model).__name__} ran no attention through transformers' attention "
             f"interface, so there is no top-k selection to draw")
-    if layer >= len(calls):
-        raise GatherIndexError(f"layer {layer} is outside the model's layers [{-len(calls)}, {len(calls)}): "
-                               f"there are {len(calls)} layers")
-    return calls[layer]
+    return calls[layer_index(layer, len(calls))]
 
 
 def _story(lm, text: str, ids, tokens: list[str], layers: int, run: _Run, heads: HeadMap,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from gatherlens.trace.story_records import (Candidate, ExplainSummary, GatherLine, KeyRow,
                                             LookupLine, NextToken, ScoreGrid, TokenRow, TopKeys)
 
-__all__ = ["score_grid", "explain_summary"]
+__all__ = ["score_grid", "explain_summary", "drawn_query"]
 
 SHOWN_VALUES = 4  # values of each token's word-table row the summary prints
 
@@ -59,13 +59,19 @@ def _token_rows(story, word) -> tuple[TokenRow, ...]:
     return tuple(TokenRow(t, i, tuple(r)) for t, i, r in zip(story.shown_tokens, story.ids, rows))
 
 
-def _top_keys(story) -> TopKeys:
-    """The keys the drawn query kept, with their score, top-k weight and dense weight."""
+def drawn_query(story) -> tuple[int, list[int], list[str]]:
+    """`qrow, picked, keys = drawn_query(story)`: the drawn query's row in the attention view, the
+    keys its top-k kept (best first) and the view's key tokens."""
     att, toks = story.attention, story.shown_tokens
     Q, L = att.scores.shape
     qrow = att.query - (len(toks) - Q)
-    picked = [j for j in att.indices[qrow].tolist() if j >= 0]
-    keys = toks[-L:]
+    return qrow, [j for j in att.indices[qrow].tolist() if j >= 0], toks[-L:]
+
+
+def _top_keys(story) -> TopKeys:
+    """The keys the drawn query kept, with their score, top-k weight and dense weight."""
+    att, toks = story.attention, story.shown_tokens
+    qrow, picked, keys = drawn_query(story)
     rows = tuple(KeyRow(key=j, token=keys[j], score=float(att.scores[qrow, j]), weight=w,
                         dense=float(att.dense[qrow, j]))
                  for j, w in zip(picked, att.weights[qrow].tolist()))

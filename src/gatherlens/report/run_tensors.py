@@ -52,9 +52,10 @@ class RunTensors:
     def check(self, layer: int, head: int, query: int) -> None:
         """A GatherIndexError naming the first of layer, head, query outside its range."""
         N, Hq, Q, _ = self.shape
-        for name, value, hi in (("layer", layer, N), ("head", head, Hq), ("query", query, Q)):
+        for name, value, hi, many in (("layer", layer, N, "layers"), ("head", head, Hq, "heads"),
+                                      ("query", query, Q, "queries")):
             if not 0 <= value < hi:
-                raise GatherIndexError(f"{name} {value} is outside [0, {hi}): the run has {hi} {name}s")
+                raise GatherIndexError(f"{name} {value} is outside [0, {hi}): the run has {hi} {many}")
 
     def scores(self, layer: int, head: int, rows) -> torch.Tensor:
         """(R, L) float32 scores of query rows `rows` of one head (-inf where not allowed)."""

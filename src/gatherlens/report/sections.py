@@ -27,7 +27,7 @@ from gatherlens.render.layout import Limits
 from gatherlens.render.report_figures import heads_svg, scores_svg
 from gatherlens.render.theme import human_bytes
 from gatherlens.report.heads import RULES, head_gallery
-from gatherlens.report.records import score_grid
+from gatherlens.report.records import drawn_query, score_grid
 from gatherlens.report.keep_compare import keep_comparison
 from gatherlens.ops.sparse.config import TOY
 
@@ -193,11 +193,8 @@ def _scores(story, lang: str) -> Section:
 # 5. the value rows one query gathers
 def _values(story, lang: str) -> Section:
     att, toks = story.attention, story.shown_tokens
-    Q, L = att.scores.shape
-    qrow = att.query - (len(toks) - Q)
-    picked = [j for j in att.indices[qrow].tolist() if j >= 0]
+    qrow, picked, keys = drawn_query(story)
     w = att.weights[qrow].tolist()[: len(picked)]
-    keys = toks[-L:]
     fig = _drawn_figure("06-value-gather", text("values_title", lang), lambda: att.value_record.to_svg(
         lang=lang, limits=Limits(rows=12, cols=6, slices=3)), "values")
     slots = dict(q=Slot("query", att.query), tok=Slot("query_token", toks[att.query]),

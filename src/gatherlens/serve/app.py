@@ -11,12 +11,14 @@
 
 Every answer carries a Content-Security-Policy (the page may run only its own scripts and talk
 only to this server) and refuses other Host headers. A bad argument is a 400 with
-{"error": "..."} naming it and its valid range; an unexpected failure is a 500 with one line,
-and the next request is served as usual.
+{"error": "..."} naming it and its valid range (the page, GET /, answers a small HTML page with
+the same line); a model whose file changed and cannot be loaded again (serve/pool.py) is a 503
+with Retry-After; an unexpected failure is a 500 with one line, and the next request is served as usual.
 """
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import traceback
 
@@ -30,6 +32,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from gatherlens.errors import GatherLensError
+from gatherlens.models.file_watch import ModelFileChanged
 from gatherlens.serve.attention_api import attention_body, run_k_param
 from gatherlens.serve.heads import heads_body
 from gatherlens.serve.limits import RequestLimits, protocol_class
@@ -96,8 +99,8 @@ async def attention(request: Request) -> Response:
     """GET /api/attention: one head's window and the dense / top-k / sparse figure (attention_api.py)."""
     pool: ModelPool = request.app.state.pool
     p = explain_params(request.query_params, pool.settings)
+    run_k = run_k_param(request.query_params, p, pool.settings)
     async with pool.using(p.model) as lm:
-        run_k = run_k_param(request.query_params.get("run_k"), p, pool.settings)
         body = await pool.run(attention_body, lm, p, pool.settings, request.app.state.runs, run_k)
     return JSONResponse(body, headers=_headers(API_POLICY))
 
@@ -112,29 +115,31 @@ async def page(request: Request) -> Response:
 
 
 async def _stream(request: Request, pool: ModelPool, p):
-    """Server-sent events of one generation; the model is freed when the client goes away."""
+    """Server-sent events of one generation; the model is freed when the client goes away. A bad
+    request or a model file that changed (models/file_watch.py) ends it with a "failure" event."""
     from gatherlens.serve.decode import decode_steps
 
-    async with pool.using(p.model) as lm:
-        steps = decode_steps(lm, p.text, p.max_new, p.budget, p.page_size, pool.settings.max_tokens, detail=True)
-        try:
-            while True:
-                if await request.is_disconnected():
-                    pool.cancelled += 1
-                    return
-                item = await anyio.to_thread.run_sync(next, steps, None)
-                if item is None:
-                    pool.served += 1
-                    return
-                yield {"event": item[0], "data": json.dumps(item[1], ensure_ascii=False)}
-        except GatherLensError as e:
-            yield {"event": "failure", "data": json.dumps({"error": str(e)})}
-        except anyio.get_cancelled_exc_class():
-            pool.cancelled += 1
-            raise
-        finally:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(steps.close)   # back to dense decoding
+    try:
+        async with pool.using(p.model) as lm:
+            steps = decode_steps(lm, p.text, p.max_new, p.budget, p.page_size, pool.settings.max_tokens, detail=True)
+            try:
+                while True:
+                    if await request.is_disconnected():
+                        pool.cancelled += 1
+                        return
+                    item = await anyio.to_thread.run_sync(next, steps, None)
+                    if item is None:
+                        pool.served += 1
+                        return
+                    yield {"event": item[0], "data": json.dumps(item[1], ensure_ascii=False)}
+            except anyio.get_cancelled_exc_class():
+                pool.cancelled += 1
+                raise
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(steps.close)   # back to dense decoding
+    except GatherLensError as e:
+        yield {"event": "failure", "data": json.dumps({"error": str(e)})}
 
 
 async def generate(request: Request) -> Response:
@@ -149,14 +154,32 @@ async def health(request: Request) -> Response:
                         headers=_headers(API_POLICY))
 
 
+def _answer(request: Request, message: str, status: int) -> Response:
+    """An error as the asker reads it: the page (GET /) as a small HTML page, the API as JSON."""
+    if request.url.path != "/":
+        return _error(message, status)
+    title = {400: "bad request", 503: "model unavailable"}.get(status, "internal error")
+    body = (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>gatherlens: {title}</title>'
+            f'</head>\n<body><h1>gatherlens: {title} ({status})</h1>\n<p>{html.escape(message)}</p>\n'
+            f'<p><a href="/">back to the default page</a></p></body></html>\n')
+    return HTMLResponse(body, status_code=status, headers=_headers(API_POLICY))
+
+
 async def _bad_input(request: Request, exc: GatherLensError) -> Response:
-    return _error(str(exc))
+    return _answer(request, str(exc), 400)
+
+
+async def _model_changed(request: Request, exc: GatherLensError) -> Response:
+    """The model's file changed under it (serve/pool.py): 503, try again once the file is whole."""
+    answer = _answer(request, str(exc), 503)
+    answer.headers["Retry-After"] = str(request.app.state.pool.settings.retry_after)
+    return answer
 
 
 async def _failure(request: Request, exc: Exception) -> Response:
     """An unexpected error: one line to the client, the traceback on the server's stderr."""
     traceback.print_exception(type(exc), exc, exc.__traceback__)
-    return _error(f"internal error ({type(exc).__name__}); the server keeps running", 500)
+    return _answer(request, f"internal error ({type(exc).__name__}); the server keeps running", 500)
 
 
 def http_protocol(settings: ServeSettings) -> type:
@@ -171,9 +194,8 @@ def create_app(settings: ServeSettings | None = None, loader=None, warm: bool = 
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        pool = ModelPool(settings, loader=loader)
-        app.state.pool = pool
-        app.state.runs = RunCache(settings.run_cache_bytes)
+        app.state.runs = runs = RunCache(settings.run_cache_bytes)
+        app.state.pool = pool = ModelPool(settings, loader=loader, on_drop=runs.forget)
         if warm:
             async with pool.using(settings.model):
                 pass
@@ -184,6 +206,6 @@ def create_app(settings: ServeSettings | None = None, loader=None, warm: bool = 
                 Route("/api/heads", heads), Route("/api/attention", attention), Route("/api/health", health)],
         middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts),
                     Middleware(RequestLimits, settings=settings, headers=_headers(API_POLICY), paths=MODEL_PATHS)],
-        exception_handlers={GatherLensError: _bad_input, Exception: _failure},
+        exception_handlers={ModelFileChanged: _model_changed, GatherLensError: _bad_input, Exception: _failure},
         lifespan=lifespan,
     )

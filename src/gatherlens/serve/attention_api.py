@@ -15,19 +15,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gatherlens.errors import GatherValueError
+from gatherlens.params import head_index, layer_index, query_index
+from gatherlens.serve.params import query_int
 from gatherlens.serve.runs import KeptRun, RunCache, run_key
 
 __all__ = ["attention_body", "kept_run", "compare_data", "run_k_param"]
 
 
-def run_k_param(raw: str | None, p, settings) -> int:
-    """The run's k: `raw` (the page's run_k) or the view's k; an int in [1, settings.max_k]."""
-    if raw is None or raw == "":
-        return p.k
-    if not raw.isdigit() or not 1 <= int(raw) <= settings.max_k:
-        raise GatherValueError(f"run_k = {raw[:40]!r} is outside the valid range [1, {settings.max_k}]")
-    return int(raw)
+def run_k_param(q, p, settings) -> int:
+    """The run's k: the query's run_k (the page's) or the view's k; an int in [1, settings.max_k],
+    read like every other int of the API (serve.params.query_int)."""
+    return query_int(q, "run_k", p.k, 1, settings.max_k)
 
 
 def kept_run(lm, p, settings, runs: RunCache) -> tuple[KeptRun, bool]:
@@ -60,10 +58,9 @@ def attention_body(lm, p, settings, runs: RunCache, run_k: int | None = None) ->
     run, cached = kept_run(lm, replace(p, k=run_k or p.k), settings, runs)
     t = run.tensors
     N, Hq, Q, L = t.shape
-    layer = N // 2 if p.layer is None else p.layer + (N if p.layer < 0 else 0)   # negatives from the end
-    head, query = p.head + (Hq if p.head < 0 else 0), p.query + (Q if p.query < 0 else 0)
+    layer = layer_index(N // 2 if p.layer is None else p.layer, N)   # /api/explain's checks and wording
+    head, query = head_index(p.head, Hq, layer), query_index(p.query, Q)
     k = p.k if p.topk else min(p.k, L)
-    t.check(layer, head, query)
     rec = keep_comparison(t, run.tokens, layer, head, query, k, settings.sparse())
     return {"window": attention_window(t, layer, head, query, k), "compare": compare_data(rec),
             "svg": keep_comparison_svg(rec, p.lang), "cached": cached}

@@ -82,7 +82,7 @@ def decode_steps(lm, text: str, max_new: int, budget: int, page_size: int,
     if end is not None:
         done = {"message": f"{len(end.new_ids)} tokens generated", "tokens": len(end.new_ids)}
         if detail:
-            done["dense"] = dense_choices(lm, ids, end.new_ids)
+            done["dense"] = dense_choices(lm, ids, end.new_ids, config)
         yield "done", done
 
 

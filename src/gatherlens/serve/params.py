@@ -10,7 +10,8 @@
 The app answers such an error with 400 and {"error": message}. Range checks that need the
 model (layer, head, query, text length in tokens) are made by gatherlens.report.collect, whose
 messages name the range too ("layer 999 is outside the model's layers [-30, 30): there are 30
-layers").
+layers (negative counts from the end)"), with gatherlens.params' position rule; GET /api/attention
+checks its kept run with the same functions.
 """
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ from typing import Mapping
 
 from gatherlens.errors import GatherValueError
 from gatherlens.i18n import check_lang
+from gatherlens.params import parse_int
 from gatherlens.serve.settings import ServeSettings
 
-__all__ = ["ExplainParams", "GenerateParams", "explain_params", "generate_params"]
+__all__ = ["ExplainParams", "GenerateParams", "explain_params", "generate_params", "query_int"]
 
 
 @dataclass(frozen=True)
@@ -47,17 +49,13 @@ class GenerateParams:
     budget: int
 
 
-def _int(q: Mapping[str, str], name: str, default: int | None, lo: int, hi: int) -> int | None:
+def query_int(q: Mapping[str, str], name: str, default: int | None, lo: int, hi: int) -> int | None:
+    """Query parameter `name` as an int in [lo, hi] (gatherlens.params.parse_int's rule); `default`
+    when it is missing or empty. Every int parameter of the API is read here."""
     raw = q.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise GatherValueError(f"{name} = {raw[:40]!r} is not an integer; give one in [{lo}, {hi}]") from None
-    if not lo <= value <= hi:
-        raise GatherValueError(f"{name} = {value} is outside the valid range [{lo}, {hi}]")
-    return value
+    return parse_int(raw, name, lo, hi)
 
 
 def _flag(q: Mapping[str, str], name: str, default: bool) -> bool:
@@ -94,9 +92,9 @@ def explain_params(q: Mapping[str, str], s: ServeSettings) -> ExplainParams:
     lang = check_lang(q.get("lang") or s.lang)
     big = 1 << 20
     return ExplainParams(
-        text=_text(q, s), model=_model(q, s), k=_int(q, "k", s.top_k, 1, s.max_k),
-        topk=_flag(q, "topk", True), layer=_int(q, "layer", None, -big, big),
-        head=_int(q, "head", 0, -big, big), query=_int(q, "query", -1, -big, big), lang=lang,
+        text=_text(q, s), model=_model(q, s), k=query_int(q, "k", s.top_k, 1, s.max_k),
+        topk=_flag(q, "topk", True), layer=query_int(q, "layer", None, -big, big),
+        head=query_int(q, "head", 0, -big, big), query=query_int(q, "query", -1, -big, big), lang=lang,
         html=_flag(q, "html", False), explore=_flag(q, "explore", False))
 
 
@@ -104,5 +102,5 @@ def generate_params(q: Mapping[str, str], s: ServeSettings) -> GenerateParams:
     """The checked parameters of GET /api/generate."""
     return GenerateParams(
         text=_text(q, s), model=_model(q, s),
-        max_new=_int(q, "max_new", s.default_new_tokens, 1, s.max_new_tokens),
-        page_size=_int(q, "page_size", s.page_size, 1, 64), budget=_int(q, "budget", s.budget, 1, 4096))
+        max_new=query_int(q, "max_new", s.default_new_tokens, 1, s.max_new_tokens),
+        page_size=query_int(q, "page_size", s.page_size, 1, 64), budget=query_int(q, "budget", s.budget, 1, 4096))

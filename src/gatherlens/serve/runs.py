@@ -54,5 +54,10 @@ class RunCache:
             self.runs.popitem(last=False)
         return run
 
+    def forget(self, model: str) -> None:
+        """Drop every kept run of `model` (its file changed: the runs are of the old weights)."""
+        for key in [k for k in self.runs if k[0] == model]:
+            del self.runs[key]
+
     def status(self) -> dict:
         return {"runs": len(self.runs), "bytes": self.nbytes, "max_bytes": self.max_bytes}

@@ -76,7 +76,9 @@ def _address_problem(err: OSError, host: str, port: int) -> str:
 @contextlib.contextmanager
 def prepared(settings: ServeSettings, load: Callable | None = None) -> Iterator[Callable]:
     """Check everything, claim the address and load the model; yield the server's loader
-    (the loaded model for settings.model, `load` for the others). The address is let go on exit.
+    (the loaded model for settings.model, the first time; then `load`, --quantized for that model
+    alone: a model dropped because its file changed loads again from the file). The address is let
+    go on exit.
     """
     check_settings(settings)
     sock = claim_address(settings.host, settings.port)   # before gatherlens.models imports torch
@@ -90,7 +92,7 @@ def prepared(settings: ServeSettings, load: Callable | None = None) -> Iterator[
         if settings.quantized:
             check_quantizable(source, "--quantized")  # a folder has no blocks to run from: one line
         extra = {"quantized": True} if settings.quantized else {}
-        first = load(settings.model, progress=True, **extra)
-        yield lambda name: first if name == settings.model else load(name)
+        first = [load(settings.model, progress=True, **extra)]
+        yield lambda name: (first.pop() if first else load(name, **extra)) if name == settings.model else load(name)
     finally:
         sock.close()

@@ -14,16 +14,20 @@ computes dense attention over all of it (the same scale and mask; report.scores.
 sums the weight on the keys of the pages the step read, per query head (the pages of its
 selection head: its KV head's when the group shares one). Computed, not estimated.
 
-dense_choices runs the model once with dense attention over the prompt and the generated tokens
-(all but the last) and reads the greedy choice after each prefix: what dense decoding would have
-chosen at every step, given the same text so far (step 0, the prompt's own step, is dense already).
+dense_choices replays the generation with every step reading every key: the same prefill, then
+the generated tokens fed back one at a time through the very path the steps took (the paged cache,
+the lean decode step, the quantized model's one-row products) with the budget lifted (budget None:
+dense over the whole cache), and reads the greedy choice after each prefix: what dense decoding
+would have chosen at every step, given the same text so far. Only the budget differs, so step 0
+(the prompt's own step, dense already) and every step at a budget covering the cache agree. (A
+single forward pass over the whole text would be cheaper, but rounds differently: a quantized
+model's products of many rows dequantize to float32, one-row steps round x to 8 bits.)
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
 
+from gatherlens.ops.sparse.config import TOY, SparseConfig
 from gatherlens.report.collect import shown_token
 from gatherlens.report.scores import score_rows
 
@@ -70,16 +74,25 @@ class StepMass:
 
 
 @torch.no_grad()
-def dense_choices(lm, prompt: torch.Tensor, new_ids: tuple[int, ...]) -> list[dict]:
-    """Per step (0 = the prompt's), the greedy token of a dense forward over the same text so far."""
-    T = len(new_ids)
-    ids = torch.cat([prompt, torch.tensor([list(new_ids[:-1])], dtype=prompt.dtype)], dim=1)   # (1, S + T - 1)
-    kw = {"logits_to_keep": T} if "logits_to_keep" in inspect.signature(lm.model.forward).parameters else {}
-    logits = lm.model(input_ids=ids, **kw).logits[0, -T:].float()                              # (T, V)
+def dense_choices(lm, prompt: torch.Tensor, new_ids: tuple[int, ...], config: SparseConfig = TOY) -> list[dict]:
+    """Per step (0 = the prompt's), the greedy token of dense decoding over the same text so far:
+    the generation's path and SparseConfig (its page size; the explorer's TOY) with the budget lifted."""
+    from gatherlens.models.file_watch import check_unchanged
+    from gatherlens.models.sparse import SparseKVCache, use_dense_decoding, use_sparse_decoding
+
+    model = lm.model
+    use_sparse_decoding(model, config=config.replace(budget=None))
+    try:
+        cache = SparseKVCache(config=model.config, page_size=config.page_size)
+        feed = [prompt, *(torch.tensor([[t]], dtype=prompt.dtype) for t in new_ids[:-1])]  # (1, S), then (1, 1)s
+        logits = torch.cat([model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1:]
+                            for ids in feed]).float()                                         # (T, V)
+    finally:
+        use_dense_decoding(model)
+    check_unchanged(model)   # a model file changed meanwhile: no choices from its new bytes
     probs = torch.softmax(logits, dim=-1)                                                      # (T, V)
-    best = probs.argmax(-1).tolist()
     out = []
-    for i, b in enumerate(best):
+    for i, b in enumerate(probs.argmax(-1).tolist()):
         tok = lm.tokenizer.decode([b])
         out.append({"step": i, "token_id": b, "token": tok, "shown": shown_token(tok),
                     "p": round(float(probs[i, b]), 5), "same": b == new_ids[i]})

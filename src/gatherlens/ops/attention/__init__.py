@@ -7,10 +7,12 @@ each query ranks highest.
 References (plain loops) live in `naive.py`; the fast paths (`chunked.py` prefill, `decode.py`,
 `autograd.py`, `sparse_sum.py` on CPU) are tested against them. Which keys a row keeps is decided
 in one place, `select/` (one tie rule, one worker pool, the C++ top-k operators). Soft-capping and
-attention sinks (``softcap=``, ``sinks=``) have one home, `variants.py`, which ops/sparse uses too.
+attention sinks (``softcap=``, ``sinks=``, or one ``variant=AttentionVariant(...)``) have one home,
+`variants.py`, which ops/sparse uses too.
 """
 from gatherlens.ops.attention.scores import apply_attention_scores
 from gatherlens.ops.attention.selection import AttentionSelection
 from gatherlens.ops.attention.topk import topk_attention
+from gatherlens.ops.attention.variants import PLAIN, AttentionVariant
 
-__all__ = ["apply_attention_scores", "topk_attention", "AttentionSelection"]
+__all__ = ["apply_attention_scores", "topk_attention", "AttentionSelection", "AttentionVariant", "PLAIN"]

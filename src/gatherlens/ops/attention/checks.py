@@ -3,7 +3,7 @@
     >>> p = check_topk_args(q, k, v, 8, is_causal=True, attn_mask=None, scale=None, enable_gqa=False)
     >>> p.groups, p.causal_offset        # query heads per KV head, where the causal diagonal sits
     (1, 0)
-    >>> check_softcap(50.0), check_sinks(torch.zeros(8), heads=8, like=q)   # also used by ops/sparse
+    >>> check_variant(AttentionVariant(50.0, torch.zeros(8)), heads=8, like=q)   # also used by ops/sparse
 
 Every message names the argument, the bad value and the valid range (gatherlens.errors).
 The mask is kept un-expanded as a 5-D view (B|1, Hkv|1, G|1, Q|1, L|1) so that a chunk of queries
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from gatherlens.errors import GatherTypeError, GatherValueError
+from gatherlens.ops.attention.variants import PLAIN, AttentionVariant
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -41,7 +42,12 @@ class AttentionProblem:
     causal_offset: int     # query i sees keys j <= i + causal_offset (0 = SDPA's top-left)
     mask: torch.Tensor | None  # (B|1, Hkv|1, G|1, Q|1, L|1), bool (True = attend) or additive float
     share_selection: bool = False
-    softcap: float | None = None  # logits -> softcap * tanh(logits / softcap) before masks (variants.py)
+    variant: AttentionVariant = PLAIN  # soft-capping and sinks (variants.py), checked
+
+    @property
+    def softcap(self) -> float | None:
+        """logits -> softcap * tanh(logits / softcap) before masks (the variant's)."""
+        return self.variant.softcap
 
     @property
     def k_out(self) -> int:
@@ -110,13 +116,21 @@ def check_sinks(sinks, *, heads: int, like: torch.Tensor) -> None:
             f"sinks is on {sinks.device} but query is on {like.device}; they must share a device")
 
 
+def check_variant(variant: AttentionVariant, *, heads: int, like: torch.Tensor) -> AttentionVariant:
+    """A variant's softcap and sinks checked (`check_softcap`, `check_sinks`); the softcap as a float."""
+    softcap = check_softcap(variant.softcap)
+    check_sinks(variant.sinks, heads=heads, like=like)
+    if variant.softcap is None or type(variant.softcap) is float:
+        return variant
+    return AttentionVariant(softcap, variant.sinks, variant.window)
+
+
 def check_topk_args(query, key, value, top_k, *, is_causal, attn_mask, scale, enable_gqa,
-                    share_selection=False, softcap=None, sinks=None) -> AttentionProblem:
+                    share_selection=False, variant: AttentionVariant = PLAIN) -> AttentionProblem:
     """Validate the arguments of `topk_attention` and describe the problem."""
     top_k = check_top_k(top_k)
     _check_qkv(query, key, value)
-    softcap = check_softcap(softcap)
-    check_sinks(sinks, heads=query.shape[1], like=query)
+    variant = check_variant(variant, heads=query.shape[1], like=query)
     B, Hq, Q, D = query.shape
     Hkv, L, Dv = key.shape[1], key.shape[2], value.shape[3]
     _check_heads(Hq, Hkv, enable_gqa)
@@ -131,7 +145,7 @@ def check_topk_args(query, key, value, top_k, *, is_causal, attn_mask, scale, en
     return AttentionProblem(
         batch=B, q_heads=Hq, kv_heads=Hkv, groups=G, q_len=Q, key_len=L, head_dim=D, value_dim=Dv,
         scale=float(scale), top_k=top_k, causal=causal, causal_offset=offset, mask=mask,
-        share_selection=bool(share_selection), softcap=softcap,
+        share_selection=bool(share_selection), variant=variant,
     )
 
 

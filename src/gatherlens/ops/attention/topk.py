@@ -4,6 +4,7 @@
     >>> out, sel = topk_attention(q, k, v, 64, enable_gqa=True, return_selection=True)
     >>> sel.indices.shape                                                        # (B, Hq, Q, 64)
     >>> out = topk_attention(q, k, v, 64, softcap=50.0, sinks=s_aux)             # Gemma 2, GPT-OSS
+    >>> out = topk_attention(q, k, v, 64, variant=AttentionVariant(50.0, s_aux))  # the same, one object
 
 Dispatch: inputs that need gradients go through the autograd Function (autograd.py, chunked
 forward + chunked recompute backward); other CPU calls take the sparse path (sparse_sum.py: an
@@ -23,13 +24,13 @@ from gatherlens.ops.attention.chunked import chunked_forward
 from gatherlens.ops.attention.decode import decode_forward, is_decode
 from gatherlens.ops.attention.selection import AttentionSelection
 from gatherlens.ops.attention.sparse_sum import sparse_forward, use_sparse
-from gatherlens.ops.attention.variants import join_sinks
+from gatherlens.ops.attention.variants import join_sinks, variant_of
 from gatherlens.ops.dtypes import NEG_INF, stat_dtype
 
 
 def topk_attention(query, key, value, top_k, *, is_causal=False, attn_mask=None, scale=None,
                    enable_gqa=False, share_selection=False, return_selection=False,
-                   softcap: float | None = None, sinks: torch.Tensor | None = None):
+                   softcap: float | None = None, sinks: torch.Tensor | None = None, variant=None):
     r"""Scaled dot product attention over each query's ``top_k`` highest-scoring allowed keys.
 
     The arguments of :func:`torch.nn.functional.scaled_dot_product_attention` plus ``top_k``.
@@ -59,7 +60,7 @@ def topk_attention(query, key, value, top_k, *, is_causal=False, attn_mask=None,
         sinks (Tensor, optional): GPT-OSS's sink logits, one per query head, shape ``(H_q,)``:
             each joins its head's softmax as one more column with no value row, so
             ``out = sum_j e^{l_j} v_j / (sum_j e^{l_j} + e^{sink})`` over the kept keys (it never
-            takes a key's place among the k). Default None: no sink.
+            takes a key's place among the k). Default None: no sink. (Or both as one ``variant``.)
 
     Shape:
         - query: :math:`(B, H_q, Q, D)`; key: :math:`(B, H_{kv}, L, D)`; value: :math:`(B, H_{kv}, L, D_v)`
@@ -81,15 +82,16 @@ def topk_attention(query, key, value, top_k, *, is_causal=False, attn_mask=None,
     """
     p = check_topk_args(query, key, value, top_k, is_causal=is_causal, attn_mask=attn_mask,
                         scale=scale, enable_gqa=enable_gqa, share_selection=share_selection,
-                        softcap=softcap, sinks=sinks)
-    out, lse, vals, idx, path = _forward(p, query, key, value, sinks, bool(return_selection))
+                        variant=variant_of(softcap, sinks, variant))
+    out, lse, vals, idx, path = _forward(p, query, key, value, bool(return_selection))
     if not return_selection:
         return out
     return out, _selection(p, vals, idx, lse, is_causal, path)
 
 
-def _forward(p, query, key, value, sinks, need_idx: bool):
+def _forward(p, query, key, value, need_idx: bool):
     """(out, lse, vals, idx, path) by the path that fits: empty, autograd, decode or chunked."""
+    sinks = p.variant.sinks  # (Hq,) or None: an input of the autograd Function (it has a gradient)
     if p.batch == 0 or p.q_heads == 0:                         # nothing to attend: empty results
         sd = stat_dtype(query.dtype)
         out = query.new_zeros(p.batch, p.q_heads, p.q_len, p.value_dim)       # (B, Hq, Q, Dv)

@@ -1,5 +1,7 @@
-"""Soft-capping and attention sinks: the two logit rules of today's decoders, in one place.
+"""Soft-capping, attention sinks and local windows: what a decoder's attention adds to Llama's, in one place.
 
+    >>> variant = AttentionVariant(softcap=50.0)          # one object, passed down as `variant=`
+    >>> variant.plain, PLAIN.plain                        # (False, True): PLAIN is Llama's attention
     >>> s = softcap_(logits, 50.0)                  # in place: 50 * tanh(logits / 50) (Gemma 2)
     >>> out, lse = join_sinks(out, lse, sinks)      # out (B, Hq, Q, Dv), lse (B, Hq, Q), sinks (Hq,)
 
@@ -11,16 +13,63 @@
   the attention over the keys alone (out_k, lse_k), that is ``out_k * sigmoid(lse_k - sink)`` and
   ``lse = logaddexp(lse_k, sink)``: a rescaling after any path, the same for every backend.
 
+- **window** (Mistral, Gemma 2/3, GPT-OSS: sliding; Llama 4: chunked): a local layer attends to its
+  last `window` tokens only (models/sparse_window.py keeps them as a ring); None for a global layer.
+
+`AttentionVariant` carries them as ONE frozen object: models/features.py builds it once per
+attention module (`attention_variant`), and the ops take it as `variant=` (`topk_attention` and
+`sparse_decode` also keep their `softcap=` / `sinks=` keywords for users, merged by `variant_of`).
 Used by `topk_attention` (ops/attention) and `sparse_decode` (ops/sparse); the plain references
 (naive.py of each) write the rules out literally instead.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from gatherlens.errors import GatherTypeError, GatherValueError
 from gatherlens.ops.dtypes import NEG_INF
 
-__all__ = ["capped", "softcap_", "softcap_slope_", "join_sinks", "sink_logits"]
+__all__ = ["AttentionVariant", "PLAIN", "variant_of", "capped", "softcap_", "softcap_slope_", "join_sinks", "sink_logits"]
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionVariant:
+    """The softmax rules of one layer's attention beyond scale and mask (None: not used).
+
+        >>> AttentionVariant(softcap=30.0).plain
+        False
+    """
+
+    softcap: float | None = None       # Gemma 2: logits -> softcap * tanh(logits / softcap)
+    sinks: torch.Tensor | None = None  # (Hq,) GPT-OSS: one logit per query head joins every softmax
+    window: int | None = None          # a local layer's window (sliding or chunked); None: global
+
+    @property
+    def plain(self) -> bool:
+        """True when the logits and the softmax are Llama's (no cap, no sink): any kernel runs it."""
+        return self.softcap is None and self.sinks is None
+
+
+PLAIN = AttentionVariant()  # Llama's attention: what every op assumes without a variant
+
+
+def variant_of(softcap=None, sinks=None, variant: AttentionVariant | None = None) -> AttentionVariant:
+    """The public ops' keywords as one AttentionVariant: `variant` (checked), else softcap / sinks
+    (PLAIN when both are None). Giving both a variant and a keyword is an error.
+
+        >>> variant_of(softcap=50.0).softcap, variant_of() is PLAIN
+        (50.0, True)
+    """
+    if variant is None:
+        return PLAIN if softcap is None and sinks is None else AttentionVariant(softcap, sinks)
+    if not isinstance(variant, AttentionVariant):
+        raise GatherTypeError(f"variant must be an AttentionVariant or None, got {type(variant).__name__}")
+    if softcap is not None or sinks is not None:
+        raise GatherValueError("softcap= or sinks= was given with variant=; set them in the AttentionVariant "
+                               f"instead (variant.softcap = {variant.softcap!r})")
+    return variant
 
 
 def capped(s: torch.Tensor, softcap: float | None) -> torch.Tensor:

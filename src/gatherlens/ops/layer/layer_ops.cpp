@@ -27,7 +27,11 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "gatherlens/common.h"
+
 namespace {
+
+namespace gl = gatherlens;
 
 template <typename T>
 inline float load(const T* p, int64_t i) { return static_cast<float>(p[i]); }
@@ -97,7 +101,7 @@ void silu_rows(const T* gu, int64_t gs, O* out, int64_t R, int64_t I) {
   for (int64_t r = 0; r < R; ++r)
     for (int64_t i = 0; i < I; ++i) {
       const float g = load(gu + r * gs, i), u = load(gu + r * gs, I + i);
-      out[r * I + i] = static_cast<O>((g / (1.f + std::exp(-g))) * u);
+      out[r * I + i] = static_cast<O>((g * gl::sigmoid(g)) * u);
     }
 }
 
@@ -124,18 +128,19 @@ void rotate(const T* x, const float* c, const float* s, int64_t D, float* o) {
 
 struct Cache {
   float *k, *v, *s;
-  int64_t kb, kh, kn, vb, vh, vn, sb, sh, sn, P, D, Dv;
+  gl::Strides ks, vs, ss;
+  int64_t P, D, Dv;
 };
 
 template <typename T>
 void write_token(const T* k, const T* v, int64_t b, int64_t h, const float* c, const float* s, const Cache& m,
                  int64_t position) {
   const int64_t page = position / m.P, slot = position % m.P;
-  float* kd = m.k + b * m.kb + h * m.kh + page * m.kn + slot * m.D;
+  float* kd = m.k + b * m.ks.b + h * m.ks.h + page * m.ks.n + slot * m.D;
   rotate(k + h * m.D, c, s, m.D, kd);
-  float* vd = m.v + b * m.vb + h * m.vh + page * m.vn + slot * m.Dv;
+  float* vd = m.v + b * m.vs.b + h * m.vs.h + page * m.vs.n + slot * m.Dv;
   for (int64_t i = 0; i < m.Dv; ++i) vd[i] = load(v + h * m.Dv, i);
-  float* box = m.s + b * m.sb + h * m.sh + page * m.sn;  // [max | min]
+  float* box = m.s + b * m.ss.b + h * m.ss.h + page * m.ss.n;  // [max | min]
   for (int64_t i = 0; i < m.D; ++i) {
     box[i] = slot == 0 ? kd[i] : std::max(box[i], kd[i]);
     box[m.D + i] = slot == 0 ? kd[i] : std::min(box[m.D + i], kd[i]);
@@ -183,9 +188,8 @@ at::Tensor rope_append_cpu(const at::Tensor& q, const at::Tensor& k, const at::T
                            int64_t position) {
   check_rope(q, k, v, cos, sin, keys, values, sums, position);
   const int64_t B = keys.size(0), Hkv = keys.size(1), D = keys.size(4), Hq = q.size(1) / D;
-  Cache m{keys.data_ptr<float>(), values.data_ptr<float>(), sums.data_ptr<float>(), keys.stride(0),
-          keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2), sums.stride(0),
-          sums.stride(1), sums.stride(2), keys.size(3), D, values.size(4)};
+  Cache m{keys.data_ptr<float>(), values.data_ptr<float>(), sums.data_ptr<float>(), gl::strides_of(keys),
+          gl::strides_of(values), gl::strides_of(sums), keys.size(3), D, values.size(4)};
   at::Tensor qo = at::empty({B, Hq, D}, keys.options());
   if (q.scalar_type() == at::kBFloat16)
     rope_rows<c10::BFloat16>(q, k, v, cos.data_ptr<float>(), sin.data_ptr<float>(), m, position,

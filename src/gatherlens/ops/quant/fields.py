@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.quant.sizes import SIZES
+from gatherlens.ops.quant.layout import LAYOUTS
 
-__all__ = ["as_blocks", "half_at", "nibbles", "high_bits", "q8_0_parts", "q4_0_parts", "q4_1_parts",
-           "q5_0_parts", "q5_1_parts", "q4_0_fields", "q4_1_fields", "q5_0_fields", "q5_1_fields",
+__all__ = ["as_blocks", "half_at", "field_bytes", "half_field", "nibbles", "high_bits", "q8_0_parts", "q4_0_parts",
+           "q4_1_parts", "q5_0_parts", "q5_1_parts", "q4_0_fields", "q4_1_fields", "q5_0_fields", "q5_1_fields",
            "q8_0_fields"]
 
 
 def as_blocks(raw: torch.Tensor, qtype: str) -> torch.Tensor:
     """(R, nb * block_bytes) uint8 rows of `qtype` -> (R, nb, block_bytes), a view."""
     rows, width = raw.shape
-    nbytes = SIZES[qtype][1]
+    nbytes = LAYOUTS[qtype].block_bytes
     return raw.view(rows, width // nbytes, nbytes)  # (R, nb, bytes)
 
 
@@ -46,8 +46,15 @@ def half_at(blocks: torch.Tensor, offset: int) -> torch.Tensor:
     return pair.view(torch.float16)  # (R, nb, 1)
 
 
-def _bytes(blocks: torch.Tensor, offset: int, length: int) -> torch.Tensor:
-    return blocks.narrow(-1, offset, length)  # (R, nb, length)
+def field_bytes(blocks: torch.Tensor, qtype: str, name: str) -> torch.Tensor:
+    """The bytes of field `name` of every `qtype` block: (R, nb, bytes) -> (R, nb, size), a view."""
+    field = LAYOUTS[qtype].field(name)
+    return blocks.narrow(-1, field.offset, field.size)  # (R, nb, size)
+
+
+def half_field(blocks: torch.Tensor, qtype: str, name: str) -> torch.Tensor:
+    """The fp16 field `name` (d, m, dmin) of every `qtype` block: (R, nb, bytes) -> (R, nb, 1)."""
+    return half_at(blocks, LAYOUTS[qtype].field(name).offset)  # (R, nb, 1)
 
 
 def nibbles(qs: torch.Tensor) -> torch.Tensor:
@@ -62,36 +69,41 @@ def high_bits(qh: torch.Tensor) -> torch.Tensor:
     return bits.flatten(-2)  # (R, nb, 32)
 
 
+def _five_bits(blocks: torch.Tensor, qtype: str) -> torch.Tensor:
+    """A Q5 block's codes: the qs nibbles, bit 4 from qh: (R, nb, bytes) -> (R, nb, 32) in 0..31."""
+    high = high_bits(field_bytes(blocks, qtype, "qh"))  # (R, nb, 32) bits 0/1
+    return nibbles(field_bytes(blocks, qtype, "qs")) | (high << 4)  # (R, nb, 32)
+
+
 def q8_0_parts(raw: torch.Tensor):
     """Q8_0 -> (q: int8 (R, nb, 32), d: float16 (R, nb, 1)), both views of `raw`."""
     blocks = as_blocks(raw, "Q8_0")  # (R, nb, 34)
-    return _bytes(blocks, 2, 32).view(torch.int8), half_at(blocks, 0)
+    return field_bytes(blocks, "Q8_0", "qs").view(torch.int8), half_field(blocks, "Q8_0", "d")
 
 
 def q4_0_parts(raw: torch.Tensor):
     """Q4_0 -> (q: uint8 (R, nb, 32) codes 0..15, d: float16 (R, nb, 1))."""
     blocks = as_blocks(raw, "Q4_0")  # (R, nb, 18)
-    return nibbles(_bytes(blocks, 2, 16)), half_at(blocks, 0)
+    return nibbles(field_bytes(blocks, "Q4_0", "qs")), half_field(blocks, "Q4_0", "d")
 
 
 def q4_1_parts(raw: torch.Tensor):
     """Q4_1 -> (q: uint8 (R, nb, 32) codes 0..15, d, m: float16 (R, nb, 1))."""
     blocks = as_blocks(raw, "Q4_1")  # (R, nb, 20)
-    return nibbles(_bytes(blocks, 4, 16)), half_at(blocks, 0), half_at(blocks, 2)
+    d, m = half_field(blocks, "Q4_1", "d"), half_field(blocks, "Q4_1", "m")  # (R, nb, 1) each
+    return nibbles(field_bytes(blocks, "Q4_1", "qs")), d, m
 
 
 def q5_0_parts(raw: torch.Tensor):
     """Q5_0 -> (q: uint8 (R, nb, 32) codes 0..31, d: float16 (R, nb, 1))."""
     blocks = as_blocks(raw, "Q5_0")  # (R, nb, 22)
-    q = nibbles(_bytes(blocks, 6, 16)) | (high_bits(_bytes(blocks, 2, 4)) << 4)  # (R, nb, 32)
-    return q, half_at(blocks, 0)
+    return _five_bits(blocks, "Q5_0"), half_field(blocks, "Q5_0", "d")
 
 
 def q5_1_parts(raw: torch.Tensor):
     """Q5_1 -> (q: uint8 (R, nb, 32) codes 0..31, d, m: float16 (R, nb, 1))."""
     blocks = as_blocks(raw, "Q5_1")  # (R, nb, 24)
-    q = nibbles(_bytes(blocks, 8, 16)) | (high_bits(_bytes(blocks, 4, 4)) << 4)  # (R, nb, 32)
-    return q, half_at(blocks, 0), half_at(blocks, 2)
+    return _five_bits(blocks, "Q5_1"), half_field(blocks, "Q5_1", "d"), half_field(blocks, "Q5_1", "m")
 
 
 def _per_row(codes: torch.Tensor, *scales: torch.Tensor):

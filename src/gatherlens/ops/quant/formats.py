@@ -1,8 +1,11 @@
-"""Rows of GGUF blocks -> float32 rows, vectorised, with ggml's arithmetic in ggml's order.
+"""Rows of GGUF blocks -> float32 values by block, vectorised, with ggml's arithmetic in ggml's order.
 
     >>> raw = torch.zeros(3, 2 * 34, dtype=torch.uint8)        # (R, nb*34): 3 rows of 2 Q8_0 blocks
-    >>> dequantize_rows(raw, "Q8_0").shape                     # (R, nb*32) float32
-    torch.Size([3, 64])
+    >>> dequantize_q8_0(raw).shape                             # (R, nb, 32) float32
+    torch.Size([3, 2, 32])
+
+One function per format (`dequantize_<format>`, ggml's `dequantize_row_*`), each the `dequantize`
+of its record in registry.py, whose `dequantize_rows(raw, qtype)` calls them.
 
 Each format's fields come from fields.py / kquants.py (`*_parts`: by block, views where the bytes
 allow); here they are widened to float32 and combined exactly as `dequantize_row_*` in
@@ -15,57 +18,46 @@ from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.quant.fields import (q4_0_parts, q4_1_fields, q4_1_parts, q5_0_parts, q5_1_parts,
-                                         q8_0_fields, q8_0_parts)
+from gatherlens.ops.quant.fields import q4_0_parts, q4_1_parts, q5_0_parts, q5_1_parts, q8_0_parts
 from gatherlens.ops.quant.kquants import q4_k_parts, q6_k_parts
-from gatherlens.ops.quant.sizes import QTYPES
 
-__all__ = ["dequantize_rows", "DEQUANTIZERS", "q4_1_fields", "q8_0_fields"]
+__all__ = ["dequantize_q8_0", "dequantize_q4_0", "dequantize_q4_1", "dequantize_q5_0", "dequantize_q5_1",
+           "dequantize_q4_k", "dequantize_q6_k"]
 
 
-def _q8_0(raw: torch.Tensor) -> torch.Tensor:
+def dequantize_q8_0(raw: torch.Tensor) -> torch.Tensor:
     q, d = q8_0_parts(raw)  # (R, nb, 32) int8, (R, nb, 1) fp16
     return q.float() * d.float()  # (R, nb, 32)
 
 
-def _q4_0(raw: torch.Tensor) -> torch.Tensor:
+def dequantize_q4_0(raw: torch.Tensor) -> torch.Tensor:
     q, d = q4_0_parts(raw)  # (R, nb, 32) codes 0..15, (R, nb, 1)
     return (q.float() - 8) * d.float()  # (R, nb, 32)
 
 
-def _q4_1(raw: torch.Tensor) -> torch.Tensor:
+def dequantize_q4_1(raw: torch.Tensor) -> torch.Tensor:
     q, d, m = q4_1_parts(raw)  # (R, nb, 32), (R, nb, 1), (R, nb, 1)
     return q.float() * d.float() + m.float()  # (R, nb, 32)
 
 
-def _q5_0(raw: torch.Tensor) -> torch.Tensor:
+def dequantize_q5_0(raw: torch.Tensor) -> torch.Tensor:
     q, d = q5_0_parts(raw)  # (R, nb, 32) codes 0..31, (R, nb, 1)
     return (q.float() - 16) * d.float()  # (R, nb, 32)
 
 
-def _q5_1(raw: torch.Tensor) -> torch.Tensor:
+def dequantize_q5_1(raw: torch.Tensor) -> torch.Tensor:
     q, d, m = q5_1_parts(raw)  # (R, nb, 32), (R, nb, 1), (R, nb, 1)
     return q.float() * d.float() + m.float()  # (R, nb, 32)
 
 
-def _q4_k(raw: torch.Tensor) -> torch.Tensor:
+def dequantize_q4_k(raw: torch.Tensor) -> torch.Tensor:
     q, d, dmin, scales, mins = q4_k_parts(raw)  # (R, nb, 8, 32), (R, nb, 1) x2, (R, nb, 8) x2
     step = (d.float() * scales.float()).unsqueeze(-1)  # (R, nb, 8, 1): d * sc, rounded once
     low = (dmin.float() * mins.float()).unsqueeze(-1)  # (R, nb, 8, 1): dmin * m
     return step * q.float() - low  # (R, nb, 8, 32)
 
 
-def _q6_k(raw: torch.Tensor) -> torch.Tensor:
+def dequantize_q6_k(raw: torch.Tensor) -> torch.Tensor:
     q, scales, d = q6_k_parts(raw)  # (R, nb, 16, 16) int8, (R, nb, 16) int8, (R, nb, 1)
     step = (d.float() * scales.float()).unsqueeze(-1)  # (R, nb, 16, 1): d * sc
     return step * q.float()  # (R, nb, 16, 16)
-
-
-DEQUANTIZERS = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1,
-                "Q4_K": _q4_k, "Q6_K": _q6_k}
-assert tuple(DEQUANTIZERS) == QTYPES
-
-
-def dequantize_rows(raw: torch.Tensor, qtype: str) -> torch.Tensor:
-    """(R, nb * block_bytes) uint8 rows of `qtype` -> (R, nb * block_weights) float32. Unchecked."""
-    return DEQUANTIZERS[qtype](raw).flatten(1)  # (R, nb*elems)

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.quant.fields import q4_0_fields, q4_1_fields, q5_0_fields, q5_1_fields, q8_0_fields
-from gatherlens.ops.quant.kquants import q4_k_fields
+from gatherlens.ops.quant.layout import formats_taking
+from gatherlens.ops.quant.registry import FORMATS
 
 __all__ = ["INT4_QTYPES", "GROUP", "affine_groups", "pack_codes", "pack_int4", "int4_matmul"]
 
 GROUP = 32  # weights per scale along K: the kernel's qGroupSize
 _N_MULTIPLE = 16  # the kernel's rule for N (output features)
+INT4_QTYPES = formats_taking("int4")  # the formats whose records name this kernel
 
 
 def _split(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,8 +47,8 @@ def _split(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (wide & 15).to(torch.uint8), (wide >> 4).to(torch.int8)  # (R, K), (R, K)
 
 
-def _q4_k_groups(raw: torch.Tensor):
-    q, d, dmin, sc, mn = q4_k_fields(raw)  # (R, nb*256), (R, nb) x2, (R, nb, 8) x2
+def _k_groups(raw: torch.Tensor, qtype: str):
+    q, d, dmin, sc, mn = FORMATS[qtype].unpack(raw)  # (R, nb*256), (R, nb) x2, (R, nb, 8) x2
     s = (d.float().unsqueeze(-1) * sc.float()).flatten(1)  # (R, nb*8): d * sc, one float32 rounding
     z = -(dmin.float().unsqueeze(-1) * mn.float()).flatten(1)  # (R, nb*8): -dmin * mn
     return q, None, s, z
@@ -56,23 +57,18 @@ def _q4_k_groups(raw: torch.Tensor):
 def affine_groups(raw: torch.Tensor, qtype: str):
     """Blocks (R, nb * block_bytes) -> (l uint8 (R, K), h int8 (R, K) or None, s, z float32 (R, K/32)).
 
-    w = s * (16 h + l) + z for every weight, group by group (the table in the module docstring).
+    w = s * (16 h + l) + z for every weight, group by group (the table in the module docstring),
+    read off the format's record: a min `m` is z, else z = -code_offset * d; codes over 4 bits split.
     """
-    if qtype == "Q4_K":
-        return _q4_k_groups(raw)
-    if qtype in ("Q4_1", "Q5_1"):
-        q, d, m = (q4_1_fields if qtype == "Q4_1" else q5_1_fields)(raw)  # (R, K), (R, nb), (R, nb)
-        z = m.float()  # (R, nb)
-    else:
-        q, d = {"Q4_0": q4_0_fields, "Q5_0": q5_0_fields, "Q8_0": q8_0_fields}[qtype](raw)  # (R, K), (R, nb)
-        z = d.float() * {"Q4_0": -8.0, "Q5_0": -16.0, "Q8_0": 0.0}[qtype]  # (R, nb): exact (power of 2)
-    if qtype in ("Q4_0", "Q4_1"):
+    fmt = FORMATS[qtype]
+    if fmt.has("dmin"):  # a K-quant: a scale and a min per 32-weight sub-block
+        return _k_groups(raw, qtype)
+    q, d, *m = fmt.unpack(raw)  # (R, K), (R, nb), [(R, nb)]
+    z = m[0].float() if m else d.float() * float(-fmt.code_offset)  # (R, nb): exact (a power of 2, or 0)
+    if fmt.bits <= 4:
         return q, None, d.float(), z
     low, high = _split(q)  # (R, K) each
     return low, high, d.float(), z
-
-
-INT4_QTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K")
 
 
 def pack_codes(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype):

@@ -5,7 +5,8 @@
     >>> q.shape, sc.shape                                       # codes in element order; 8 sub-blocks
     (torch.Size([2, 256]), torch.Size([2, 1, 8]))
 
-`*_parts` give the fields by sub-block (what formats.py computes with), `*_fields` per row.
+`*_parts` give the fields by sub-block (what formats.py computes with), `*_fields` per row; each
+field is read by name at the offset its record in layout.py gives.
 
 Layouts (ggml's `ggml-common.h`, `dequantize_row_q4_K` / `_q6_K` in `ggml-quants.c`):
 
@@ -21,10 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.quant.fields import as_blocks, half_at
+from gatherlens.ops.quant.fields import as_blocks, field_bytes, half_field
 
 __all__ = ["q4_k_parts", "q6_k_parts", "q4_k_fields", "q6_k_fields", "k_scale_min"]
-
 
 
 def _shifts(step: int, device) -> torch.Tensor:
@@ -50,10 +50,11 @@ def q4_k_parts(raw: torch.Tensor):
     scales, mins: uint8 (R, nb, 8))."""
     blocks = as_blocks(raw, "Q4_K")  # (R, nb, 144)
     rows, nb, _ = blocks.shape
-    chunks = blocks.narrow(-1, 16, 128).unflatten(-1, (4, 1, 32))  # (R, nb, 4, 1, 32)
+    chunks = field_bytes(blocks, "Q4_K", "qs").unflatten(-1, (4, 1, 32))  # (R, nb, 4, 1, 32)
     q = (chunks >> _shifts(4, raw.device)) & 0x0F  # (R, nb, 4, 2, 32): sub-block 2c + h
-    scales, mins = k_scale_min(blocks.narrow(-1, 4, 12))  # (R, nb, 8) each
-    return q.view(rows, nb, 8, 32), half_at(blocks, 0), half_at(blocks, 2), scales, mins
+    scales, mins = k_scale_min(field_bytes(blocks, "Q4_K", "scales"))  # (R, nb, 8) each
+    d, dmin = half_field(blocks, "Q4_K", "d"), half_field(blocks, "Q4_K", "dmin")  # (R, nb, 1) each
+    return q.view(rows, nb, 8, 32), d, dmin, scales, mins
 
 
 def q6_k_parts(raw: torch.Tensor):
@@ -61,13 +62,13 @@ def q6_k_parts(raw: torch.Tensor):
     d: float16 (R, nb, 1))."""
     blocks = as_blocks(raw, "Q6_K")  # (R, nb, 210)
     rows, nb, _ = blocks.shape
-    ql = blocks.narrow(-1, 0, 128).unflatten(-1, (2, 1, 64))  # (R, nb, half, 1, 64)
+    ql = field_bytes(blocks, "Q6_K", "ql").unflatten(-1, (2, 1, 64))  # (R, nb, half, 1, 64)
     low = ((ql >> _shifts(4, raw.device)) & 0x0F).view(rows, nb, 2, 4, 32)  # (R, nb, half, quarter, 32)
-    qh = blocks.narrow(-1, 128, 64).unflatten(-1, (2, 1, 32))  # (R, nb, half, 1, 32)
+    qh = field_bytes(blocks, "Q6_K", "qh").unflatten(-1, (2, 1, 32))  # (R, nb, half, 1, 32)
     high = (qh >> _shifts(2, raw.device)) & 3  # (R, nb, half, quarter, 32)
     q = (low | (high << 4)).view(torch.int8) - 32  # (R, nb, 2, 4, 32): codes 0..63, less 32
-    scales = blocks.narrow(-1, 192, 16).view(torch.int8)  # (R, nb, 16)
-    return q.view(rows, nb, 16, 16), scales, half_at(blocks, 208)
+    scales = field_bytes(blocks, "Q6_K", "scales").view(torch.int8)  # (R, nb, 16)
+    return q.view(rows, nb, 16, 16), scales, half_field(blocks, "Q6_K", "d")
 
 
 def q4_k_fields(raw: torch.Tensor):

@@ -22,11 +22,14 @@ import torch
 
 from gatherlens.errors import GatherTypeError, GatherValueError
 from gatherlens.ops.quant.checks import check_blocks, check_qtype
-from gatherlens.ops.quant.formats import dequantize_rows
+from gatherlens.ops.backends import Impl, Operator
+from gatherlens.ops.quant import q8act as _q8act
 from gatherlens.ops.quant.matmul import ROUTES
+from gatherlens.ops.quant.registry import dequantize_rows
 from gatherlens.ops.quant.sizes import SIZES
 
-__all__ = ["LinearConfig", "QuantizedWeight", "pack_linear", "quantized_linear", "split_linear", "LINEAR_ROUTES"]
+__all__ = ["LinearConfig", "QuantizedWeight", "pack_linear", "quantized_linear", "split_linear", "LINEAR_ROUTES",
+           "linear_product", "LINEAR_PRODUCT", "q8act_ready"]
 
 LINEAR_ROUTES = tuple(ROUTES)  # the route names, in matmul.py's order
 
@@ -152,11 +155,55 @@ def _check_x(x, weight) -> None:
         raise GatherValueError(f"x is on {x.device} but the weight is on {weight.device}; move one of them")
 
 
-def quantized_linear(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
-    """y = x @ W.T for W held as blocks: x (..., K) -> (..., N), in x's dtype (no bias)."""
+def quantized_linear(x: torch.Tensor, weight: QuantizedWeight, backend: str = "auto") -> torch.Tensor:
+    """y = x @ W.T for W held as blocks: x (..., K) -> (..., N), in x's dtype (no bias).
+    backend: a row of LINEAR_PRODUCT ("prefill", "q8act", "packed", "dequant"), default the first that fits."""
     _check_x(x, weight)
     flat = x if x.dim() == 2 else x.reshape(-1, weight.shape[1])  # (M, K)
-    rows = weight.config.prefill_rows
-    route = "dequant" if rows is not None and flat.shape[0] >= rows else weight.route
-    y = ROUTES[route].matmul(flat, weight)  # (M, N)
+    y = linear_product(flat, weight, backend)  # (M, N)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], weight.shape[0])  # (..., N)
+
+
+def linear_product(x: torch.Tensor, weight: QuantizedWeight, backend: str = "auto") -> torch.Tensor:
+    """x (M, K) -> (M, N) in x's dtype, unchecked: the one entrance that picks where a quantized
+    product runs (LINEAR_PRODUCT's rows) and runs it; `quantized_linear` calls it after its checks,
+    the lean decode step (models/decode_step.py) directly."""
+    return LINEAR_PRODUCT(x, weight, backend=backend)
+
+
+def q8act_ready() -> str | None:
+    """None when the q8act operator built (`gatherlens::q8act_linear`), else why it cannot run here."""
+    if _BUILT:  # built: not asked again (a decode step asks ~100 times a token)
+        return None
+    if not _q8act.kernel_loaded():
+        return "its C++ operator did not build (see the warning)"
+    _BUILT.append(True)
+    return None
+
+
+_BUILT: list[bool] = []  # [True] once the q8act operator loaded
+
+
+def _prefill_fits(x, weight) -> str | None:
+    rows = weight.config.prefill_rows
+    return None if rows is not None and x.shape[0] >= rows else "fewer rows than prefill_rows (a decode step)"
+
+
+def _q8act_fits(x, weight) -> str | None:
+    if weight.config.route != "q8act":
+        return f"the weight's route is {weight.config.route!r}"
+    return q8act_ready()
+
+
+def _packed_fits(x, weight) -> str | None:
+    return None if weight.tensors else f"route {weight.route!r} keeps no packed weight"
+
+
+# where a quantized product runs: a prefill dequantizes (float32 GEMM, bit-equal to the reference);
+# a q8act weight takes its C++ operator where it built; a packed route its own kernel; else dequant
+LINEAR_PRODUCT = Operator("quantized_linear", [
+    Impl("prefill", _prefill_fits, ROUTES["dequant"].matmul),
+    Impl("q8act", _q8act_fits, ROUTES["q8act"].matmul, ready=q8act_ready),
+    Impl("packed", _packed_fits, lambda x, weight: ROUTES[weight.route].matmul(x, weight)),
+    Impl("dequant", lambda x, weight: None, ROUTES["dequant"].matmul),
+])

@@ -5,14 +5,17 @@
 
 | route        | formats        | resident weight             | exact?                                  |
 |--------------|----------------|-----------------------------|-----------------------------------------|
-| int4         | INT4_QTYPES    | codes as stored, bf16 s / z | codes exact; s, z, x and y rounded to bf16 |
-| int4_f32     | INT4_QTYPES    | same, float32 s / z         | weights exact; float32 sums (slow)      |
+| int4         | routes "int4"  | codes as stored, bf16 s / z | codes exact; s, z, x and y rounded to bf16 |
+| int4_f32     | routes "int4"  | same, float32 s / z         | weights exact; float32 sums (slow)      |
 | bf16         | any            | dequantized once, bf16      | weights rounded to bf16                 |
 | float32      | any            | dequantized once, float32   | bit-equal to the reference (today's way) |
 | dequant      | any            | none beyond the blocks      | bit-equal: dequantizes on every call    |
-| q8act        | Q4_0 Q4_1 Q8_0 | none beyond the blocks      | weights exact; x rounded to 8 bits per 32 (llama.cpp's way) |
+| q8act        | routes "q8act" | none beyond the blocks      | weights exact; x rounded to 8 bits per 32 (llama.cpp's way) |
 | int8_row     | any            | int8, one scale per row     | lossy: re-quantized (`_weight_int8pack_mm`) |
 | int4_requant | any            | int4 g32, re-quantized      | lossy: min/max per 32 weights           |
+
+routes "int4": the formats whose record (layout.py) names that kernel in its `routes`
+(`formats_taking("int4")`, likewise "q8act").
 """
 from __future__ import annotations
 
@@ -22,10 +25,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from gatherlens.ops.quant.formats import dequantize_rows
-from gatherlens.ops.quant.int4 import GROUP, INT4_QTYPES, int4_matmul, pack_codes, pack_int4
-from gatherlens.ops.quant.q8act import Q8ACT_QTYPES, q8act_matmul
-from gatherlens.ops.quant.q8act import kernel_loaded as q8act_loaded
+from gatherlens.ops.quant.int4 import GROUP, int4_matmul, pack_codes, pack_int4
+from gatherlens.ops.quant.layout import formats_taking
+from gatherlens.ops.quant.q8act import q8act_matmul
+from gatherlens.ops.quant.registry import dequantize_rows
 from gatherlens.ops.quant.sizes import QTYPES
 
 __all__ = ["Route", "ROUTES"]
@@ -70,8 +73,7 @@ def _dequant_mm(x, weight):
 
 
 def _q8act_mm(x, weight):
-    if not q8act_loaded():  # no compiler: the blocks as float32 for this call (exact, slower)
-        return _dequant_mm(x, weight)
+    # where it runs (its operator built, else dequant) is linear.LINEAR_PRODUCT's q8act row
     y = q8act_matmul(x, weight.raw, weight.qtype)  # (M, N) float32
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
@@ -104,12 +106,12 @@ def _int4_requant_pack(raw, qtype):
 
 
 ROUTES = {
-    "int4": Route(_int4_pack(torch.bfloat16), _int4_mm, INT4_QTYPES, cpu_only=True),
-    "int4_f32": Route(_int4_pack(torch.float32), _int4_mm, INT4_QTYPES, cpu_only=True),
+    "int4": Route(_int4_pack(torch.bfloat16), _int4_mm, formats_taking("int4"), cpu_only=True),
+    "int4_f32": Route(_int4_pack(torch.float32), _int4_mm, formats_taking("int4"), cpu_only=True),
     "bf16": Route(_dense_pack(torch.bfloat16), _dense_mm),
     "float32": Route(_dense_pack(torch.float32), _dense_mm),
     "dequant": Route(lambda raw, qtype: ((), 1), _dequant_mm),
-    "q8act": Route(lambda raw, qtype: ((), 1), _q8act_mm, Q8ACT_QTYPES, cpu_only=True),
+    "q8act": Route(lambda raw, qtype: ((), 1), _q8act_mm, formats_taking("q8act"), cpu_only=True),
     "int8_row": Route(_int8_row_pack, _int8_row_mm, cpu_only=True),
     "int4_requant": Route(_int4_requant_pack, _int4_mm, cpu_only=True),
 }

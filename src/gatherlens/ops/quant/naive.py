@@ -1,13 +1,15 @@
 """The plain reference: one block at a time, ggml's C loops written out, float32 arithmetic.
 
     >>> raw = torch.zeros(2, 20, dtype=torch.uint8)            # (R, 20): 2 rows of one Q4_1 block
-    >>> naive_dequantize_rows(raw, "Q4_1").shape
+    >>> naive_rows(raw, "Q4_1", naive_block_q4_1).shape       # = naive_dequantize_rows(raw, "Q4_1")
     torch.Size([2, 32])
 
-Each `_block_*` follows `dequantize_row_*` in ggml's `ggml-quants.c` line by line, on the bytes of
-one block as Python ints. Every float32 operation is done in Python (double) and rounded to float32
-at once by `f32`; for +, - and * of float32 values this equals float32 arithmetic exactly (double
-has more than twice float32's precision), so the reference owes nothing to torch's kernels.
+Each `naive_block_*` follows `dequantize_row_*` in ggml's `ggml-quants.c` line by line, on the bytes
+of one block as Python ints, each field taken by name (as ggml's struct members) at the offset its
+record in layout.py gives; each is the `naive` of its record in registry.py. Every float32
+operation is done in Python (double) and rounded to float32 at once by `f32`; for +, - and * of
+float32 values this equals float32 arithmetic exactly (double has more than twice float32's
+precision), so the reference owes nothing to torch's kernels.
 """
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ import struct
 
 import torch
 
-from gatherlens.ops.quant.sizes import SIZES
+from gatherlens.ops.quant.layout import LAYOUTS
 
-__all__ = ["naive_dequantize_rows", "f32"]
+__all__ = ["naive_rows", "f32", "naive_block_q8_0", "naive_block_q4_0", "naive_block_q4_1", "naive_block_q5_0",
+           "naive_block_q5_1", "naive_block_q4_k", "naive_block_q6_k"]
 
 
 def f32(x: float) -> float:
@@ -25,29 +28,37 @@ def f32(x: float) -> float:
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
-def _half(b: list[int], at: int) -> float:
-    """The little-endian IEEE half at bytes b[at], b[at + 1]."""
-    return struct.unpack("<e", bytes(b[at:at + 2]))[0]
+def _half(b: list[int]) -> float:
+    """The little-endian IEEE half in the two bytes b."""
+    return struct.unpack("<e", bytes(b))[0]
 
 
-def _block_q8_0(b: list[int]) -> list[float]:
-    d = _half(b, 0)
-    return [f32((q - 256 if q > 127 else q) * d) for q in b[2:34]]
+def _named(b: list[int], qtype: str) -> dict[str, list[int]]:
+    """The bytes of one block by field, as ggml's struct names them (`x[i].d`, `x[i].qs`)."""
+    return {f.name: b[f.offset:f.end] for f in LAYOUTS[qtype].fields}
 
 
-def _block_q4_0(b: list[int]) -> list[float]:
-    d, y = _half(b, 0), [0.0] * 32
+def naive_block_q8_0(b: list[int]) -> list[float]:
+    x = _named(b, "Q8_0")
+    d = _half(x["d"])
+    return [f32((q - 256 if q > 127 else q) * d) for q in x["qs"]]
+
+
+def naive_block_q4_0(b: list[int]) -> list[float]:
+    x, y = _named(b, "Q4_0"), [0.0] * 32
+    d, qs = _half(x["d"]), x["qs"]
     for j in range(16):
-        y[j] = f32(((b[2 + j] & 0x0F) - 8) * d)
-        y[j + 16] = f32(((b[2 + j] >> 4) - 8) * d)
+        y[j] = f32(((qs[j] & 0x0F) - 8) * d)
+        y[j + 16] = f32(((qs[j] >> 4) - 8) * d)
     return y
 
 
-def _block_q4_1(b: list[int]) -> list[float]:
-    d, m, y = _half(b, 0), _half(b, 2), [0.0] * 32
+def naive_block_q4_1(b: list[int]) -> list[float]:
+    x, y = _named(b, "Q4_1"), [0.0] * 32
+    d, m, qs = _half(x["d"]), _half(x["m"]), x["qs"]
     for j in range(16):
-        y[j] = f32(f32((b[4 + j] & 0x0F) * d) + m)
-        y[j + 16] = f32(f32((b[4 + j] >> 4) * d) + m)
+        y[j] = f32(f32((qs[j] & 0x0F) * d) + m)
+        y[j + 16] = f32(f32((qs[j] >> 4) * d) + m)
     return y
 
 
@@ -60,14 +71,16 @@ def _codes_q5(qh: int, qs: list[int]) -> list[int]:
     return codes
 
 
-def _block_q5_0(b: list[int]) -> list[float]:
-    d, qh = _half(b, 0), int.from_bytes(bytes(b[2:6]), "little")
-    return [f32((q - 16) * d) for q in _codes_q5(qh, b[6:22])]
+def naive_block_q5_0(b: list[int]) -> list[float]:
+    x = _named(b, "Q5_0")
+    d, qh = _half(x["d"]), int.from_bytes(bytes(x["qh"]), "little")
+    return [f32((q - 16) * d) for q in _codes_q5(qh, x["qs"])]
 
 
-def _block_q5_1(b: list[int]) -> list[float]:
-    d, m, qh = _half(b, 0), _half(b, 2), int.from_bytes(bytes(b[4:8]), "little")
-    return [f32(f32(q * d) + m) for q in _codes_q5(qh, b[8:24])]
+def naive_block_q5_1(b: list[int]) -> list[float]:
+    x = _named(b, "Q5_1")
+    d, m, qh = _half(x["d"]), _half(x["m"]), int.from_bytes(bytes(x["qh"]), "little")
+    return [f32(f32(q * d) + m) for q in _codes_q5(qh, x["qs"])]
 
 
 def _scale_min_k4(j: int, q: list[int]) -> tuple[int, int]:
@@ -77,8 +90,9 @@ def _scale_min_k4(j: int, q: list[int]) -> tuple[int, int]:
     return (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4)
 
 
-def _block_q4_k(b: list[int]) -> list[float]:
-    d, dmin, scales, qs, y = _half(b, 0), _half(b, 2), b[4:16], b[16:144], []
+def naive_block_q4_k(b: list[int]) -> list[float]:
+    x, y = _named(b, "Q4_K"), []
+    d, dmin, scales, qs = _half(x["d"]), _half(x["dmin"]), x["scales"], x["qs"]
     for chunk in range(4):  # 64 weights: sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles)
         for sub, shift in ((2 * chunk, 0), (2 * chunk + 1, 4)):
             sc, m = _scale_min_k4(sub, scales)
@@ -87,9 +101,10 @@ def _block_q4_k(b: list[int]) -> list[float]:
     return y
 
 
-def _block_q6_k(b: list[int]) -> list[float]:
-    ql, qh, d, y = b[0:128], b[128:192], _half(b, 208), [0.0] * 256
-    sc = [s - 256 if s > 127 else s for s in b[192:208]]
+def naive_block_q6_k(b: list[int]) -> list[float]:
+    x, y = _named(b, "Q6_K"), [0.0] * 256
+    ql, qh, d = x["ql"], x["qh"], _half(x["d"])
+    sc = [s - 256 if s > 127 else s for s in x["scales"]]
     for half in range(2):  # 128 weights: ql[64h:64h+64], qh[32h:32h+32], sc[8h:8h+8]
         lo, hi, s, out = ql[64 * half:], qh[32 * half:], sc[8 * half:], 128 * half
         for l in range(32):
@@ -103,18 +118,16 @@ def _block_q6_k(b: list[int]) -> list[float]:
     return y
 
 
-_BLOCKS = {"Q8_0": _block_q8_0, "Q4_0": _block_q4_0, "Q4_1": _block_q4_1, "Q5_0": _block_q5_0,
-           "Q5_1": _block_q5_1, "Q4_K": _block_q4_k, "Q6_K": _block_q6_k}
-
-
-def naive_dequantize_rows(raw: torch.Tensor, qtype: str) -> torch.Tensor:
-    """(R, nb * block_bytes) uint8 rows of `qtype` -> (R, nb * block_weights) float32, block by block."""
-    elems, nbytes = SIZES[qtype]
+def naive_rows(raw: torch.Tensor, qtype: str, block) -> torch.Tensor:
+    """(R, nb * block_bytes) uint8 rows of `qtype` -> (R, nb * block_weights) float32, `block(bytes)` on
+    each block in turn (registry.py's `naive_dequantize_rows` passes the format's `naive_block_*`)."""
+    layout = LAYOUTS[qtype]
+    elems, nbytes = layout.weights, layout.block_bytes
     rows, width = raw.shape
     out = []
     for row in raw.tolist():
         values = []
         for start in range(0, width, nbytes):
-            values += _BLOCKS[qtype](row[start:start + nbytes])
+            values += block(row[start:start + nbytes])
         out.append(values)
     return torch.tensor(out, dtype=torch.float32).view(rows, width // nbytes * elems)  # (R, nb*elems)

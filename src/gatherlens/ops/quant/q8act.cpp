@@ -4,12 +4,15 @@
 //   torch.ops.gatherlens.q8act_linear(x, raw, qtype) -> y        x (M, K) float32, raw (N, row_bytes) uint8
 //
 // The weight is read as stored (no repacking, no float copy). Each 32-value block of a row of x
-// becomes dx = max|x| / 127, qx = round(x / dx) in -127..127, and sx = dx * sum(qx) (llama.cpp's Q8_1);
+// becomes dx = max|x| / 127, qx = round(x / dx) in -127..127, and sx = dx * sum(qx) (llama.cpp's Q8_1;
+// a block holding NaN or inf gets dx = NaN, so the outputs it reaches are NaN, never finite numbers);
 // a weight block with scale d (and min m for Q4_1; Q4_0 is Q4_1 with m = -8 d) adds
 //   d * dx * sum_i q_i qx_i  +  m * sx
 // to the output: 32 products as one AVX2 multiply-add of unsigned codes by signed bytes, summed in
-// int32. qtype: 2 = Q4_0, 3 = Q4_1, 8 = Q8_0 (ggml's type numbers). The error is x's 8-bit rounding
-// (up to dx / 2 per value), as in llama.cpp; ops/quant/q8act_naive.py computes the same sums in float64.
+// int32. qtype: ggml's type number of Q4_0, Q4_1 or Q8_0; each format's type number, block bytes,
+// field offsets and code offset come from quant_formats.h (generated from ops/quant/layout.py's
+// records). The error is x's 8-bit rounding (up to dx / 2 per value), as in llama.cpp;
+// ops/quant/q8act_naive.py computes the same sums in float64.
 // Rows are split over torch's threads. Built by gatherlens/ops/native.py; fake kernel in q8act.py.
 #include <cmath>
 #include <cstdint>
@@ -26,9 +29,16 @@
 #include <immintrin.h>
 #endif
 
+#include "gatherlens/common.h"
+#include "quant_formats.h"
+
 namespace {
 
-constexpr int64_t QK = 32;
+using gatherlens_quant::Q4_0;
+using gatherlens_quant::Q4_1;
+using gatherlens_quant::Q8_0;
+
+constexpr int64_t QK = 32;  // x's blocks (llama.cpp's Q8_1): one per weight block of these formats
 
 struct Act {                       // x quantized: per row, K/32 blocks of 32 int8, a scale and a sum
   std::vector<int8_t> q;
@@ -52,8 +62,12 @@ Act quantize_rows(const float* x, int64_t M, int64_t K) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* v = x + r * K + b * QK;
       float amax = 0.f;
-      for (int64_t i = 0; i < QK; ++i) amax = std::max(amax, std::fabs(v[i]));
-      const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+      bool finite = true;  // std::max drops a NaN: a block holding NaN or inf gets a NaN scale instead,
+      for (int64_t i = 0; i < QK; ++i) {  // so every output it adds to is NaN, as in float
+        amax = std::max(amax, std::fabs(v[i]));
+        finite = finite && std::isfinite(v[i]);
+      }
+      const float d = finite ? amax / 127.f : std::nanf(""), id = d > 0.f ? 1.f / d : 0.f;
       int sum = 0;
       int8_t* q = a.q.data() + r * K + b * QK;
       for (int64_t i = 0; i < QK; ++i) {
@@ -102,8 +116,14 @@ inline int dot_codes(const uint8_t* qs, const int8_t* qx) {  // scalar: 4-bit co
   return s;
 }
 
-float row_q4(const uint8_t* row, int64_t nb, const Act& a, int64_t r, int64_t K, bool has_min) {
-  const int64_t bytes = has_min ? 20 : 18;
+template <class F>
+inline float block_min(const uint8_t* blk, float d) {  // m, or -code_offset * d (Q4_0: m = -8 d)
+  if constexpr (F::has_m) return half_to_float(blk + F::m_at);
+  else return -static_cast<float>(F::code_offset) * d;
+}
+
+template <class F>  // Q4_0, Q4_1: 4-bit codes, w = q d + m
+float row_q4(const uint8_t* row, int64_t nb, const Act& a, int64_t r, int64_t K) {
   const int8_t* qx = a.q.data() + r * K;
   const float* dx = a.d.data() + r * nb;
   const float* sx = a.s.data() + r * nb;
@@ -111,9 +131,9 @@ float row_q4(const uint8_t* row, int64_t nb, const Act& a, int64_t r, int64_t K,
 #ifdef __AVX2__
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // two chains: the FMA's latency overlaps
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = row + b * bytes;
-    const float d = half_to_float(blk), m = has_min ? half_to_float(blk + 2) : -8.f * d;
-    acc[b & 1] = _mm256_fmadd_ps(dot_u8(nibbles(blk + (has_min ? 4 : 2)), qx + b * QK), _mm256_set1_ps(d * dx[b]),
+    const uint8_t* blk = row + b * F::bytes;
+    const float d = half_to_float(blk + F::d_at), m = block_min<F>(blk, d);
+    acc[b & 1] = _mm256_fmadd_ps(dot_u8(nibbles(blk + F::qs_at), qx + b * QK), _mm256_set1_ps(d * dx[b]),
                                  acc[b & 1]);
     mins += m * sx[b];
   }
@@ -121,59 +141,73 @@ float row_q4(const uint8_t* row, int64_t nb, const Act& a, int64_t r, int64_t K,
 #else
   float acc = 0.f;
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = row + b * bytes;
-    const float d = half_to_float(blk), m = has_min ? half_to_float(blk + 2) : -8.f * d;
-    acc += d * dx[b] * static_cast<float>(dot_codes(blk + (has_min ? 4 : 2), qx + b * QK));
+    const uint8_t* blk = row + b * F::bytes;
+    const float d = half_to_float(blk + F::d_at), m = block_min<F>(blk, d);
+    acc += d * dx[b] * static_cast<float>(dot_codes(blk + F::qs_at, qx + b * QK));
     mins += m * sx[b];
   }
   return acc + mins;
 #endif
 }
 
+template <class F>  // Q8_0: signed 8-bit codes, w = q d
 float row_q8(const uint8_t* row, int64_t nb, const Act& a, int64_t r, int64_t K) {
   const int8_t* qx = a.q.data() + r * K;
   const float* dx = a.d.data() + r * nb;
 #ifdef __AVX2__
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = row + b * 34;
-    acc[b & 1] = _mm256_fmadd_ps(dot_s8(reinterpret_cast<const int8_t*>(blk + 2), qx + b * QK),
-                                 _mm256_set1_ps(half_to_float(blk) * dx[b]), acc[b & 1]);
+    const uint8_t* blk = row + b * F::bytes;
+    acc[b & 1] = _mm256_fmadd_ps(dot_s8(reinterpret_cast<const int8_t*>(blk + F::qs_at), qx + b * QK),
+                                 _mm256_set1_ps(half_to_float(blk + F::d_at) * dx[b]), acc[b & 1]);
   }
   return hsum(_mm256_add_ps(acc[0], acc[1]));
 #else
   float acc = 0.f;
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = row + b * 34;
-    const int8_t* qw = reinterpret_cast<const int8_t*>(blk + 2);
+    const uint8_t* blk = row + b * F::bytes;
+    const int8_t* qw = reinterpret_cast<const int8_t*>(blk + F::qs_at);
     int s = 0;
-    for (int i = 0; i < 32; ++i) s += qw[i] * qx[b * QK + i];
-    acc += half_to_float(blk) * dx[b] * static_cast<float>(s);
+    for (int i = 0; i < QK; ++i) s += qw[i] * qx[b * QK + i];
+    acc += half_to_float(blk + F::d_at) * dx[b] * static_cast<float>(s);
   }
   return acc;
 #endif
 }
 
-at::Tensor q8act_linear_cpu(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be (M, K) float32 contiguous");
-  TORCH_CHECK(qtype == 2 || qtype == 3 || qtype == 8, "qtype must be 2 (Q4_0), 3 (Q4_1) or 8 (Q8_0), got ", qtype);
+template <class F>
+at::Tensor linear(const at::Tensor& x, const at::Tensor& raw) {
+  static_assert(F::weights == QK && F::group == QK, "one scale per 32 weights, as x's blocks");
   const int64_t M = x.size(0), K = x.size(1), N = raw.size(0), nb = K / QK;
-  const int64_t bytes = qtype == 8 ? 34 : (qtype == 3 ? 20 : 18);
   TORCH_CHECK(K % QK == 0, "K must be a multiple of 32, got ", K);
-  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == at::kByte && raw.stride(1) == 1 && raw.size(1) == nb * bytes,
-              "raw must be (N, ", nb * bytes, ") uint8 blocks with contiguous rows");
+  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == at::kByte && raw.stride(1) == 1 && raw.size(1) == nb * F::bytes,
+              "raw must be (N, ", nb * F::bytes, ") uint8 blocks with contiguous rows");
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
   const Act a = quantize_rows(x.data_ptr<float>(), M, K);
   const uint8_t* w = raw.data_ptr<uint8_t>();
   const int64_t ws = raw.stride(0);
   float* out = y.data_ptr<float>();
-  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+  gatherlens::parallel_chunks(N, 64, [&](int64_t n0, int64_t n1) {  // 64 weight rows a task at least
     for (int64_t r = 0; r < M; ++r)
-      for (int64_t n = n0; n < n1; ++n)
-        out[r * N + n] = qtype == 8 ? row_q8(w + n * ws, nb, a, r, K) : row_q4(w + n * ws, nb, a, r, K, qtype == 3);
+      for (int64_t n = n0; n < n1; ++n) {
+        if constexpr (F::bits == 8) out[r * N + n] = row_q8<F>(w + n * ws, nb, a, r, K);
+        else out[r * N + n] = row_q4<F>(w + n * ws, nb, a, r, K);
+      }
   });
   return y;
+}
+
+at::Tensor q8act_linear_cpu(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be (M, K) float32 contiguous");
+  switch (qtype) {
+    case Q4_0::type: return linear<Q4_0>(x, raw);
+    case Q4_1::type: return linear<Q4_1>(x, raw);
+    case Q8_0::type: return linear<Q8_0>(x, raw);
+    default: break;
+  }
+  TORCH_CHECK(false, "qtype must be ", Q4_0::type, " (Q4_0), ", Q4_1::type, " (Q4_1) or ", Q8_0::type,
+              " (Q8_0), got ", qtype);
 }
 
 }  // namespace

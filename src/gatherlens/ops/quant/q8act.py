@@ -1,5 +1,6 @@
 """llama.cpp's CPU matmul for Q4_0 / Q4_1 / Q8_0 weights: x quantized to 8 bits per 32 values, the
-dot products in integers, the weight read as its GGUF blocks (q8act.cpp).
+dot products in integers, the weight read as its GGUF blocks (q8act.cpp, which takes each format's
+type number, block bytes and field offsets from quant_formats.h, generated from layout.py).
 
     >>> if kernel_loaded():
     ...     y = q8act_matmul(x, raw, "Q4_1")        # x (M, K) float32, raw (N, row_bytes) -> (M, N)
@@ -17,12 +18,13 @@ from pathlib import Path
 import torch
 
 from gatherlens.ops.native import load_library
+from gatherlens.ops.quant.layout import LAYOUTS, formats_taking
 
 __all__ = ["Q8ACT_QTYPES", "GGML_TYPE", "kernel_loaded", "q8act_matmul", "KERNEL"]
 
 KERNEL = Path(__file__).with_name("q8act.cpp")
-GGML_TYPE = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}  # ggml's type numbers, as the operator takes them
-Q8ACT_QTYPES = tuple(GGML_TYPE)
+Q8ACT_QTYPES = formats_taking("q8act")  # the formats whose records name this kernel
+GGML_TYPE = {q: LAYOUTS[q].ggml_type for q in Q8ACT_QTYPES}  # ggml's type numbers, as the operator takes them
 
 
 def kernel_loaded() -> bool:

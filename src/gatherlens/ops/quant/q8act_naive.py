@@ -6,13 +6,13 @@
     weight block:          w = q d + m  (Q4_1),  (q - 8) d  (Q4_0),  q d  (Q8_0)
     y = sum over blocks of  d dx sum(q qx) + m dx sum(qx)
 
-written out from the fields (fields.py), so it shares nothing with q8act.cpp.
+written out from the fields (the records' `unpack`, fields.py), so it shares nothing with q8act.cpp.
 """
 from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.quant.fields import q4_0_fields, q4_1_fields, q8_0_fields
+from gatherlens.ops.quant.registry import FORMATS
 
 __all__ = ["quantize_activations", "q8act_reference"]
 
@@ -29,16 +29,11 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def q8act_reference(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor:
     """y = x W^T with x rounded to 8 bits per block, in float64, returned as float32 (M, N)."""
     qx, dx = quantize_activations(x)  # (M, nb, 32), (M, nb)
-    if qtype == "Q4_1":
-        q, d, m = q4_1_fields(raw)  # (N, K), (N, nb), (N, nb)
-    elif qtype == "Q4_0":
-        q, d = q4_0_fields(raw)
-        m = -8 * d.double()  # w = q d - 8 d
-    else:
-        q, d = q8_0_fields(raw)
-        m = torch.zeros_like(d, dtype=torch.float64)
+    fmt = FORMATS[qtype]
+    q, d, *shift = fmt.unpack(raw)  # (N, K), (N, nb), [(N, nb)]
+    m = shift[0] if shift else -fmt.code_offset * d.double()  # (N, nb): w = q d + m, or (q - offset) d
     N, nb = d.shape
-    qw = q.double().view(N, nb, 32)  # (N, nb, 32)
+    qw = q.double().view(N, nb, fmt.weights)  # (N, nb, 32)
     dots = torch.einsum("nbi,mbi->mnb", qw, qx)  # (M, N, nb): integer sums
     scaled = dots * d.double().unsqueeze(0) * dx.unsqueeze(1)  # (M, N, nb)
     mins = m.double().unsqueeze(0) * (dx * qx.sum(-1)).unsqueeze(1)  # (M, N, nb)

@@ -5,32 +5,23 @@
     >>> row_bytes("Q8_0", 576)        # one 576-wide row of SmolLM2's tied table
     612
 
-The one home of these numbers (ggml's `ggml-common.h`; gguf's `GGML_QUANT_SIZES` agrees, tested);
-LAYOUT names the bytes of a block in order (fields.py / kquants.py read them at these offsets, tested).
+Derived from the records of layout.py (the one home of these numbers; gguf's `GGML_QUANT_SIZES`
+agrees, tested); LAYOUT names the bytes of a block in order, (field, bytes), for the picture.
 K-quants are super-blocks of 256 weights, so their rows must be a multiple of 256 wide.
 """
 from __future__ import annotations
 
 from gatherlens.errors import GatherValueError
+from gatherlens.ops.quant.layout import LAYOUTS, QK_K, SCALE_KINDS
 
 __all__ = ["SIZES", "LAYOUT", "SCALE_FIELDS", "QTYPES", "QK_K", "row_bytes"]
 
-QK_K = 256  # weights in one K-quant super-block
-
-# the bytes of one block, in order: (field, bytes). d, m, dmin: fp16; scales: K-quant sub-block
-# scales (and mins); qs, ql: low code bits; qh: high code bits
-LAYOUT = {
-    "Q8_0": (("d", 2), ("qs", 32)),
-    "Q4_0": (("d", 2), ("qs", 16)),
-    "Q4_1": (("d", 2), ("m", 2), ("qs", 16)),
-    "Q5_0": (("d", 2), ("qh", 4), ("qs", 16)),
-    "Q5_1": (("d", 2), ("m", 2), ("qh", 4), ("qs", 16)),
-    "Q4_K": (("d", 2), ("dmin", 2), ("scales", 12), ("qs", QK_K // 2)),
-    "Q6_K": (("ql", QK_K // 2), ("qh", QK_K // 4), ("scales", QK_K // 16), ("d", 2)),
-}
-SCALE_FIELDS = ("d", "m", "dmin", "scales")  # the fields that scale and shift codes; the rest are codes
-SIZES = {q: (QK_K if q.endswith("_K") else 32, sum(n for _, n in fields)) for q, fields in LAYOUT.items()}
-QTYPES = tuple(SIZES)
+QTYPES = tuple(LAYOUTS)
+SIZES = {q: (layout.weights, layout.block_bytes) for q, layout in LAYOUTS.items()}
+LAYOUT = {q: tuple((f.name, f.size) for f in layout.fields) for q, layout in LAYOUTS.items()}
+# the fields that scale and shift codes (d, m, dmin, scales); the rest are codes
+SCALE_FIELDS = tuple(dict.fromkeys(f.name for layout in LAYOUTS.values() for f in layout.fields
+                                   if f.kind in SCALE_KINDS))
 
 
 def row_bytes(qtype: str, dim: int) -> int:

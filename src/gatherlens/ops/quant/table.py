@@ -20,8 +20,7 @@ import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.ops.quant.checks import check_blocks, check_method, check_no_grad, check_qtype
-from gatherlens.ops.quant.formats import dequantize_rows
-from gatherlens.ops.quant.naive import naive_dequantize_rows
+from gatherlens.ops.quant.registry import dequantize_rows, naive_dequantize_rows
 from gatherlens.ops.quant.sizes import SIZES
 
 __all__ = ["QuantizedTable"]
@@ -54,7 +53,12 @@ class QuantizedTable:
         path = Path(path)
         if not path.is_file():
             raise GatherValueError(f"path {str(path)!r} is not a file")
-        return cls.from_reader(GGUFReader(path, mode="c"), tensor_name)  # "c": copy-on-write, never written
+        try:
+            reader = GGUFReader(path, mode="c")  # "c": copy-on-write, never written
+        except (ValueError, IndexError) as err:  # not a GGUF file, or a damaged one gguf cannot parse
+            said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise GatherValueError(f"path {str(path)!r} is not a readable GGUF file ({said})") from None
+        return cls.from_reader(reader, tensor_name)
 
     @classmethod
     def from_reader(cls, reader, tensor_name: str) -> "QuantizedTable":

@@ -1,10 +1,11 @@
 """Argument checks of `sparse_decode`.
 
     >>> scale = check_decode_args(q, cache, budget=64, page_size=None, group_score="max",
-    ...                           backend="auto", scale=None, key_mask=None)   # 1 / sqrt(D)
-    >>> check_decode_args(..., softcap=30.0, sinks=torch.zeros(Hq))             # the same rules as topk_attention
+    ...                           scale=None, key_mask=None)                     # 1 / sqrt(D)
+    >>> check_decode_args(..., variant=AttentionVariant(30.0, torch.zeros(Hq)))  # the same rules as topk_attention
 
-Every message names the argument, the bad value and the valid range (gatherlens.errors).
+Every message names the argument, the bad value and the valid range (gatherlens.errors). The
+backend is checked by the one table that runs it (decode.SPARSE_DECODE).
 """
 from __future__ import annotations
 
@@ -13,27 +14,23 @@ import math
 import torch
 
 from gatherlens.errors import GatherTypeError, GatherValueError
-from gatherlens.ops.attention.checks import check_sinks, check_softcap
+from gatherlens.ops.attention.checks import check_variant
+from gatherlens.ops.attention.variants import PLAIN, AttentionVariant
 
 from .cache import PagedKVCache
 from .config import check_budget, check_choice
 
-__all__ = ["BACKENDS", "check_decode_args", "check_key_mask", "check_choice"]
-
-BACKENDS = ("auto", "torch", "native", "triton")
+__all__ = ["check_decode_args", "check_key_mask", "check_choice"]
 
 
-def check_decode_args(query, cache, budget, page_size, group_score, backend, scale, key_mask, recent=0,
-                      choose="bound", *, softcap=None, sinks=None) -> float:
+def check_decode_args(query, cache, budget, page_size, group_score, scale, key_mask, recent=0,
+                      choose="bound", *, variant: AttentionVariant = PLAIN) -> float:
     """Validate the arguments of `sparse_decode`; return the logit scale (default 1 / sqrt(D)).
 
-    softcap and sinks follow topk_attention's checks (ops/attention/checks.py): their one home."""
+    The variant's softcap and sinks follow topk_attention's checks (ops/attention/checks.py): their one home."""
     _check_query_and_cache(query, cache, budget, page_size)
-    check_softcap(softcap)
-    check_sinks(sinks, heads=query.shape[1], like=query)
+    check_variant(variant, heads=query.shape[1], like=query)
     check_choice(recent, choose, group_score)
-    if backend not in BACKENDS:
-        raise GatherValueError(f"backend = {backend!r} must be one of {BACKENDS}")
     if query.device != cache.device:
         raise GatherValueError(f"query is on {query.device} but the cache is on {cache.device}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))

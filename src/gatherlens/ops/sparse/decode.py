@@ -5,33 +5,39 @@
     >>> out = sparse_decode(q, cache, budget=2048)          # q (B, Hq, 1, D) -> (B, Hq, 1, D)
     >>> out, lse, sel = sparse_decode(q, cache, budget=2048, return_lse=True, return_selection=True)
     >>> out = sparse_decode(q, cache, budget=2048, softcap=50.0, sinks=s_aux)   # Gemma 2, GPT-OSS
+    >>> pages, bounds, out, lse = decode_pages(q, cache, 2048, how, 0.125)      # unchecked: the model's step
+    >>> SPARSE_DECODE.why(q, cache, 2048, how, 0.125, PLAIN, None, False)       # which rows can run, and why not
 
 Reads the page summaries (2D per page) plus `budget` tokens of K and V, instead of all of K and V.
 With budget >= cache.length every page is read and the result is dense attention.
-Pieces: checks.py (arguments), page_choice.py (which pages), torch_decode.py (gather + attend)
-and triton_decode.py (the GPU kernels, imported only when that backend runs).
+Pieces: checks.py (arguments), page_choice.py (which pages), torch_decode.py (gather + attend),
+fused_decode.py (the C++ operator) and triton_decode.py (the GPU kernels, imported only when that
+backend runs). Where a call runs is decided by ONE backend table, `SPARSE_DECODE` (ops/backends.py):
+rows triton, native, torch, each with its `fits` rule; `decode_pages` is the one function that
+selects and runs, called by `sparse_decode` after its argument checks and by the model adapter
+(models/sparse_attention.decode_attention) directly: the checks cost more than the operator at one
+token a step (~90 us against ~20 us a layer), and the adapter made its query and cache itself.
 """
 from __future__ import annotations
 
 import os
-from functools import partial
 
 import torch
 
 from gatherlens.errors import GatherTypeError, GatherValueError
-
-from gatherlens.ops.attention.variants import join_sinks
+from gatherlens.ops.attention.variants import PLAIN, AttentionVariant, join_sinks, variant_of
+from gatherlens.ops.backends import AUTO, Impl, Operator
 
 from .cache import PagedKVCache
 from .checks import check_decode_args
-from .fused_decode import fused_dense, fused_fits, fused_select_attend
-from .fused_decode import kernel_loaded as fused_loaded
 from .config import OP, SparseConfig
+from .fused_decode import fused_dense, fused_select_attend, native_fits, native_ready
 from .page_choice import pages_to_read, select_pages
 from .selection import PageSelection
 from .torch_decode import attend_all, attend_pages
 
-__all__ = ["sparse_decode", "sparse_decode_triton", "sparse_decode_native", "reads_every_page"]
+__all__ = ["sparse_decode", "sparse_decode_triton", "sparse_decode_native", "reads_every_page", "decode_pages",
+           "choice_of_config", "SPARSE_DECODE"]
 
 
 def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = OP.budget,
@@ -39,7 +45,7 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = OP.bud
                   return_lse: bool = False, return_selection: bool = False, *, scale: float | None = None,
                   group_score: str = OP.group_score, backend: str = "auto", key_mask: torch.Tensor | None = None,
                   recent: int = OP.recent, choose: str = OP.choose, config: SparseConfig | None = None,
-                  softcap: float | None = None, sinks: torch.Tensor | None = None):
+                  softcap: float | None = None, sinks: torch.Tensor | None = None, variant=None):
     r"""Decode attention over the ``budget`` cached tokens whose pages score highest.
 
     Pages are scored by an upper bound of q.k from their keys' min and max (Quest); page 0, the
@@ -57,10 +63,10 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = OP.bud
         scale (float, optional): logit scale. Default: ``1 / sqrt(D)``.
         group_score (str): ``"max"`` or ``"sum"`` of a group's page bounds (shared selection).
         backend (str): ``"torch"``, ``"native"`` (one C++ operator on the CPU: scoring, choice and
-            attention without the gather copy; float32 caches, no ``key_mask``, ``choose="bound"``),
-            ``"triton"`` (CUDA, or ``TRITON_INTERPRET=1`` on CPU) or ``"auto"`` (triton for CUDA
-            tensors when it imports and no ``key_mask``; native on the CPU where it fits and builds;
-            else torch).
+            attention without the gather copy; float32 caches, no ``key_mask``, ``choose="bound"``,
+            no ``softcap``), ``"triton"`` (CUDA, or ``TRITON_INTERPRET=1`` on CPU) or ``"auto"``
+            (triton for CUDA tensors when it imports and no ``key_mask``; native on the CPU where it
+            fits and builds; else torch): the rows of ``SPARSE_DECODE`` (an error says why not).
         key_mask (Tensor, optional): bool, ``True`` = attend; keys of padded sequences to ignore.
             Pages are chosen as without it; masked keys in them get no weight (torch backend).
         recent (int): the ``recent`` newest tokens' pages are always read, within the budget.
@@ -72,6 +78,7 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = OP.bud
             logits inside attention (> 0; pages are ranked by the same bounds: the cap is monotonic).
         sinks (Tensor, optional): GPT-OSS's sink logits, ``(H_q,)``: each joins its head's softmax
             as a column with no value (any backend); ``lse`` then includes the sink's term.
+        variant (AttentionVariant, optional): softcap and sinks as one object, not with the keywords.
 
     Shape:
         - query: :math:`(B, H_q, 1, D)`, :math:`H_q` a multiple of ``cache.kv_heads``; key_mask: :math:`(B, L)`
@@ -88,41 +95,26 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = OP.bud
         >>> cache.append(torch.randn(1, 2, 1000, 64), torch.randn(1, 2, 1000, 64))
         >>> out, sel = sparse_decode(torch.randn(1, 8, 1, 64), cache, budget=128, return_selection=True)
         >>> out.shape, sel.pages.shape
-        (torch.Size([1, 8, 1, 64]), torch.Size([1, 2, 8]))
-    """
+        (torch.Size([1, 8, 1, 64]), torch.Size([1, 2, 8]))"""
     how = _choice_of(config, share_selection, group_score, recent, choose)  # the choice rule, one dict
-    return _run(query, cache, budget, page_size, how, backend, scale, key_mask, return_lse, return_selection,
-                softcap, sinks)
+    variant = variant_of(softcap, sinks, variant)  # one object from here down
+    return _run(query, cache, budget, page_size, how, backend, scale, key_mask, return_lse, return_selection, variant)
 
 
 def _run(query, cache, budget, page_size, how: dict, backend, scale, key_mask, return_lse, return_selection,
-         softcap, sinks):
-    """sparse_decode once its choice rule is one dict: checks, backend, decode, sinks, results."""
-    scale = check_decode_args(query, cache, budget, page_size, how["group_score"], backend, scale, key_mask,
-                              how["recent"], how["choose"], softcap=softcap, sinks=sinks)
+         variant: AttentionVariant):
+    """sparse_decode once its choice rule is one dict and its variant one object: checks, decode, results."""
+    scale = check_decode_args(query, cache, budget, page_size, how["group_score"], scale, key_mask,
+                              how["recent"], how["choose"], variant=variant)
     q = query.to(cache.dtype)  # (B, Hq, 1, D)
-    backend = _fit_variants(backend, _pick_backend(q, cache, backend, key_mask, how["choose"]), cache, softcap)
-    att = dict(softcap=softcap, exact_lse=sinks is not None)  # a sink rescales by the keys' lse: keep it exact
-    pages, bounds, out, lse = _decode(backend, q, cache, budget, how, scale, key_mask, return_selection, att)
-    out, lse = join_sinks(out, lse, sinks)  # (B, Hq, 1, Dv), (B, Hq, 1): the sink joins every softmax
+    pages, bounds, out, lse = decode_pages(q, cache, budget, how, scale, variant, key_mask, return_selection,
+                                           backend)  # (B, Hq, 1, Dv), (B, Hq, 1): sinks joined
     lse = lse.float()  # (B, Hq, 1) float32, as documented
     result = [out.to(query.dtype)] + ([lse] if return_lse else [])
     if return_selection:
         result.append(PageSelection(pages, bounds, lse, cache.page_size, cache.length, budget, query.shape[1],
                                     cache.kv_heads, **how))
     return result[0] if len(result) == 1 else tuple(result)
-
-
-def _fit_variants(asked: str, picked: str, cache: PagedKVCache, softcap) -> str:
-    """The native operator does not soft-cap: "auto" falls back to torch for a softcap, an explicit
-    backend="native" is an error. (Sinks join after any backend; every backend takes value_dim.)"""
-    if picked != "native" or softcap is None:
-        return picked
-    if asked == "native":
-        raise GatherValueError(
-            f"backend = 'native' does not support softcap (got softcap = {softcap!r}); use backend='torch' "
-            f"or 'auto'")
-    return "torch"
 
 
 def _choice_of(config: SparseConfig | None, share_selection, group_score, recent, choose) -> dict:
@@ -141,29 +133,38 @@ def _choice_of(config: SparseConfig | None, share_selection, group_score, recent
                 recent=config.recent_window(), choose=config.choose)
 
 
-def _decode(backend, q, cache, budget, how: dict, scale, key_mask, want_selection: bool, att: dict | None = None):
-    """pages (B, Hsel, n) ascending (when wanted), bounds (B, Hsel, N), out (B, Hq, 1, Dv), lse (B, Hq, 1).
+def choice_of_config(config: SparseConfig) -> dict:
+    """{share_selection, group_score, recent, choose} of a SparseConfig, made once per config object
+    (the model's decode step asks every layer, every token; the dict is shared: do not change it)."""
+    held = _CHOICES.get(id(config))
+    if held is not None and held[0] is config:
+        return held[1]
+    if len(_CHOICES) > 256:  # configs made in a loop (tests, sweeps): start again
+        _CHOICES.clear()
+    how = _choice_of(config, OP.share_selection, OP.group_score, OP.recent, OP.choose)
+    _CHOICES[id(config)] = (config, how)
+    return how
 
-    A budget that buys every page is dense attention in place (no scoring unless the selection
-    is wanted, no gather). att: the attention keywords of torch_decode (softcap, exact_lse).
+
+_CHOICES: dict[int, tuple[SparseConfig, dict]] = {}
+
+
+def decode_pages(q: torch.Tensor, cache: PagedKVCache, budget: int, how: dict, scale: float,
+                 variant: AttentionVariant = PLAIN, key_mask: torch.Tensor | None = None,
+                 want_selection: bool = False, backend: str = AUTO):
+    """pages (B, Hsel, n) ascending (None unless wanted or on the sparse rows), bounds (B, Hsel, N)
+    (None unless wanted), out (B, Hq, 1, Dv) in the compute dtype, lse (B, Hq, 1) with the sinks joined.
+
+    The one function that picks where sparse decode runs (SPARSE_DECODE's rows) and runs it, for q
+    (B, Hq, 1, D) already in the cache's dtype; no argument checks (sparse_decode makes them). `how`:
+    the choice rule ({share_selection, group_score, recent, choose}, `choice_of_config`). A budget that
+    buys every page is dense attention in place (no scoring unless the selection is wanted, no gather).
     """
-    att = att or {}
-    if backend in ("torch", "native") and reads_every_page(cache, budget, how["recent"]):
-        dense = fused_dense if backend == "native" else partial(attend_all, key_mask=key_mask, **att)
-        out, lse = dense(q, cache, scale)  # (B, Hq, 1, Dv), (B, Hq, 1)
-        pages, bounds = select_pages(q, cache, budget, scale=scale, **how) if want_selection else (None, None)
+    pages, bounds, out, lse = SPARSE_DECODE(q, cache, budget, how, scale, variant, key_mask, want_selection,
+                                            backend=backend)
+    if variant.sinks is None:
         return pages, bounds, out, lse
-    if backend == "native":  # scoring, choice and attention in one C++ call, pages read in place
-        return fused_select_attend(q, cache, budget, how, scale, want_selection)
-    if backend == "triton":  # scoring in one kernel too: fewer launches per step on a GPU
-        from .triton_decode import triton_attend_pages, triton_select_pages
-
-        pages, bounds = triton_select_pages(q, cache, budget, how["share_selection"], how["group_score"],
-                                            recent=how["recent"])  # pages unsorted
-        out, lse = triton_attend_pages(q, cache, pages, scale, softcap=att.get("softcap"))  # (B, Hq, 1, Dv)
-        return (pages.sort(dim=-1).values if want_selection else pages), bounds, out, lse
-    pages, bounds = select_pages(q, cache, budget, scale=scale, **how)  # ascending
-    return (pages, bounds, *attend_pages(q, cache, pages, scale, key_mask, **att))
+    return (pages, bounds, *join_sinks(out, lse, variant.sinks))  # the sink joins every softmax
 
 
 def reads_every_page(cache: PagedKVCache, budget: int, recent: int = 0) -> bool:
@@ -171,40 +172,85 @@ def reads_every_page(cache: PagedKVCache, budget: int, recent: int = 0) -> bool:
     return pages_to_read(cache.length, cache.page_size, budget, recent)[0] >= cache.num_pages  # the one rule
 
 
-def _pick_backend(q: torch.Tensor, cache, backend: str, key_mask, choose: str) -> str:
-    """"torch" or "triton" for this call; a clear error when triton was asked for and cannot run."""
-    if backend == "auto":
-        supported = q.dtype in (torch.float32, torch.bfloat16, torch.float16)
-        fits = q.is_cuda and supported and key_mask is None and choose == "bound"
-        if fits and triton_available():
-            return "triton"
-        return "native" if fused_fits(q, cache, key_mask, choose) and fused_loaded() else "torch"
-    if backend == "native" and not fused_fits(q, cache, key_mask, choose):
-        raise GatherValueError(f"backend = 'native' runs float32 caches on the CPU without key_mask and with "
-                               f"choose='bound' (got a {cache.dtype} cache on {q.device}, key_mask "
-                               f"{'set' if key_mask is not None else 'None'}, choose={choose!r}); use 'torch' or 'auto'")
-    if backend == "native" and not fused_loaded():
-        raise GatherValueError("backend = 'native' but its C++ operator did not build (see the warning); "
-                               "use backend='torch' or 'auto'")
-    if backend == "triton" and key_mask is not None:
-        raise GatherValueError("key_mask is supported by backend='torch' only; use backend='torch' or 'auto'")
-    if backend == "triton" and choose != "bound":
-        raise GatherValueError(f"choose = {choose!r} is supported by backend='torch' only; use 'torch' or 'auto'")
-    if backend == "triton" and not triton_available():
-        raise GatherValueError("backend = 'triton' but triton does not import; use backend='torch'")
-    if backend == "triton" and not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise GatherValueError(f"backend = 'triton' needs CUDA tensors, got {q.device} (or run with "
-                               f"TRITON_INTERPRET=1 for Triton's CPU interpreter)")
-    return backend
+# -- the rows of SPARSE_DECODE: fits(q, cache, budget, how, scale, variant, key_mask, want) -> None or why not --
+
+_TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _triton_fits(q, cache, budget, how, scale, variant, key_mask, want) -> str | None:
+    """"auto" takes Triton for CUDA tensors of a float dtype it compiles (the CPU interpreter only when asked)."""
+    if not q.is_cuda:
+        return "the query is not on a CUDA device"
+    if q.dtype not in _TRITON_DTYPES:
+        return f"the query is {q.dtype} (the kernels take float32, bfloat16, float16)"
+    return _triton_asked(q, cache, budget, how, scale, variant, key_mask, want)
+
+
+def _triton_asked(q, cache, budget, how, scale, variant, key_mask, want) -> str | None:
+    if key_mask is not None:
+        return "key_mask is supported by backend='torch' only"
+    if how["choose"] != "bound":
+        return f"choose = {how['choose']!r} is supported by backend='torch' only"
+    why = triton_ready()
+    if why is None and not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        return f"it needs CUDA tensors, got {q.device} (or run with TRITON_INTERPRET=1 for Triton's CPU interpreter)"
+    return why
+
+
+def _triton_run(q, cache, budget, how, scale, variant, key_mask, want):
+    """Scoring in one kernel too: fewer launches per step on a GPU."""
+    from .triton_decode import triton_attend_pages, triton_select_pages
+
+    pages, bounds = triton_select_pages(q, cache, budget, how["share_selection"], how["group_score"],
+                                        recent=how["recent"])  # pages unsorted
+    out, lse = triton_attend_pages(q, cache, pages, scale, softcap=variant.softcap)  # (B, Hq, 1, Dv)
+    return (pages.sort(dim=-1).values if want else pages), bounds, out, lse
+
+
+def _native_run(q, cache, budget, how, scale, variant, key_mask, want):
+    """Scoring, choice and attention in one C++ call, pages read in place; every page: dense in place."""
+    n, first = pages_to_read(cache.length, cache.page_size, budget, how["recent"])
+    if n < cache.num_pages:
+        return fused_select_attend(q, cache, n, first, how, scale, want)
+    out, lse = fused_dense(q, cache, scale)  # (B, Hq, 1, Dv), (B, Hq, 1)
+    pages, bounds = select_pages(q, cache, budget, scale=scale, **how) if want else (None, None)
+    return pages, bounds, out, lse
+
+
+def _torch_run(q, cache, budget, how, scale, variant, key_mask, want):
+    """select_pages, then the gather and exact attention; every page: dense in place (no gather)."""
+    if reads_every_page(cache, budget, how["recent"]):
+        out, lse = attend_all(q, cache, scale, key_mask, variant=variant)  # (B, Hq, 1, Dv), (B, Hq, 1)
+        pages, bounds = select_pages(q, cache, budget, scale=scale, **how) if want else (None, None)
+        return pages, bounds, out, lse
+    pages, bounds = select_pages(q, cache, budget, scale=scale, **how)  # ascending
+    return (pages, bounds, *attend_pages(q, cache, pages, scale, key_mask, variant=variant))
 
 
 def triton_available() -> bool:
     """True when triton imports (the GPU backend can run)."""
-    try:
-        import triton  # noqa: F401
-    except Exception:
-        return False
-    return True
+    return triton_ready() is None
+
+
+def triton_ready() -> str | None:
+    """None when triton imports, else why the triton row cannot run here (asked once)."""
+    global _TRITON_READY
+    if _TRITON_READY is False:
+        try:
+            import triton  # noqa: F401
+            _TRITON_READY = None
+        except Exception as e:  # not installed, or a broken install
+            _TRITON_READY = f"triton does not import ({type(e).__name__})"
+    return _TRITON_READY
+
+
+_TRITON_READY: str | None | bool = False  # False: not asked yet
+
+SPARSE_DECODE = Operator("sparse_decode", [
+    Impl("triton", _triton_fits, _triton_run, ready=triton_ready, asked=_triton_asked),
+    Impl("native", native_fits, _native_run, ready=native_ready),
+    Impl("torch", lambda *args: None, _torch_run),  # takes everything
+])
 
 
 def sparse_decode_triton(query, cache, budget: int = OP.budget, page_size=None, share_selection=OP.share_selection,

@@ -6,8 +6,8 @@
 //
 // The same arithmetic as the torch path of ops/sparse (page_choice.select_pages + torch_decode.
 // attend_pages), without the gather copy and without ~25 small torch calls per layer:
-//   1. bounds[b, h, g, p] = sum_d max(q_d * max_pd, q_d * min_pd) for the G query heads of KV head h
-//      (elementwise equal to relu(q) . max + (-relu(-q)) . min; only the order of the sum differs);
+//   1. bounds[b, h, g, p] = relu(q) . max_p + (-relu(-q)) . min_p for the G query heads of KV head h
+//      (page_choice.page_bounds term by term; only the order of the sum differs);
 //   2. per selection head (a query head, or a KV group by the max / sum of its heads' bounds): page 0
 //      and pages first_recent.. are always read, the best others fill n pages (rank: nan lowest, +inf
 //      just below the forced pages, ties to the lower page); the chosen pages sorted ascending;
@@ -24,25 +24,32 @@
 #include <limits>
 #include <vector>
 
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "gatherlens/common.h"
+
 namespace {
 
-struct Layout {                                   // element strides of a (B, H, N, ...) view
-  int64_t b, h, n;
-};
+namespace gl = gatherlens;
+using gl::Strides;
 
-Layout layout_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
-
-inline float bound_row(const float* q, const float* mx, const float* mn, int64_t D) {
+// page_choice.page_bounds: relu(q) . max + (-relu(-q)) . min, term by term as torch's matmul (0 * inf is
+// nan there too); qq (2D,) = [relu(q) | -relu(-q)] (split_query).
+inline float bound_row(const float* qq, const float* mx, const float* mn, int64_t D) {
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
-  for (int64_t d = 0; d < D; ++d) s += std::max(q[d] * mx[d], q[d] * mn[d]);
+  for (int64_t d = 0; d < D; ++d) s += qq[d] * mx[d] + qq[D + d] * mn[d];
   return s;
+}
+
+inline void split_query(const float* q, int64_t D, float* qq) {  // page_choice.split_query
+  for (int64_t d = 0; d < D; ++d) {
+    qq[d] = q[d] > 0.f ? q[d] : 0.f;
+    qq[D + d] = q[d] < 0.f ? q[d] : 0.f;
+  }
 }
 
 inline float dot(const float* a, const float* b, int64_t D) {
@@ -56,10 +63,17 @@ inline void prefetch_page(const float* page, int64_t floats) {  // the next chos
   for (int64_t i = 0; i < floats; i += 16) __builtin_prefetch(page + i, 0, 3);
 }
 
-inline float rank_value(float v) {               // page_choice.rankable: nan lowest, +inf below forced
+// ---- the page choice: page_choice.choose_pages's rule (tests/test_page_choice_rule.py holds them equal) ----
+
+inline float rank_value(float v) {  // page_choice.rankable: nan lowest, -inf above it, +inf below forced
   if (std::isnan(v)) return -std::numeric_limits<float>::infinity();
-  if (v == std::numeric_limits<float>::infinity()) return std::numeric_limits<float>::max();
+  if (std::isinf(v)) return v > 0 ? std::numeric_limits<float>::max() : std::numeric_limits<float>::lowest();
   return v;
+}
+
+inline bool ranks_above(const float* score, int64_t a, int64_t b) {  // select/ties.py: the lower index wins
+  const float va = rank_value(score[a]), vb = rank_value(score[b]);
+  return va > vb || (va == vb && a < b);
 }
 
 // pages[0:n] of one selection head from its scores (N,): forced pages, then the best others.
@@ -76,10 +90,7 @@ void choose(const float* score, int64_t N, int64_t n, int64_t first_recent, int6
   const int64_t free_slots = std::max<int64_t>(0, n - forced);
   cand.clear();
   for (int64_t p = 1; p < fr; ++p) cand.push_back(p);
-  auto better = [score](int64_t a, int64_t b) {
-    const float va = rank_value(score[a]), vb = rank_value(score[b]);
-    return va > vb || (va == vb && a < b);
-  };
+  auto better = [score](int64_t a, int64_t b) { return ranks_above(score, a, b); };
   const int64_t take = std::min<int64_t>(free_slots, static_cast<int64_t>(cand.size()));
   if (take > 0 && take < static_cast<int64_t>(cand.size()))
     std::nth_element(cand.begin(), cand.begin() + take, cand.end(), better);
@@ -88,46 +99,59 @@ void choose(const float* score, int64_t N, int64_t n, int64_t first_recent, int6
   std::sort(pages, pages + k);
 }
 
-// out (D,), returns lse: attention of q over the valid rows of the chosen pages.
-float attend(const float* q, const float* K, const float* V, Layout kl, Layout vl, const int64_t* pages,
-             int64_t n, int64_t P, int64_t D, int64_t Dv, int64_t length, float scale, float* out,
-             std::vector<float>& w) {
-  w.resize(static_cast<size_t>(n * P));
-  float m = -std::numeric_limits<float>::infinity();
+// ---- attention over the chosen pages ----
+
+struct Pages {                                    // the chosen pages of one head and where they lie
+  const int64_t* ids;
+  int64_t n, P, length;
+};
+
+// w[:rows] = the scaled logits of q over the valid rows of the chosen pages, in page order; returns rows.
+int64_t page_logits(const float* q, const float* K, Strides kl, const Pages& pg, int64_t D, float scale, float* w) {
   int64_t rows = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t p = pages[i], valid = std::min<int64_t>(P, length - p * P);
-    const float* kp = K + p * kl.n;
-    if (i + 1 < n) prefetch_page(K + pages[i + 1] * kl.n, P * D);
-    for (int64_t j = 0; j < valid; ++j) {
-      const float l = dot(q, kp + j * D, D) * scale;
-      w[rows++] = l;
-      m = std::max(m, l);
-    }
+  for (int64_t i = 0; i < pg.n; ++i) {
+    const int64_t valid = gl::page_rows(pg.ids[i], pg.P, pg.length);
+    const float* kp = K + pg.ids[i] * kl.n;
+    if (i + 1 < pg.n) prefetch_page(K + pg.ids[i + 1] * kl.n, pg.P * D);
+    for (int64_t j = 0; j < valid; ++j) w[rows++] = dot(q, kp + j * D, D) * scale;
   }
+  return rows;
+}
+
+// out (Dv,) = sum_r w[r] * value row r, over the same rows.
+void weigh_values(const float* V, Strides vl, const Pages& pg, int64_t Dv, const float* w, float* out) {
   for (int64_t d = 0; d < Dv; ++d) out[d] = 0.f;
-  if (!(m > -std::numeric_limits<float>::infinity())) {  // every logit -inf or nan: as the torch path
-    for (int64_t d = 0; d < Dv; ++d) out[d] = std::numeric_limits<float>::quiet_NaN();
-    return m;
-  }
-  double sum = 0.0;
-  rows = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t p = pages[i], valid = std::min<int64_t>(P, length - p * P);
-    const float* vp = V + p * vl.n;
-    if (i + 1 < n) prefetch_page(V + pages[i + 1] * vl.n, P * Dv);
+  int64_t rows = 0;
+  for (int64_t i = 0; i < pg.n; ++i) {
+    const int64_t valid = gl::page_rows(pg.ids[i], pg.P, pg.length);
+    const float* vp = V + pg.ids[i] * vl.n;
+    if (i + 1 < pg.n) prefetch_page(V + pg.ids[i + 1] * vl.n, pg.P * Dv);
     for (int64_t j = 0; j < valid; ++j) {
-      const float e = std::exp(w[rows++] - m);
-      sum += e;
+      const float e = w[rows++];
       const float* vr = vp + j * Dv;
 #pragma omp simd
       for (int64_t d = 0; d < Dv; ++d) out[d] += e * vr[d];
     }
   }
-  const float inv = static_cast<float>(1.0 / sum);
-  for (int64_t d = 0; d < Dv; ++d) out[d] *= inv;
-  return m + static_cast<float>(std::log(sum));
 }
+
+// out (Dv,), returns lse: attention of q over the valid rows of the chosen pages.
+float attend(const float* q, const float* K, const float* V, Strides kl, Strides vl, const Pages& pg, int64_t D,
+             int64_t Dv, float scale, float* out, std::vector<float>& w) {
+  w.resize(static_cast<size_t>(pg.n * pg.P));
+  const int64_t rows = page_logits(q, K, kl, pg, D, scale, w.data());
+  const float m = gl::row_max(w.data(), rows);
+  if (!(m > -std::numeric_limits<float>::infinity())) {  // every logit -inf or nan: as the torch path
+    for (int64_t d = 0; d < Dv; ++d) out[d] = std::numeric_limits<float>::quiet_NaN();
+    return m;
+  }
+  const double sum = gl::exp_sum(w.data(), rows, m, w.data());
+  weigh_values(V, vl, pg, Dv, w.data(), out);
+  gl::scale_by(out, Dv, static_cast<float>(1.0 / sum));
+  return gl::lse_of(m, sum);
+}
+
+// ---- paged_decode: check, score, choose, attend ----
 
 void check_inputs(const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv, const at::Tensor& s,
                   int64_t length, int64_t n) {
@@ -148,138 +172,152 @@ void check_inputs(const at::Tensor& q, const at::Tensor& pk, const at::Tensor& p
   TORCH_CHECK(n >= 1, "paged_decode: n must be >= 1");
 }
 
+struct Shape {                                    // of one paged_decode call
+  int64_t B, Hq, Hkv, G, D, Dv, P, N, length;
+};
+
+// bounds (B, Hkv, G, N): every query head's bound of every page in use.
+void score_pages(const Shape& s, const float* qp, const float* sp, Strides sl, float* bp) {
+  constexpr int64_t kBlock = 256;                  // pages per scoring task
+  const int64_t blocks = gl::ceil_div(s.N, kBlock);
+  gl::for_each_task<std::vector<float>>(s.B * s.Hkv * blocks, [&](int64_t t, std::vector<float>& qq) {
+    const int64_t bh = t / blocks, blk = t % blocks, b = bh / s.Hkv, h = bh % s.Hkv;
+    const float* srow = sp + b * sl.b + h * sl.h;
+    qq.resize(s.G * 2 * s.D);
+    for (int64_t g = 0; g < s.G; ++g) split_query(qp + (b * s.Hq + h * s.G + g) * s.D, s.D, qq.data() + g * 2 * s.D);
+    for (int64_t p = blk * kBlock; p < std::min(s.N, (blk + 1) * kBlock); ++p)
+      for (int64_t g = 0; g < s.G; ++g)
+        bp[(bh * s.G + g) * s.N + p] = bound_row(qq.data() + g * 2 * s.D, srow + p * sl.n, srow + p * sl.n + s.D, s.D);
+  });
+}
+
+inline float max_nan(float a, float b) { return a >= b || a != a ? a : b; }  // torch.amax: nan wins
+
+const float* group_scores(const float* rows, int64_t G, int64_t N, bool sum, std::vector<float>& score) {
+  score.assign(rows, rows + N);                    // a KV group's heads reduced: max or sum (select_pages)
+  for (int64_t g = 1; g < G; ++g) {
+    const float* r = rows + g * N;
+    for (int64_t p = 0; p < N; ++p) score[p] = sum ? score[p] + r[p] : max_nan(score[p], r[p]);
+  }
+  return score.data();
+}
+
+struct ChoiceScratch {
+  std::vector<float> score;
+  std::vector<int64_t> cand;
+};
+
+// pages (B, Hsel, nn) from the bounds: per query head, or per KV group (max / sum of its heads).
+void choose_all(const Shape& s, const float* bp, int64_t nn, int64_t first_recent, bool per_head, bool group_sum,
+                int64_t* pg) {
+  gl::for_each_task<ChoiceScratch>(s.B * (per_head ? s.Hq : s.Hkv), [&](int64_t t, ChoiceScratch& c) {
+    const float* row = per_head ? bp + t * s.N               // (b, hq) is row b*Hq + hq of (B*Hkv*G, N)
+                                : group_scores(bp + t * s.G * s.N, s.G, s.N, group_sum, c.score);
+    choose(row, s.N, nn, first_recent, pg + t * nn, c.cand);
+  });
+}
+
+// out (B, Hq, Dv), lse (B, Hq): each query head over its selection head's pages.
+void attend_all(const Shape& s, const float* qp, const at::Tensor& pk, const at::Tensor& pv, const int64_t* pg,
+                int64_t nn, bool per_head, float scale, float* op, float* lp) {
+  const Strides kl = gl::strides_of(pk), vl = gl::strides_of(pv);
+  const float* kp = pk.data_ptr<float>();
+  const float* vp = pv.data_ptr<float>();
+  gl::for_each_task<std::vector<float>>(s.B * s.Hq, [&](int64_t t, std::vector<float>& w) {
+    const int64_t b = t / s.Hq, hq = t % s.Hq, h = hq / s.G;
+    const int64_t sel = per_head ? t : b * s.Hkv + h;
+    const Pages pages{pg + sel * nn, nn, s.P, s.length};
+    lp[t] = attend(qp + t * s.D, kp + b * kl.b + h * kl.h, vp + b * vl.b + h * vl.h, kl, vl, pages, s.D, s.Dv, scale,
+                   op + t * s.Dv, w);
+  });
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> paged_decode_cpu(
     const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv, const at::Tensor& s, int64_t length,
     int64_t n, int64_t first_recent, double scale, bool per_head, bool group_sum) {
   check_inputs(q, pk, pv, s, length, n);
-  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
-  const int64_t Hkv = pk.size(1), P = pk.size(3), N = (length + P - 1) / P, G = Hq / Hkv, Dv = pv.size(4);
-  const int64_t Hsel = per_head ? Hq : Hkv, nn = std::min(n, N);
-  at::Tensor bounds = at::empty({B, Hkv, G, N}, q.options());
-  at::Tensor pages = at::empty({B, Hsel, nn}, q.options().dtype(at::kLong));
-  at::Tensor out = at::empty({B, Hq, Dv}, q.options()), lse = at::empty({B, Hq}, q.options());
-  const float* qp = q.data_ptr<float>();
-  const float* sp = s.data_ptr<float>();
-  float* bp = bounds.data_ptr<float>();
-  int64_t* pg = pages.data_ptr<int64_t>();
-  const Layout sl = layout_of(s), kl = layout_of(pk), vl = layout_of(pv);
-  constexpr int64_t kBlock = 256;                  // pages per scoring task
-  const int64_t blocks = (N + kBlock - 1) / kBlock;
-  at::parallel_for(0, B * Hkv * blocks, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t bh = t / blocks, blk = t % blocks, b = bh / Hkv, h = bh % Hkv;
-      const float* srow = sp + b * sl.b + h * sl.h;
-      for (int64_t p = blk * kBlock; p < std::min(N, (blk + 1) * kBlock); ++p)
-        for (int64_t g = 0; g < G; ++g)
-          bp[(bh * G + g) * N + p] = bound_row(qp + (b * Hq + h * G + g) * D, srow + p * sl.n, srow + p * sl.n + D, D);
-    }
-  });
-  at::parallel_for(0, B * Hsel, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> score;
-    std::vector<int64_t> cand;
-    for (int64_t t = t0; t < t1; ++t) {
-      const float* row = bp + t * N;               // per head: (b, hq) is row b*Hq + hq of (B*Hkv*G, N)
-      if (!per_head) {                             // a KV group's heads reduced: max or sum
-        score.assign(bp + t * G * N, bp + t * G * N + N);
-        for (int64_t g = 1; g < G; ++g) {
-          const float* r = bp + (t * G + g) * N;
-          for (int64_t p = 0; p < N; ++p) score[p] = group_sum ? score[p] + r[p] : std::max(score[p], r[p]);
-        }
-        row = score.data();
-      }
-      choose(row, N, nn, first_recent, pg + t * nn, cand);
-    }
-  });
-  const float* kp = pk.data_ptr<float>();
-  const float* vp = pv.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  float* lp = lse.data_ptr<float>();
-  at::parallel_for(0, B * Hq, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> w;
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / Hq, hq = t % Hq, h = hq / G;
-      const int64_t sel = per_head ? t : b * Hkv + h;
-      lp[t] = attend(qp + t * D, kp + b * kl.b + h * kl.h, vp + b * vl.b + h * vl.h, kl, vl, pg + sel * nn, nn,
-                     P, D, Dv, length, static_cast<float>(scale), op + t * Dv, w);
-    }
-  });
+  const int64_t Hq = q.size(1), Hkv = pk.size(1), P = pk.size(3);
+  const Shape sh{q.size(0), Hq, Hkv, Hq / Hkv, q.size(2), pv.size(4), P, gl::page_count(length, P), length};
+  const int64_t Hsel = per_head ? Hq : Hkv, nn = std::min(n, sh.N);
+  at::Tensor bounds = at::empty({sh.B, Hkv, sh.G, sh.N}, q.options());
+  at::Tensor pages = at::empty({sh.B, Hsel, nn}, q.options().dtype(at::kLong));
+  at::Tensor out = at::empty({sh.B, Hq, sh.Dv}, q.options()), lse = at::empty({sh.B, Hq}, q.options());
+  score_pages(sh, q.data_ptr<float>(), s.data_ptr<float>(), gl::strides_of(s), bounds.data_ptr<float>());
+  choose_all(sh, bounds.data_ptr<float>(), nn, first_recent, per_head, group_sum, pages.data_ptr<int64_t>());
+  attend_all(sh, q.data_ptr<float>(), pk, pv, pages.data_ptr<int64_t>(), nn, per_head, static_cast<float>(scale),
+             out.data_ptr<float>(), lse.data_ptr<float>());
   return {out, lse, pages, bounds};
 }
 
+// ---- dense_decode: every cached token, split-K over the threads ----
+
+void check_dense(const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv, int64_t length) {
+  TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat, "dense_decode: q must be (B, Hq, D) float32");
+  TORCH_CHECK(pk.dim() == 5 && pv.dim() == 5 && pk.scalar_type() == at::kFloat && pv.scalar_type() == at::kFloat &&
+                  pk.stride(4) == 1 && pk.stride(3) == pk.size(4) && pv.stride(4) == 1 && pv.stride(3) == pv.size(4) &&
+                  pk.stride(2) == pk.size(3) * pk.size(4) && pv.stride(2) == pv.size(3) * pv.size(4),
+              "dense_decode: page_keys / page_values must be float32 storage with contiguous pages");
+  TORCH_CHECK(pk.size(0) == q.size(0) && pk.size(4) == q.size(2) && q.size(1) % pk.size(1) == 0,
+              "dense_decode: q does not match the cache");
+  TORCH_CHECK(length >= 1 && length <= pk.size(2) * pk.size(3), "dense_decode: length ", length, " is outside the storage");
+}
+
+struct Partial {                                  // one chunk's split-K partials for the G heads of a group
+  float *m, *sum, *acc;
+};
+
+// The G query heads qg (G, D) over n contiguous rows K (n, D), V (n, Dv): per head the max logit,
+// the sum of exp(l - max) and the exp-weighted sum of value rows. w: room for G * n logits.
+void dense_chunk(const float* qg, const float* K, const float* V, int64_t n, int64_t G, int64_t D, int64_t Dv,
+                 float sc, Partial part, float* w) {
+  for (int64_t j = 0; j < n; ++j)                  // each key row read once for the G heads
+    for (int64_t g = 0; g < G; ++g) w[g * n + j] = dot(qg + g * D, K + j * D, D) * sc;
+  for (int64_t g = 0; g < G; ++g) {
+    part.m[g] = gl::row_max(w + g * n, n);
+    part.sum[g] = static_cast<float>(gl::exp_sum(w + g * n, n, part.m[g], w + g * n));
+  }
+  std::fill(part.acc, part.acc + G * Dv, 0.f);
+  for (int64_t j = 0; j < n; ++j) {
+    const float* vr = V + j * Dv;
+    for (int64_t g = 0; g < G; ++g) {
+      const float e = w[g * n + j];
+      float* a = part.acc + g * Dv;
+#pragma omp simd
+      for (int64_t d = 0; d < Dv; ++d) a[d] += e * vr[d];
+    }
+  }
+}
 
 // Dense decode over every cached token, read in place: the G query heads of a KV group read each key
 // and value row once, and the rows are split in chunks over the threads (a split-K, combined by
 // log-sum-exp), so a few KV heads still use every thread. out (B, Hq, Dv), lse (B, Hq).
 std::tuple<at::Tensor, at::Tensor> dense_decode_cpu(const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv,
                                                     int64_t length, double scale) {
-  TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat, "dense_decode: q must be (B, Hq, D) float32");
-  TORCH_CHECK(pk.dim() == 5 && pv.dim() == 5 && pk.scalar_type() == at::kFloat && pv.scalar_type() == at::kFloat &&
-                  pk.stride(4) == 1 && pk.stride(3) == pk.size(4) && pv.stride(4) == 1 && pv.stride(3) == pv.size(4) &&
-                  pk.stride(2) == pk.size(3) * pk.size(4) && pv.stride(2) == pv.size(3) * pv.size(4),
-              "dense_decode: page_keys / page_values must be float32 storage with contiguous pages");
-  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = pk.size(1), P = pk.size(3), Dv = pv.size(4);
-  TORCH_CHECK(pk.size(0) == B && pk.size(4) == D && Hq % Hkv == 0, "dense_decode: q does not match the cache");
-  TORCH_CHECK(length >= 1 && length <= pk.size(2) * P, "dense_decode: length ", length, " is outside the storage");
-  const int64_t G = Hq / Hkv;
+  check_dense(q, pk, pv, length);
+  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = pk.size(1), Dv = pv.size(4), G = Hq / Hkv;
   constexpr int64_t kRows = 512;                   // rows per task
-  const int64_t chunks = (length + kRows - 1) / kRows, tasks = B * Hkv * chunks;
+  const int64_t chunks = gl::ceil_div(length, kRows), tasks = B * Hkv * chunks;
   std::vector<float> part_m(tasks * G), part_s(tasks * G), part_acc(tasks * G * Dv);
   const float* qp = q.data_ptr<float>();
   const float* kp = pk.data_ptr<float>();
   const float* vp = pv.data_ptr<float>();
-  const float sc = static_cast<float>(scale);
-  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> w(kRows * G);
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t bh = t / chunks, c = t % chunks, b = bh / Hkv, h = bh % Hkv;
-      const int64_t r0 = c * kRows, r1 = std::min(length, r0 + kRows), n = r1 - r0;
-      const float* K = kp + b * pk.stride(0) + h * pk.stride(1) + r0 * D;  // rows are contiguous across pages
-      const float* V = vp + b * pv.stride(0) + h * pv.stride(1) + r0 * Dv;
-      const float* qg = qp + (b * Hq + h * G) * D;
-      float* m = part_m.data() + t * G;
-      float* sum = part_s.data() + t * G;
-      float* acc = part_acc.data() + t * G * Dv;
-      for (int64_t g = 0; g < G; ++g) m[g] = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t g = 0; g < G; ++g) {
-          const float l = dot(qg + g * D, K + j * D, D) * sc;
-          w[j * G + g] = l;
-          m[g] = std::max(m[g], l);
-        }
-      for (int64_t g = 0; g < G; ++g) sum[g] = 0.f;
-      std::fill(acc, acc + G * Dv, 0.f);
-      for (int64_t j = 0; j < n; ++j) {
-        const float* vr = V + j * Dv;
-        for (int64_t g = 0; g < G; ++g) {
-          const float e = std::exp(w[j * G + g] - m[g]);
-          sum[g] += e;
-          float* a = acc + g * Dv;
-#pragma omp simd
-          for (int64_t d = 0; d < Dv; ++d) a[d] += e * vr[d];
-        }
-      }
-    }
+  gl::for_each_task<std::vector<float>>(tasks, [&](int64_t t, std::vector<float>& w) {
+    w.resize(kRows * G);
+    const int64_t bh = t / chunks, c = t % chunks, b = bh / Hkv, h = bh % Hkv;
+    const int64_t r0 = c * kRows, r1 = std::min(length, r0 + kRows);
+    const Partial part{part_m.data() + t * G, part_s.data() + t * G, part_acc.data() + t * G * Dv};
+    dense_chunk(qp + (b * Hq + h * G) * D, kp + b * pk.stride(0) + h * pk.stride(1) + r0 * D,  // rows are
+                vp + b * pv.stride(0) + h * pv.stride(1) + r0 * Dv, r1 - r0, G, D, Dv,      // contiguous
+                static_cast<float>(scale), part, w.data());                                 // across pages
   });
   at::Tensor out = at::empty({B, Hq, Dv}, q.options()), lse = at::empty({B, Hq}, q.options());
   float* op = out.data_ptr<float>();
   float* lp = lse.data_ptr<float>();
   for (int64_t bh = 0; bh < B * Hkv; ++bh)
     for (int64_t g = 0; g < G; ++g) {
-      float M = -std::numeric_limits<float>::infinity();
-      for (int64_t c = 0; c < chunks; ++c) M = std::max(M, part_m[(bh * chunks + c) * G + g]);
-      double S = 0.0;
-      float* o = op + ((bh / Hkv) * Hq + (bh % Hkv) * G + g) * Dv;
-      std::fill(o, o + Dv, 0.f);
-      for (int64_t c = 0; c < chunks; ++c) {
-        const int64_t t = bh * chunks + c;
-        const float f = std::exp(part_m[t * G + g] - M);
-        S += static_cast<double>(part_s[t * G + g]) * f;
-        const float* a = part_acc.data() + (t * G + g) * Dv;
-        for (int64_t d = 0; d < Dv; ++d) o[d] += f * a[d];
-      }
-      const float inv = static_cast<float>(1.0 / S);
-      for (int64_t d = 0; d < Dv; ++d) o[d] *= inv;
-      lp[(bh / Hkv) * Hq + (bh % Hkv) * G + g] = M + static_cast<float>(std::log(S));
+      const int64_t head = (bh / Hkv) * Hq + (bh % Hkv) * G + g, first = bh * chunks * G + g;
+      lp[head] = gl::merge_partials(part_m.data() + first, part_s.data() + first, part_acc.data() + first * Dv,
+                                    chunks, G, Dv, op + head * Dv);
     }
   return {out, lse};
 }

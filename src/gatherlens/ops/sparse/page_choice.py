@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from .config import CHOOSERS, GROUP_SCORES, check_budget  # noqa: F401 (check_budget: its one home is config.py)
+from gatherlens.ops.attention.select.ties import keep_ties
+
+from .config import CHOOSERS, GROUP_SCORES, OP, check_budget  # noqa: F401 (check_budget: its one home is config.py)
 from .geometry import last_page_tokens, page_count
 
 __all__ = ["page_bounds", "pages_for_budget", "pages_to_read", "select_pages", "choose_pages", "rankable", "page_mass", "first_recent_page",
@@ -70,11 +72,11 @@ def select_pages(
     query: torch.Tensor,
     cache,
     budget: int,
-    share_selection: bool = True,
-    group_score: str = "max",
+    share_selection: bool = OP.share_selection,
+    group_score: str = OP.group_score,
     *,
-    recent: int = 0,
-    choose: str = "bound",
+    recent: int = OP.recent,
+    choose: str = OP.choose,
     scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The pages each (batch, selection head) reads, sorted ascending, and the score of every page.
@@ -143,24 +145,48 @@ def page_mass(q: torch.Tensor, cache, scale: float) -> torch.Tensor:
 
 def rankable(bounds: torch.Tensor) -> torch.Tensor:
     """A copy of page bounds safe to rank, forced pages aside: a non-finite key's bound never
-    outranks the pages that are always read (+inf): nan ranks last, +inf just below them.
+    outranks the pages that are always read (+inf): nan ranks last, -inf just above it (the lowest
+    finite value), +inf just below the forced pages (the highest).
 
-        >>> rankable(torch.tensor([1., float("nan"), float("inf")]))
-        tensor([ 1.0000e+00,        -inf,  3.4028e+38])
+        >>> rankable(torch.tensor([1., float("nan"), float("inf"), float("-inf")]))
+        tensor([ 1.0000e+00,        -inf,  3.4028e+38, -3.4028e+38])
     """
-    return bounds.nan_to_num(nan=float("-inf"), posinf=torch.finfo(bounds.dtype).max)
+    big = torch.finfo(bounds.dtype).max
+    return bounds.nan_to_num(nan=float("-inf"), posinf=big, neginf=-big)
+
+
+def forced_ranking(bounds: torch.Tensor, first_recent: int | None = None) -> torch.Tensor:
+    """(B, Hsel, N) bounds -> the copy the pages are ranked by: `rankable`, with the forced pages
+    (page 0, pages first_recent.., default the last page) at +inf above every other.
+
+        >>> forced_ranking(torch.tensor([[[2., float("inf"), 1., 3.]]]))
+        tensor([[[       inf, 3.4028e+38, 1.0000e+00,        inf]]])
+    """
+    N = bounds.shape[-1]
+    ranked = rankable(bounds)  # (B, Hsel, N)
+    ranked[..., 0] = float("inf")  # sinks
+    ranked[..., N - 1 if first_recent is None else first_recent:] = float("inf")  # the most recent tokens
+    return ranked
 
 
 def choose_pages(bounds: torch.Tensor, n: int, first_recent: int | None = None) -> torch.Tensor:
     """Page 0, pages first_recent.. (default: the last page) and the best others by score.
 
-    (B, Hsel, N) -> (B, Hsel, n) ascending; n counts the forced pages too.
+        >>> choose_pages(torch.tensor([[[1., 5., 5., 5., 0.]]]), 3)  # page 0, the last, the lower 5
+        tensor([[[0, 1, 4]]])
+
+    (B, Hsel, N) -> (B, Hsel, n) ascending; n counts the forced pages too. The one page-choice rule
+    (the Triton path calls it; fused_decode.cpp's `choose` follows it, tests/test_page_choice_rule.py
+    holds them equal): the forced pages, then the others by `forced_ranking`, a tie going to the
+    lower page (select/ties.py's rule: the lower index wins).
     """
     B, Hsel, N = bounds.shape
     if n >= N:
         return torch.arange(N, device=bounds.device).expand(B, Hsel, N)  # (B, Hsel, N)
-    ranked = rankable(bounds)  # (B, Hsel, N)
-    ranked[..., 0] = float("inf")  # sinks
-    ranked[..., N - 1 if first_recent is None else first_recent:] = float("inf")  # the most recent tokens
-    pages = ranked.topk(n, dim=-1, sorted=False).indices  # (B, Hsel, n)
-    return pages.sort(dim=-1).values
+    ranked = forced_ranking(bounds, first_recent)  # (B, Hsel, N)
+    top = ranked.topk(n, dim=-1, sorted=False)  # (B, Hsel, n) the n best, any of several equal ones
+    edge = top.values.amin(dim=-1, keepdim=True)  # (B, Hsel, 1) the n-th best
+    if ranked.is_cpu and int(torch.count_nonzero(ranked >= edge)) == B * Hsel * n:  # no tie across the cut
+        return top.indices.sort(dim=-1).values  # (B, Hsel, n): the n best are unique
+    keep = keep_ties(ranked > edge, ranked == edge, n)  # (B, Hsel, N) the lower pages of a tie
+    return keep.to(torch.uint8).sort(dim=-1, descending=True, stable=True).indices[..., :n]  # (B, Hsel, n) ascending

@@ -17,6 +17,7 @@ import torch
 
 from gatherlens.drawable import Drawable
 
+from .config import OP
 from .geometry import page_count, tokens_read
 
 
@@ -46,11 +47,11 @@ class PageSelection(Drawable):
     budget: int
     query_heads: int
     kv_heads: int
-    share_selection: bool = True
-    group_score: str = "max"
+    share_selection: bool = OP.share_selection
+    group_score: str = OP.group_score
     meta: dict = field(default_factory=dict)
-    recent: int = 0
-    choose: str = "bound"
+    recent: int = OP.recent
+    choose: str = OP.choose
 
     @property
     def num_pages(self) -> int:

@@ -2,18 +2,19 @@
 
     >>> out, lse = attend_pages(q, cache, pages, scale)             # q (B, Hq, 1, D), pages (B, Hsel, n)
     >>> out, lse = attend_pages(q, cache, pages, scale, key_mask)   # key_mask (B, L), True = attend
-    >>> out, lse = attend_pages(q, cache, pages, scale, softcap=30.0)  # out (B, Hq, 1, Dv)
+    >>> out, lse = attend_pages(q, cache, pages, scale, variant=AttentionVariant(softcap=30.0))  # (B, Hq, 1, Dv)
 
 `cache.gather_pages` copies the n chosen pages of every selection head into a reusable workspace
 (one index_select each for K and V); `attend_gathered` then runs exact attention over those rows.
-The Triton path (triton_decode.py) computes the same result without the copy. A softcap caps the
-scaled logits before the mask (ops/attention/variants.py); values may be Dv wide (cache.value_dim).
+The Triton path (triton_decode.py) computes the same result without the copy. The variant's softcap
+caps the scaled logits before the mask, and its sinks ask for an exact lse (ops/attention/variants.py:
+decode.py joins the sinks after); values may be Dv wide (cache.value_dim).
 """
 from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.attention.variants import capped, softcap_
+from gatherlens.ops.attention.variants import PLAIN, AttentionVariant, capped, softcap_
 from gatherlens.ops.dtypes import NEG_INF, compute_dtype
 
 from .cache import PagedKVCache
@@ -24,12 +25,12 @@ _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 
 
 def attend_pages(q: torch.Tensor, cache: PagedKVCache, pages: torch.Tensor, scale: float,
-                 key_mask: torch.Tensor | None = None, *, softcap: float | None = None, exact_lse: bool = False):
+                 key_mask: torch.Tensor | None = None, *, variant: AttentionVariant = PLAIN):
     """Attention of q (B, Hq, 1, D) over the pages (B, Hsel, n, ascending) of `cache`.
 
     key_mask: optional (B, L) bool, True = attend (padded batches): masked keys inside the chosen
-    pages get no weight. softcap, exact_lse: see attend_gathered. Returns out (B, Hq, 1, Dv) in the
-    compute dtype and lse (B, Hq, 1) float32 (exact_lse: the compute dtype).
+    pages get no weight. variant: see attend_gathered. Returns out (B, Hq, 1, Dv) in the compute
+    dtype and lse (B, Hq, 1) float32 (with sinks: the compute dtype).
     """
     B, Hq, _, D = q.shape
     Hsel = pages.shape[1]
@@ -41,25 +42,25 @@ def attend_pages(q: torch.Tensor, cache: PagedKVCache, pages: torch.Tensor, scal
         flags = key_mask.gather(-1, pos.clamp(max=cache.length - 1).reshape(B, -1)).view_as(pos)
         keep = flags & (pos < cache.length)  # (B, Hsel, n*P)
     qs = q.view(B, Hsel, Hq // Hsel, D)  # (B, Hsel, R, D)
-    out, lse = attend_gathered(qs, k, v, valid, scale, keep, softcap=softcap, exact_lse=exact_lse)
+    out, lse = attend_gathered(qs, k, v, valid, scale, keep, variant=variant)
     return out.reshape(B, Hq, 1, -1), lse.reshape(B, Hq, 1)  # (B, Hq, 1, Dv), (B, Hq, 1)
 
 
 def attend_all(q: torch.Tensor, cache: PagedKVCache, scale: float, key_mask: torch.Tensor | None = None, *,
-               softcap: float | None = None, exact_lse: bool = False):
+               variant: AttentionVariant = PLAIN):
     """Dense attention of q (B, Hq, 1, D) over every cached token, read in place (no gather).
 
     The KV group's query heads are folded into one (G, D) block per KV head, so K and V are
     read once per group, not repeated per head. key_mask: optional (B, L) bool, True = attend.
-    softcap, exact_lse: see attend_gathered. Returns out (B, Hq, 1, Dv) in the compute dtype and
-    lse (B, Hq, 1) float32 (exact_lse: the compute dtype).
+    variant: see attend_gathered. Returns out (B, Hq, 1, Dv) in the compute dtype and lse
+    (B, Hq, 1) float32 (with sinks: the compute dtype).
     """
     B, Hq, _, D = q.shape
     Hkv, L = cache.kv_heads, cache.length
     keep = None if key_mask is None else key_mask[:, None, :].expand(B, Hkv, L)  # (B, Hkv, L)
     qs = q.reshape(B, Hkv, Hq // Hkv, D)  # (B, Hkv, G, D)
-    out, lse = attend_gathered(qs, cache.keys, cache.values, L, scale, keep, softcap=softcap,
-                               exact_lse=exact_lse)  # (B, Hkv, G, Dv), (B, Hkv, G)
+    out, lse = attend_gathered(qs, cache.keys, cache.values, L, scale, keep,
+                               variant=variant)  # (B, Hkv, G, Dv), (B, Hkv, G)
     return out.reshape(B, Hq, 1, -1), lse.reshape(B, Hq, 1)  # (B, Hq, 1, Dv), (B, Hq, 1)
 
 
@@ -72,20 +73,21 @@ def _rows_in_tasks(k: torch.Tensor) -> bool:
 
 
 def attend_gathered(q, k, v, valid: int, scale: float, keep: torch.Tensor | None = None, *,
-                    softcap: float | None = None, exact_lse: bool = False):
+                    variant: AttentionVariant = PLAIN):
     """Exact attention of q (B, Hs, R, D) over the first `valid` rows of k (B, Hs, S, D), v (B, Hs, S, Dv).
 
     keep: optional (B, Hs, S) bool, False = no weight; a row with no key left gets out 0, lse -inf.
-    softcap: the scaled logits become softcap * tanh(logits / softcap) before the mask.
-    exact_lse: return lse in the compute dtype (float64 for float64), differentiable in q, not
-    float32 from the fused kernel: what a sink's rescaling needs (decode.py casts it after).
-    On CPU without `keep`, a softcap or `exact_lse` this is one fused call (PyTorch's flash-attention
+    variant.softcap: the scaled logits become softcap * tanh(logits / softcap) before the mask.
+    variant.sinks (exact lse): return lse in the compute dtype (float64 for float64), differentiable
+    in q, not float32 from the fused kernel: what a sink's rescaling needs (decode.py casts it after).
+    On CPU without `keep`, a softcap or sinks this is one fused call (PyTorch's flash-attention
     CPU kernel, which also returns the log-sum-exp): one parallel region instead of ~10, which
     matters on a busy machine. Otherwise the explicit matmul / logsumexp / matmul below, in float32
     for half-precision input so the logits keep their precision; without autograd, in place.
-    Returns out (B, Hs, R, Dv) and lse (B, Hs, R) float32 (exact_lse: the compute dtype).
+    Returns out (B, Hs, R, Dv) and lse (B, Hs, R) float32 (with sinks: the compute dtype).
     """
     k, v = k[:, :, :valid], v[:, :, :valid]  # (B, Hs, S', D), (B, Hs, S', Dv)
+    softcap, exact_lse = variant.softcap, variant.sinks is not None
     fused = keep is None and softcap is None and not exact_lse and k.shape[-1] == v.shape[-1]
     if fused and q.device.type == "cpu" and _CPU_FLASH is not None:
         B, Hs, R, D = q.shape

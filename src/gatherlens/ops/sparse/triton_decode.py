@@ -10,8 +10,8 @@ Flash-decoding layout: program (b, selection head, split) walks its share of the
 blocks of BLOCK_N tokens, loading each key/value row straight from the paged storage through the
 page table (no gathered copy), and keeps a running max, sum and output (online softmax). A second
 small kernel merges the splits by their log-sum-exp. Scoring is one more kernel (the same bound
-as `page_choice.py`, fp32 accumulation, writing the bounds and the +inf-forced ranking of page 0 and
-the last page) followed by one torch top-k: 4 launches per step in all. In float32 every dot is
+as `page_choice.py`, fp32 accumulation) followed by `page_choice.choose_pages`, the one page-choice
+rule of every path (forced pages, ties to the lower page). In float32 every dot is
 IEEE (no TF32), so the pages equal the torch path's. Uses only what Triton 3.6 has (tl.dot with
 input_precision, masks, constexpr blocks; no runtime loop bounds, see NUM_BLOCKS).
 The kernels read the cache through its public views (`summaries`, `page_keys`, `page_values`),
@@ -26,8 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .config import OP
 from .geometry import ceil_div
-from .page_choice import first_recent_page, pages_for_budget, rankable
+from .page_choice import choose_pages, pages_to_read
 
 __all__ = ["triton_page_bounds", "triton_select_pages", "triton_attend_pages"]
 
@@ -136,15 +137,14 @@ def _merge_splits(
 
 @triton.jit
 def _page_bounds_kernel(
-    Q, S, OUT, RANKED, N,
+    Q, S, OUT, N,
     stride_qb, stride_qh, stride_sb, stride_sh, stride_ob, stride_oh,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, REDUCE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     """Bounds of BLOCK_P pages for the G query heads of one KV group, reduced over the group
-    (REDUCE 0: max, 1: sum) or written per head (2). One pass over the [max | min] summaries.
-    RANKED gets the same bounds with page 0 and page N-1 set to +inf (always chosen)."""
+    (REDUCE 0: max, 1: sum) or written per head (2). One pass over the [max | min] summaries."""
     pid = tl.program_id(0)  # b * HKV + kv head
     pid_p = tl.program_id(1)  # block of pages
     b = pid // HKV
@@ -173,26 +173,19 @@ def _page_bounds_kernel(
     if REDUCE == 2:
         o_ptr = OUT + b * stride_ob + (h * G + offs_g)[:, None] * stride_oh + offs_p[None, :]
         tl.store(o_ptr, bound, mask=gmask[:, None] & pmask[None, :])
-        forced = (offs_p == 0) | (offs_p == N - 1)
-        r_ptr = RANKED + b * stride_ob + (h * G + offs_g)[:, None] * stride_oh + offs_p[None, :]
-        tl.store(r_ptr, tl.where(forced[None, :], float("inf"), bound), mask=gmask[:, None] & pmask[None, :])
     else:
-        if REDUCE == 0:
+        if REDUCE == 0:  # torch.amax's max: a nan head makes the group's bound nan (tl.max drops it on GPU)
             red = tl.max(tl.where(gmask[:, None], bound, float("-inf")), 0)
+            has_nan = tl.max(tl.where(gmask[:, None] & (bound != bound), 1, 0), 0) > 0
+            red = tl.where(has_nan, float("nan"), red)
         else:
             red = tl.sum(tl.where(gmask[:, None], bound, 0.0), 0)
         tl.store(OUT + b * stride_ob + h * stride_oh + offs_p, red, mask=pmask)
-        forced = (offs_p == 0) | (offs_p == N - 1)
-        tl.store(RANKED + b * stride_ob + h * stride_oh + offs_p, tl.where(forced, float("inf"), red),
-                 mask=pmask)
 
 
-def triton_page_bounds(q: torch.Tensor, cache, share_selection: bool = True, group_score: str = "max",
-                       block_p: int = 64, ranked: bool = False):
-    """Page bounds (B, Hsel, N) float32 from the summaries in one kernel; same as page_choice.py's.
-
-    ranked=True also returns the bounds with pages 0 and N-1 at +inf, ready for top-k.
-    """
+def triton_page_bounds(q: torch.Tensor, cache, share_selection: bool = OP.share_selection,
+                       group_score: str = OP.group_score, block_p: int = 64):
+    """Page bounds (B, Hsel, N) float32 from the summaries in one kernel; same as page_choice.py's."""
     B, Hq, _, D = q.shape
     Hkv, N = cache.kv_heads, cache.num_pages
     G = Hq // Hkv
@@ -200,32 +193,23 @@ def triton_page_bounds(q: torch.Tensor, cache, share_selection: bool = True, gro
     S = cache.summaries  # (B, Hkv, N, 2D), a view with the storage's strides
     Hsel = Hkv if share_selection else Hq
     out = torch.empty(B, Hsel, N, device=q.device, dtype=torch.float32)  # (B, Hsel, N)
-    rank = torch.empty_like(out)  # (B, Hsel, N)
     BLOCK_P = max(16, _next_pow2(block_p))
     _page_bounds_kernel[(B * Hkv, ceil_div(N, BLOCK_P))](
-        qc, S, out, rank, N, qc.stride(0), qc.stride(1), S.stride(0), S.stride(1), out.stride(0), out.stride(1),
+        qc, S, out, N, qc.stride(0), qc.stride(1), S.stride(0), S.stride(1), out.stride(0), out.stride(1),
         HKV=Hkv, G=G, D=D, REDUCE=(0 if group_score == "max" else 1) if share_selection else 2,
         BLOCK_G=max(16, _next_pow2(G)), BLOCK_P=BLOCK_P, BLOCK_D=max(16, _next_pow2(D)),
         UPCAST=q.device.type != "cuda", IEEE=S.dtype == torch.float32,
     )
-    return (out, rank) if ranked else out
+    return out
 
 
-def triton_select_pages(q: torch.Tensor, cache, budget: int, share_selection: bool = True,
-                        group_score: str = "max", recent: int = 0):
-    """Pages (B, Hsel, n), NOT sorted (the kernel does not need it), and bounds (B, Hsel, N):
-    the scoring kernel, then one top-k: 2 launches instead of ~10 (3 with a `recent` window)."""
-    bounds, rank = triton_page_bounds(q, cache, share_selection, group_score, ranked=True)
-    N = rank.shape[-1]
-    rank = rankable(rank)  # (B, Hsel, N) non-finite keys' bounds below the forced pages
-    rank[..., 0] = rank[..., N - 1] = float("inf")  # forced again: rankable lowered the kernel's +inf
-    first = first_recent_page(cache.length, cache.page_size, recent)
-    n = max(pages_for_budget(budget, cache.length, cache.page_size), min(N, N - first + 1))
-    if first < N - 1 and n < N:
-        rank[..., first:] = float("inf")  # the recent window, forced like the last page
-    if n >= N:
-        return torch.arange(n, device=q.device).expand(*rank.shape[:2], n), bounds
-    return rank.topk(n, dim=-1, sorted=False).indices, bounds
+def triton_select_pages(q: torch.Tensor, cache, budget: int, share_selection: bool = OP.share_selection,
+                        group_score: str = OP.group_score, recent: int = OP.recent):
+    """Pages (B, Hsel, n) ascending and bounds (B, Hsel, N): the scoring kernel, then the one
+    page-choice rule (`page_choice.pages_to_read`, `page_choice.choose_pages`)."""
+    bounds = triton_page_bounds(q, cache, share_selection, group_score)  # (B, Hsel, N)
+    n, first = pages_to_read(cache.length, cache.page_size, budget, recent)
+    return choose_pages(bounds, n, first), bounds
 
 
 def _next_pow2(x: int) -> int:

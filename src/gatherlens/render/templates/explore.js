@@ -229,35 +229,15 @@
     var width = Math.max(g.x0 + L * g.cw + MARGIN, textWidth(title, 13) + 2 * MARGIN,
                          textWidth(legend, 11) + 2 * MARGIN);
     var svg = root(width, g.y0 + Q * g.ch + 44, title, "gl-scores");
-    var mid = Math.floor(g.ch / 2) + Math.floor(g.font / 3), rows = [], outlines = [];
+    var f = {g: g, r0: r0, c0: c0, Q: Q, L: L, off: off, mid: Math.floor(g.ch / 2) + Math.floor(g.font / 3)};
+    var rows = [], outlines = [];
     label(svg, MARGIN, MARGIN + 26, "queries ↓ · keys →", {"font-size": 10, fill: "#555555"});
     for (j = 0; j < L; j++) {
       var cx = g.x0 + j * g.cw + Math.floor(g.cw / 2) + (g.angle === -45 ? 0 : Math.floor(g.font / 3));
       label(svg, cx, g.y0 - 6, klab[j], {"font-size": g.font,
             transform: "rotate(" + g.angle + " " + cx + " " + (g.y0 - 6) + ")"});
     }
-    for (i = 0; i < Q; i++) {
-      var ri = r0 + i, row = ri === v.qrow ? v.row : M.row(st.layer, st.head, ri);
-      var dense = ri === v.qrow ? v.dense : softmax(Array.from(row));
-      var kept = {};
-      (ri === v.qrow ? v.picked : select(st.layer, st.head, ri, st.k, row)).forEach(function (k) { kept[k] = 1; });
-      rows.push({row: row, dense: dense, kept: kept});
-      label(svg, g.x0 - 6, g.y0 + i * g.ch + mid, qlab[i], {"font-size": g.font, "text-anchor": "end",
-            "font-weight": ri === v.qrow ? "bold" : "normal"});
-      for (j = 0; j < L; j++) {
-        var kj = c0 + j, ok = row[kj] > -Infinity, xx = g.x0 + j * g.cw, yy = g.y0 + i * g.ch;
-        var gg = E("g", {"class": "gl-score" + (kept[kj] ? " gl-kept" : "")});
-        gg.appendChild(E("rect", {x: xx, y: yy, width: g.cw, height: g.ch,
-                                  fill: ok ? weightColour(dense[kj]) : T.masked, stroke: "#ffffff", "stroke-width": 1}));
-        if (g.numbers && ok) {
-          gg.appendChild(E("text", {x: xx + Math.floor(g.cw / 2), y: yy + Math.floor(g.ch / 2) + 4,
-                                    "font-size": 10, "text-anchor": "middle",
-                                    fill: dense[kj] > 0.45 ? "#ffffff" : "#1a1a1a"}, fmtValue(row[kj])));
-        }
-        svg.appendChild(gg);
-        if (kept[kj]) { outlines.push([xx, yy]); }
-      }
-    }
+    for (i = 0; i < Q; i++) { rows.push(scoreRow(svg, v, f, i, qlab[i], outlines)); }
     outlines.forEach(function (p) {
       svg.appendChild(E("rect", {"class": "gl-kept-outline", x: p[0] + 1, y: p[1] + 1, width: g.cw - 2,
                                  height: g.ch - 2, fill: "none", stroke: T.picked, "stroke-width": 2.5,
@@ -265,13 +245,40 @@
     });
     svg.appendChild(E("rect", {x: g.x0, y: g.y0, width: L * g.cw, height: Q * g.ch, fill: "none",
                                stroke: "#999999", "stroke-width": 1}));
-    label(svg, MARGIN, g.y0 + (v.qrow - r0) * g.ch + mid, "▶", {"font-size": 12, fill: T.picked, "font-weight": "bold"});
+    label(svg, MARGIN, g.y0 + (v.qrow - r0) * g.ch + f.mid, "▶", {"font-size": 12, fill: T.picked, "font-weight": "bold"});
     label(svg, MARGIN, g.y0 + Q * g.ch + 22, legend, {fill: "#555555"});
-    var box = place("scores", svg);
+    bindScores(svg, place("scores", svg), f, rows);
+  }
+  // one query row of the score grid: its label and cells (the kept ones' corners go to outlines)
+  function scoreRow(svg, v, f, i, qlab, outlines) {
+    var g = f.g, ri = f.r0 + i, row = ri === v.qrow ? v.row : M.row(st.layer, st.head, ri);
+    var dense = ri === v.qrow ? v.dense : softmax(Array.from(row));
+    var kept = {}, j;
+    (ri === v.qrow ? v.picked : select(st.layer, st.head, ri, st.k, row)).forEach(function (k) { kept[k] = 1; });
+    label(svg, g.x0 - 6, g.y0 + i * g.ch + f.mid, qlab, {"font-size": g.font, "text-anchor": "end",
+          "font-weight": ri === v.qrow ? "bold" : "normal"});
+    for (j = 0; j < f.L; j++) {
+      var kj = f.c0 + j, ok = row[kj] > -Infinity, xx = g.x0 + j * g.cw, yy = g.y0 + i * g.ch;
+      var gg = E("g", {"class": "gl-score" + (kept[kj] ? " gl-kept" : "")});
+      gg.appendChild(E("rect", {x: xx, y: yy, width: g.cw, height: g.ch,
+                                fill: ok ? weightColour(dense[kj]) : T.masked, stroke: "#ffffff", "stroke-width": 1}));
+      if (g.numbers && ok) {
+        gg.appendChild(E("text", {x: xx + Math.floor(g.cw / 2), y: yy + Math.floor(g.ch / 2) + 4,
+                                  "font-size": 10, "text-anchor": "middle",
+                                  fill: dense[kj] > 0.45 ? "#ffffff" : "#1a1a1a"}, fmtValue(row[kj])));
+      }
+      svg.appendChild(gg);
+      if (kept[kj]) { outlines.push([xx, yy]); }
+    }
+    return {row: row, dense: dense, kept: kept};
+  }
+  // hover a score cell: its query, key, score and weight; click it: that query becomes the chosen one
+  function bindScores(svg, box, f, rows) {
+    var g = f.g, off = f.off, r0 = f.r0, c0 = f.c0;
     function at(ev) {
       var r = svg.getBoundingClientRect();
       var a = Math.floor((ev.clientY - r.top - g.y0) / g.ch), b = Math.floor((ev.clientX - r.left - g.x0) / g.cw);
-      return (a >= 0 && a < Q && b >= 0 && b < L) ? [a, b] : null;
+      return (a >= 0 && a < f.Q && b >= 0 && b < f.L) ? [a, b] : null;
     }
     svg.addEventListener("mousemove", function (ev) {
       var p = at(ev);
@@ -549,15 +556,21 @@
     var mine = ++seq, p = params(extra);
     p.set("html", "1");
     status("gl-status", S.ex_busy);
-    fetch("/api/explain?" + p.toString(), {headers: {Accept: "application/json"}})
+    getJSON("/api/explain", p, function () { return mine === seq; }, function (body) {
+      swap(body.html);
+      status("gl-status", "");
+    });
+  }
+  // GET path?p as JSON: done(body) while current() (no newer request), else nothing; errors in gl-status
+  function getJSON(path, p, current, done) {
+    fetch(path + "?" + p.toString(), {headers: {Accept: "application/json"}})
       .then(function (r) { return r.json().then(function (body) { return {ok: r.ok, body: body}; }); })
       .then(function (res) {
-        if (mine !== seq) { return; }
+        if (!current()) { return; }
         if (!res.ok) { status("gl-status", fill(S.ex_error, {message: res.body.error || "?"}), true); return; }
-        swap(res.body.html);
-        status("gl-status", "");
+        done(res.body);
       })
-      .catch(function (err) { if (mine === seq) { status("gl-status", fill(S.ex_error, {message: String(err)}), true); } });
+      .catch(function (err) { if (current()) { status("gl-status", fill(S.ex_error, {message: String(err)}), true); } });
   }
   function swap(html) {
     var doc = new DOMParser().parseFromString(html, "text/html");
@@ -585,20 +598,15 @@
     p.set("text", D.text); p.set("model", D.live.model); p.set("topk", D.live.topk ? "1" : "0");   // the run shown
     p.set("run_k", String(D.explore.dense_run ? st.k : D.explore.run_k));
     if (M.remote) { status("gl-status", S.ex_busy); }
-    fetch("/api/attention?" + p.toString(), {headers: {Accept: "application/json"}})
-      .then(function (r) { return r.json().then(function (body) { return {ok: r.ok, body: body}; }); })
-      .then(function (res) {
-        if (mine !== aseq) { return; }
-        if (!res.ok) { status("gl-status", fill(S.ex_error, {message: res.body.error || "?"}), true); return; }
-        placeCompare(res.body.svg);
-        if (M.remote) {
-          var w = res.body.window;
-          M.set(w); st.layer = w.layer; st.head = w.head; st.query = w.query + qoff(); st.k = w.k;
-          syncControls(); update(); status("gl-status", "");
-        }
-        document.body.setAttribute("data-answer-ms", String(Math.round(performance.now() - t0)));
-      })
-      .catch(function (err) { if (mine === aseq) { status("gl-status", fill(S.ex_error, {message: String(err)}), true); } });
+    getJSON("/api/attention", p, function () { return mine === aseq; }, function (body) {
+      placeCompare(body.svg);
+      if (M.remote) {
+        var w = body.window;
+        M.set(w); st.layer = w.layer; st.head = w.head; st.query = w.query + qoff(); st.k = w.k;
+        syncControls(); update(); status("gl-status", "");
+      }
+      document.body.setAttribute("data-answer-ms", String(Math.round(performance.now() - t0)));
+    });
   }
   function placeCompare(svgText) {
     var fig = document.getElementById("fig-06-compare"), old = fig && fig.querySelector("svg");

@@ -35,7 +35,11 @@
 #include <immintrin.h>
 #endif
 
+#include "gatherlens/common.h"
+
 namespace {
+
+namespace gl = gatherlens;
 
 #ifdef __AVX2__
 struct CompressTable {                         // lane order that packs the lanes set in an 8-bit mask
@@ -263,39 +267,6 @@ int64_t select_row(const T* s, int64_t L, int64_t k, T* vals, int64_t* idx,
   return out;
 }
 
-inline float exp_neg(float x) {                // exp(x) for x <= 0, Cephes' expf: vectorizable
-  x = x > -87.0f ? x : -87.0f;                 // below: about 1e-38, as good as 0 for a weight
-  float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23)
-  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  return p * __builtin_bit_cast(float, (int32_t(n) + 127) << 23);  // times 2^n
-}
-
-inline double exp_neg(double x) { return std::exp(x); }
-
-template <typename T>
-void weigh_row(const T* vals, int64_t n, T* w, T* lse) {  // w = softmax(vals[:n]), lse = log-sum-exp
-  if (n == 0) { *lse = -std::numeric_limits<T>::infinity(); return; }
-  T m = vals[0];
-#pragma omp simd reduction(max : m)
-  for (int64_t i = 1; i < n; ++i) m = vals[i] > m ? vals[i] : m;
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) w[i] = exp_neg(vals[i] - m);
-  double l = 0.0;
-#pragma omp simd reduction(+ : l)
-  for (int64_t i = 0; i < n; ++i) l += double(w[i]);
-  T inv = T(1.0 / l);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) w[i] *= inv;
-  *lse = T(double(m) + std::log(l));
-}
-
 // Rows r0 .. r0 + rows - 1 of s: row r starts at (r / grp) * gs + (r % grp) * rs and holds key j at
 // + j * ks (a (R, W) matrix: grp 1, gs W, ks 1; decode logits (B*Hkv, L, G): grp G, gs L*G, rs 1,
 // ks G), and uses keys [0, lens[r]) if lens, else [0, W); with n > 1 a row's logit is the sum of
@@ -327,7 +298,7 @@ void select_rows(const T* s, Layout at, int64_t rows, const int64_t* lens, int64
     for (int64_t j = 0; j < n; ++j) ix[j] += b;
     for (int64_t j = n; j < k; ++j) { v[j] = -std::numeric_limits<T>::infinity(); ix[j] = base ? b : -1; }
     if (w) {
-      weigh_row(v, n, w + i * k, lse + i);
+      gl::softmax_row(v, n, w + i * k, lse + i);
       for (int64_t j = n; j < k; ++j) w[i * k + j] = 0;
     }
   }
@@ -352,15 +323,13 @@ void dense_row(T* s, int64_t L, int64_t stride, int64_t k, T* lse,
   for (int64_t j = 0; j < L; ++j) {            // the weight of every kept key, 0 elsewhere
     T v = s[j];
     bool keep = ((v > tv) | ((v == tv) & (j <= last))) & (v > neg_inf);
-    T e = keep ? exp_neg(v - m) : T(0);
+    T e = keep ? gl::exp_neg(v - m) : T(0);
     s[j] = e;
     l += double(e);
   }
-  const T inv = T(1.0 / l);
-#pragma omp simd
-  for (int64_t j = 0; j < L; ++j) s[j] *= inv;
+  gl::scale_by(s, L, T(1.0 / l));
   for (int64_t j = L; j < stride; ++j) s[j] = 0;
-  *lse = T(double(m) + std::log(l));
+  *lse = gl::lse_of(m, l);
 }
 
 template <typename T, typename K>

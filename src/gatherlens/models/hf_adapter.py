@@ -1,0 +1,221 @@
+"""Where gatherlens meets transformers: the one module that touches its internals.
+
+    >>> model = unwrap(lm)                                  # a LoadedModel -> its PreTrainedModel
+    >>> attn_implementation(model)                          # 'sdpa'
+    >>> register_attention("gatherlens_topk", topk_attention_forward)    # with SDPA's mask function
+    >>> default_cache(model, lambda m: SparseKVCache(config=m.config))  # generate's cache when none is given
+    >>> replace_forward(layer, lean_forward)                # this layer only; restore_forward(layer) undoes it
+
+Written against transformers 5.x. Public extension points where they exist: `AttentionInterface`
+and `AttentionMaskInterface` (registration, and SDPA's functions looked up by name),
+`set_attn_implementation`, `Cache` subclasses, `get_output_embeddings`. Where none exists, a
+function here touches an internal, and its comment says which ("relies on:"). No other module
+does: tests/test_architecture.py (`test_transformers_internals_only_in_the_adapter`) scans the
+package for private attributes, transformers submodule imports, per-instance `forward`s,
+class-name checks and kwargs hand-overs, and tests/test_hf_adapter.py lists those made here.
+So a new transformers release is checked against this file alone.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import types
+
+from gatherlens.errors import GatherTypeError
+
+__all__ = [
+    "CAUSAL_LM_SUFFIXES", "unwrap", "attn_implementation", "set_attn_implementation", "preset_attn_implementation",
+    "register_attention", "sdpa_attention", "layer_types", "default_cache", "restore_default_cache",
+    "replace_forward", "restore_forward", "forward_replaced", "decoder_layers", "class_named", "is_causal_lm",
+    "quiet_gguf_progress", "hand_over", "handed_over",
+]
+
+CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # class (architecture) names of causal LMs
+
+
+# -- the model and its attention ------------------------------------------------------------------
+def unwrap(model):
+    """The transformers PreTrainedModel of `model` (a LoadedModel's `.model`), or GatherTypeError."""
+    model = model if hasattr(model, "set_attn_implementation") else getattr(model, "model", model)
+    if not hasattr(model, "set_attn_implementation") or not hasattr(model, "config"):
+        raise GatherTypeError(
+            f"model must be a transformers PreTrainedModel (or a LoadedModel), got {type(model).__name__}")
+    return model
+
+
+def attn_implementation(model) -> str | None:
+    """The attention implementation a model (or config) runs with: 'sdpa', 'eager', 'gatherlens_topk', ...
+
+    relies on: `PretrainedConfig._attn_implementation` (transformers 5.x has no public getter).
+    """
+    config = getattr(model, "config", model)
+    return config._attn_implementation
+
+
+def set_attn_implementation(model, name: str) -> None:
+    """Switch a built model's attention implementation (public: `PreTrainedModel.set_attn_implementation`)."""
+    model.set_attn_implementation(name)
+
+
+def preset_attn_implementation(config, name: str) -> None:
+    """Set the attention implementation of a config before a model is built from it.
+
+    relies on: the `PretrainedConfig._attn_implementation` setter, which the model's __init__ reads
+    (there is no public way to change it on an existing config).
+    """
+    config._attn_implementation = name
+
+
+def register_attention(name: str, forward) -> None:
+    """Register an attention function under `name`, with SDPA's mask function (idempotent; public:
+    `AttentionInterface.register`, `AttentionMaskInterface.register`)."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+
+    AttentionInterface.register(name, forward)
+    AttentionMaskInterface.register(name, AttentionMaskInterface()["sdpa"])
+
+
+def sdpa_attention():
+    """transformers' SDPA attention function (public: the "sdpa" entry of `AttentionInterface`)."""
+    from transformers import AttentionInterface
+
+    return AttentionInterface()["sdpa"]
+
+
+def layer_types(config) -> tuple[list, list]:
+    """(layer type names, per-layer cache kwargs) of a config's decoder layers, as transformers' caches see them.
+
+    relies on: `transformers.cache_utils.get_layer_types_and_kwargs` (not a top-level export).
+    """
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    return get_layer_types_and_kwargs(config)
+
+
+# -- generate's default cache ---------------------------------------------------------------------
+def default_cache(model, factory) -> None:
+    """Make `model.generate` build `factory(model)` when the caller passes no cache (and asks for the
+    default dynamic one); `restore_default_cache` undoes it.
+
+    relies on: `GenerationMixin._prepare_cache_for_generation(generation_config, model_kwargs, ...)`
+    writing the cache to `model_kwargs["cache"]` (no public hook picks generate's default cache),
+    replaced on the instance only.
+    """
+    if not hasattr(model, "_prepare_cache_for_generation"):
+        return
+    original = getattr(type(model), "_prepare_cache_for_generation")
+
+    def prepare(self, generation_config, model_kwargs, *args, **kwargs):
+        wants_default = (model_kwargs.get("cache") is None and generation_config.use_cache is not False
+                         and generation_config.cache_implementation in (None, "dynamic"))
+        if not wants_default:
+            return original(self, generation_config, model_kwargs, *args, **kwargs)
+        model_kwargs["cache"] = factory(self)
+
+    setattr(model, "_prepare_cache_for_generation", types.MethodType(prepare, model))
+
+
+def restore_default_cache(model) -> None:
+    """generate's own default cache back: undoes `default_cache` (nothing if it was not set).
+
+    relies on: `_prepare_cache_for_generation` replaced on the instance only (see default_cache).
+    """
+    model.__dict__.pop("_prepare_cache_for_generation", None)
+
+
+# -- per-instance forwards ------------------------------------------------------------------------
+def replace_forward(module, forward) -> None:
+    """Run `forward(module, ...)` instead of the module's class forward, for this instance only.
+
+    relies on: `nn.Module.__call__` (and transformers' GradientCheckpointingLayer) calling
+    `self.forward`, looked up on the instance first.
+    """
+    module.forward = types.MethodType(forward, module)
+
+
+def restore_forward(module) -> None:
+    """The module's class forward back: undoes `replace_forward` (nothing if it was not replaced).
+
+    relies on: the instance attribute `forward` hiding the class's (see replace_forward).
+    """
+    module.__dict__.pop("forward", None)
+
+
+def forward_replaced(module) -> bool:
+    """True while `replace_forward` is in effect on this module (relies on: as restore_forward)."""
+    return "forward" in module.__dict__
+
+
+def decoder_layers(model) -> list:
+    """The decoder layers of a causal LM (or of its base model), in order; [] for another layout.
+
+    relies on: transformers' layout convention `model.model.layers` (no public accessor).
+    """
+    inner = getattr(model, "model", model)
+    return list(getattr(inner, "layers", []))
+
+
+# -- classes known by name ------------------------------------------------------------------------
+def class_named(obj, names: tuple[str, ...] = (), *, prefix: tuple[str, ...] = (),
+                suffix: tuple[str, ...] = ()) -> bool:
+    """True when `type(obj)` is one of `names`, or its name starts with a `prefix` / ends with a `suffix`.
+
+        >>> class_named(layer, ("LlamaDecoderLayer",)), class_named(norm, suffix=("RMSNorm",))
+
+    relies on: transformers' class names (exact classes, not subclasses: a subclass may change the
+    forward; and some, as HF's SiLUActivation or the decoder layers, are not top-level exports).
+    """
+    name = type(obj).__name__
+    return name in names or (bool(prefix) and name.startswith(prefix)) or (bool(suffix) and name.endswith(suffix))
+
+
+def is_causal_lm(model) -> bool:
+    """True for a causal language model class (`...ForCausalLM`, `...LMHeadModel`)."""
+    return class_named(model, suffix=CAUSAL_LM_SUFFIXES)
+
+
+@contextlib.contextmanager
+def quiet_gguf_progress():
+    """No progress bar of transformers' GGUF dequantizer inside the block (ours says what happens).
+
+    relies on: the module attribute `transformers.modeling_gguf_pytorch_utils.tqdm`, which it
+    replaces for the block (the dequantizer takes no option for its bar).
+    """
+    import functools
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is not None:
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        if bar is not None:
+            gguf_utils.tqdm = bar
+
+
+# -- a cache layer's step, handed to the attention function ---------------------------------------
+_handed = threading.local()
+
+
+def hand_over(obj, keys) -> None:
+    """Give the attention call that follows (this thread) `obj`, what a cache layer's `update` made
+    for the keys (B, Hkv, L, D) it returns; `handed_over(key)` takes it.
+
+    Relies on nothing internal: only on `Cache.update` running right before that layer's attention
+    call (public: the keys it returns are the ones attention gets). One slot per thread, held
+    until taken or until the next hand-over.
+    """
+    _handed.step = (obj, keys)
+
+
+def handed_over(key):
+    """What `hand_over` gave for exactly these keys (same storage, same shape), else None; taken once."""
+    step = getattr(_handed, "step", None)
+    if step is None:
+        return None
+    _handed.step = None
+    obj, keys = step
+    same = keys is key or (keys.shape == key.shape and keys.data_ptr() == key.data_ptr())
+    return obj if same else None

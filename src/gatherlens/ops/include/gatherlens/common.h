@@ -1,0 +1,146 @@
+// The rules every C++ operator under gatherlens/ops shares, stated once (each .cpp includes this):
+//
+//   #include "gatherlens/common.h"        // ops/native.py passes ops/include as an include path
+//
+//   page geometry  ceil_div, page_count, page_rows: ops/sparse/geometry.py's ceil_div, page_count and
+//                  page_range, for the C++ side (a cache of `length` tokens in pages of P holds
+//                  page_count(length, P) pages; page p holds page_rows(p, P, length) of them);
+//   block layout   Strides / strides_of: the element strides of a (B, H, N, ...) view (a cache's
+//                  pages: batch, head, page);
+//   exp            exp_neg: the one exp of every kernel (x <= 0: the shifted logits of a softmax,
+//                  -|x| in a sigmoid); Cephes' expf, so loops of it vectorize; nan stays nan;
+//   softmax        row_max, exp_sum, scale_by, lse_of, softmax_row (weights and log-sum-exp of a
+//                  row), sigmoid, and merge_partials: split-K partials (max, sum, weighted values)
+//                  combined by their log-sum-exp;
+//   thread split   parallel_chunks / for_each_task: independent tasks over torch's threads
+//                  (at::parallel_for); a thread makes its scratch once and runs its tasks in order.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+
+namespace gatherlens {
+
+// ---- page geometry (ops/sparse/geometry.py) ----
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }  // a >= 0, b > 0
+
+inline int64_t page_count(int64_t length, int64_t P) { return ceil_div(length, P); }
+
+inline int64_t page_rows(int64_t p, int64_t P, int64_t length) {  // tokens page p holds: 1..P
+  const int64_t left = length - p * P;
+  return left < P ? left : P;
+}
+
+// ---- block layout ----
+
+struct Strides {                                  // element strides of a (B, H, N, ...) view
+  int64_t b, h, n;
+};
+
+inline Strides strides_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+// ---- the one exp ----
+
+inline float exp_neg(float x) {                   // exp(x) for x <= 0, Cephes' expf: vectorizable
+  const float c = x > -87.0f ? x : -87.0f;        // below -87 (exp ~1e-38) the result is 0; nan too here
+  const float n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23)
+  const float r = c - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const float e = p * __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);  // times 2^n
+  return x > -87.0f ? e : (x == x ? 0.0f : x);    // nan stays nan (as std::exp)
+}
+
+inline double exp_neg(double x) { return std::exp(x); }
+
+// ---- softmax and log-sum-exp ----
+
+template <typename T>
+inline T row_max(const T* v, int64_t n) {         // max of v[:n]; nan never wins; -inf when n == 0
+  T m = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+template <typename T>
+inline double exp_sum(const T* v, int64_t n, T m, T* w) {  // w = exp(v - m) (w may be v), sum(w)
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) w[i] = exp_neg(v[i] - m);
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += double(w[i]);
+  return s;
+}
+
+template <typename T>
+inline void scale_by(T* w, int64_t n, T f) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) w[i] *= f;
+}
+
+template <typename T>
+inline T lse_of(T m, double sum) { return T(double(m) + std::log(sum)); }  // log(sum exp(l)), l - m summed
+
+template <typename T>
+inline void softmax_row(const T* v, int64_t n, T* w, T* lse) {  // w = softmax(v[:n]), lse = log-sum-exp
+  if (n == 0) { *lse = -std::numeric_limits<T>::infinity(); return; }
+  const T m = row_max(v, n);
+  const double s = exp_sum(v, n, m, w);
+  scale_by(w, n, T(1.0 / s));
+  *lse = lse_of(m, s);
+}
+
+inline float sigmoid(float x) {                   // 1 / (1 + exp(-x)) from exp_neg(-|x|)
+  const float e = exp_neg(-std::fabs(x)), r = 1.0f / (1.0f + e);
+  return x >= 0.0f ? r : e * r;
+}
+
+// Split-K: part c of `parts` (c = 0..parts-1, `step` floats apart, its values step * Dv apart) holds
+// the max m of its logits, s = sum exp(l - m) and acc = sum exp(l - m) v (Dv,). out (Dv,) =
+// the softmax-weighted sum over all of them; returns the log-sum-exp.
+inline float merge_partials(const float* m, const float* s, const float* acc, int64_t parts, int64_t step,
+                            int64_t Dv, float* out) {
+  float M = -std::numeric_limits<float>::infinity();
+  for (int64_t c = 0; c < parts; ++c) M = m[c * step] > M ? m[c * step] : M;
+  double S = 0.0;
+  for (int64_t d = 0; d < Dv; ++d) out[d] = 0.f;
+  for (int64_t c = 0; c < parts; ++c) {
+    const float f = exp_neg(m[c * step] - M);
+    S += static_cast<double>(s[c * step]) * f;
+    const float* a = acc + c * step * Dv;
+#pragma omp simd
+    for (int64_t d = 0; d < Dv; ++d) out[d] += f * a[d];
+  }
+  scale_by(out, Dv, static_cast<float>(1.0 / S));
+  return lse_of(M, S);
+}
+
+// ---- the thread split ----
+
+template <typename Body>
+inline void parallel_chunks(int64_t total, int64_t grain, const Body& body) {  // body(i0, i1) on a thread
+  at::parallel_for(0, total, grain, body);
+}
+
+struct NoScratch {};
+
+template <typename Scratch, typename Body>
+inline void for_each_task(int64_t tasks, const Body& body) {  // body(t, scratch), one task a grain
+  parallel_chunks(tasks, 1, [&](int64_t t0, int64_t t1) {
+    Scratch scratch{};
+    for (int64_t t = t0; t < t1; ++t) body(t, scratch);
+  });
+}
+
+}  // namespace gatherlens

@@ -1,0 +1,84 @@
+"""The one table of GGUF block formats: a `QuantFormat` record per format, and the calls made through it.
+
+    >>> fmt = FORMATS["Q4_1"]
+    >>> fmt.ggml_type, fmt.weights, fmt.block_bytes, fmt.field("qs").offset, fmt.routes
+    (3, 32, 20, 4, ('int4', 'q8act'))
+    >>> dequantize_rows(torch.zeros(3, 2 * 20, dtype=torch.uint8), "Q4_1").shape   # fmt.dequantize
+    torch.Size([3, 64])
+
+A record is its format's facts (layout.py's `BlockLayout`: ggml's type number, weights and bytes of
+a block, the named fields with their offsets, weights per scale, bits per code, code offset,
+formula, the restricted routes that take it) plus its functions, as ggml's type-traits row holds a
+type's: `unpack` (raw rows -> per-row fields: codes, d, ...; fields.py / kquants.py), `dequantize`
+(vectorised, by block; formats.py), `naive` (one block of bytes -> its values, the plain reference;
+naive.py) and `terms` (row, block -> BlockTerms; terms.py). The facts live in layout.py, the lowest
+module, so the modules that implement the functions read them without importing this one.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from gatherlens.errors import GatherIndexError
+from gatherlens.ops.quant.fields import q4_0_fields, q4_1_fields, q5_0_fields, q5_1_fields, q8_0_fields
+from gatherlens.ops.quant.formats import (dequantize_q4_0, dequantize_q4_1, dequantize_q4_k, dequantize_q5_0,
+                                          dequantize_q5_1, dequantize_q6_k, dequantize_q8_0)
+from gatherlens.ops.quant.kquants import q4_k_fields, q6_k_fields
+from gatherlens.ops.quant.layout import LAYOUTS, BlockLayout
+from gatherlens.ops.quant.naive import (naive_block_q4_0, naive_block_q4_1, naive_block_q4_k, naive_block_q5_0,
+                                        naive_block_q5_1, naive_block_q6_k, naive_block_q8_0, naive_rows)
+from gatherlens.ops.quant.terms import (BlockTerms, groups, q4_0_terms, q4_1_terms, q4_k_terms, q5_0_terms,
+                                        q5_1_terms, q6_k_terms, q8_0_terms)
+
+__all__ = ["QuantFormat", "FORMATS", "DEQUANTIZERS", "dequantize_rows", "naive_dequantize_rows", "block_terms"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantFormat(BlockLayout):
+    """One GGUF block format: its layout (BlockLayout's fields) and its functions."""
+
+    unpack: Callable  # (R, nb * block_bytes) uint8 -> the per-row fields: (q, d), (q, d, m), ...
+    dequantize: Callable  # (R, nb * block_bytes) uint8 -> float32 values by block (R, nb, ...)
+    naive: Callable  # the bytes of one block (list of ints) -> its weights (list of floats)
+    terms: Callable  # (row (row_bytes,) uint8, block) -> BlockTerms of scale group `block`
+
+
+def _record(name: str, unpack, dequantize, naive, terms) -> QuantFormat:
+    layout = LAYOUTS[name]
+    facts = {f.name: getattr(layout, f.name) for f in dataclasses.fields(BlockLayout)}
+    return QuantFormat(**facts, unpack=unpack, dequantize=dequantize, naive=naive, terms=terms)
+
+
+FORMATS = {fmt.name: fmt for fmt in (
+    _record("Q8_0", q8_0_fields, dequantize_q8_0, naive_block_q8_0, q8_0_terms),
+    _record("Q4_0", q4_0_fields, dequantize_q4_0, naive_block_q4_0, q4_0_terms),
+    _record("Q4_1", q4_1_fields, dequantize_q4_1, naive_block_q4_1, q4_1_terms),
+    _record("Q5_0", q5_0_fields, dequantize_q5_0, naive_block_q5_0, q5_0_terms),
+    _record("Q5_1", q5_1_fields, dequantize_q5_1, naive_block_q5_1, q5_1_terms),
+    _record("Q4_K", q4_k_fields, dequantize_q4_k, naive_block_q4_k, q4_k_terms),
+    _record("Q6_K", q6_k_fields, dequantize_q6_k, naive_block_q6_k, q6_k_terms),
+)}
+assert tuple(FORMATS) == tuple(LAYOUTS), "every record of layout.py needs its row here, in the same order"
+DEQUANTIZERS = {name: fmt.dequantize for name, fmt in FORMATS.items()}
+
+
+def dequantize_rows(raw: torch.Tensor, qtype: str) -> torch.Tensor:
+    """(R, nb * block_bytes) uint8 rows of `qtype` -> (R, nb * block_weights) float32. Unchecked."""
+    return FORMATS[qtype].dequantize(raw).flatten(1)  # (R, nb*elems)
+
+
+def naive_dequantize_rows(raw: torch.Tensor, qtype: str) -> torch.Tensor:
+    """The same, block by block with the plain reference (naive.py): bit-equal, slow."""
+    return naive_rows(raw, qtype, FORMATS[qtype].naive)  # (R, nb*elems)
+
+
+def block_terms(row: torch.Tensor, qtype: str, block: int) -> BlockTerms:
+    """The terms of scale group `block` (of the format's `group` weights) of one row of blocks (row_bytes,) uint8."""
+    count = groups(qtype, row.numel())
+    if isinstance(block, bool) or not isinstance(block, int) or not 0 <= block < count:
+        raise GatherIndexError(f"block {block!r} is outside the row's {count} blocks of {FORMATS[qtype].group} "
+                               f"weights [0, {count})")
+    return FORMATS[qtype].terms(row, block)

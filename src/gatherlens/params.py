@@ -1,0 +1,80 @@
+"""The one rule for an integer a user types (an API query parameter, a command-line option) and
+for a position counted from the end: ASCII digits with an optional leading "-", one range wording.
+
+    >>> parse_int("12", "k", 1, 4096)
+    12
+    >>> parse_int("²", "run_k", 1, 4096)
+    Traceback (most recent call last):
+    GatherValueError: run_k = '²' is not an integer; give one in [1, 4096]
+    >>> parse_int("0", "--threads", 1, 2)
+    GatherValueError: --threads = 0 is outside the valid range [1, 2]
+    >>> layer_index(-31, 30)
+    GatherIndexError: layer -31 is outside the model's layers [-30, 30): there are 30 layers (negative ...
+
+`str.isdigit()` and `int()` accept more than a user means ('²', '٣', '1_000', ' +4'); this
+module accepts `-?[0-9]+` only. A range is written `[lo, hi]` ("inf" where open). A position
+counted from the end (a layer, a head, a query) lies in [-n, n) and is returned in [0, n).
+"""
+from __future__ import annotations
+
+import re
+
+from gatherlens.errors import GatherIndexError, GatherValueError, shorten
+
+__all__ = ["parse_int", "check_int", "span", "from_end", "layer_index", "head_index", "query_index"]
+
+_INT = re.compile(r"-?[0-9]+")   # ASCII only: [0-9], not \d
+_MOST_DIGITS = 30                 # longer is outside any range (and int() of 5,000 digits is refused)
+
+
+def span(lo: int | None, hi: int | None) -> str:
+    """The valid range as every message writes it.
+
+    >>> span(1, 4096), span(1, None), span(None, None)
+    ('[1, 4096]', '[1, inf)', '(-inf, inf)')
+    """
+    return f"{'(-inf' if lo is None else f'[{lo}'}, {'inf)' if hi is None else f'{hi}]'}"
+
+
+def check_int(value: int, name: str, lo: int | None = None, hi: int | None = None) -> int:
+    """`value` when lo <= value <= hi (None: open), else a GatherValueError naming `name` and the range."""
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise GatherValueError(f"{name} = {shorten(value)} is outside the valid range {span(lo, hi)}")
+    return value
+
+
+def parse_int(raw: str, name: str, lo: int | None = None, hi: int | None = None) -> int:
+    """The int a user typed (ASCII digits, an optional leading "-"; spaces around are ignored),
+    checked against [lo, hi]; a GatherValueError naming `name`, the text and the range otherwise."""
+    text = raw.strip(" \t") if isinstance(raw, str) else raw
+    if not isinstance(text, str) or not _INT.fullmatch(text):
+        way = "write it with the digits 0-9 and an optional leading -" if lo is None and hi is None \
+            else f"give one in {span(lo, hi)}"
+        raise GatherValueError(f"{name} = {shorten(str(raw))} is not an integer; {way}")
+    if len(text.lstrip("-")) > _MOST_DIGITS:
+        raise GatherValueError(f"{name} = {shorten(text)} is outside the valid range {span(lo, hi)}")
+    return check_int(int(text), name, lo, hi)
+
+
+def from_end(value: int, n: int, name: str, among: str, why: str) -> int:
+    """`value` in [-n, n) as an index in [0, n) (negatives count from the end), else a
+    GatherIndexError: "{name} {value} is outside {among} [-n, n): {why} (negative counts from the end)"."""
+    if not -n <= value < n:
+        raise GatherIndexError(f"{name} {shorten(value)} is outside {among} [{-n}, {n}): {why} "
+                               f"(negative counts from the end)")
+    return value % n
+
+
+def layer_index(layer: int, n_layers: int) -> int:
+    """A layer of a model with `n_layers` attention layers (what the report and the explorer check)."""
+    return from_end(layer, n_layers, "layer", "the model's layers", f"there are {n_layers} layers")
+
+
+def head_index(head: int, n_heads: int, layer: int) -> int:
+    """A query head of `layer`, which has `n_heads`."""
+    return from_end(head, n_heads, "head", "the query heads", f"there are {n_heads} heads in layer {layer}")
+
+
+def query_index(query: int, n_tokens: int) -> int:
+    """A query position of a text of `n_tokens` tokens."""
+    return from_end(query, n_tokens, "query", "the token positions", f"the text has {n_tokens} tokens")
