@@ -75,7 +75,7 @@ def _config_and_tokenizer(source: ModelSource, say):
 
     say(f"reading the config and tokenizer from {source.path.name}")
     with readable(source.path):
-        reader = open_gguf(source.path, mode="c")  # the reader load_quantized then maps the blocks from
+        reader = open_gguf(source.path, mode="c")  # load_quantized's own reader: open_gguf keeps the last file
         return load_gguf_config(source.path, reader), load_gguf_tokenizer(source.path, reader), None
 
 

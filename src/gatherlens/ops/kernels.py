@@ -2,7 +2,8 @@
 
     $ python -m gatherlens.ops.kernels          # builds into $GATHERLENS_CACHE/native, prints each
     >>> build_all()
-    {'threshold_select.cpp': True, 'fused_decode.cpp': True, 'layer_ops.cpp': True, 'q8act.cpp': True}
+    {'threshold_select.cpp': True, 'fused_decode.cpp': True, 'layer_ops.cpp': True, 'q8act.cpp': True,
+     'sigbus.cpp': True}
 
 Each kernel otherwise builds the first time a call needs it (15-30 s each on 2 cores); a kernel
 that cannot build leaves its torch / numpy path in place (slower; the same results, except that a
@@ -18,11 +19,12 @@ __all__ = ["build_all"]
 def build_all() -> dict[str, bool]:
     """Build and load every kernel; {source name: loaded}."""
     from gatherlens.ops.attention.select import threshold_kernel
+    from gatherlens.ops.fault import sigbus
     from gatherlens.ops.layer import fused
     from gatherlens.ops.quant import q8act
     from gatherlens.ops.sparse import fused_decode
 
-    modules = (threshold_kernel, fused_decode, fused, q8act)
+    modules = (threshold_kernel, fused_decode, fused, q8act, sigbus)
     return {m.KERNEL.name: m.kernel_loaded() for m in modules}
 
 

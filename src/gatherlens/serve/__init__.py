@@ -11,7 +11,9 @@ the page's data and HTML) and GET /api/generate (server-sent events, one per dec
 
 - settings.py: the limits and defaults (text length, generated tokens, page size, budget).
 - params.py: query parameters -> checked values, or a 400 naming the argument and its range.
-- pool.py: the loaded models, kept warm, and the one lock every model call takes.
+- pool.py: the loaded models, kept warm, and the one lock every model call takes; a model run
+  from its file in place is checked per request and loaded again when its file changed.
+- memory.py: the memory a request freed, given back to the system after it (malloc_trim).
 - decode.py: decoding step by step with sparse decoding, as plain data per step.
 - app.py: the routes, security headers (Content-Security-Policy, allowed hosts), error bodies.
 - limits.py: the bounded queue of model requests (503 with Retry-After) and the 414 for a long target.

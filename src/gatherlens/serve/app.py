@@ -37,6 +37,7 @@ from gatherlens.serve.attention_api import attention_body, run_k_param
 from gatherlens.serve.heads import heads_body
 from gatherlens.serve.limits import RequestLimits, protocol_class
 from gatherlens.serve.params import explain_params, generate_params
+from gatherlens.serve.memory import release_memory
 from gatherlens.serve.pool import ModelPool
 from gatherlens.serve.runs import RunCache, run_key
 from gatherlens.serve.settings import ServeSettings
@@ -138,6 +139,7 @@ async def _stream(request: Request, pool: ModelPool, p):
             finally:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(steps.close)   # back to dense decoding
+                    await anyio.to_thread.run_sync(release_memory)  # what it freed, back (serve/memory.py)
     except GatherLensError as e:
         yield {"event": "failure", "data": json.dumps({"error": str(e)})}
 

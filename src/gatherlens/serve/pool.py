@@ -8,7 +8,8 @@ One request uses the models at a time: a model's attention is switched per run (
 dense, sparse decoding), so two runs on one model must not interleave, and on a CPU two at
 once would only share the same cores. Work runs in a worker thread (the event loop stays free
 to accept and answer other requests); the lock is released when the work ends, fails, or its
-client goes away (a generation's stream is closed between two steps).
+client goes away (a generation's stream is closed between two steps). After each request the
+memory it freed goes back to the system (serve/memory.py).
 
 A model run from its file in place (`--quantized`: models/file_watch.py) has its file checked
 when a request takes it (one os.stat) and when the request ends: a file changed between two
@@ -24,6 +25,7 @@ from typing import Callable
 import anyio
 
 from gatherlens.errors import GatherLensError
+from gatherlens.serve.memory import release_memory
 from gatherlens.serve.settings import ServeSettings
 
 __all__ = ["ModelPool", "file_change"]
@@ -100,9 +102,10 @@ class ModelPool:
                 raise _refused(change, "this request's answer is dropped; the next request loads it again")
 
     async def run(self, fn: Callable, *args, **kw):
-        """Run `fn(*args, **kw)` in a worker thread; count the outcome."""
+        """Run `fn(*args, **kw)` in a worker thread, then give the memory it freed back (memory.py);
+        count the outcome."""
         try:
-            result = await anyio.to_thread.run_sync(lambda: fn(*args, **kw))
+            result = await anyio.to_thread.run_sync(lambda: _released(fn, *args, **kw))
         except Exception:
             self.failed += 1
             raise
@@ -113,6 +116,14 @@ class ModelPool:
         return {"models": list(self.models), "busy": self.lock.locked(), "served": self.served,
                 "failed": self.failed, "cancelled": self.cancelled, "reloaded": self.reloaded,
                 "unavailable": sorted(self.broken)}
+
+
+def _released(fn: Callable, *args, **kw):
+    """fn(*args, **kw), and the heap's free pages back to the system after it (serve/memory.py)."""
+    try:
+        return fn(*args, **kw)
+    finally:
+        release_memory()
 
 
 def _refused(change: tuple, then: str):
