@@ -142,3 +142,23 @@ def test_a_changed_model_file_is_loaded_again_or_refused(tmp_path, monkeypatch):
         assert back.status_code == 200 and back.json() == first.json()
         health = c.get("/api/health").json()
         assert health["reloaded"] == 2 and health["unavailable"] == []
+
+
+def test_each_model_request_gives_the_memory_it_freed_back(tmp_path, monkeypatch):
+    """The server's RSS stays the model plus its kept runs: after every model request (explain,
+    a generation's stream) the heap's free pages go back to the system (serve/memory.py)."""
+    import platform
+
+    import gatherlens.serve.app as app_module
+    import gatherlens.serve.pool as pool_module
+    from gatherlens.serve.memory import release_memory
+
+    calls = []
+    for module in (app_module, pool_module):
+        monkeypatch.setattr(module, "release_memory", lambda: calls.append(1) or True)
+    app = create_app(ServeSettings(model=str(make_tiny_llama(tmp_path / "tiny"))))
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        assert c.get("/api/explain", params={"text": "The cat sat"}).status_code == 200 and len(calls) == 1
+        stream = c.get("/api/generate", params={"text": "The cat sat", "max_new": 2}).text
+        assert "event: done" in stream and len(calls) == 2
+    assert release_memory() is (platform.libc_ver()[0] == "glibc")

@@ -8,8 +8,10 @@
 The continuation streams as it is generated, with tokens/s and the context length; Ctrl-C (or
 SIGTERM, SIGHUP) stops cleanly, prints what was generated so far and still writes --pages. A text longer than the model's positions keeps
 its end, with a warning saying how many tokens were dropped. --pages FILE.svg|.html draws, for
-every layer, which pages of the KV cache each decode step read (pages x steps). The work is done
-by gatherlens.models.streaming; this module parses and prints.
+every layer, which pages of the KV cache each decode step read (pages x steps). With --quantized
+the model reads its GGUF in place: the file changed or cut short meanwhile ends the run with one
+`Error: the model file ... changed while in use` line and exit 1 (gatherlens.models.file_watch).
+The work is done by gatherlens.models.streaming; this module parses and prints.
 """
 from __future__ import annotations
 

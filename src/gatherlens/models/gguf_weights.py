@@ -21,7 +21,7 @@ from gatherlens.errors import GatherValueError
 from gatherlens.ops.attention.select.workers import in_workers
 from gatherlens.ops.quant import QTYPES, QuantizedTable, dequantize_rows
 
-__all__ = ["float_model", "float_state_dict", "hf_name", "unpermute_rows", "TENSOR_NAMES"]
+__all__ = ["float_model", "float_state_dict", "hf_name", "permuted_heads", "unpermute_rows", "TENSOR_NAMES"]
 
 # gguf tensor name ("{i}": the block number) -> the Hugging Face Llama parameter name
 TENSOR_NAMES = {
@@ -50,6 +50,15 @@ def hf_name(gguf_name: str) -> str | None:
     return None if target is None else f"{target.format(i=block)}.{leaf}"
 
 
+def permuted_heads(gguf_name: str, config) -> int | None:
+    """The head count whose rows llama.cpp stored permuted for its RoPE ("blk.3.attn_q.weight" ->
+    num_attention_heads, attn_k -> num_key_value_heads), else None: the one rule of which rows move."""
+    kind = gguf_name.split(".")[2] if gguf_name.startswith("blk.") and gguf_name.count(".") >= 2 else ""
+    if kind == "attn_q":
+        return config.num_attention_heads
+    return config.num_key_value_heads if kind == "attn_k" else None
+
+
 def unpermute_rows(rows: torch.Tensor, heads: int) -> torch.Tensor:
     """llama.cpp's q/k rows (heads * D, ...) back in HF's order: row h*D + j*D/2 + i is stored row h*D + 2i + j."""
     shape = rows.shape
@@ -74,7 +83,6 @@ def float_state_dict(reader, config) -> dict[str, torch.Tensor]:
     Whole tensors per worker thread (the selection's pool, torch single-threaded in each), largest
     first: on a loaded machine one join beats a thread barrier in every op of every tensor.
     """
-    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
     jobs = sorted(((t, hf_name(t.name)) for t in reader.tensors if hf_name(t.name) is not None),
                   key=lambda job: -int(job[0].n_bytes))
     queue, lock, state = iter(jobs), threading.Lock(), {}
@@ -86,8 +94,8 @@ def float_state_dict(reader, config) -> dict[str, torch.Tensor]:
             if tensor is None:
                 return
             values = _dequantized(reader, tensor)  # (N, K) or (N,)
-            kind = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
-            state[name] = unpermute_rows(values, heads[kind]) if kind in heads else values  # (N, K)
+            heads = permuted_heads(tensor.name, config)
+            state[name] = values if heads is None else unpermute_rows(values, heads)  # (N, K)
 
     in_workers(min(torch.get_num_threads(), len(jobs)), work)
     return state

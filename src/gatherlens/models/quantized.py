@@ -25,6 +25,7 @@ import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.models.hf_adapter import preset_attn_implementation
+from gatherlens.models.gguf_weights import TENSOR_NAMES, permuted_heads, unpermute_rows
 from gatherlens.models.integrity import readable
 from gatherlens.models.loading import LoadedModel
 from gatherlens.models.quantized_layers import QuantizedEmbedding, QuantizedLinear
@@ -39,8 +40,14 @@ __all__ = ["load_quantized", "PREFILL_ROWS", "ROUTE", "HEAD_ROUTE", "pick_route"
 PREFILL_ROWS = 128  # rows from which a call dequantizes to float32 (ops/quant/linear.py)
 ROUTE = "auto"  # the linears: "q8act" where it builds (llama.cpp's integer dot products), else "int4"
 HEAD_ROUTE = "auto"  # the tied Q8_0 head: "q8act" where it builds, else bf16 (faster than two int4 planes)
-_ATTN = {"attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj"}
-_MLP = {"ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "down_proj"}
+
+
+def _projections(part: str) -> dict[str, str]:
+    """{"attn_q": "q_proj", ...}: the gguf kinds of one part of a layer and their HF module names."""
+    return {gguf.rsplit(".", 1)[1]: hf.rsplit(".", 1)[1] for gguf, hf in TENSOR_NAMES.items() if f".{part}." in hf}
+
+
+_ATTN, _MLP = _projections("self_attn"), _projections("mlp")  # in fusing order: q|k|v, gate|up
 
 
 def load_quantized(source: ModelSource, attn_implementation: str | None, say) -> LoadedModel:
@@ -123,12 +130,8 @@ def pick_route(qtype: str, route: str, head: bool = False) -> str:
 def _rows(reader, name: str, config) -> torch.Tensor:
     """The blocks of a linear (N, row_bytes), q and k rows back in HF's order (reverse_permute)."""
     raw = QuantizedTable.from_reader(reader, name).raw  # (N, row_bytes), mapped in place
-    kind = name.split(".")[2]
-    if kind not in ("attn_q", "attn_k"):
-        return raw
-    heads = config.num_attention_heads if kind == "attn_q" else config.num_key_value_heads
-    order = torch.arange(raw.shape[0]).view(heads, -1, 2).transpose(1, 2).reshape(-1)  # (N,)
-    return raw.index_select(0, order)  # (N, row_bytes): new row h*D + j*D/2 + i is stored row h*D + 2i + j
+    heads = permuted_heads(name, config)
+    return raw if heads is None else unpermute_rows(raw, heads)  # (N, row_bytes): whole rows move, exact
 
 
 def _fused(parent, names: list[str], raws: list[torch.Tensor], qtype: str) -> QuantizedLinear:

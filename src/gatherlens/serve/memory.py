@@ -6,10 +6,11 @@
 Why: a long text's forward pass allocates and frees about a GiB of tensors (the logits of 2,048
 positions alone are 400 MB, twice with the dense run beside top-k). glibc serves them from its
 heaps (above its mmap threshold, which rises to 32 MiB after the first large free) and keeps the
-freed pages: measured over 8 long texts of SmolLM2 (quantized), RSS grew from 629 MiB to 1.9 GiB
-while the run cache held 570 MiB; the rest was freed memory glibc kept. `malloc_trim(0)` returns
-every whole free page of every arena (glibc >= 2.8); after it RSS is the model plus the kept runs
-(1.25 GiB there). It costs a few milliseconds, once per request, after its answer is computed.
+freed pages: over 8 long texts of SmolLM2 (quantized) RSS grew from 627 MiB to 1.91 GiB while the
+run cache held 570 MiB (float: 2.57 GiB after 5); the rest was freed memory glibc kept.
+`malloc_trim(0)` returns every whole free page of every arena (glibc >= 2.8); with it RSS is the
+model plus the kept runs (1.24 GiB there; float 1.56 GiB). It runs once per request, after its
+answer is computed (a fraction of a millisecond when there is little to give back).
 """
 from __future__ import annotations
 
