@@ -88,7 +88,7 @@ def run_once(text: Path, busy: bool, env: dict, args: list[str], new_tokens: int
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     cmd = [sys.executable, "-m", "gatherlens", "generate", "--quantized", "--max-new-tokens", str(new_tokens),
            "--file", str(text), *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, cwd=ROOT)
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "COLUMNS": "400", **env}, cwd=ROOT)
     if loop is not None:
         loop.kill()
         loop.wait()

@@ -1073,9 +1073,9 @@ def _cpus() -> int:
     (["explain", "hi", "--layer", "1_0"],
      "Error: --layer = '1_0' is not an integer; write it with the digits 0-9 and an optional leading -"),
     (["serve", "--port", "0"], "Error: --port = 0 is outside the valid range [1, 65535]"),
-    (["eval", "-k", "8,²"], "Error: -k/--top-k = '8,²' is not a list of ints: '²' is not an integer; give one "
+    (["eval", "-k", "8,²"], "Error: -k/--top-k = '8,²' must be comma-separated positive integers: '²' is not an integer; give one "
                             "in [1, inf)"),
-    (["lookup", "--ids", "3,+1"], "Error: --ids = '3,+1' is not a list of ints: '+1' is not an integer; write it "
+    (["lookup", "--ids", "3,+1"], "Error: --ids = '3,+1' must be comma-separated integers: '+1' is not an integer; write it "
                                   "with the digits 0-9 and an optional leading -"),
     (["generate", "--file", "/dev/null"], "Error: text file '/dev/null' is not a regular file (a device, a pipe "
                                           "or a socket); give a UTF-8 text file"),

@@ -84,16 +84,16 @@ def generate(prompt, file, model_name, quantized, budget, dense, max_new_tokens,
 def _run(text: str, model: tuple[str, dict], budget, dense: bool, max_new_tokens: int, pages: bool, threads):
     """Load (model: the name and load()'s keywords), fit the prompt to the model's positions, stream
     the continuation under a live status line."""
-    import torch
     from rich.live import Live
 
     from gatherlens.errors import GatherLensWarning
     from gatherlens.models import load
     from gatherlens.models.generation import require_causal
     from gatherlens.models.streaming import fit_prompt, stream_generate
+    from gatherlens.models.threads import fix_threads
 
     if threads:
-        torch.set_num_threads(threads)
+        fix_threads(threads)  # the user's count: the thread controller stays off
     lm = load(model[0], progress=True, **model[1])
     require_causal(lm)
     ids, dropped = fit_prompt(lm, lm.encode(text, truncation=False), max_new_tokens)

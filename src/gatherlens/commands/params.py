@@ -60,7 +60,8 @@ def int_list(value: str, hint: str, lo: int | None = None, hi: int | None = None
     try:
         return [parse_int(s, hint, lo, hi) for s in value.split(",") if s.strip(" \t")]
     except GatherValueError as e:
-        raise click.UsageError(f"{hint} = {shorten(value)} is not a list of ints: "
+        kind = "positive integers" if lo == 1 and hi is None else "integers"
+        raise click.UsageError(f"{hint} = {shorten(value)} must be comma-separated {kind}: "
                                f"{str(e).removeprefix(f'{hint} = ')}") from None
 
 

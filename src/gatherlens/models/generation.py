@@ -40,6 +40,7 @@ from gatherlens.models.detokenize import CONTEXT_TOKENS, Detokenizer
 from gatherlens.models.file_watch import check_unchanged
 from gatherlens.models.sparse import (SparseKVCache, observe_sparse, sparse_settings, use_dense_decoding,
                                       use_sparse_decoding)
+from gatherlens.models.threads import ThreadControl
 from gatherlens.ops.sparse.config import DEFAULT
 
 __all__ = ["GenerationStart", "GenerationStep", "GenerationEnd", "LayerPages", "generation_steps", "greedy_tokens",
@@ -140,13 +141,20 @@ def greedy_tokens(model, cache, ids: torch.Tensor) -> Iterator[int]:
         >>> list(itertools.islice(greedy_tokens(model, prefilled_cache, last_prompt_id), 5))   # ids (1, 1)
 
     Each `next()` runs one forward pass into the cache (the caller stops by asking no more); the
-    model decodes as it is switched (use_sparse_decoding / use_dense_decoding).
+    model decodes as it is switched (use_sparse_decoding / use_dense_decoding). On the CPU torch's
+    thread count follows the cores other programs leave free (models/threads.py; off after --threads).
     """
-    while True:
-        out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-        token = int(out.logits[0, -1].argmax())  # logits (1, 1, V)
-        yield token
-        ids = torch.tensor([[token]], device=ids.device)  # (1, 1)
+    threads = ThreadControl.start(on=ids.device.type == "cpu")
+    try:
+        while True:
+            threads.before_step()
+            out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+            token = int(out.logits[0, -1].argmax())  # logits (1, 1, V)
+            threads.after_step()
+            yield token
+            ids = torch.tensor([[token]], device=ids.device)  # (1, 1)
+    finally:
+        threads.finish()
 
 
 def _next(tokens: Iterator[int], picked: list | None, model) -> int:
