@@ -36,5 +36,6 @@ if [ "${1:-}" = "--test" ] && [ ! -d /usr/lib/R/site-library/janeaustenr ] \
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq r-cran-janeaustenr >/dev/null \
     || echo "note: r-cran-janeaustenr not installed; the Austen test will be skipped" >&2
 fi
-# The native operators (C++, torch.utils.cpp_extension), built once now rather than on first use.
-"$VPY" -m gatherlens.ops.kernels
+# The native operators (C++, torch.utils.cpp_extension), built once now rather than on first use, and
+# installed into .venv/share/gatherlens/native: a new or empty $GATHERLENS_CACHE then needs no build.
+"$VPY" -m gatherlens.ops.kernels --install

@@ -1053,6 +1053,31 @@ def test_a_sound_native_build_loads_without_a_compiler(tiny_build, tmp_path):
     assert out.returncode == 0 and "loaded False None" in out.stdout, out.stderr[-3000:]
 
 
+
+@needs_compiler
+def test_installed_native_builds_load_with_an_empty_cache_and_no_compiler(tiny_build, tmp_path):
+    """Must hold: setup's installed copy (GATHERLENS_NATIVE_INSTALLED, else the venv's share folder) loads
+    in a process whose cache is new and empty, even with no compiler; a damaged copy is never loaded."""
+    copy_build(tiny_build, tmp_path)
+    installed = tmp_path / "venv-share"
+    code = ("import sys; from pathlib import Path; from gatherlens.ops.native import install_builds; "
+            "print(install_builds([Path(sys.argv[1])]))")
+    env = {**os.environ, "GATHERLENS_CACHE": str(tmp_path / "cache"), "GATHERLENS_NATIVE_INSTALLED": str(installed)}
+    out = subprocess.run([sys.executable, "-c", code, str(TINY_OP)], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "installed in" in out.stdout, out.stderr[-3000:]
+    (copy,) = installed.iterdir()
+    assert copy.name == tiny_build.name and not list(installed.glob(".*")), list(installed.iterdir())
+    empty = {"GATHERLENS_NATIVE_INSTALLED": str(installed), "PATH": str(tmp_path / "empty")}
+    out = load_tiny(tmp_path / "new-cache", timeout=60, **empty)
+    assert out.returncode == 0 and "loaded True 42" in out.stdout, out.stderr[-3000:]
+    assert not native_warnings(out) and not (tmp_path / "new-cache" / "native").exists(), out.stderr
+    (so,) = copy.glob("*.so")
+    so.write_bytes(so.read_bytes()[:4096])                                    # damaged: not loaded from there
+    out = load_tiny(tmp_path / "new-cache", timeout=60, **empty)
+    assert out.returncode == 0 and "loaded False None" in out.stdout, out.stderr[-3000:]
+
+
 # -- issue 29: one int rule on the command line, text files, kills while writing, stop signals ------
 def _error_lines(result) -> list[str]:
     return [line for line in result.output.splitlines() if line.startswith("Error:")]

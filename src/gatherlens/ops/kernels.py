@@ -1,6 +1,7 @@
 """Every native operator of gatherlens, built ahead of first use (setup does this once).
 
-    $ python -m gatherlens.ops.kernels          # builds into $GATHERLENS_CACHE/native, prints each
+    $ python -m gatherlens.ops.kernels            # builds into $GATHERLENS_CACHE/native, prints each
+    $ python -m gatherlens.ops.kernels --install  # and copies them into the environment (setup does)
     >>> build_all()
     {'threshold_select.cpp': True, 'fused_decode.cpp': True, 'layer_ops.cpp': True, 'q8act.cpp': True,
      'sigbus.cpp': True}
@@ -13,21 +14,37 @@ is rebuilt, and a build another process is running is waited for (at most ops.na
 """
 from __future__ import annotations
 
-__all__ = ["build_all"]
+__all__ = ["build_all", "install_all"]
 
 
 def build_all() -> dict[str, bool]:
     """Build and load every kernel; {source name: loaded}."""
+    return {m.KERNEL.name: m.kernel_loaded() for m in _modules()}
+
+
+def _modules() -> tuple:
     from gatherlens.ops.attention.select import threshold_kernel
     from gatherlens.ops.fault import sigbus
     from gatherlens.ops.layer import fused
     from gatherlens.ops.quant import q8act
     from gatherlens.ops.sparse import fused_decode
 
-    modules = (threshold_kernel, fused_decode, fused, q8act, sigbus)
-    return {m.KERNEL.name: m.kernel_loaded() for m in modules}
+    return threshold_kernel, fused_decode, fused, q8act, sigbus
+
+
+def install_all() -> dict[str, str]:
+    """Copy every sound build into the environment's own folder (ops.native.installed_dir()), so an
+    empty or new cache ($GATHERLENS_CACHE) needs no build; {source name: what happened}."""
+    from gatherlens.ops.native import install_builds
+
+    return install_builds([m.KERNEL for m in _modules()])
 
 
 if __name__ == "__main__":
+    import sys
+
     for name, ok in build_all().items():
         print(f"{name}: {'built' if ok else 'not built (the fallback path runs)'}")
+    if "--install" in sys.argv[1:]:
+        for name, what in install_all().items():
+            print(f"{name}: {what}")

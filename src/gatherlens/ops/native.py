@@ -13,7 +13,9 @@ C++ compiler: $CXX, else `c++`; `#include "x.h"` is looked up beside the source 
 into $GATHERLENS_CACHE/native/<stem>-<hash> (else $XDG_CACHE_HOME/gatherlens/native, else
 ~/.cache/gatherlens/native); the hash covers the source and every local header it includes, the
 flags, the compiler, torch's version and the CPU (the build uses -march=native), so later
-processes find it built.
+processes find it built. Setup copies each sound build into the environment's own folder
+(`installed_dir()`: <sys.prefix>/share/gatherlens/native, `python -m gatherlens.ops.kernels --install`),
+which is looked in first: an empty or new cache ($GATHERLENS_CACHE) then needs no build.
 
 Nothing unverified is loaded: a finished build writes `gatherlens-native.json` (the library's size
 and xxh3-128) and a load checks the library against it first. A build runs in a temporary folder
@@ -40,6 +42,7 @@ import re
 import shutil
 import secrets
 import subprocess
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -67,6 +70,12 @@ _INCLUDE_LINE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 def native_dir() -> Path:
     """$GATHERLENS_CACHE/native, else $XDG_CACHE_HOME/gatherlens/native, else ~/.cache/gatherlens/native."""
     return cache_root() / "native"
+
+
+def installed_dir() -> Path:
+    """Where setup installs the kernels it built, beside the package's environment:
+    $GATHERLENS_NATIVE_INSTALLED, else <sys.prefix>/share/gatherlens/native (a venv's own folder)."""
+    return Path(os.environ.get("GATHERLENS_NATIVE_INSTALLED") or Path(sys.prefix) / "share" / "gatherlens" / "native")
 
 
 def load_library(source: Path, on_load=None) -> bool:
@@ -97,6 +106,8 @@ def _build(source: Path) -> bool:
     build, doing = None, "build"
     try:
         key = _key(source)
+        if _load_sound(installed_dir(), source, key):  # installed by setup: no build, whatever the cache
+            return True
         try:
             cxx = _compiler()
         except FileNotFoundError:
@@ -171,11 +182,56 @@ def _verified(build: Path, key: str) -> tuple[Path | None, str]:
 
 def _load_any_sound(source: Path, key: str) -> bool:
     """Without a compiler: load a sound build of `source` made earlier (any compiler), newest first."""
-    folders = sorted(native_dir().glob(f"{source.stem}-*"), key=_mtime, reverse=True)
+    return _load_sound(native_dir(), source, key)
+
+
+def _load_sound(folder: Path, source: Path, key: str) -> bool:
+    """Load the newest sound build of `source` (this very key, any compiler) found in `folder`."""
+    folders = sorted(folder.glob(f"{source.stem}-*"), key=_mtime, reverse=True)
     library = next((lib for lib in (_verified(f, key)[0] for f in folders) if lib is not None), None)
     if library is not None:
         torch.ops.load_library(str(library))
     return library is not None
+
+
+def install_builds(sources: list[Path]) -> dict[str, str]:
+    """Copy the sound cache build of each source into `installed_dir()` (setup runs this after
+    building), so a process with an empty or new cache loads them at once; {source name: what happened}.
+    Each copy lands whole (a temporary folder renamed into place) and is verified again when loaded."""
+    done = {}
+    for source in sources:
+        key = _key(source)
+        installed = [f for f in installed_dir().glob(f"{source.stem}-*") if _verified(f, key)[0] is not None]
+        if installed:
+            done[source.name] = f"installed in {installed[0]}"
+            continue
+        found = [f for f in sorted(native_dir().glob(f"{source.stem}-*"), key=_mtime, reverse=True)
+                 if _verified(f, key)[0] is not None]
+        if not found:
+            done[source.name] = "no sound build to install"
+            continue
+        target = installed_dir() / found[0].name
+        try:
+            _copy_whole(found[0], target)
+            done[source.name] = f"installed in {target}"
+        except OSError as e:
+            done[source.name] = f"not installed ({e.strerror or type(e).__name__}: {target})"
+    return done
+
+
+def _copy_whole(build: Path, target: Path) -> None:
+    """`build` copied to `target`, replacing an older copy only once the new one is complete."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.parent / f"{temp_prefix(target)}{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        shutil.copytree(build, temp, ignore=shutil.ignore_patterns("*.o", "*.ninja", ".ninja*", "lock"))
+        trash = target.parent / f"{trash_prefix(target)}{os.getpid()}"
+        if target.exists():
+            os.replace(target, trash)
+        os.replace(temp, target)
+        remove(trash)
+    finally:
+        remove(temp)
 
 
 def _mtime(path: Path) -> float:
