@@ -2,11 +2,15 @@
 
     .venv/bin/python scripts/busy_core.py                          # 512 and 4K tokens, 2 pairs each
     .venv/bin/python scripts/busy_core.py --contexts 512 --repeats 3
-    .venv/bin/python scripts/busy_core.py --env OMP_WAIT_POLICY=PASSIVE     # an OpenMP setting to try
-    .venv/bin/python scripts/busy_core.py --args "--threads 2"     # fixed threads: the controller off
+    .venv/bin/python scripts/busy_core.py --variant "fixed: --threads 2"    # the thread controller off
+    .venv/bin/python scripts/busy_core.py --variant "adaptive:" --variant "passive: OMP_WAIT_POLICY=PASSIVE"
     .venv/bin/python scripts/busy_core.py --json busy.json         # the rows, for a note
 
-For each context (prose: Pride and Prejudice from `gatherlens.eval.corpus`, cut to that many
+A variant is "NAME: [ENV=VALUE ...] [more gatherlens generate arguments]" (default: "adaptive:",
+gatherlens as it is); several variants take turns within each repeat, so a change in the
+machine's load touches them alike.
+
+For each context and variant (prose: Pride and Prejudice from `gatherlens.eval.corpus`, cut to that many
 tokens with the model's own tokenizer) it runs `gatherlens generate --quantized --max-new-tokens
 64 --file <text>` quiet and then with `python -c "while True: pass"` beside it, alternating, and
 prints decode tokens/s, prefill tokens/s and the busy/quiet ratio of each (the median of the
@@ -102,49 +106,66 @@ def run_once(text: Path, busy: bool, env: dict, args: list[str], new_tokens: int
             "load1": round(load1, 2), "other": round(max(0.0, (cpu_busy()[0] - b0) - ours) / wall, 2)}
 
 
-def summarize(rows: list[dict], context: int) -> dict:
-    """The medians of the quiet and busy runs at one context, and the ratios."""
+def summarize(rows: list[dict], context: int, name: str) -> dict:
+    """The medians of the quiet and busy runs of one variant at one context, and the ratios."""
     def med(busy, key):
         return statistics.median(r[key] for r in rows if r["busy"] is busy)
 
-    s = {"context": context, "prompt": rows[0]["prompt"]}
+    s = {"variant": name, "context": context, "prompt": rows[0]["prompt"]}
     for key in ("decode_tps", "prefill_tps"):
         s[f"quiet_{key}"], s[f"busy_{key}"] = med(False, key), med(True, key)
         s[f"{key}_ratio"] = s[f"busy_{key}"] / s[f"quiet_{key}"]
     return s
 
 
+def variant(spec: str) -> tuple[str, dict, list[str]]:
+    """"passive: OMP_WAIT_POLICY=PASSIVE --threads 2" -> (name, environment, generate arguments)."""
+    name, _, rest = spec.partition(":")
+    words = shlex.split(rest)
+    env = dict(w.split("=", 1) for w in words if re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", w))
+    return name.strip(), env, [w for w in words if not re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", w)]
+
+
+def measure(context: int, text: Path, variants: list, o) -> list[dict]:
+    """Each repeat: every variant quiet, then busy; the summaries (printed as they come)."""
+    rows: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
+    for _ in range(o.repeats):
+        for name, env, args in variants:
+            for busy in (False, True):
+                before = wait_quiet(o.max_other, o.wait)
+                r = run_once(text, busy, env, args, o.max_new_tokens)
+                rows[name].append(r)
+                print(f"  {context:>5} {name:>10} {'busy ' if busy else 'quiet'}: decode {r['decode_tps']:6.1f} "
+                      f"tok/s, prefill {r['prefill_tps']:7.1f} tok/s (load1 {r['load1']}, others "
+                      f"{before:.2f} before, {r['other']} during)", flush=True)
+    out = []
+    for name, _, _ in variants:
+        s = summarize(rows[name], context, name)
+        out.append({"summary": s, "rows": rows[name]})
+        print(f"{context} tokens (prompt {s['prompt']}), {name}: decode {s['quiet_decode_tps']:.1f} -> "
+              f"{s['busy_decode_tps']:.1f} tok/s busy ({s['decode_tps_ratio']:.2f}x); prefill "
+              f"{s['quiet_prefill_tps']:.0f} -> {s['busy_prefill_tps']:.0f} tok/s ({s['prefill_tps_ratio']:.2f}x)",
+              flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--contexts", default="512,4096", help="prompt lengths in tokens, comma-separated")
-    p.add_argument("--repeats", type=int, default=2, help="quiet/busy pairs per context")
+    p.add_argument("--repeats", type=int, default=2, help="quiet/busy pairs per context and variant")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--env", action="append", default=[], help="NAME=VALUE for the generate runs")
-    p.add_argument("--args", default="", help="more `gatherlens generate` arguments, e.g. '--threads 1'")
+    p.add_argument("--variant", action="append", default=[], help='"NAME: [ENV=VALUE ...] [generate arguments]"')
     p.add_argument("--max-other", type=float, default=0.3, help="wait until others use fewer cores")
     p.add_argument("--wait", type=float, default=120.0, help="longest wait for a quiet machine, s")
     p.add_argument("--json", default=None, help="also write the rows and summaries here")
     o = p.parse_args()
-    env = dict(kv.split("=", 1) for kv in o.env)
+    variants = [variant(v) for v in o.variant or ["adaptive:"]]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for context in (int(c) for c in o.contexts.split(",")):
-            text, rows = prose(context, Path(tmp)), []
-            for _ in range(o.repeats):
-                for busy in (False, True):
-                    before = wait_quiet(o.max_other, o.wait)
-                    rows.append(run_once(text, busy, env, shlex.split(o.args), o.max_new_tokens))
-                    print(f"  {context:>5} {'busy ' if busy else 'quiet'}: decode {rows[-1]['decode_tps']:6.1f} "
-                          f"tok/s, prefill {rows[-1]['prefill_tps']:7.1f} tok/s (load1 {rows[-1]['load1']}, "
-                          f"others {before:.2f} before, {rows[-1]['other']} during)", flush=True)
-            s = summarize(rows, context)
-            results.append({"summary": s, "rows": rows})
-            print(f"{context} tokens (prompt {s['prompt']}): decode {s['quiet_decode_tps']:.1f} -> "
-                  f"{s['busy_decode_tps']:.1f} tok/s busy ({s['decode_tps_ratio']:.2f}x); prefill "
-                  f"{s['quiet_prefill_tps']:.0f} -> {s['busy_prefill_tps']:.0f} tok/s ({s['prefill_tps_ratio']:.2f}x)",
-                  flush=True)
+            results += measure(context, prose(context, Path(tmp)), variants, o)
     if o.json:
-        Path(o.json).write_text(json.dumps({"env": env, "args": o.args, "results": results}, indent=1))
+        Path(o.json).write_text(json.dumps({"variants": o.variant, "results": results}, indent=1))
 
 
 if __name__ == "__main__":

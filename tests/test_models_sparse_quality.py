@@ -104,7 +104,7 @@ def test_greedy_decode_continues_the_prefilled_cache(model):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--budgets", "a,b"], "not a list of ints"),
+    (["--budgets", "a,b"], "must be comma-separated"),
     (["--budgets", "0"], "0 is outside the valid range [1, inf)"),
     (["--context", "256", "--decode-tokens", "256"], "smaller than --context"),
     (["--decode-tokens", "0", "--passkey-trials", "0"], "nothing to measure"),

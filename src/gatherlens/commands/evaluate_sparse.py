@@ -152,13 +152,12 @@ def _picture_folder(pictures: str | None, force: bool) -> Path | None:
 
 def _load(model_name: str, corpus: str, text_file: str | None, context: int, threads: int | None):
     """The model and the first `context` token ids (1, S) of the text; an error if it is shorter."""
-    import torch
-
     from gatherlens.eval.corpus import load_text
     from gatherlens.models import load
+    from gatherlens.models.threads import fix_threads
 
     if threads:
-        torch.set_num_threads(threads)
+        fix_threads(threads)  # the user's count: the thread controller stays off
     text = load_text(corpus, path=text_file)
     lm = load(model_name, progress=True)
     limit = getattr(lm.config, "max_position_embeddings", None)

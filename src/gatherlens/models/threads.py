@@ -10,12 +10,14 @@
 Why: our operators (and torch's) split each call over torch's OpenMP threads and wait at its end
 for the slowest. When another program keeps a core busy, one of our threads is preempted for a
 whole time slice while the others spin at the barrier: with 2 threads on 2 cores and a busy loop
-beside them, decoding ran at 0.32x its quiet speed, slower than on 1 thread (scripts/busy_core.py).
+beside them, decoding ran at 0.27x its quiet speed, slower than on 1 thread; with this controller
+at 0.65-0.71x, quiet speed unchanged (scripts/busy_core.py, 512 and 4K tokens). OMP_WAIT_POLICY=
+PASSIVE held 1.0x busy but halved quiet decoding; GOMP_SPINCOUNT 1e4 / 1e5 did not help busy.
 
 How, decided from clocks only (a few µs a step):
-- the prefill (the first step) runs on the cores the machine left idle since the last look
-  (/proc/stat's busy time less this process's own CPU time, over at least `min_span` seconds;
-  without that, torch's count);
+- the prefill (the first step) runs on the cores the machine left free since the last look
+  (/proc/stat's idle time plus this process's own CPU time, over at least `min_span` seconds:
+  the model's load, when this module was imported before it; without that, torch's count);
 - decode steps: over each window of `window` steps, this process's CPU time against threads x
   wall time says whether our threads wait for a core (under `preempted`): then one thread fewer is
   tried. Every `probe_every` steps below the starting count, one more is tried if the machine
