@@ -51,7 +51,8 @@ def cpu_count() -> int:
 def threads_option(command):
     """--threads N: torch threads, in [1, the CPUs this process may use]; more is refused by name."""
     return click.option("--threads", default=None, type=Int(1, cpu_count()),
-                        help=f"torch threads, 1 to {cpu_count()} (default: all of them, fewer while other programs keep cores busy).")(command)
+                        help=f"torch threads, 1 to {cpu_count()} (default: all of them, fewer while other "
+                             f"programs keep cores busy).")(command)
 
 
 def int_list(value: str, hint: str, lo: int | None = None, hi: int | None = None) -> list[int]:
