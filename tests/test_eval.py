@@ -187,7 +187,7 @@ def test_eval_refuses_to_overwrite_without_force(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("args, msg", [
-    (["-k", "8,x"], "list of ints"),
+    (["-k", "8,x"], "comma-separated positive integers"),
     (["-k", "0"], "positive"),
     (["--out", "q.txt"], ".csv or .json"),
     (["--plot", "q.svg"], ".png"),
