@@ -34,7 +34,8 @@ from pathlib import Path
 
 from gatherlens.errors import GatherValueError
 
-__all__ = ["ModelFileChanged", "FileWatch", "watch_model", "watch_of", "check_unchanged", "changed_message"]
+__all__ = ["ModelFileChanged", "FileWatch", "watch_model", "watch_of", "check_unchanged", "changed_message",
+           "file_identity"]
 
 _WATCHED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # model -> its FileWatch
 CUT_SHORT = "it was cut short while the model read it"
@@ -62,7 +63,7 @@ def changed_message(path: Path, how: str) -> str:
             f"run again once the file is complete")
 
 
-def _identity(path: Path) -> tuple[int, int, int, int, int] | None:
+def file_identity(path: Path) -> tuple[int, int, int, int, int] | None:
     """(device, inode, size, mtime_ns, ctime_ns) of `path`; None when it is gone or unreadable."""
     try:
         s = os.stat(path)
@@ -85,11 +86,11 @@ class FileWatch:
     def __post_init__(self):
         self.path = Path(self.path)
         if self.identity is None:
-            self.identity = _identity(self.path)
+            self.identity = file_identity(self.path)
 
     def changed(self) -> str | None:
         """How the file differs from what it was (in words), or None when it is the same."""
-        now = _identity(self.path)
+        now = file_identity(self.path)
         if now == self.identity:
             return None
         if now is None:

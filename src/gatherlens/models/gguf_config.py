@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader
 
+from gatherlens.models.file_watch import file_identity
+
 __all__ = ["open_gguf", "gguf_config", "load_gguf_config", "metadata_value", "CONFIG_KEYS", "CONFIG_CLASSES"]
 
 # general.architecture -> the transformers config class its rows below fill
@@ -52,7 +54,7 @@ CONFIG_KEYS = {
 }
 
 
-_KEPT: dict = {}  # the last open_gguf: {(path, mode, inode, size, mtime): (header bytes, reader)}
+_KEPT: dict = {}  # the last open_gguf: {(path, mode, file identity): (header bytes, reader)}
 
 
 class _FastReader(GGUFReader):
@@ -81,9 +83,8 @@ def open_gguf(path, mode: str = "r") -> GGUFReader:
     ValueError (GGUFReader's IndexError said so vaguely).
     """
     path = Path(path)
-    stat = path.stat()
-    key = (str(path.resolve()), mode, stat.st_ino, stat.st_size, stat.st_mtime_ns)
-    kept = _KEPT.get(key)
+    key = (str(path.resolve()), mode, file_identity(path))  # the one file-identity rule (file_watch.py)
+    kept = _KEPT.get(key) if key[2] is not None else None
     if kept is not None:
         header, reader = kept
         with open(path, "rb") as f:

@@ -173,15 +173,7 @@ def linear_product(x: torch.Tensor, weight: QuantizedWeight, backend: str = "aut
 
 def q8act_ready() -> str | None:
     """None when the q8act operator built (`gatherlens::q8act_linear`), else why it cannot run here."""
-    if _BUILT:  # built: not asked again (a decode step asks ~100 times a token)
-        return None
-    if not _q8act.kernel_loaded():
-        return "its C++ operator did not build (see the warning)"
-    _BUILT.append(True)
-    return None
-
-
-_BUILT: list[bool] = []  # [True] once the q8act operator loaded
+    return None if _q8act.kernel_loaded() else "its C++ operator did not build (see the warning)"
 
 
 def _prefill_fits(x, weight) -> str | None:
