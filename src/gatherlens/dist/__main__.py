@@ -62,19 +62,20 @@ def main(argv=None) -> int:
     import torch.distributed as dist
 
     from gatherlens.dist.demo import run_demo
+    from gatherlens.dist.launch import leave_group
     from gatherlens.errors import GatherLensError
 
     if cfg.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if cfg.device == "cuda" else "gloo")
+    report = None
     try:
         report = run_demo(cfg)
     except GatherLensError as e:
         print(f"rank {dist.get_rank()}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_group(done=report is not None)
     if int(os.environ["RANK"]) == 0:
         print("\n".join(report.lines))
         print("every rank equals one process" if report.ok else "MISMATCH against one process")

@@ -22,7 +22,7 @@ from datetime import timedelta
 
 from gatherlens.errors import GatherLensError, GatherValueError
 
-__all__ = ["run_ranks", "DistTimeout"]
+__all__ = ["run_ranks", "DistTimeout", "leave_group"]
 
 PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor", "gatherlens.dist.launch"]
 
@@ -39,6 +39,7 @@ def _rank_main(rank: int, world: int, store: str, backend: str, threads: int, ti
 
     torch.set_num_threads(threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    done = False
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -46,11 +47,30 @@ def _rank_main(rank: int, world: int, store: str, backend: str, threads: int, ti
                                 timeout=timedelta(seconds=timeout))
         value = fn(*args)
         results.put((rank, True, pickle.dumps(value)))
+        done = True
     except BaseException:  # noqa: BLE001 - every failure goes back to the parent, with its traceback
         results.put((rank, False, traceback.format_exc()))
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_group(done)
+
+
+def leave_group(done: bool, timeout_s: float = 60.0) -> None:
+    """Destroy the process group; after a rank's work is `done`, first wait for every rank to be done
+    too (a rank that tears its sockets down while another still talks aborts that one: gloo's
+    "terminate called without an active exception"). A failed rank leaves at once."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    if done:
+        try:
+            if dist.get_backend() == "gloo":
+                dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
+            else:
+                dist.barrier()
+        except Exception:  # noqa: BLE001 - another rank failed: its own error is the one reported
+            pass
+    dist.destroy_process_group()
 
 
 def _collect(procs, results, world: int, timeout: float) -> list:
