@@ -33,6 +33,7 @@ struct Guard {
 };
 
 Guard guards[kSlots];
+std::atomic<int> reporting{0};  // set by the first faulting thread: the line is written once
 struct sigaction previous;
 std::once_flag installed;
 
@@ -51,6 +52,11 @@ void on_sigbus(int sig, siginfo_t* info, void*) {
   const auto at = reinterpret_cast<uintptr_t>(info->si_addr);
   for (Guard& g : guards) {
     if (g.state.load(std::memory_order_acquire) == 2 && at >= g.begin && at < g.end) {
+      if (reporting.exchange(1) != 0) {
+        for (;;) {
+          pause();  // another thread faulted first and is writing the line: its _exit ends us all
+        }
+      }
       say(g.message, g.size);
       _exit(1);
     }
