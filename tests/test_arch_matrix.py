@@ -27,7 +27,7 @@ W = 8            # the window of every local layer
 PROMPT, NEW = 20, 6
 BASE = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=None, eos_token_id=None)
-FULL = dict(budget=1024, page_size=4, dense_layers=0)          # every page: dense, through the paged cache
+FULL = dict(budget=1024, page_size=4, dense_layers=0, kv_dtype=None)  # every page, float32: dense, through the paged cache
 SMALL = dict(budget=8, page_size=4, dense_layers=0, recent=0, dense_share=1.0)  # 2 of the 5-7 pages
 HYBRID3 = ["sliding_attention", "full_attention", "sliding_attention"]
 HYBRID4 = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]

@@ -102,9 +102,34 @@ def test_tiny_folder_skips_the_peers_and_writes_the_profile(tiny, tmp_path, monk
                                          "--rounds", "1", "--threads", "1", "--profile", "--json", str(out)])
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
-    assert [r["method"] for r in data["rows"]] == ["hf", "paged", "sparse-16"]
-    assert all(r["case"] == "float" and r["rss_mb"] > 0 and r["x_llama"] is None for r in data["rows"])
+    assert [r["method"] for r in data["rows"]] == ["hf", "paged", "sparse-16", "cli", "cli/pages"]
+    assert [r["case"] for r in data["rows"]] == ["float"] * 3 + ["cli"] * 2
+    assert all(r["rss_mb"] > 0 and r["x_llama"] is None for r in data["rows"])
     assert any("quantized rows skipped" in n for n in data["meta"]["skipped"])
     assert any("llama.cpp row skipped" in n for n in data["meta"]["skipped"])
     profile = (tmp_path / "g.profile.md").read_text()
     assert "L=64, hf" in profile and "L=64, sparse-16" in profile and "| op |" in profile
+
+
+def test_cli_rows_time_the_commands_loop(tiny):
+    """The cli rows: `stream_generate` as `gatherlens generate` runs it (real prefill, detokenizer), page
+    trace off and on, in a fresh process; shaped like the other cases' results."""
+    plan = [vars(m) for m in g.cli_methods(16)]
+    spec = dict(model=str(tiny), context=40, tokens=2, rounds=2, threads=1, methods=plan, quantized=False)
+    res = run_fresh("gatherlens.bench.generate_cli", spec)
+    assert set(res["wall"]) == {"cli", "cli/pages"} and res["generated"] == {"cli": 5, "cli/pages": 5}
+    rows = g.rows_of(spec, res, hf_s=1.0, case="cli")
+    assert [r.method for r in rows] == ["cli", "cli/pages"] and all(r.case == "cli" and r.ms > 0 for r in rows)
+    assert all(r.attention_ms is None and r.attention_share is None and r.rss_mb > 0 for r in rows)
+
+
+def test_cli_verdicts_compare_with_the_bench_row_and_llama():
+    def mk(method, ms, budget=512):
+        return g.Row(4096, method, ms, 1e3 / ms, ms, 1.0, None, None, budget, True, False, 2, "x")
+
+    rows = g.with_llama_ratios([mk("quantized-sparse-512", 10.0), mk("cli", 10.4), mk(g.LLAMA, 15.0, None)])
+    (v,) = g.cli_verdicts(rows)
+    assert v["near"] and v["bench"] == "quantized-sparse-512" and v["x_llama"] == pytest.approx(15 / 10.4)
+    assert v["target"] == 1.5 and v["met"] is False
+    rows[1].ms = 11.0
+    assert not g.cli_verdicts(rows)[0]["near"]

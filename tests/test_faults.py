@@ -1602,7 +1602,8 @@ TINY_FAULTS = {
         r"has bad metadata: llama.vocab_size 100 but tokenizer.ggml.tokens holds 96 tokens$"),
     "a type number ggml does not have (gguf's reader fails)": (
         _gguf_type("blk.0.attn_v.weight", 99),
-        r"holds tensors quantized=True cannot run: type 99 \(blk.0.attn_v.weight\); it runs matrices in Q8_0, .*F16$"),
+        r"holds tensors quantized=True cannot run: type 99 \(blk.0.attn_v.weight: 32 rows of 64 weights\); it runs "
+        r"matrices in Q8_0, .*F16; use another preset of the model \(a file in those types\)$"),
 }
 
 
@@ -1681,36 +1682,38 @@ def test_the_shipped_gguf_passes_the_check_in_milliseconds():
     assert time.perf_counter() - start < 0.5
 
 
-def test_a_sound_tiny_gguf_passes_and_an_f16_matrix_runs_in_float_only(tiny_llama_gguf, tmp_path):
+def test_a_sound_tiny_gguf_passes_and_an_iq2_matrix_runs_in_float_only(tiny_llama_gguf, tmp_path):
     from gguf import GGMLQuantizationType as T
 
     from gatherlens.models.gguf_check import open_checked
 
     open_checked(tiny_llama_gguf, quantized=True)
-    path = _tiny_llama_gguf(tmp_path / "f16.gguf", {"blk.0.ffn_down": T.F16})
+    path = _tiny_llama_gguf(tmp_path / "iq2.gguf", {"blk.0.ffn_down": T.IQ2_XXS})
     open_checked(path, quantized=False)
-    with pytest.raises(GatherValueError, match=r"cannot run: F16 \(blk.0.ffn_down.weight\); .*try without "
-                                               r"--quantized \(quantized=True\)"):
+    with pytest.raises(GatherValueError, match=r"cannot run: IQ2_XXS \(blk.0.ffn_down.weight: 64 rows of 256 "
+                                               r"weights\); .*try without --quantized \(quantized=True\)"):
         open_checked(path, quantized=True)
 
 
 def test_unsupported_types_are_all_named_before_anything_slow(tmp_path, monkeypatch):
     """Must hold: a file in formats the quantized path cannot run is refused at once, before the
-    config, tokenizer or any block is read: one line naming every such type by ggml's name (IQ4_XS
-    for an IQ4_XS tensor), its tensors, and the float path as the way out; no numpy types in it."""
+    config, tokenizer or any block is read: one line naming every such type by ggml's name (IQ2_XXS
+    for an IQ2_XXS tensor), its first tensor and that tensor's shape in plain integers, and the float
+    path as the way out; no numpy types in it."""
     from gguf import GGMLQuantizationType as T
 
     import gatherlens.models.quantized as quantized
+    from gatherlens.ops.quant.registry import FORMATS
 
-    path = _tiny_llama_gguf(tmp_path / "iq.gguf", {"blk.0.ffn_down": T.IQ4_XS, "blk.0.ffn_gate": T.Q2_K,
-                                                   "blk.1.ffn_gate": T.Q2_K, "blk.0.attn_output": T.IQ4_NL})
+    path = _tiny_llama_gguf(tmp_path / "iq.gguf", {"blk.0.ffn_down": T.IQ2_XXS, "blk.1.ffn_down": T.IQ2_XXS,
+                                                   "blk.0.attn_output": T.MXFP4})
     monkeypatch.setattr(quantized, "_config_and_tokenizer", lambda *a: pytest.fail("read past the check"))
     result = run("generate", "--quantized", "--model", str(path), "--max-new-tokens", "2", "hi")
     assert result.exit_code == 1 and len(_error_lines(result)) == 1, result.output
     assert _error_lines(result)[0] == (
-        f"Error: model file {str(path)!r} holds tensors quantized=True cannot run: IQ4_NL (blk.0.attn_output.weight); "
-        f"Q2_K (blk.0.ffn_gate.weight and 1 more); IQ4_XS (blk.0.ffn_down.weight); it runs matrices in Q8_0, Q4_0, "
-        f"Q4_1, Q5_0, Q5_1, Q4_K, Q6_K and vectors in F32, F16; try without --quantized (quantized=True): the "
+        f"Error: model file {str(path)!r} holds tensors quantized=True cannot run: MXFP4 (blk.0.attn_output.weight: "
+        f"64 rows of 64 weights); IQ2_XXS (blk.0.ffn_down.weight: 64 rows of 256 weights, and 1 more); it runs "
+        f"matrices in {', '.join(FORMATS)} and vectors in F32, F16; try without --quantized (quantized=True): the "
         f"float32 path dequantizes them")
 
 

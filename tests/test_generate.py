@@ -238,8 +238,8 @@ def test_bench_generate_tiny_case_writes_json_and_plot(tiny, tmp_path):
                                        "--rounds", "1", "--threads", "1", "--json", str(out)])
     assert res.exit_code == 0, res.output
     rows = json.loads(out.read_text())["rows"]
-    assert [r["method"] for r in rows] == ["hf", "paged", "sparse-16"]
-    assert all(r["ms"] > 0 and r["attention_ms"] > 0 and r["context"] == 200 for r in rows)
+    assert [r["method"] for r in rows] == ["hf", "paged", "sparse-16", "cli", "cli/pages"]
+    assert all(r["ms"] > 0 and r["context"] == 200 for r in rows) and all(r["attention_ms"] > 0 for r in rows[:3])
     assert all(r["speed_only"] for r in rows) and "speed only" in res.output  # 200 > 96 positions
     assert (tmp_path / "g.png").stat().st_size > 0
     res = CliRunner().invoke(command, ["--model", str(tiny), "--json", str(out)])
@@ -261,3 +261,76 @@ def test_bench_generate_rows_and_targets():
     assert rows[2].attention_share == pytest.approx(0.1)
     (v,) = target_verdicts(rows)
     assert v == {"context": 8192, "target": 2.0, "speedup": pytest.approx(4.0), "method": "sparse-512", "met": True}
+
+
+def test_a_chunked_prefill_gives_the_one_pass_tokens(lm, monkeypatch):
+    """A prompt longer than PREFILL_CHUNK runs in chunks into the cache (memory: a chunk's activations,
+    not the prompt's): the same tokens as one forward pass, dense and sparse."""
+    import gatherlens.models.generation as generation
+    from gatherlens.models.streaming import stream_generate
+
+    ids = lm.encode(PROMPT)  # (1, S), S > 7
+    whole = {b: stream_generate(lm, ids, b, 8, page_size=8).new_ids for b in (None, 64)}
+    monkeypatch.setattr(generation, "PREFILL_CHUNK", 7)
+    assert ids.shape[1] > 2 * 7
+    assert {b: stream_generate(lm, ids, b, 8, page_size=8).new_ids for b in (None, 64)} == whole
+
+
+def test_the_loop_reserves_its_cache_so_no_decode_step_grows_it(lm, monkeypatch):
+    """generation_steps makes each layer's pages with room for prompt + new tokens: no decode step
+    copies the cache into a larger one (the first step's copy cost 3-5 ms a token at 4K-8K, issue 27)."""
+    from gatherlens.models.generation import GenerationStep, generation_steps
+    from gatherlens.models.sparse_cache import SparseKVCache
+    from gatherlens.ops.sparse import PagedKVCache
+
+    grew, real = [], PagedKVCache.reserve
+
+    def watched(self, tokens):
+        before = self.capacity
+        real(self, tokens)
+        grew.append(self.capacity != before)
+
+    monkeypatch.setattr(PagedKVCache, "reserve", watched)
+    ids = lm.encode(PROMPT)
+    steps = [e for e in generation_steps(lm, ids, 64, 20, page_size=8) if isinstance(e, GenerationStep)]
+    assert len(steps) == 20 and grew and not any(grew)
+    cache = SparseKVCache(config=lm.config, page_size=8)
+    cache.reserve(100)
+    k = torch.zeros(1, 2, 3, 8)  # (B, Hkv, T, D)
+    cache.update(k, k, 0)
+    assert cache.paged(0).capacity >= 100 and cache.paged(0).length == 3
+    cache.reserve(300)  # a layer already made grows now, not at a decode step
+    assert cache.paged(0).capacity >= 300 and cache.paged(0).length == 3
+
+
+def test_the_planned_step_equals_the_lean_step(lm):
+    """decode_step.planned_step (the layer's lookups made once at install) is lean_step's arithmetic:
+    bit-equal outputs and the same keys in the cache."""
+    from gatherlens.models import decode_step as ds
+    from gatherlens.models.hf_adapter import decoder_layers
+    from gatherlens.models.sparse import SparseKVCache, use_dense_decoding, use_sparse_decoding
+
+    model = lm.model
+    use_sparse_decoding(model, 64, page_size=8)
+    try:
+        layers = list(decoder_layers(model))
+        plans = [layer.__dict__.get("gatherlens_lean_plan") for layer in layers]
+        assert all(isinstance(p, ds.LeanPlan) for p in plans)
+        caches, outs = [], []
+        for step in (ds.lean_step, None):
+            cache = SparseKVCache(config=model.config, page_size=8)
+            with torch.no_grad():
+                model(input_ids=lm.encode(PROMPT), cache=cache, use_cache=True)
+                torch.manual_seed(1)
+                x = torch.randn(1, 1, model.config.hidden_size)  # (1, 1, d)
+                pe = model.model.rotary_emb(x, torch.tensor([[cache.get_seq_length()]]))
+                for layer, plan in zip(layers, plans):
+                    x = step(layer, x, pe, None, cache) if step else ds.planned_step(plan, x, pe, None, cache)
+            caches.append(cache)
+            outs.append(x)
+        assert torch.equal(outs[0], outs[1])
+        assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+                   for a, b in zip(*(c.layers for c in caches)))
+    finally:
+        use_dense_decoding(model)
+    assert all("gatherlens_lean_plan" not in layer.__dict__ for layer in decoder_layers(model))

@@ -25,7 +25,6 @@ from test_quantized_table import GGUF_QUANTIZES
 EPS = 2.0 ** -8  # bf16's relative rounding bound (2^-9), doubled for the few roundings in a row
 # float32 kernel weights bit-equal (see below): every int4 format but the K-quants (d*sc*q - dmin*mn)
 EXACT_INT4 = tuple(q for q in INT4_QTYPES if not FORMATS[q].has("dmin"))
-NO_RESTRICTED_ROUTE = tuple(q for q in QTYPES if not FORMATS[q].routes)  # Q6_K: only the dense routes
 
 
 def blocks(qtype: str, rows: int, width: int, seed: int = 0) -> torch.Tensor:
@@ -187,7 +186,7 @@ RAW = blocks("Q4_1", 16, 96)
     (lambda: pack_linear(RAW.numpy(), "Q4_1"), GatherTypeError, "raw must be a uint8 torch.Tensor"),
     (lambda: pack_linear(RAW.float(), "Q4_1"), GatherValueError, "raw must be 2-D uint8"),
     (lambda: pack_linear(RAW[0], "Q4_1"), GatherValueError, "raw must be 2-D uint8"),
-    (lambda: pack_linear(RAW, "Q3_K"), GatherValueError, "qtype must be one of"),
+    (lambda: pack_linear(RAW, "Q4_2"), GatherValueError, "qtype must be one of"),
     (lambda: pack_linear(RAW[:, :50], "Q4_1"), GatherValueError, "raw of Q4_1 rows must be a whole number of 20-byte blocks; got 50"),
     (lambda: pack_linear(RAW, "Q4_1", LinearConfig("int3")), GatherValueError, "route must be one of"),
     (lambda: pack_linear(torch.zeros(16, FORMATS["Q6_K"].block_bytes, dtype=torch.uint8), "Q6_K"), GatherValueError,
@@ -207,8 +206,9 @@ def test_errors_name_the_argument(call, error, words):
         call()
 
 
-@pytest.mark.parametrize("qtype", NO_RESTRICTED_ROUTE)
-def test_formats_no_kernel_takes_take_the_dense_routes(qtype):
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_every_format_takes_the_dense_routes(qtype):
+    """The bf16 route (a dense copy) takes every format of the table, restricted routes or not."""
     fmt = FORMATS[qtype]
     raw = torch.zeros(16, fmt.block_bytes, dtype=torch.uint8)  # (16, bytes): one block a row, all zero
     w = pack_linear(raw, qtype, LinearConfig("bf16"))

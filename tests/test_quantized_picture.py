@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize, quantize
+from gguf.quants import dequantize
 from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
@@ -26,7 +26,7 @@ from gatherlens.ops.quant.terms import GROUP, groups
 from gatherlens.render.theme import fmt_value
 from gatherlens.trace import as_record
 from gatherlens.trace.quantized import record_quantized_embedding
-from test_quantized_table import GGUF_QUANTIZES, QTYPES, random_blocks
+from test_quantized_table import GGUF_QUANTIZES, QTYPES, gguf_quantize, random_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = "{http://www.w3.org/2000/svg}"
@@ -64,6 +64,12 @@ FEEDS = {  # test-local, from each unpacker's docstring: the outputs of the reco
     "Q5_1": {"qs": {0}, "qh": {0}, "d": {1}, "m": {2}},
     "Q4_K": {"d": {1}, "dmin": {2}, "scales": {3, 4}, "qs": {0}},
     "Q6_K": {"ql": {0}, "qh": {0}, "scales": {1}, "d": {2}},
+    "F32": {"v": {0}}, "F16": {"v": {0}}, "BF16": {"v": {0}},
+    "Q2_K": {"scales": {3, 4}, "qs": {0}, "d": {1}, "dmin": {2}},
+    "Q3_K": {"hmask": {0}, "qs": {0}, "scales": {1}, "d": {2}},
+    "Q5_K": {"d": {1}, "dmin": {2}, "scales": {3, 4}, "qh": {0}, "qs": {0}},
+    "IQ4_NL": {"d": {1}, "qs": {0}},
+    "IQ4_XS": {"d": {1}, "scales_h": {2}, "scales_l": {2}, "qs": {0}},
 }
 
 
@@ -182,7 +188,7 @@ def test_committed_figures_are_current(figures, name, lang):
 def test_every_format_draws(tmp_path):
     for qtype in QTYPES:
         x = np.random.default_rng(2).standard_normal((9, 512)).astype(np.float32)
-        raw = (quantize(x, GGMLQuantizationType[qtype]) if qtype in GGUF_QUANTIZES
+        raw = (gguf_quantize(x, qtype) if qtype in GGUF_QUANTIZES
                else random_blocks(np.random.default_rng(2), qtype, 9, 512))
         rec = record_quantized_embedding(torch.tensor([[3, 1, 3]]), QuantizedTable.from_blocks(raw, qtype),
                                          labels=["a", "<b>", "a"], position=1, block=1, lang="zh")

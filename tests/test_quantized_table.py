@@ -2,7 +2,8 @@
 
 Tables are written with gguf's own writer (GGUFWriter) and read back through QuantizedTable.from_gguf:
 blocks quantized by `gguf.quants.quantize` from float data (the formats gguf can quantize) and blocks
-of random bytes with finite fp16 scales (every format, every code pattern). Rows: 1, 7 and 33.
+of random bytes with finite fp16 scales and finite plain values (every format, every code pattern).
+Rows: 1, 7 and 33. The per-format bit-equality of naive, vectorised and terms is tests/test_block_formats.py.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
-from gguf.quants import dequantize, quantize
+from gguf.quants import QuantError, dequantize, quantize
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -28,19 +29,27 @@ from gatherlens.ops.quant.layout import HEADER, KINDS, LAYOUTS, c_header, format
 from gatherlens.ops.quant.matmul import ROUTES
 
 
+def gguf_quantize(data: np.ndarray, qtype: str) -> np.ndarray:
+    """gguf's quantizer as rows of blocks: (rows, row bytes) uint8 for every format (F32 / F16 give floats)."""
+    return np.ascontiguousarray(quantize(data, GGMLQuantizationType[qtype])).view(np.uint8)
+
+
 def _gguf_quantizes(qtype: str) -> bool:
-    """Whether gguf-py can quantize `qtype` (it has no K-quant quantizer)."""
+    """Whether gguf-py can quantize `qtype` (it has no K-quant or IQ quantizer: NotImplementedError)."""
     try:
-        quantize(np.zeros((1, FORMATS[qtype].weights), np.float32), GGMLQuantizationType[qtype])
-    except NotImplementedError:
+        gguf_quantize(np.zeros((1, 2 * FORMATS[qtype].weights), np.float32), qtype)
+    except (NotImplementedError, QuantError):
         return False
     return True
 
 
 GGUF_QUANTIZES = {q for q in QTYPES if _gguf_quantizes(q)}
 ROWS = (1, 7, 33)
-# bytes of each block that hold an fp16 scale or min (checked against the unpackers in test_quantized_picture)
-HALVES = {q: tuple(f.offset for f in fmt.fields if f.kind == "fp16") for q, fmt in FORMATS.items()}
+# the bytes of each block that must stay finite: (offset, size, exponent mask) of every fp16 scale or min
+# and of every plain value (checked against the unpackers in test_quantized_picture)
+EXPONENT = {"fp16": 0x7C00, "F16": 0x7C00, "BF16": 0x7F80, "F32": 0x7F800000}
+FINITE = {q: tuple((f.offset, f.size, EXPONENT["fp16" if f.kind == "fp16" else q]) for f in fmt.fields
+                   if f.kind in ("fp16", "value")) for q, fmt in FORMATS.items()}
 
 
 def widths(qtype: str) -> tuple[int, ...]:
@@ -50,14 +59,17 @@ def widths(qtype: str) -> tuple[int, ...]:
 
 
 def random_blocks(rng, qtype: str, rows: int, width: int) -> np.ndarray:
-    """(rows, row bytes) uint8 of random bytes whose fp16 fields are finite (subnormals included)."""
+    """(rows, row bytes) uint8 of random bytes whose fp16 fields and plain values are finite (subnormals,
+    -0.0 included)."""
     elems, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
     nb = width // elems
     raw = rng.integers(0, 256, (rows, nb, nbytes), dtype=np.uint8)
-    for at in HALVES[qtype]:
-        bits = rng.integers(0, 1 << 16, (rows, nb), dtype=np.uint16)
-        bits = np.where((bits & 0x7C00) == 0x7C00, bits & ~np.uint16(0x4000), bits)  # no inf / NaN
-        raw[:, :, at:at + 2] = bits.astype("<u2").view(np.uint8).reshape(rows, nb, 2)
+    for at, size, exponent in FINITE[qtype]:
+        kind = np.uint16 if size == 2 else np.uint32
+        bits = rng.integers(0, 1 << (8 * size), (rows, nb), dtype=kind)
+        top = kind(exponent & ~(exponent >> 1))  # the exponent's top bit
+        bits = np.where((bits & kind(exponent)) == kind(exponent), bits & ~top, bits)  # no inf / NaN
+        raw[:, :, at:at + size] = bits.astype(f"<u{size}").view(np.uint8).reshape(rows, nb, size)
     return raw.reshape(rows, nb * nbytes)
 
 
@@ -69,7 +81,7 @@ def cases():
                 yield f"{qtype}.random.{rows}x{width}", qtype, random_blocks(rng, qtype, rows, width)
                 if qtype in GGUF_QUANTIZES:
                     data = (rng.standard_normal((rows, width)) * rng.uniform(0.01, 3)).astype(np.float32)
-                    yield f"{qtype}.quantized.{rows}x{width}", qtype, quantize(data, GGMLQuantizationType[qtype])
+                    yield f"{qtype}.quantized.{rows}x{width}", qtype, gguf_quantize(data, qtype)
 
 
 CASES = list(cases())
@@ -102,7 +114,7 @@ def tables(gguf_file) -> Tables:
     out = Tables()
     for name, qtype, _ in CASES:
         table = QuantizedTable.from_gguf(gguf_file, name)
-        out[name] = table, dequantize(np.asarray(reader[name].data), reader[name].tensor_type)
+        out[name] = table, np.array(dequantize(np.asarray(reader[name].data), reader[name].tensor_type))  # a copy
     return out
 
 
@@ -135,8 +147,13 @@ def test_every_record_is_complete(qtype):
         assert field.kind != "fp16" or field.size == 2
         at = field.end
     assert at == fmt.block_bytes and len({f.name for f in fmt.fields}) == len(fmt.fields)
-    assert {"codes", "fp16"} <= {f.kind for f in fmt.fields}
-    assert fmt.weights % fmt.group == 0 and 1 <= fmt.bits <= 8 and 0 <= fmt.code_offset < 2 ** fmt.bits
+    kinds = {f.kind for f in fmt.fields}
+    if "value" in kinds:  # a plain float: one value a "block", no scale, no code offset
+        assert (kinds, fmt.weights, fmt.group, fmt.bits, fmt.code_offset) == ({"value"}, 1, 1, 8 * at, 0)
+    else:
+        assert {"codes", "fp16"} <= kinds and 1 <= fmt.bits <= 8 and 0 <= fmt.code_offset < 2 ** fmt.bits
+    assert fmt.weights % fmt.group == 0
+    assert not fmt.codebook or (len(fmt.codebook) == 2 ** fmt.bits and list(fmt.codebook) == sorted(fmt.codebook))
     assert fmt.formula and set(fmt.routes) <= set(ROUTES)
     raw = torch.from_numpy(random_blocks(np.random.default_rng(0), qtype, 1, 2 * fmt.weights))  # (1, 2 blocks)
     assert tuple(fmt.dequantize(raw).flatten(1).shape) == (1, 2 * fmt.weights)
@@ -337,10 +354,14 @@ def test_from_gguf_errors(gguf_file, tmp_path):
         QuantizedTable.from_gguf(tmp_path / "missing.gguf", "x")
     path = tmp_path / "f32.gguf"
     writer = GGUFWriter(path, "llama")
-    writer.add_tensor("norm", np.ones((3, 4), np.float32))
+    writer.add_tensor("norm", np.ones((4,), np.float32))  # a vector: a table is 2-D
+    writer.add_tensor("embd", np.arange(12, dtype=np.float32).reshape(3, 4))  # a 2-D F32 table reads
     writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
-    with pytest.raises(GatherValueError, match="norm in f32.gguf is F32"):
+    with pytest.raises(GatherValueError, match=r"norm in f32.gguf is F32 of ggml shape \[4\]"):
         QuantizedTable.from_gguf(path, "norm")
+    table = QuantizedTable.from_gguf(path, "embd")
+    assert (table.qtype, tuple(table.shape), table.row_bytes) == ("F32", (3, 4), 16)
+    assert same(table.lookup(torch.tensor([2, 0])), torch.arange(12, dtype=torch.float32).view(3, 4)[[2, 0]])
 
 
 # -- the shipped model -------------------------------------------------------------------------------

@@ -556,6 +556,21 @@ STRINGS: dict[str, dict[str, str]] = {
     "page_trace_dense": {"en": "dense", "zh": "稠密"},
     "page_trace_budget": {"en": "budget {budget} tokens", "zh": "预算 {budget} 个 token"},
     "page_trace_no_budget": {"en": "dense decoding", "zh": "稠密解码"},
+    # -- the query-block x key-block map of a sparse prefill (render/prefill_map.py) ---------------
+    "prefill_map_title": {
+        "en": "Key blocks each query block gathered in prefill (layer {layer}, head {head}, blocks of {block} tokens, "
+              "{kept:.0%} of the causal blocks)",
+        "zh": "预填充中每个查询块 gather 的键块（第 {layer} 层，第 {head} 个头，每块 {block} 个 token，"
+              "保留因果块的 {kept:.0%}）",
+    },
+    "prefill_map_legend": {
+        "en": ("Rows are query blocks (the prompt's first block at the top), columns key blocks. Blue: the block "
+               "was gathered and attended; grey: causality allowed it, the {rule} rule skipped it; white: a later "
+               "block (never attended). The first column (the attention sink) and the diagonal are always kept."),
+        "zh": ("行是查询块（提示的第一块在最上方），列是键块。蓝色：该块被 gather 并参与注意力；灰色：因果关系允许，"
+               "但 {rule} 规则跳过了它；白色：更靠后的块（从不参与）。第一列（注意力汇聚点）和对角线总会保留。"),
+    },
+    "prefill_map_axes": {"en": "key blocks → · query blocks ↓", "zh": "键块 → · 查询块 ↓"},
     # -- record captions of gatherlens.dist (trace/sharded.py) ------------------------------------
     "caption_vocab_shard": {
         "en": ("Rank {rank} of {world} holds rows {rows} of the ({V}, d) table. It looks up only the "

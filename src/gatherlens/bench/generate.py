@@ -18,6 +18,9 @@ median round is reported):
 - llama.cpp: llama-cpp-python on the same GGUF with the same threads (--llama-python or
   $GATHERLENS_LLAMA_PYTHON; skipped with a note otherwise), prefilling the same prompt tokens, in a
   fresh process after ours (bench/llamacpp_case.py; x llama.cpp = its ms / ms)
+- cli, cli/pages: the loop `gatherlens generate` runs (streaming, detokenizing; the page trace off,
+  then on), on the quantized model where there is one, after its real prefill of the same prompt
+  tokens, in a fresh process of its own (bench/generate_cli.py; off with --no-cli)
 - with --ablation, paged/hf-layers and sparse-1024/hf-layers: the same over transformers' own
   decoder layers and output projection (lean=False), to show what the lean decode step wins; and
   sparse-1024/hf-head: the lean layers with transformers' output projection (what decode_head wins)
@@ -53,7 +56,10 @@ BUDGETS = (512, 1024, 2048)
 PREFIX = 256
 TARGETS = {4096: 1.3, 8192: 2.0, 32768: 3.0}  # sparse over HF dense, issue 10
 LLAMA_TARGETS = {4096: 1 / 1.3, 8192: 1.0, 32768: 2.5}  # quantized sparse over llama.cpp, issue 18
+CLI_TARGETS = {512: 1.0, 2048: 1.0, 4096: 1.5, 8192: 2.0, 32768: 4.5}  # the cli row over llama.cpp, issue 27
+CLI_SLACK = 1.05  # the cli row's ms within 5% of the bench's quantized sparse row (same budget), issue 27
 LLAMA = "llama.cpp"
+CLI, CLI_PAGES = "cli", "cli/pages"  # the loop of `gatherlens generate`, page trace off / on (bench/generate_cli.py)
 
 
 @dataclass
@@ -99,6 +105,11 @@ def methods(budgets, ablation: bool) -> list[Method]:
 def quantized_methods(budgets) -> list[Method]:
     """Our dense and sparse paths on the quantized model (its own fresh process)."""
     return [Method("quantized-dense", "paged")] + [Method(f"quantized-sparse-{b}", "paged", b) for b in budgets]
+
+
+def cli_methods(budget: int) -> list[Method]:
+    """The command's loop with the page trace off and on, at `budget` (bench/generate_cli.py runs them)."""
+    return [Method(CLI, "cli", budget), Method(CLI_PAGES, "cli", budget)]
 
 
 # -- inside the fresh process ----------------------------------------------------------------
@@ -183,15 +194,18 @@ def fill_caches(lm, L: int, tokens: int, hf_too: bool = True):
     seed = DynamicCache(config=cfg)
     with torch.inference_mode():
         model(input_ids=prefix, cache=seed, use_cache=True, logits_to_keep=1)
-    hf, paged = DynamicCache(config=cfg) if hf_too else None, SparseKVCache(config=cfg)
+    from gatherlens.ops.sparse.config import DEFAULT
+
+    # pages stored as every method decodes them (no re-store, which would drop the reserved room)
+    hf, paged = DynamicCache(config=cfg) if hf_too else None, SparseKVCache(config=cfg, kv_dtype=DEFAULT.kv_dtype)
     reps = ceil_div(L, prefix.shape[1])
+    paged.reserve(L + tokens + 2)  # made with room: decode appends in place, never regrows mid-run
     for i, layer in enumerate(seed.layers):
         k = layer.keys.repeat(1, 1, reps, 1)[:, :, :L].contiguous()  # (1, Hkv, L, D)
         v = layer.values.repeat(1, 1, reps, 1)[:, :, :L].contiguous()  # (1, Hkv, L, D)
         if hf is not None:
             hf.update(k, v, i)
         paged.update(k, v, i)
-        paged.paged(i).reserve(L + tokens + 2)  # decode appends in place, never regrows mid-run
     ids = prefix[:, :1].repeat(1, L + 1)  # (1, L+1): generate feeds only the last one
     return hf, paged, ids
 
@@ -273,9 +287,10 @@ def rows_of(spec: dict, result: dict, hf_s: float | None = None, case: str = "fl
     rows = []
     for m in spec["methods"]:
         s = wall[m["name"]]
-        attn = result["attention"][m["name"]]
-        rows.append(Row(L, m["name"], s * 1e3, 1 / s, result["cpu"][m["name"]] * 1e3, hf / s, attn,
-                        attn / (s * 1e3), m["budget"], m["lean"], bool(positions and L > positions),
+        attn = result["attention"][m["name"]]  # None: not split (the cli rows)
+        share = None if attn is None else attn / (s * 1e3)
+        rows.append(Row(L, m["name"], s * 1e3, 1 / s, result["cpu"][m["name"]] * 1e3, hf / s, attn, share,
+                        m["budget"], m["lean"], bool(positions and L > positions),
                         spec["threads"], case, result.get("rss_mb", 0.0), result.get("model_mb", 0.0)))
     return rows
 
@@ -316,6 +331,7 @@ class Plan:
     base: dict                 # model, tokens, rounds, threads
     float_methods: list
     quantized_methods: list | None
+    cli_methods: list | None   # the command's loop (bench/generate_cli.py), on the quantized model if any
     profiled: tuple
     llama_python: str | None
     gguf: Path | None
@@ -333,13 +349,17 @@ def run_context(plan: Plan, L: int) -> tuple[list[Row], dict, dict]:
         qres = run_fresh("gatherlens.bench.generate", qspec)
         rows += rows_of(qspec, qres, hf_s, "quantized")
         profiles.update(qres.get("profile", {}))
+    if plan.cli_methods:
+        cspec = dict(plan.base, context=L, methods=plan.cli_methods, quantized=bool(plan.quantized_methods))
+        rows += rows_of(cspec, run_fresh("gatherlens.bench.generate_cli", cspec), hf_s, "cli")
     if plan.llama_python is not None:
         llama = run_llamacpp(plan.llama_python, plan.gguf, res["prompt"], plan.base["threads"])
         rows.append(llama_row(L, llama, hf_s, plan.base["threads"], res.get("positions")))
     return with_llama_ratios(rows), profiles, llama
 
 
-def make_plan(model_name, budget_list, ablation, profile, llama_python_option, base) -> tuple[Plan, list[str]]:
+def make_plan(model_name, budget_list, ablation, profile, llama_python_option, base,
+              cli: bool = True) -> tuple[Plan, list[str]]:
     """The cases to run and the one-line notes for those skipped."""
     gguf = gguf_of(model_name)
     q_note = quantized_note(gguf)
@@ -349,7 +369,8 @@ def make_plan(model_name, budget_list, ablation, profile, llama_python_option, b
     b0 = budget_list[0]
     profiled = ("hf", f"sparse-{b0}", f"quantized-sparse-{b0}") if profile else ()
     plan = Plan(base, [vars(m) for m in methods(budget_list, ablation)],
-                None if q_note else [vars(m) for m in quantized_methods(budget_list)], profiled, python, gguf)
+                None if q_note else [vars(m) for m in quantized_methods(budget_list)],
+                [vars(m) for m in cli_methods(b0)] if cli else None, profiled, python, gguf)
     return plan, [n for n in (q_note, l_note) if n]
 
 
@@ -363,6 +384,8 @@ def make_plan(model_name, budget_list, ablation, profile, llama_python_option, b
 @click.option("--rounds", default=3, show_default=True, help="timed runs per method (the median is reported)")
 @click.option("--threads", default=2, show_default=True, help="torch threads in each case (and llama.cpp's)")
 @click.option("--ablation", is_flag=True, help="also time HF's own decoder layers over the paged cache")
+@click.option("--cli/--no-cli", "cli", default=True, show_default=True,
+              help="also time the loop `gatherlens generate` runs (a real prefill of the prompt, its own process)")
 @click.option("--profile", "profile_path", is_flag=False, flag_value="", default=None, type=click.Path(dir_okay=False),
               help="profile one decode step of hf, sparse and quantized sparse (the first budget); print the "
               "top ops and write them to this file (default: the --json path with .profile.md)")
@@ -373,7 +396,7 @@ def make_plan(model_name, budget_list, ablation, profile, llama_python_option, b
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="the ms/token plot (.png or .svg; default: the --json path with .png)")
 @click.option("--force", is_flag=True, help="overwrite existing --json / --plot / --profile files")
-def command(model_name, contexts, budgets, tokens, rounds, threads, ablation, profile_path, llama_python_option,
+def command(model_name, contexts, budgets, tokens, rounds, threads, ablation, cli, profile_path, llama_python_option,
             json_path, plot_path, force):
     """Decode speed of a real model in `generate`: llama.cpp, HF dense, paged dense, sparse, quantized
     (fresh process per case)."""
@@ -389,7 +412,8 @@ def command(model_name, contexts, budgets, tokens, rounds, threads, ablation, pr
     Ls = [parse_context(c) for c in (contexts or CONTEXTS)]
     console = Console(width=None if sys.stdout.isatty() else 140)
     base = dict(model=model_name, tokens=tokens, rounds=rounds, threads=threads)
-    plan, notes = make_plan(model_name, budget_list, ablation, profile_path is not None, llama_python_option, base)
+    plan, notes = make_plan(model_name, budget_list, ablation, profile_path is not None, llama_python_option, base,
+                            cli)
     for note in notes:
         console.print(note)
     start, rows, profiles, prefill = time.perf_counter(), [], {}, {}
@@ -419,8 +443,16 @@ def _report(console, rows: list[Row], json_path: Path, plot_path: Path, meta: di
     for v in llama_verdicts:
         console.print(f"target L={v['context']}: best quantized sparse >= {v['target']:.2f}x llama.cpp: "
                       f"{'met' if v['met'] else 'NOT met'} ({v['x_llama']:.2f}x, {v['method']})")
+    cli = cli_verdicts(rows)
+    for v in cli:
+        console.print(f"target L={v['context']}: cli {v['ms']:.1f} ms within {CLI_SLACK:.2f}x of {v['bench']} "
+                      f"{v['bench_ms']:.1f}: {'met' if v['near'] else 'NOT met'}"
+                      + ("" if v["met"] is None else f"; >= {v['target']:.2f}x llama.cpp: "
+                         f"{'met' if v['met'] else 'NOT met'} ({v['x_llama']:.2f}x)"))
     meta.update(torch=torch.__version__, load_average=os.getloadavg()[0], targets=verdicts,
-                llama_targets=llama_verdicts,
+                llama_targets=llama_verdicts, cli_targets=cli,
+                cli="the loop of `gatherlens generate` (stream_generate: real prefill, detokenizer, file checks), "
+                    "its tokens/s over tokens x rounds decode steps; cli/pages with --pages' page trace",
                 fill=f"a {PREFIX}-token prefix of real text prefilled once, each layer's K/V tiled to the context",
                 hf="transformers' DynamicCache + SDPA (the default)",
                 paged="gatherlens' paged cache, dense attention in place with GQA folded, lean decode step",
@@ -483,6 +515,22 @@ def llama_target_verdicts(rows: list[Row]) -> list[dict]:
             best = max(cands, key=lambda r: r.x_llama)
             out.append({"context": L, "target": want, "x_llama": best.x_llama, "method": best.method,
                         "met": best.x_llama >= want})
+    return out
+
+
+def cli_verdicts(rows: list[Row]) -> list[dict]:
+    """Issue 27's targets for the cli row: its ms within CLI_SLACK of the bench's quantized sparse row
+    of its budget (else the float sparse one), and its ratio to llama.cpp (CLI_TARGETS) where timed."""
+    out = []
+    for cli in (r for r in rows if r.method == CLI):
+        by_name = {r.method: r for r in rows if r.context == cli.context}
+        bench = by_name.get(f"quantized-sparse-{cli.budget}") or by_name.get(f"sparse-{cli.budget}")
+        if bench is None:
+            continue
+        want = CLI_TARGETS.get(cli.context)
+        out.append({"context": cli.context, "ms": cli.ms, "bench": bench.method, "bench_ms": bench.ms,
+                    "near": cli.ms <= CLI_SLACK * bench.ms, "x_llama": cli.x_llama, "target": want,
+                    "met": None if cli.x_llama is None or want is None else cli.x_llama >= want})
     return out
 
 

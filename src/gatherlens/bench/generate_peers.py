@@ -66,3 +66,9 @@ def run_llamacpp(python: str, gguf: Path, prompt: list[int], threads: int) -> di
     """One llama.cpp case: prefill `prompt`, time STEPS greedy steps (bench/llamacpp_case.py's result)."""
     spec = dict(gguf=str(gguf), prompt=prompt, threads=threads, steps=STEPS)
     return run_script(python, str(SCRIPT), spec)
+
+
+def run_llamacpp_greedy(python: str, gguf: Path, prompt: list[int], threads: int, steps: int) -> dict:
+    """llama.cpp's `steps` greedy tokens after `prompt` on the same file: {"tokens": [...]}."""
+    spec = dict(gguf=str(gguf), prompt=prompt, threads=threads, greedy=steps)
+    return run_script(python, str(SCRIPT), spec)

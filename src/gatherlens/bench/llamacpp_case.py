@@ -56,8 +56,24 @@ def run(spec: dict) -> dict:
             "version": getattr(sys.modules["llama_cpp"], "__version__", "?")}
 
 
+def greedy(spec: dict) -> dict:
+    """Prefill spec["prompt"], then spec["greedy"] greedy tokens: {"tokens": [...]} (no timing)."""
+    from llama_cpp import Llama
+
+    prompt, steps = list(spec["prompt"]), int(spec["greedy"])
+    llm = Llama(model_path=spec["gguf"], n_ctx=len(prompt) + steps + 1, n_threads=int(spec["threads"]),
+                n_threads_batch=int(spec["threads"]), n_batch=512, verbose=False)
+    llm.eval(prompt)
+    tokens = []
+    for _ in range(steps):
+        tokens.append(int(llm.sample(temp=0.0)))
+        llm.eval([tokens[-1]])
+    return {"tokens": tokens}
+
+
 def main() -> None:
-    print(json.dumps(run(json.loads(sys.stdin.read()))))
+    spec = json.loads(sys.stdin.read())
+    print(json.dumps(greedy(spec) if "greedy" in spec else run(spec)))
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ SUITES = {
     "attention": "gatherlens.bench.attention:command",
     "decode": "gatherlens.bench.decode:command",
     "generate": "gatherlens.bench.generate:command",
+    "prefill": "gatherlens.bench.prefill:command",
     "dist": "gatherlens.bench.dist:command",
     "page": "gatherlens.bench.page:command",
+    "presets": "gatherlens.bench.presets:command",
     "qlinear": "gatherlens.bench.quantized_linear:command",
 }
 

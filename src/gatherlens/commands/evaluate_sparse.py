@@ -4,13 +4,16 @@
     gatherlens eval-sparse --budgets 256,512,1024,2048       # one row per budget, default settings
     gatherlens eval-sparse --context 2048 --budgets 128,512 --decode-tokens 64 --passkey-trials 2
     gatherlens eval-sparse --json q.json --csv q.csv --pictures figs/ --force
+    gatherlens eval-sparse --budgets 512 --kv-dtype float16,int8   # pages in 16 / 8 bits: their own rows
 
 The first context - N tokens of the text are prefilled densely once; the last N (--decode-tokens)
 are decoded one step at a time, teacher-forced, from a copy of that cache, with dense attention
 and with each setting. Without --budgets the settings are the comparison table (eval.sparse_
 quality.comparison_setups: Quest's plain setting at --compare's first budget, one change at a
 time, the oracle, the default; then the second budget); with --budgets, one row per budget with
---page-size, --dense-layers, --recent, --group-score, --per-head. Prints perplexity and its ratio
+--page-size, --dense-layers, --recent, --group-score, --per-head. --kv-dtype adds, for each storage
+dtype it lists, every row again with pages stored so and a dense row over such pages (the
+comparison table: float32, float16, bfloat16, int8 at the first budget). Prints perplexity and its ratio
 to dense (with a 95% interval), attention-mass recall, output cosine, passkey trials retrieved (a
 5-digit number hidden at spread depths in --context tokens of filler, greedy generation).
 --pictures DIR saves, per setting, an SVG and HTML of the pages one layer / KV head read at the
@@ -27,7 +30,7 @@ import click
 from gatherlens.commands.params import (
     Int, number, output_file, positive_ints, print_table, progress_bar, text_source_options, threads_option,
 )
-from gatherlens.ops.sparse.config import DEFAULT, GROUP_SCORES
+from gatherlens.ops.sparse.config import DEFAULT, GROUP_SCORES, KV_DTYPES
 from gatherlens.errors import GatherValueError
 from gatherlens.outputs import output_dir, write_output
 
@@ -68,6 +71,9 @@ class _Plan:
               help="How a KV group's heads' page bounds combine (with --budgets).")
 @click.option("--per-head/--shared", default=not DEFAULT.share_selection, show_default=True,
               help="Each query head chooses its pages, or one choice per KV group (with --budgets).")
+@click.option("--kv-dtype", "kv_dtypes", default=None,
+              help=f"Comma-separated page storage dtypes ({', '.join(KV_DTYPES)}): each adds its rows "
+                   f"(default: none with --budgets, every one in the comparison table).")
 @threads_option
 @click.option("--json", "json_out", default=None, help="Write rows, passkey trials and meta to a .json file.")
 @click.option("--csv", "csv_out", default=None, help="Write the table to a .csv file.")
@@ -79,8 +85,8 @@ class _Plan:
               help="KV group (or query head) to draw; negative counts from the end.")
 @click.option("--force", is_flag=True, help="Overwrite output files that exist.")
 def evaluate_sparse(model_name, corpus, text_file, context, budgets, compare, page_size, decode_tokens,
-                    passkey_trials, dense_layers, recent, group_score, per_head, threads, json_out, csv_out,
-                    pictures, layer, head, force):
+                    passkey_trials, dense_layers, recent, group_score, per_head, kv_dtypes, threads, json_out,
+                    csv_out, pictures, layer, head, force):
     """Perplexity, attention-mass recall, output cosine and passkey: sparse decoding against dense."""
     from rich.console import Console
 
@@ -88,7 +94,7 @@ def evaluate_sparse(model_name, corpus, text_file, context, budgets, compare, pa
     from gatherlens.models.integrity import require_finite
 
     plan = _plan(budgets, compare, context, page_size, decode_tokens, passkey_trials, dense_layers, recent,
-                 group_score, per_head)
+                 group_score, per_head, _kv_dtypes(kv_dtypes))
     _check_plan(plan)
     json_path = output_file(json_out, force, (".json",), "--json")
     csv_path = output_file(csv_out, force, (".csv",), "--csv")
@@ -113,20 +119,33 @@ def evaluate_sparse(model_name, corpus, text_file, context, budgets, compare, pa
         _pictures(pic_dir, last, draw_layer, head, console, force)
 
 
+def _kv_dtypes(text: str | None) -> tuple[str, ...] | None:
+    """--kv-dtype's list of storage dtypes, each one of KV_DTYPES (None when not given)."""
+    if text is None:
+        return None
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [n for n in names if n not in KV_DTYPES]
+    if bad or not names:
+        raise click.BadParameter(f"{text!r}: give storage dtypes from {', '.join(KV_DTYPES)}, like float16,int8",
+                                 param_hint="--kv-dtype")
+    return names
+
+
 def _plan(budgets, compare, context, page_size, decode_tokens, passkey_trials, dense_layers, recent, group_score,
-          per_head) -> _Plan:
-    """The settings to measure: the comparison table, or one row per --budgets budget."""
-    from gatherlens.eval.sparse_quality import comparison_setups, setups_for_budgets
+          per_head, kv_dtypes=None) -> _Plan:
+    """The settings to measure: the comparison table, or one row per --budgets budget (each again per --kv-dtype)."""
+    from gatherlens.eval.sparse_quality import KV_PAGE_ROWS, comparison_setups, kv_dtype_setups, setups_for_budgets
 
     if budgets is None:
         pair = positive_ints(compare, "--compare", "budget")
         if len(pair) != 2:
             raise click.BadParameter(f"{compare!r}: give two budgets, like 512,256", param_hint="--compare")
         return _Plan(pair, context, page_size, decode_tokens, passkey_trials, dense_layers, not per_head,
-                     comparison_setups(pair[1], pair[0]))
+                     comparison_setups(pair[1], pair[0], kv_dtypes or KV_PAGE_ROWS))
     listed = positive_ints(budgets, "--budgets", "budget")
     setups = setups_for_budgets(listed, page_size=page_size, dense_layers=dense_layers, recent=recent,
                                 group_score=group_score, share_selection=not per_head)
+    setups += kv_dtype_setups(setups, kv_dtypes) if kv_dtypes else []
     return _Plan(listed, context, page_size, decode_tokens, passkey_trials, dense_layers, not per_head, setups)
 
 

@@ -69,7 +69,10 @@ def _command_line(text, model, quantized, top_k, layer, head, query, lang, out) 
               show_default=True, help="Folder for index.html, story.json and the SVG figures.")
 @click.option("--force", is_flag=True,
               help="Write into a folder that already holds files (replaces only report files).")
-def explain(text, model, quantized, top_k, layer, head, query, lang, out, force):
+@click.option("--sparse-prefill", "sparse_prefill", is_flag=True,
+              help="Also prefill TEXT block-sparsely and draw the key blocks each query block of --layer / "
+                   "--head gathered (prefill-map.svg in --out).")
+def explain(text, model, quantized, top_k, layer, head, query, lang, out, force, sparse_prefill=False):
     """Explain every gather a real model runs on TEXT.
 
     TEXT defaults to "The cat sat on the mat because it was". Writes --out/index.html (one
@@ -119,7 +122,7 @@ def explain(text, model, quantized, top_k, layer, head, query, lang, out, force)
             require_finite(story_data(story), "the report's numbers (story.json)")
             say("drawing the figures and writing the report")
             command = _command_line(text, model, quantized, top_k, layer, head, query, lang, out)
-            paths = write_report(story, out, lang=lang, force=force, command=command)
+            paths = write_report(story, out, lang=lang, force=force, command=command) + _prefill_map(lm, say, err)
     except GatherLensError as e:
         raise click.ClickException(str(e)) from None
     console = Console()
@@ -129,6 +132,34 @@ def explain(text, model, quantized, top_k, layer, head, query, lang, out, force)
     for line in ran.splitlines():
         err.log(f"backend {line}")
     err.log(f"done in {time.perf_counter() - t0:.1f} s")
+
+
+def _prefill_map(lm, say, err) -> list:
+    """With --sparse-prefill (this command's options): one sparse prefill of TEXT (ops.prefill.config.TOY), the
+    map of --layer and of --head's KV group as --out/prefill-map.svg, one line on what it kept; [its path], or []."""
+    ctx = click.get_current_context(silent=True)
+    options = ctx.params if ctx is not None else {}
+    if not options.get("sparse_prefill"):
+        return []
+    text, out, layer, head, lang = (options[k] for k in ("text", "out", "layer", "head", "lang"))
+    from pathlib import Path
+
+    from gatherlens.models.sparse_prefill import prefill_selections
+    from gatherlens.ops.prefill.config import TOY
+    from gatherlens.ops.prefill.selection import kept_share
+    from gatherlens.outputs import write_output
+    from gatherlens.render.prefill_map import prefill_map_svg
+
+    say("prefilling block-sparsely and drawing the key blocks it gathered")
+    sels = prefill_selections(lm.model, lm.tokenizer(text, return_tensors="pt")["input_ids"], TOY)
+    n = len(sels)
+    chosen = sorted(sels)[(n // 2 if layer is None else layer) % n]
+    Hq, H = lm.config.num_attention_heads, sels[chosen].blocks.shape[1]
+    svg = prefill_map_svg(sels[chosen], (head % Hq) // (Hq // H), layer=chosen, lang=lang)  # the query head's group
+    path = write_output(Path(out) / "prefill-map.svg", svg, "--out", force=True)
+    kept = kept_share(sels.values())
+    err.log(f"sparse prefill: {kept:.0%} of the causal key blocks gathered over {n} layers (map of layer {chosen})")
+    return [path]
 
 
 if __name__ == "__main__":  # pragma: no cover

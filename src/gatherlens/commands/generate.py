@@ -4,6 +4,7 @@
     gatherlens generate --file chapter.txt --budget 512 --pages pages.svg
     gatherlens generate "Once upon a time" --dense
     gatherlens generate "Once upon a time" --quantized     # SmolLM2 run from its GGUF blocks
+    gatherlens generate --file chapter.txt --kv-dtype float16   # the paged cache in 16 bits (int8: 8)
 
 The continuation streams as it is generated, with tokens/s and the context length; Ctrl-C (or
 SIGTERM, SIGHUP) stops cleanly, prints what was generated so far and still writes --pages. A text longer than the model's positions keeps
@@ -22,7 +23,7 @@ from pathlib import Path
 import click
 
 from gatherlens.commands.params import (
-    Int, load_kwargs, output_file, quantized_option, signals_as_ctrl_c, threads_option,
+    Int, kv_dtype_option, load_kwargs, output_file, quantized_option, signals_as_ctrl_c, threads_option,
 )
 from gatherlens.drawable import picture_suffixes
 from gatherlens.i18n import LANGS
@@ -50,12 +51,17 @@ def _prompt_text(prompt: str | None, file: str | None) -> str:
 @click.option("--budget", type=Int(1), default=None,
               help=f"Tokens each decode step reads per KV head (default: {DEFAULT.budget}).")
 @click.option("--dense", is_flag=True, help="Decode densely (transformers' default path) instead.")
+@kv_dtype_option
+@click.option("--sparse-prefill", "sparse_prefill", is_flag=True,
+              help="Prefill block-sparsely: each block of the prompt attends to the key blocks it needs "
+                   "(gatherlens.ops.prefill's default rule); the cache still keeps every key.")
 @click.option("--max-new-tokens", default=64, show_default=True, type=Int(1), help="Tokens to generate.")
 @click.option("--pages", "pages", default=None, help="Write the pages x steps picture to FILE.svg or FILE.html.")
 @click.option("--lang", type=click.Choice(LANGS), default="en", show_default=True, help="Language of the picture.")
 @threads_option
 @click.option("--force", is_flag=True, help="Overwrite the --pages file if it exists.")
-def generate(prompt, file, model_name, quantized, budget, dense, max_new_tokens, pages, lang, threads, force):
+def generate(prompt, file, model_name, quantized, budget, dense, kv_dtype, max_new_tokens, pages, lang, threads, force,
+             sparse_prefill=False):
     """Continue PROMPT with sparse decoding, streaming tokens/s and the context length."""
     from rich.console import Console
 
@@ -63,6 +69,8 @@ def generate(prompt, file, model_name, quantized, budget, dense, max_new_tokens,
 
     if dense and budget is not None:
         raise click.UsageError("--budget and --dense exclude each other")
+    if dense and kv_dtype is not None:
+        raise click.UsageError("--kv-dtype and --dense exclude each other (dense decoding keeps transformers' cache)")
     pages_path = output_file(pages, force, picture_suffixes("svg", "html"), "--pages")
     text = _prompt_text(prompt, file)
     load_kw = load_kwargs(model_name, quantized)  # before the model loads
@@ -70,7 +78,7 @@ def generate(prompt, file, model_name, quantized, budget, dense, max_new_tokens,
     try:
         with signals_as_ctrl_c() as stop:   # kill (SIGTERM) or a closed terminal (SIGHUP): as Ctrl-C
             result = _run(text, (model_name, load_kw), budget, dense, max_new_tokens, pages_path is not None,
-                          threads)
+                          threads, kv_dtype, sparse_prefill=sparse_prefill)
     except GatherLensError as e:
         raise click.ClickException(str(e)) from None
     _summary(result, err, stop["signal"] or "Ctrl-C")
@@ -81,7 +89,8 @@ def generate(prompt, file, model_name, quantized, budget, dense, max_new_tokens,
             raise click.ClickException(str(e)) from None
 
 
-def _run(text: str, model: tuple[str, dict], budget, dense: bool, max_new_tokens: int, pages: bool, threads):
+def _run(text: str, model: tuple[str, dict], budget, dense: bool, max_new_tokens: int, pages: bool, threads,
+         kv_dtype: str | None = None, sparse_prefill: bool = False):
     """Load (model: the name and load()'s keywords), fit the prompt to the model's positions, stream
     the continuation under a live status line."""
     from rich.live import Live
@@ -96,18 +105,23 @@ def _run(text: str, model: tuple[str, dict], budget, dense: bool, max_new_tokens
         fix_threads(threads)  # the user's count: the thread controller stays off
     lm = load(model[0], progress=True, **model[1])
     require_causal(lm)
+    if sparse_prefill:  # every prefill block-sparse (models/sparse_prefill.py); decoding as chosen
+        from gatherlens.models.sparse_prefill import use_sparse_prefill
+
+        use_sparse_prefill(lm.model)
     ids, dropped = fit_prompt(lm, lm.encode(text, truncation=False), max_new_tokens)
     if dropped:
         warnings.warn(f"the prompt has {ids.shape[1] + dropped} tokens; kept its last {ids.shape[1]} (dropped "
                       f"{dropped} from the start) so that it and {max_new_tokens} new tokens fit the model's "
                       f"{lm.config.max_position_embeddings} positions", GatherLensWarning, stacklevel=1)
     budget = None if dense else (budget or DEFAULT.budget)  # the one SparseConfig's default
+    sparse = {} if dense else {"kv_dtype": kv_dtype or DEFAULT.kv_dtype}  # SparseConfig.kv_dtype
     if not sys.stdout.isatty():  # a pipe or a test: the plain continuation on stdout, stats at the end
-        return stream_generate(lm, ids, budget, max_new_tokens, pages=pages, on_token=_write)
+        return stream_generate(lm, ids, budget, max_new_tokens, pages=pages, on_token=_write, **sparse)
     view = _LiveView(budget)
     with Live(view.render(None), transient=False, refresh_per_second=8, redirect_stdout=False) as live:
         return stream_generate(lm, ids, budget, max_new_tokens, pages=pages,
-                               on_token=lambda piece, r: live.update(view.render(r, piece)))
+                               on_token=lambda piece, r: live.update(view.render(r, piece)), **sparse)
 
 
 def _write(piece: str, result) -> None:

@@ -108,6 +108,16 @@ def quantized_option(command):
                              "the float32 copy (default: float32).")(command)
 
 
+def kv_dtype_option(command):
+    """--kv-dtype: how sparse decoding's paged cache stores keys and values (SparseConfig.kv_dtype)."""
+    from gatherlens.ops.sparse.config import DEFAULT, KV_DTYPES
+
+    default = DEFAULT.kv_dtype or "the model's own dtype"
+    return click.option("--kv-dtype", "kv_dtype", type=click.Choice(KV_DTYPES), default=None,
+                        help=f"Store the sparse cache's keys and values in 16 bits (float16, bfloat16: half the "
+                             f"memory) or int8 (a quarter, one scale per page); default: {default}.")(command)
+
+
 def load_kwargs(model: str, quantized: bool) -> dict:
     """What `gatherlens.models.load` gets for --quantized: {} without it; with it {"quantized": True}
     for a GGUF source, and a one-line error naming the option and the model for any other."""

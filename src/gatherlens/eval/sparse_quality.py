@@ -6,6 +6,7 @@
     ['dense', 'budget=256', 'budget=512', 'budget=1024', 'budget=2048']
     >>> report.rows[1].ppl_ratio, report.rows[1].recall, report.rows[1].cosine
     >>> setups = [SparseSetup(512), SparseSetup(512, dense_layers=2, recent=128), SparseSetup(512, choose="oracle")]
+    >>> setups += [SparseSetup(512, kv_dtype="float16"), SparseSetup(None, kv_dtype="int8")]   # 16- / 8-bit pages
     >>> evaluate_sparse_quality(lm.model, ids, setups=setups, decode_tokens=512)   # one row per setup
 
 Protocol (sparse selection applies to decoding only, as in Quest, so it is measured by decoding):
@@ -25,6 +26,7 @@ Recall and cosine are taken along the sparse run (its own hidden states), like `
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
@@ -39,7 +41,7 @@ from gatherlens.ops.sparse.config import DEFAULT, QUEST, SparseConfig
 
 __all__ = ["SparseSetup", "SparseQualityRow", "SparseQualityReport", "SparseStats", "evaluate_sparse_quality",
            "prefill", "repage", "decode_teacher_forced", "call_recall_cosine", "setups_for_budgets",
-           "default_setup", "comparison_setups"]
+           "default_setup", "comparison_setups", "kv_dtype_setups", "KV_PAGE_ROWS"]
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,8 @@ class SparseSetup:
 
         >>> SparseSetup(512, dense_layers=2, recent=128).name
         'budget=512 dense_layers=2 recent=128'
-        >>> SparseSetup(None).name, SparseSetup(256, label="mine").name
-        ('dense', 'mine')
+        >>> SparseSetup(None).name, SparseSetup(256, label="mine").name, SparseSetup(None, kv_dtype="int8").name
+        ('dense', 'mine', 'dense kv_dtype=int8')
 
     The fields are SparseConfig's (budget None: dense), their defaults Quest's plain setting (the
     QUEST preset); `label` names the row (default: the budget and every field that differs from
@@ -63,6 +65,7 @@ class SparseSetup:
     share_selection: bool = QUEST.share_selection
     recent: int | None = QUEST.recent
     choose: str = QUEST.choose
+    kv_dtype: str | None = QUEST.kv_dtype
     label: str | None = None
 
     @property
@@ -70,7 +73,7 @@ class SparseSetup:
         if self.label is not None:
             return self.label
         if self.budget is None:
-            return "dense"
+            return "dense" if self.kv_dtype is None else f"dense kv_dtype={self.kv_dtype}"
         plain = SparseSetup(self.budget)
         parts = [f"budget={self.budget}"]
         parts += [f"{k}={v}" for k, v in self.options().items() if getattr(plain, k) != v]
@@ -99,14 +102,36 @@ def default_setup(budget: int, **change) -> SparseSetup:
     return SparseSetup(budget, label=name if change else f"{name} (default)", **options)
 
 
-def comparison_setups(budget: int = 512, small: int = 256) -> list[SparseSetup]:
+KV_PAGE_ROWS = ("float32", "float16", "bfloat16", "int8")  # the storage dtypes the comparison table measures
+
+
+def _relabel(label: str, kv_dtype: str) -> str:
+    """A row's label for the same setting with pages in `kv_dtype` (no "(default)", one kv_dtype)."""
+    return re.sub(r" kv_dtype=\S+| \(default\)", "", label) + f" kv_dtype={kv_dtype}"
+
+
+def kv_dtype_setups(setups, kv_dtypes=KV_PAGE_ROWS) -> list[SparseSetup]:
+    """Each setup once per storage dtype that differs from its own (named by the dtype), then dense
+    decoding over pages of each: what 16- and 8-bit pages cost, apart from the page choice. None (the
+    keys' own dtype) counts as float32: the dense row every ratio is taken against.
+
+        >>> [s.name for s in kv_dtype_setups([SparseSetup(512)], ("float16", "int8"))]
+        ['budget=512 kv_dtype=float16', 'budget=512 kv_dtype=int8', 'dense kv_dtype=float16', 'dense kv_dtype=int8']
+    """
+    out = [replace(s, kv_dtype=k, label=None if s.label is None else _relabel(s.label, k))
+           for s in setups for k in kv_dtypes if k != (s.kv_dtype or "float32")]
+    return out + [SparseSetup(None, kv_dtype=k) for k in kv_dtypes if k != "float32"]
+
+
+def comparison_setups(budget: int = 512, small: int = 256, kv_dtypes=KV_PAGE_ROWS) -> list[SparseSetup]:
     """The table `gatherlens eval-sparse` runs: what each choice does to quality at small budgets.
 
     At `budget`: Quest's plain setting (page 16, group max, no dense layers, no window), then one
     change at a time (dense first layers, group sum, page 8 and 32, a recent window of a quarter
     of the budget, per-head choice), then the default, the default with the other head choice and the
-    default's oracle (pages by true attention mass: the headroom of the page choice); at `small`:
-    the plain setting, the default, its other head choice and its oracle.
+    default's oracle (pages by true attention mass: the headroom of the page choice), the default
+    with pages stored in 16 and 8 bits (KV_PAGE_ROWS), and dense decoding over such pages; at
+    `small`: the plain setting, the default, its other head choice and its oracle.
     """
     plain = SparseSetup(budget)
     rows = [plain, replace(plain, dense_layers=2), replace(plain, group_score="sum"), replace(plain, page_size=8),
@@ -115,6 +140,7 @@ def comparison_setups(budget: int = 512, small: int = 256) -> list[SparseSetup]:
         rows += [SparseSetup(b)] if b == small else []
         rows += [default_setup(b), default_setup(b, share_selection=not DEFAULT.share_selection),
                  default_setup(b, choose="oracle")]
+        rows += kv_dtype_setups([default_setup(b)], kv_dtypes) if b == budget else []
     seen, out = set(), []
     for r in rows:  # the default may be one of the single changes: measure it once
         key = (r.budget, tuple(sorted(r.options().items())))
@@ -145,9 +171,9 @@ def prefill(model, ids: torch.Tensor, page_size: int = QUEST.page_size) -> tuple
     return cache, out.logits[:, -1].float()  # (1, V)
 
 
-def repage(cache: SparseKVCache, page_size: int) -> SparseKVCache:
-    """A copy of `cache` (same keys and values) in pages of `page_size` tokens."""
-    out = SparseKVCache(config=None, page_size=page_size)
+def repage(cache: SparseKVCache, page_size: int, kv_dtype: str | None = None) -> SparseKVCache:
+    """A copy of `cache` (same keys and values as read) in pages of `page_size` tokens stored in `kv_dtype`."""
+    out = SparseKVCache(config=None, page_size=page_size, kv_dtype=kv_dtype)
     for i, layer in enumerate(cache.layers):
         if layer.paged is not None:
             out.update(layer.paged.keys, layer.paged.values, i)
@@ -206,7 +232,7 @@ def _measure_setting(model, cache0, logits0, targets, setup: SparseSetup, dense_
     stats = SparseStats()
     step = (lambda n: progress(n, setup.name)) if progress else None
     with observe_sparse(stats):
-        nll = decode_teacher_forced(model, repage(cache0, setup.page_size), logits0, targets, step)
+        nll = decode_teacher_forced(model, repage(cache0, setup.page_size, setup.kv_dtype), logits0, targets, step)
     mean = float(nll.mean())
     row = SparseQualityRow(setting=setup.name, budget=setup.budget, perplexity=perplexity(mean), nll=mean,
                            tokens=targets.shape[1], setup=setup.options(), **stats.summary())

@@ -24,6 +24,10 @@ float rounding (the sums of the norms run in another order).
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -63,6 +67,7 @@ def install_lean_step(model) -> int:
     for layer in decoder_layers(model):
         if supports_lean_step(layer):
             replace_forward(layer, lean_forward)
+            layer.__dict__[_PLAN] = lean_plan(layer)
             count += 1
     return count
 
@@ -71,6 +76,7 @@ def remove_lean_step(model) -> None:
     """Give every decoder layer its class's forward back."""
     for layer in decoder_layers(model):
         restore_forward(layer)
+        layer.__dict__.pop(_PLAN, None)
 
 
 def lean_layers(model) -> int:
@@ -89,7 +95,10 @@ def lean_forward(self, hidden_states, attention_mask=None, position_ids=None, ca
         return type(self).forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
                                   cache=cache, use_cache=use_cache, position_embeddings=position_embeddings,
                                   **kwargs)
-    return lean_step(self, hidden_states, position_embeddings, attention_mask, cache)
+    plan = self.__dict__.get(_PLAN)
+    if plan is None:  # a forward replaced without install_lean_step: the reference, as it was
+        return lean_step(self, hidden_states, position_embeddings, attention_mask, cache)
+    return planned_step(plan, hidden_states, position_embeddings, attention_mask, cache)
 
 
 def lean_step(layer, x: torch.Tensor, position_embeddings, attention_mask, cache: SparseKVCache) -> torch.Tensor:
@@ -148,4 +157,99 @@ def _linear(x: torch.Tensor, lin: torch.nn.Module) -> torch.Tensor:
     weight = lin.__dict__.get("qweight")
     if weight is None:
         return F.linear(x, lin.weight, lin.bias)
-    return linear_product(x, weight)  # (B, N)
+    y = linear_product(x, weight)  # (B, N)
+    return y if lin.bias is None else y + lin.bias.to(y.dtype)  # (B, N): Qwen2's q/k/v biases
+
+
+# -- the planned step: lean_step with every lookup made once, at install_lean_step --------------------
+_PLAN = "gatherlens_lean_plan"  # a layer's LeanPlan, in its __dict__ while the lean step is installed
+
+
+@dataclass(frozen=True)
+class LeanPlan:
+    """What one layer's lean step reads, looked up once when the lean step is installed (a decode step
+    otherwise makes ~20 module attribute lookups a layer): norms, products, sizes.
+
+        >>> planned_step(lean_plan(layer), x, position_embeddings, None, cache)   # == lean_step(layer, ...)
+
+    act: the dtype the products take (QuantizedWeight.activation_dtype), None: x's dtype. The
+    products are `_linear` of the layer's modules (a bias-free QuantizedLinear: `linear_product` on its
+    weight directly, the same call); a parameter or module replaced later is seen at the next
+    use_sparse_decoding (which installs the step again).
+    """
+
+    norm1: torch.Tensor
+    eps1: float
+    norm2: torch.Tensor
+    eps2: float
+    act: torch.dtype | None
+    qkv: Callable       # h (B, d) -> q (B, Hq*D), k, v (B, Hkv*D)
+    o: Callable         # (B, Hq*Dv) -> (B, d)
+    gate_up: Callable   # h (B, d), act -> silu(h Wg) * (h Wu) (B, I) as act
+    down: Callable      # (B, I) -> (B, d)
+    attn: torch.nn.Module
+    head_dim: int
+    layer_idx: int
+    scaling: float
+
+
+def lean_plan(layer) -> LeanPlan:
+    """The LeanPlan of a layer that supports_lean_step."""
+    attn, mlp = layer.self_attn, layer.mlp
+    n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
+    quantized = attn.o_proj.__dict__.get("qweight")
+    return LeanPlan(n1.weight, n1.variance_epsilon, n2.weight, n2.variance_epsilon,
+                    None if quantized is None else quantized.activation_dtype, _qkv_product(attn),
+                    _product(attn.o_proj), _gate_up_product(mlp), _product(mlp.down_proj), attn, attn.head_dim,
+                    attn.layer_idx, attn.scaling)
+
+
+def _product(lin: torch.nn.Module) -> Callable:
+    """x -> _linear(x, lin); for a bias-free QuantizedLinear, its one entrance on the weight directly."""
+    weight = lin.__dict__.get("qweight")
+    if weight is not None and lin.__dict__.get("bias", True) is None:
+        return functools.partial(linear_product, weight=weight)
+    return functools.partial(_linear, lin=lin)
+
+
+def _qkv_product(attn) -> Callable:
+    """_qkv's products as one callable (the fused qkv_proj where the model packed it)."""
+    fused = getattr(attn, "qkv_proj", None)
+    if fused is None:
+        q, k, v = _product(attn.q_proj), _product(attn.k_proj), _product(attn.v_proj)
+        return lambda h: (q(h), k(h), v(h))
+    sizes, product = (attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features), _product(fused)
+    return lambda h: product(h).split(sizes, dim=-1)  # (B, Hq*D), (B, Hkv*D) x2
+
+
+def _gate_up_product(mlp) -> Callable:
+    """_gate_up's products as one callable (h, act) -> (B, I)."""
+    fused = getattr(mlp, "gate_up_proj", None)
+    if fused is None:
+        gate, up = _product(mlp.gate_proj), _product(mlp.up_proj)
+        return lambda h, act: (F.silu(gate(h)) * up(h)).to(act)  # (B, I)
+    product = _product(fused)
+    return lambda h, act: silu_mul_cast(product(h), act)  # (B, I)
+
+
+def planned_step(plan: LeanPlan, x: torch.Tensor, position_embeddings, attention_mask,
+                 cache: SparseKVCache) -> torch.Tensor:
+    """lean_step's arithmetic from the layer's LeanPlan: x (B, 1, d) -> (B, 1, d), the same calls on
+    the same tensors (bit-equal, tested), fewer Python lookups and no conversion to a dtype x has."""
+    B, d = x.shape[0], x.shape[-1]
+    act = plan.act or x.dtype
+    paged = _paged(cache, plan.layer_idx)  # this layer's PagedKVCache
+    x2 = x.view(B, d)  # (B, d)
+    h = rms_norm_cast(x2, plan.norm1, plan.eps1, act)  # (B, d)
+    q, k, v = plan.qkv(h)  # (B, Hq*D), (B, Hkv*D) x2
+    cos, sin = (t.reshape(B, plan.head_dim) for t in position_embeddings)  # (B, D)
+    q = rope_append(q, k, v, cos, sin, paged).unsqueeze(2)  # (B, Hq, 1, D); RoPE(k), v in the cache
+    out = decode_attention(plan.attn, _as(q, x.dtype), paged, attention_mask, plan.scaling)  # (B, Hq, 1, Dv)
+    y = plan.o(_as(out.reshape(B, -1), act))  # (B, d)
+    s, h = add_rms_norm_cast(x2, y, plan.norm2, plan.eps2, act)  # (B, d) x2: x + attn, its norm
+    y = plan.down(plan.gate_up(h, act))  # (B, d)
+    return (_as(s, x.dtype) + y).view(B, 1, d)  # (B, 1, d)
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t if t.dtype == dtype else t.to(dtype)

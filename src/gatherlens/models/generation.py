@@ -44,7 +44,12 @@ from gatherlens.models.threads import ThreadControl
 from gatherlens.ops.sparse.config import DEFAULT
 
 __all__ = ["GenerationStart", "GenerationStep", "GenerationEnd", "LayerPages", "generation_steps", "greedy_tokens",
-           "require_causal", "stop_ids"]
+           "require_causal", "stop_ids", "PREFILL_CHUNK"]
+
+# prompt tokens per forward pass of the prefill: a long prompt runs in chunks into the cache, so its
+# activations (the MLP's (chunk, intermediate) float32 rows, attention's) are a chunk's, not the
+# prompt's (~250 MB at 8K tokens for SmolLM2 in one pass); llama.cpp's n_batch is 512
+PREFILL_CHUNK = 1024
 
 
 @dataclass(frozen=True)
@@ -130,8 +135,9 @@ def _start(model, budget: int | None, sparse: dict) -> tuple[object, int]:
         use_dense_decoding(model)
         return DynamicCache(config=model.config), sparse.get("page_size", DEFAULT.page_size)
     use_sparse_decoding(model, budget, **sparse)
-    page_size = sparse_settings(model).page_size  # what the model now decodes with
-    return SparseKVCache(config=model.config, page_size=page_size), page_size
+    settings = sparse_settings(model)  # what the model now decodes with: pages made so at the prefill
+    return SparseKVCache(config=model.config, page_size=settings.page_size, kv_dtype=settings.kv_dtype), \
+        settings.page_size
 
 
 @torch.no_grad()
@@ -148,13 +154,22 @@ def greedy_tokens(model, cache, ids: torch.Tensor) -> Iterator[int]:
     try:
         while True:
             threads.before_step()
-            out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-            token = int(out.logits[0, -1].argmax())  # logits (1, 1, V)
+            token = int(_last_logits(model, cache, ids).argmax())  # logits (V,)
             threads.after_step()
             yield token
             ids = torch.tensor([[token]], device=ids.device)  # (1, 1)
     finally:
         threads.finish()
+
+
+def _last_logits(model, cache, ids: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
+    """The forward pass of ids (1, Q) into `cache`, a prompt longer than `chunk` (PREFILL_CHUNK) in
+    chunks of it (each attends the cache and itself, causally); the last position's logits (V,)."""
+    chunk = chunk or PREFILL_CHUNK
+    while ids.shape[1] > chunk:
+        model(input_ids=ids[:, :chunk], cache=cache, use_cache=True, logits_to_keep=1)
+        ids = ids[:, chunk:]  # (1, Q - chunk)
+    return model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]  # (V,)
 
 
 def _next(tokens: Iterator[int], picked: list | None, model) -> int:
@@ -170,14 +185,15 @@ def _next(tokens: Iterator[int], picked: list | None, model) -> int:
     return token
 
 
-@torch.no_grad()
+@torch.inference_mode()  # its own cache: no autograd or version counters on any op (~7% of a step at 512)
 def generation_steps(lm, ids: torch.Tensor, budget: int | None = DEFAULT.budget, max_new_tokens: int = 64, *,
                      pages: bool = False, **sparse) -> Iterator[GenerationStart | GenerationStep | GenerationEnd]:
     """GenerationStart, a GenerationStep per new token after ids (1, S), GenerationEnd (see the module doc).
 
     budget: tokens each decode step reads (None: dense). pages: record which pages every sparse
     layer read at every decode step (GenerationStep.pages). sparse: more use_sparse_decoding
-    settings (page_size, dense_layers, ...).
+    settings (page_size, dense_layers, ...). The loop runs in torch.inference_mode (only while the
+    generator runs: a consumer's code between two events does not), as the bench's `generate` does.
     """
     require_causal(lm)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -188,6 +204,8 @@ def generation_steps(lm, ids: torch.Tensor, budget: int | None = DEFAULT.budget,
     times = [0.0, 0.0]  # prefill, decode
     try:
         cache, page_size = _start(model, budget, sparse)
+        if isinstance(cache, SparseKVCache):  # room for every token at the prefill: no decode step regrows it
+            cache.reserve(S + max_new_tokens)
         tokens = greedy_tokens(model, cache, ids)  # the prompt (1, S) first, then (1, 1) per step
         yield GenerationStart(S, budget, page_size, model.config.num_hidden_layers)
         while len(new) < max_new_tokens and not (new and new[-1] in stop):

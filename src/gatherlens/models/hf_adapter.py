@@ -25,7 +25,7 @@ from gatherlens.errors import GatherTypeError
 
 __all__ = [
     "CAUSAL_LM_SUFFIXES", "unwrap", "attn_implementation", "set_attn_implementation", "preset_attn_implementation",
-    "register_attention", "sdpa_attention", "layer_types", "default_cache", "restore_default_cache",
+    "register_attention", "sdpa_attention", "attention_function", "layer_types", "default_cache", "restore_default_cache",
     "replace_forward", "restore_forward", "forward_replaced", "decoder_layers", "class_named", "is_causal_lm",
     "quiet_gguf_progress", "hand_over", "handed_over",
 ]
@@ -80,6 +80,14 @@ def sdpa_attention():
     from transformers import AttentionInterface
 
     return AttentionInterface()["sdpa"]
+
+
+def attention_function(name: str):
+    """The attention function registered as `name` ("sdpa", "gatherlens_topk", ...) (public:
+    `AttentionInterface()[name]`; "eager" is each model module's own, not registered there)."""
+    from transformers import AttentionInterface
+
+    return AttentionInterface()[name]
 
 
 def layer_types(config) -> tuple[list, list]:

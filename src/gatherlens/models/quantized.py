@@ -1,4 +1,4 @@
-"""`load(name, quantized=True)`: a Llama GGUF run from its blocks, with no float32 conversion.
+"""`load(name, quantized=True)`: a GGUF run from its blocks, with no float32 conversion.
 
     >>> lm = load("smollm2", quantized=True)          # a few seconds, nothing cached needed
     >>> lm.info["quantized"], type(lm.model.model.embed_tokens).__name__
@@ -6,16 +6,22 @@
     >>> lm.model.generate(lm.encode("The cat"), max_new_tokens=8)
 
 How the model is built: the config and tokenizer come from the GGUF's own metadata
-(models/gguf_config.py, gguf_tokenizer.py; no cached copy to go stale). The `LlamaForCausalLM` is
-built on the meta device; every nn.Linear becomes a `QuantizedLinear` over its blocks (Q4_0 / Q4_1 /
-Q8_0: the "q8act" route where its C++ operator builds, llama.cpp's integer dot products on the
-blocks as stored, x rounded to 8 bits per 32 values; else PyTorch's int4 kernel on the codes, bf16
-activations; formats neither takes: a bf16 copy), the embedding a `QuantizedEmbedding` over the
-Q8_0 table mapped in place, the tied head the same blocks (q8act; else a bf16 copy), the norms the file's F32 tensors. `ROUTE` / `HEAD_ROUTE`
-name another route ("int4" keeps x in bf16: +0.06% perplexity against q8act's +0.3%, slower). q|k|v and gate|up are packed fused (`qkv_proj`, `gate_up_proj`, used by the lean decode
-step) and the separate projections share their packed rows. attn_q / attn_k rows are stored
-permuted for llama.cpp's RoPE; the same row permutation as transformers' `reverse_permute` undoes it
-(blocks run along K, so moving whole rows is exact).
+(models/gguf_config.py, gguf_tokenizer.py; no cached copy to go stale). The architecture's HF class
+(models/gguf_arch.py's row: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, qwen2moe, qwen3moe) is
+built on the meta device and filled by walking the row's tensors: every 2-D linear weight becomes a
+`QuantizedLinear` over its blocks (`linear_from`: the route `pick_route` names, "q8act" where its C++
+operator takes the format, llama.cpp's integer dot products on the blocks as stored, x rounded to
+8 bits per block; else PyTorch's int4 kernel on the codes, bf16 activations; formats neither takes:
+a bf16 copy), with Qwen2's q/k/v biases as float parameters; the embedding a `QuantizedEmbedding`
+over its table mapped in place (Gemma's scaled by sqrt(hidden)); the head `output.weight` or, tied,
+the embedding's blocks (q8act; else a bf16 copy); the norms the file's F32 tensors (Gemma's less 1);
+mixture-of-experts blocks models/quantized_moe.py's `fill_moe`. `ROUTE` / `HEAD_ROUTE` name another
+route ("int4" keeps x in bf16: +0.06% perplexity against q8act's +0.3%, slower). q|k|v and gate|up
+are packed fused where a layer has them in one format (`PACKED`: `qkv_proj`, `gate_up_proj`, used
+by the lean decode step) and the separate projections share their packed rows; Phi-3's are fused in
+the file and in its HF class already. Rows the table marks `permute` (Llama's attn_q / attn_k) are
+stored permuted for llama.cpp's RoPE; the same row permutation as transformers' `reverse_permute`
+undoes it (blocks run along K, so moving whole rows is exact).
 Prefill (an x of at least `PREFILL_ROWS` rows) dequantizes each weight for the call and runs float32
 GEMM: bit-equal to the float model's weights and faster there than the int4 kernel on this CPU.
 """
@@ -25,7 +31,8 @@ import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.models.hf_adapter import preset_attn_implementation
-from gatherlens.models.gguf_weights import TENSOR_NAMES, permuted_heads, unpermute_rows
+from gatherlens.models.gguf_arch import HEAD, LINEAR, NORM, Arch, Row
+from gatherlens.models.gguf_weights import embed_scale, fresh_rotary, permuted_heads, unpermute_rows
 from gatherlens.models.integrity import readable
 from gatherlens.models.loading import LoadedModel
 from gatherlens.models.quantized_layers import QuantizedEmbedding, QuantizedLinear
@@ -33,21 +40,19 @@ from gatherlens.models.registry import ModelSource, check_quantizable
 from gatherlens.ops.quant import LinearConfig, QuantizedTable, pack_linear, split_linear
 from gatherlens.ops.quant.matmul import ROUTES
 from gatherlens.ops.quant.q8act import Q8ACT_QTYPES
-from gatherlens.ops.quant.linear import LINEAR_PRODUCT
+from gatherlens.ops.quant.linear import q8act_ready
 
-__all__ = ["load_quantized", "PREFILL_ROWS", "ROUTE", "HEAD_ROUTE", "pick_route", "quantized_modules"]
+__all__ = ["load_quantized", "PREFILL_ROWS", "ROUTE", "HEAD_ROUTE", "pick_route", "linear_from", "quantized_modules"]
 
 PREFILL_ROWS = 128  # rows from which a call dequantizes to float32 (ops/quant/linear.py)
 ROUTE = "auto"  # the linears: "q8act" where it builds (llama.cpp's integer dot products), else "int4"
 HEAD_ROUTE = "auto"  # the tied Q8_0 head: "q8act" where it builds, else bf16 (faster than two int4 planes)
 
 
-def _projections(part: str) -> dict[str, str]:
-    """{"attn_q": "q_proj", ...}: the gguf kinds of one part of a layer and their HF module names."""
-    return {gguf.rsplit(".", 1)[1]: hf.rsplit(".", 1)[1] for gguf, hf in TENSOR_NAMES.items() if f".{part}." in hf}
-
-
-_ATTN, _MLP = _projections("self_attn"), _projections("mlp")  # in fusing order: q|k|v, gate|up
+# projections packed as one weight where a layer has them all in one format (the lean decode step's
+# fused products): (parent module, the fused module's name, its parts in order)
+PACKED = (("self_attn", "qkv_proj", ("q_proj", "k_proj", "v_proj")), ("mlp", "gate_up_proj", ("gate_proj", "up_proj")))
+_LAYER = "model.layers.{i}."  # the prefix of every block row's HF name (models/gguf_arch.py)
 
 
 def load_quantized(source: ModelSource, attn_implementation: str | None, say) -> LoadedModel:
@@ -60,14 +65,13 @@ def load_quantized(source: ModelSource, attn_implementation: str | None, say) ->
     say(f"checking {source.path.name}")
     with readable(source.path):
         reader = open_reader(source.path, quantized=True)  # a gguf.GGUFReader ("c": copy-on-write)
-    check_quantizable(source, reader=reader)  # types, metadata, shapes, scales: before anything slow
+    check_quantizable(source, reader=reader)  # types, architecture, metadata, shapes, scales: before anything slow
     config, tokenizer, folder = _config_and_tokenizer(source, say)
-    if config.model_type != "llama":
-        raise GatherValueError(f"quantized=True runs Llama GGUF files; {source.path.name} is {config.model_type!r}")
+    arch = _arch(reader)
     say(f"mapping the blocks of {source.path.name}")
     with readable(source.path):
         tables = {t.name: t for t in reader.tensors}
-        model = _build(config, reader, tables, attn_implementation)
+        model = _build(config, reader, tables, attn_implementation, arch)
         watch_model(model, watch, reader.data)  # it reads the mapping in place (models/file_watch.py)
     info = {"quantized": True, "config_from": "cache" if folder else "gguf"}
     return LoadedModel(source.name, model, tokenizer, source.path, folder, info=info)
@@ -86,24 +90,35 @@ def _config_and_tokenizer(source: ModelSource, say):
         return load_gguf_config(source.path, reader), load_gguf_tokenizer(source.path, reader), None
 
 
-def _build(config, reader, tables: dict, attn_implementation: str | None):
-    """The HF LlamaForCausalLM, built empty, its parts replaced by the file's blocks."""
-    from transformers import LlamaForCausalLM
+def _arch(reader) -> Arch:
+    """The file's row of the architecture table (the check already refused a file without one)."""
+    from gatherlens.models.gguf_config import file_arch
+
+    arch = file_arch(reader)
+    if arch is None:  # only when the check was bypassed
+        raise GatherValueError("quantized=True runs the architectures of models/gguf_arch.py; this file has none")
+    return arch
+
+
+def _build(config, reader, tables: dict, attn_implementation: str | None, arch: Arch):
+    """The architecture's HF causal LM, built empty, its parts replaced by the file's blocks."""
+    import transformers
 
     if attn_implementation:
         preset_attn_implementation(config, attn_implementation)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = getattr(transformers, arch.model_class)(config)
     inner = model.model
     embed = QuantizedTable.from_reader(reader, "token_embd.weight")
-    inner.embed_tokens = QuantizedEmbedding(embed)
-    head = QuantizedTable.from_reader(reader, "output.weight") if "output.weight" in tables else embed
+    inner.embed_tokens = QuantizedEmbedding(embed, embed_scale(config) if arch.embed_scale else None)
+    untied = any(r.kind == HEAD for r in arch.rows) and "output.weight" in tables
+    head = QuantizedTable.from_reader(reader, "output.weight") if untied else embed
     head_config = LinearConfig(route=pick_route(head.qtype, HEAD_ROUTE, head=True), prefill_rows=PREFILL_ROWS)
     model.lm_head = QuantizedLinear(pack_linear(head.raw, head.qtype, head_config))
     for i, layer in enumerate(inner.layers):
-        _fill_layer(layer, i, reader, tables, config)
-    inner.norm.weight = _norm(tables, "output_norm.weight")
-    inner.rotary_emb = type(inner.rotary_emb)(config=config)  # its inv_freq computed on the CPU
+        _fill_layer(layer, i, reader, tables, config, arch)
+    inner.norm.weight = _norm(tables, "output_norm.weight", arch)
+    fresh_rotary(model, config)  # inv_freq computed on the CPU
     left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise GatherValueError(f"{len(left)} tensors of the model have no data in the file (first: {left[0]})")
@@ -116,55 +131,89 @@ def _config(qtype: str, route: str | None = None) -> LinearConfig:
 
 
 def pick_route(qtype: str, route: str, head: bool = False) -> str:
-    """"auto": q8act for Q4_0 / Q4_1 / Q8_0 when its operator can run here (the product table's
-    q8act row says), else int4 (bf16 for a head); a named route where it takes `qtype`; bf16 for any
-    format no faster route takes."""
+    """"auto": q8act for every format whose record names it when that format's kernel can run here
+    (`q8act_ready(qtype)`), else int4 (bf16 for a head); a named route where it takes `qtype`; bf16
+    for any format no faster route takes."""
     if route == "auto":
-        if qtype in Q8ACT_QTYPES and LINEAR_PRODUCT.ready("q8act") is None:
+        if qtype in Q8ACT_QTYPES and q8act_ready(qtype) is None:
             return "q8act"
         route = "bf16" if head else "int4"
     takes = ROUTES[route].qtypes if route in ROUTES else None  # from the format records (ops/quant/layout.py)
     return route if takes is None or qtype in takes else "bf16"
 
 
-def _rows(reader, name: str, config) -> torch.Tensor:
-    """The blocks of a linear (N, row_bytes), q and k rows back in HF's order (reverse_permute)."""
+def linear_from(raw: torch.Tensor, qtype: str, bias: torch.Tensor | None = None) -> QuantizedLinear:
+    """A QuantizedLinear over raw rows of blocks (N, row_bytes) in `qtype`, its route picked here (the
+    one place: `pick_route(qtype, ROUTE)`); models/quantized_moe.py makes its experts with it."""
+    return QuantizedLinear(pack_linear(raw, qtype, _config(qtype)), bias)
+
+
+def _rows(reader, name: str, config, arch: Arch) -> torch.Tensor:
+    """The blocks of a linear (N, row_bytes), q and k rows back in HF's order where the row says (reverse_permute)."""
     raw = QuantizedTable.from_reader(reader, name).raw  # (N, row_bytes), mapped in place
-    heads = permuted_heads(name, config)
+    heads = permuted_heads(name, config, arch)
     return raw if heads is None else unpermute_rows(raw, heads)  # (N, row_bytes): whole rows move, exact
 
 
-def _fused(parent, names: list[str], raws: list[torch.Tensor], qtype: str) -> QuantizedLinear:
-    """Pack the rows of several projections as one weight; each projection a view of its rows."""
-    fused = pack_linear(torch.cat(raws), qtype, _config(qtype))  # (sum N, row_bytes)
-    for name, part in zip(names, split_linear(fused, [r.shape[0] for r in raws])):
-        setattr(parent, name, QuantizedLinear(part))
-    return QuantizedLinear(fused)
-
-
-def _fill_layer(layer, i: int, reader, tables: dict, config) -> None:
-    """One decoder layer's projections (q|k|v and gate|up fused when one format) and norms."""
-    for part, kinds, fuse, fused_name in ((layer.self_attn, _ATTN, 3, "qkv_proj"),
-                                          (layer.mlp, _MLP, 2, "gate_up_proj")):
-        names = [f"blk.{i}.{kind}.weight" for kind in kinds]
-        missing = [n for n in names if n not in tables]
-        if missing:
-            raise GatherValueError(f"tensor {missing[0]!r} is missing from the file; a Llama layer needs it")
-        raws = [_rows(reader, n, config) for n in names]
-        qtypes = [tables[n].tensor_type.name for n in names]
-        if len(set(qtypes[:fuse])) == 1:
-            part.add_module(fused_name, _fused(part, list(kinds.values())[:fuse], raws[:fuse], qtypes[0]))
-        start = fuse if len(set(qtypes[:fuse])) == 1 else 0  # mixed formats: each packed alone
-        for raw, qtype, name in list(zip(raws, qtypes, kinds.values()))[start:]:
-            setattr(part, name, QuantizedLinear(pack_linear(raw, qtype, _config(qtype))))
-    layer.input_layernorm.weight = _norm(tables, f"blk.{i}.attn_norm.weight")
-    layer.post_attention_layernorm.weight = _norm(tables, f"blk.{i}.ffn_norm.weight")
-
-
-def _norm(tables: dict, name: str) -> torch.nn.Parameter:
+def _tensor(tables: dict, name: str, arch: Arch):
     if name not in tables:
-        raise GatherValueError(f"tensor {name!r} is missing from the file; a Llama model needs it")
-    data = torch.from_numpy(tables[name].data.astype("float32").reshape(-1).copy())  # (d,)
+        raise GatherValueError(f"tensor {name!r} is missing from the file; a {arch.name} model needs it")
+    return tables[name]
+
+
+def _parts(row: Row, i: int, reader, tables: dict, config, arch: Arch) -> tuple:
+    """(raw rows, qtype, bias or None) of one linear row of block i."""
+    stem = row.gguf.format(i=i)
+    qtype = _tensor(tables, f"{stem}.weight", arch).tensor_type.name
+    bias = _vector(tables, f"{stem}.bias", arch) if row.bias else None  # (N,) float32
+    return _rows(reader, f"{stem}.weight", config, arch), qtype, bias
+
+
+def _fused(parent, names: list[str], parts: list[tuple]) -> QuantizedLinear:
+    """Pack the rows of several projections as one weight; each projection a view of its rows."""
+    raws, qtype, biases = [p[0] for p in parts], parts[0][1], [p[2] for p in parts]
+    fused = pack_linear(torch.cat(raws), qtype, _config(qtype))  # (sum N, row_bytes)
+    for name, part, bias in zip(names, split_linear(fused, [r.shape[0] for r in raws]), biases):
+        setattr(parent, name, QuantizedLinear(part, bias))
+    joined = None if any(b is None for b in biases) else torch.cat(biases)  # (sum N,)
+    return QuantizedLinear(fused, joined)
+
+
+def _fill_layer(layer, i: int, reader, tables: dict, config, arch: Arch) -> None:
+    """One decoder layer from the architecture's block rows: every linear a QuantizedLinear (q|k|v and
+    gate|up packed when one format: `PACKED`), every norm a float parameter, MoE blocks by
+    models/quantized_moe.py."""
+    rows = [r for r in arch.rows if r.block]
+    linears = {r.hf.removeprefix(_LAYER): r for r in rows if r.kind == LINEAR}  # "self_attn.q_proj" -> row
+    parts = {local: _parts(row, i, reader, tables, config, arch) for local, row in linears.items()}
+    for parent, fused_name, names in PACKED:
+        locals_ = [f"{parent}.{n}" for n in names]
+        if all(n in parts for n in locals_) and len({parts[n][1] for n in locals_}) == 1:
+            module = layer.get_submodule(parent)
+            module.add_module(fused_name, _fused(module, list(names), [parts.pop(n) for n in locals_]))
+    for local, (raw, qtype, bias) in parts.items():  # mixed formats, or a layer with nothing to pack
+        owner, _, leaf = local.rpartition(".")
+        setattr(layer.get_submodule(owner), leaf, linear_from(raw, qtype, bias))
+    for row in rows:
+        if row.kind == NORM:
+            layer.get_submodule(row.hf.removeprefix(_LAYER)).weight = _norm(tables, f"{row.gguf.format(i=i)}.weight",
+                                                                            arch)
+    if arch.moe:
+        from gatherlens.models.quantized_moe import fill_moe  # engineer D2's module
+
+        fill_moe(layer.mlp, i, reader, tables, config, linear_from)
+
+
+def _vector(tables: dict, name: str, arch: Arch) -> torch.Tensor:
+    """A 1-D tensor of the file (a norm or a bias) as float32, copied."""
+    return torch.from_numpy(_tensor(tables, name, arch).data.astype("float32").reshape(-1).copy())  # (d,)
+
+
+def _norm(tables: dict, name: str, arch: Arch) -> torch.nn.Parameter:
+    """A norm weight as HF holds it: the file's values less the architecture's `norm_shift` (Gemma: 1)."""
+    data = _vector(tables, name, arch)  # (d,)
+    if arch.norm_shift:
+        data = data - arch.norm_shift  # (d,): transformers' GGUF processor does the same
     return torch.nn.Parameter(data, requires_grad=False)
 
 

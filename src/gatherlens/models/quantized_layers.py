@@ -24,16 +24,20 @@ __all__ = ["QuantizedLinear", "QuantizedEmbedding"]
 
 
 class QuantizedLinear(torch.nn.Module):
-    """A bias-free linear whose weight (N, K) stays GGUF blocks: forward = quantized_linear(x, qweight)."""
+    """A linear whose weight (N, K) stays GGUF blocks: forward = quantized_linear(x, qweight) (+ bias).
 
-    def __init__(self, qweight: QuantizedWeight):
+    bias: (N,) float32 (Qwen2's q/k/v), a plain parameter added to the product, or None.
+    """
+
+    def __init__(self, qweight: QuantizedWeight, bias: torch.Tensor | None = None):
         super().__init__()
         self.qweight = qweight
         self.out_features, self.in_features = qweight.shape
-        self.bias = None
+        self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)  # (N,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quantized_linear(x, self.qweight)  # (..., N)
+        y = quantized_linear(x, self.qweight)  # (..., N)
+        return y if self.bias is None else y + self.bias.to(y.dtype)  # (..., N)
 
     def dequantized_weight(self) -> torch.Tensor:
         """(N, K) float32, bit-equal to gguf's dequantize of the blocks (the reference)."""
@@ -45,21 +49,28 @@ class QuantizedLinear(torch.nn.Module):
 
 
 class QuantizedEmbedding(torch.nn.Module):
-    """nn.Embedding's place over a QuantizedTable: forward(ids) = embedding_lookup(ids, table), float32."""
+    """nn.Embedding's place over a QuantizedTable: forward(ids) = embedding_lookup(ids, table), float32.
 
-    def __init__(self, table: QuantizedTable):
+    scale: a factor every row is multiplied by (Gemma's sqrt(hidden)), as a float32 scalar, or None.
+    """
+
+    def __init__(self, table: QuantizedTable, scale: float | None = None):
         super().__init__()
         self.table = table
         self.num_embeddings, self.embedding_dim = table.shape
         self.padding_idx = None
+        self.scale = None if scale is None else torch.tensor(scale)  # () float32, as Gemma's embed_scale
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if not tracer.is_tracing():
-            return embedding_lookup(ids, self.table)  # (*ids.shape, d)
+            return self._scaled(embedding_lookup(ids, self.table))  # (*ids.shape, d)
         with tracer.paused():  # one event for the gather, not the index_select on bytes it runs
             out = embedding_lookup(ids, self.table)  # (*ids.shape, d)
         tracer.emit_embedding(self.table, ids, out)
-        return out
+        return self._scaled(out)
+
+    def _scaled(self, rows: torch.Tensor) -> torch.Tensor:
+        return rows if self.scale is None else rows * self.scale  # (*ids.shape, d)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, {self.table.qtype}, {self.table.row_bytes} B a row"

@@ -97,8 +97,10 @@ def check_quantizable(source: ModelSource, what: str = "quantized=True", reader=
         >>> check_quantizable(source, reader=open_reader(source.path))   # the file itself too
 
     reader: the file's open `gguf.GGUFReader`; then its contents are checked as well
-    (models/gguf_check.py, quantized=True): every tensor type one the quantized path runs (all
-    the others named in one error), the metadata, tensor set and shapes, every block scale finite.
+    (models/gguf_check.py, quantized=True): the architecture one of models/gguf_arch.py's table
+    (any other named in one error listing those), every tensor type one the quantized path runs
+    (all the others named in one error, with a tensor and its shape), the metadata, tensor set and
+    shapes, every block scale finite.
     Without it (the command line's early call, before the slow imports) only the kind of source.
     """
     if source.kind != "gguf":

@@ -38,6 +38,7 @@ from gatherlens.models.sparse_attention import (
     sparse_attention_forward, sparse_settings,
 )
 from gatherlens.models.sparse_cache import PagedLayer, SparseKVCache
+from gatherlens.models.sparse_prefill import prefill_implementation
 from gatherlens.ops.sparse.config import DEFAULT, SparseConfig
 
 __all__ = [
@@ -75,7 +76,8 @@ def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: i
                         share_selection: bool = DEFAULT.share_selection, *, group_score: str = DEFAULT.group_score,
                         keep_selection: bool = DEFAULT.keep_selection, dense_layers: int = DEFAULT.dense_layers,
                         recent: int | None = DEFAULT.recent, choose: str = DEFAULT.choose, lean: bool = True,
-                        dense_share: float = DEFAULT.dense_share, config: SparseConfig | None = None):
+                        dense_share: float = DEFAULT.dense_share, kv_dtype: str | None = DEFAULT.kv_dtype,
+                        config: SparseConfig | None = None):
     """Make `model.generate` (and any forward given a SparseKVCache) decode with page-selected attention.
 
         >>> use_sparse_decoding(model, budget=512)                        # the defaults, another budget
@@ -98,6 +100,9 @@ def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: i
         memory); False keeps HF's layers and head.
     dense_share: a budget of at least this share of the cache decodes densely, in place (scoring
         and gathering would cost more than they save); 1.0: only a budget that covers the cache.
+    kv_dtype: how the paged cache stores keys and values: None (the keys' dtype), "float16",
+        "bfloat16" (half the memory, within 0.5% perplexity), "int8" or "float32"; page summaries
+        stay exact for the stored values.
     config: a SparseConfig holding all of the above but `lean` (the keywords then stay unset).
     The keywords build one SparseConfig (gatherlens.ops.sparse.config: its defaults are the best
     setting of `gatherlens eval-sparse`); every module gets a reference to it, nothing else.
@@ -109,7 +114,7 @@ def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: i
     require_causal_attention(model, "sparse decoding")   # Mamba, BERT: one clear error naming the class
     config = _config_of(config, budget=budget, page_size=page_size, share_selection=share_selection,
                         group_score=group_score, keep_selection=keep_selection, recent=recent, choose=choose,
-                        dense_share=dense_share, dense_layers=dense_layers)
+                        dense_share=dense_share, dense_layers=dense_layers, kv_dtype=kv_dtype)
     if getattr(model.config, "is_encoder_decoder", False):
         raise GatherValueError(f"{type(model).__name__} is an encoder-decoder; sparse decoding needs a decoder-only LM")
     layer_kinds(model.config)  # any layer type it cannot run: one clear error now, not at the first step
@@ -130,7 +135,8 @@ def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: i
 def use_dense_decoding(model, attn_implementation: str | None = None):
     """Undo use_sparse_decoding: the previous attention (SDPA by default) and generate's usual cache."""
     model = unwrap(model)
-    restore_attention(model, "gatherlens_sparse_previous", attn_implementation)  # what it replaced, not in config
+    # what it replaced (not in config); a model on sparse prefill returns to it (models/sparse_prefill.py)
+    restore_attention(model, "gatherlens_sparse_previous", attn_implementation or prefill_implementation(model))
     for m in model.modules():
         for name in (CONFIG_ATTR, "gatherlens_page_selection"):
             m.__dict__.pop(name, None)

@@ -33,13 +33,14 @@ from gatherlens.models.attention import exact_attention
 from gatherlens.models.features import AttentionVariant, attention_variant, global_rank
 from gatherlens.models.hf_adapter import handed_over, register_attention, sdpa_attention
 from gatherlens.models.sparse_cache import paged_cache_of
+from gatherlens.models.sparse_prefill import sparse_prefill_call
 from gatherlens.models.sparse_window import WindowKV, window_decode
-from gatherlens.ops.sparse.cache import PagedKVCache
+from gatherlens.ops.sparse.cache import STORAGE, PagedKVCache
 from gatherlens.ops.sparse.config import SparseConfig
 from gatherlens.ops.sparse.decode import choice_of_config, decode_pages, sparse_decode
 
 __all__ = ["SPARSE_ATTN_NAME", "CONFIG_ATTR", "SparseSettings", "SparseCall", "sparse_settings", "decode_attention",
-           "sparse_attention_forward", "register_sparse", "observe_sparse", "padding_mask"]
+           "sparse_attention_forward", "register_sparse", "observe_sparse", "padding_mask", "stored_as_configured"]
 
 SPARSE_ATTN_NAME = "gatherlens_sparse"
 CONFIG_ATTR = "gatherlens_sparse"  # the one attribute use_sparse_decoding sets on a module: its SparseConfig
@@ -68,6 +69,14 @@ def sparse_settings(module: torch.nn.Module) -> SparseConfig | None:
     return module.__dict__.get(CONFIG_ATTR)
 
 
+def stored_as_configured(config: SparseConfig | None, paged) -> None:
+    """Re-store a layer's PagedKVCache in the config's kv_dtype when it differs (once: later calls
+    find it stored so; None or a local layer's window: nothing to do)."""
+    if config is not None and config.kv_dtype is not None and isinstance(paged, PagedKVCache):
+        if paged.kv_dtype != STORAGE[config.kv_dtype]:
+            paged.store_as(config.kv_dtype)
+
+
 def decode_attention(module, query: torch.Tensor, paged: PagedKVCache | WindowKV, attention_mask, scale: float,
                      variant: AttentionVariant | None = None):
     """One decode step of `module` over its cache: query (B, Hq, 1, D) -> out (B, Hq, 1, Dv).
@@ -83,6 +92,7 @@ def decode_attention(module, query: torch.Tensor, paged: PagedKVCache | WindowKV
     if isinstance(paged, WindowKV):
         return window_decode(query, paged, mask, scale, variant)  # (B, Hq, 1, Dv)
     config = sparse_settings(module) or _DENSE
+    stored_as_configured(config, paged)  # pages in the config's kv_dtype
     rank = global_rank(module)
     key_mask = None if mask is None else mask[:, 0, 0]  # (B, L)
     budget = config.budget_for(paged.length, rank)
@@ -117,6 +127,7 @@ def sparse_attention_forward(module, query, key, value, attention_mask, dropout:
     """
     kv = handed_over(key)  # the layer's PagedKVCache / WindowKV when its cache holds exactly these keys
     variant = attention_variant(module, kwargs, where="gatherlens_sparse attention")
+    stored_as_configured(sparse_settings(module), kv)  # prefill: the layer's pages as configured from the start
     if query.shape[2] != 1 or sparse_settings(module) is None:
         return prefill_attention(module, query, key, value, attention_mask, dropout, scaling, is_causal, variant,
                                  **kwargs)
@@ -129,7 +140,8 @@ def sparse_attention_forward(module, query, key, value, attention_mask, dropout:
 
 def _paged_copy(module, key: torch.Tensor, value: torch.Tensor) -> PagedKVCache:
     """A temporary PagedKVCache of the keys (B, Hkv, L, D) and values (B, Hkv, L, Dv) a step was given."""
-    paged = paged_cache_of(key, value, sparse_settings(module).page_size, key.shape[2])
+    config = sparse_settings(module)
+    paged = paged_cache_of(key, value, config.page_size, key.shape[2], config.kv_dtype)
     paged.append(key, value)
     return paged
 
@@ -137,7 +149,11 @@ def _paged_copy(module, key: torch.Tensor, value: torch.Tensor) -> PagedKVCache:
 def prefill_attention(module, query, key, value, attention_mask, dropout, scaling, is_causal,
                       variant: AttentionVariant, **kwargs):
     """Dense attention of a prefill (or of a module without settings): SDPA, or, for soft-capping or
-    sinks (which SDPA lacks), top-k attention keeping every key (the exact softmax)."""
+    sinks (which SDPA lacks), top-k attention keeping every key (the exact softmax). A module on
+    sparse prefill (models/sparse_prefill.py) gathers its key blocks instead, where it can."""
+    done = sparse_prefill_call(module, query, key, value, attention_mask, scaling, variant)
+    if done is not None:
+        return done
     if variant.plain:
         return sdpa_attention()(module, query, key, value, attention_mask, dropout=dropout,
                                 scaling=scaling, is_causal=is_causal, **kwargs)

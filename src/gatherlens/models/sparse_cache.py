@@ -4,6 +4,7 @@
     >>> model.generate(ids, cache=cache, max_new_tokens=16)     # with use_sparse_decoding on
     >>> cache.paged(0)                                          # layer 0's PagedKVCache
     >>> cache.truncate(4096)                                    # back to the first 4096 tokens
+    >>> SparseKVCache(config=model.config, kv_dtype="float16")  # pages stored in 16 bits
 
 Each global (full-attention) layer stores its keys and values in a `gatherlens.ops.sparse.
 PagedKVCache` (pages with Quest's per-page key min/max, kept up to date as tokens arrive); `update`
@@ -12,6 +13,9 @@ than keys (latent attention: the cache's `value_dim`). Each local layer (sliding
 `features.layer_kinds`) keeps only a ring of its window (`sparse_window.WindowLayer`). How the
 attention function finds a layer's cache: `update` hands it (or its WindowKV) over with the keys it
 returns (`hf_adapter.hand_over`), and the attention call takes it for exactly those keys.
+Pages are stored in `kv_dtype` (None: the keys' own dtype; see `PagedKVCache`); the attention
+function re-stores a layer whose storage differs from the model's `SparseConfig.kv_dtype` at its
+first call (`sparse_attention.stored_as_configured`), so a cache made without it still follows it.
 """
 from __future__ import annotations
 
@@ -24,16 +28,18 @@ from gatherlens.models.features import layer_kinds, unsupported
 from gatherlens.models.hf_adapter import hand_over
 from gatherlens.models.sparse_window import KeptLayer, WindowLayer
 from gatherlens.ops.sparse import PagedKVCache
-from gatherlens.ops.sparse.config import OP, check_page_size
+from gatherlens.ops.sparse.config import OP, check_kv_dtype, check_page_size
 
 __all__ = ["PagedLayer", "SparseKVCache", "WindowLayer", "paged_cache_of"]
 
 
-def paged_cache_of(keys: torch.Tensor, values: torch.Tensor, page_size: int, capacity: int) -> PagedKVCache:
-    """An empty PagedKVCache shaped for keys (B, Hkv, T, D) and values (B, Hkv, T, Dv), room for `capacity`."""
+def paged_cache_of(keys: torch.Tensor, values: torch.Tensor, page_size: int, capacity: int,
+                   kv_dtype: str | None = None) -> PagedKVCache:
+    """An empty PagedKVCache shaped for keys (B, Hkv, T, D) and values (B, Hkv, T, Dv), room for `capacity`,
+    read in the keys' dtype and stored in `kv_dtype` (None: the keys' dtype)."""
     B, H, _, D = keys.shape
     return PagedKVCache(batch=B, kv_heads=H, head_dim=D, page_size=page_size, dtype=keys.dtype, device=keys.device,
-                        capacity=capacity, value_dim=values.shape[-1])
+                        capacity=capacity, value_dim=values.shape[-1], kv_dtype=kv_dtype)
 
 
 class PagedLayer(KeptLayer):
@@ -41,11 +47,13 @@ class PagedLayer(KeptLayer):
 
     is_sliding = False
 
-    def __init__(self, page_size: int = OP.page_size):
+    def __init__(self, page_size: int = OP.page_size, kv_dtype: str | None = None):
         # CacheLayerMixin.__init__ would assign self.keys / self.values, which are views here
         self.page_size = page_size
+        self.kv_dtype = kv_dtype
         self.paged: PagedKVCache | None = None
         self.is_initialized = False
+        self.room = 0  # tokens its PagedKVCache is made with room for (SparseKVCache.reserve)
 
     def __repr__(self) -> str:
         return f"PagedLayer({self.paged!r})"
@@ -60,7 +68,8 @@ class PagedLayer(KeptLayer):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
-        self.paged = paged_cache_of(key_states, value_states, self.page_size, key_states.shape[2])
+        self.paged = paged_cache_of(key_states, value_states, self.page_size, max(key_states.shape[2], self.room),
+                                    self.kv_dtype)
         self.is_initialized = True
 
     def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> PagedKVCache:
@@ -92,7 +101,7 @@ class PagedLayer(KeptLayer):
 
     def _rebuild(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Replace the contents with these (B', Hkv, L, D|Dv) keys/values (batch reorder/expand/select)."""
-        paged = paged_cache_of(keys, values, self.page_size, keys.shape[2])
+        paged = paged_cache_of(keys, values, self.page_size, keys.shape[2], self.kv_dtype)
         paged.append(keys, values)
         self.paged = paged
 
@@ -120,19 +129,36 @@ class SparseKVCache(Cache):
     config: the model's config: one PagedLayer per global decoder layer, one WindowLayer (a ring of
     its window) per sliding-window or chunked layer (`features.layer_kinds`; other layer types
     are refused); without it, paged layers are created as `update` first sees each layer index.
+    kv_dtype: how the paged layers store keys and values (None: the keys' dtype; "float16",
+    "bfloat16", "int8", "float32": ops/sparse/config.KV_DTYPES).
     """
 
-    def __init__(self, config=None, page_size: int = OP.page_size):
+    def __init__(self, config=None, page_size: int = OP.page_size, kv_dtype: str | None = None):
         self.page_size = check_page_size(page_size)
+        self.kv_dtype = check_kv_dtype(kv_dtype)
+        paged = functools.partial(PagedLayer, page_size=page_size, kv_dtype=kv_dtype)
         if config is None:
-            super().__init__(layer_class_to_replicate=functools.partial(PagedLayer, page_size=page_size))
+            super().__init__(layer_class_to_replicate=paged)
             return
         kinds = layer_kinds(config, "sparse decoding (SparseKVCache)")
-        super().__init__(layers=[WindowLayer(k.window) if k.local else PagedLayer(page_size) for k in kinds])
+        super().__init__(layers=[WindowLayer(k.window) if k.local else paged() for k in kinds])
 
     def paged(self, layer_idx: int) -> PagedKVCache | None:
         """The PagedKVCache of one global layer (None before it has seen a token, and for a local layer)."""
         return getattr(self.layers[layer_idx], "paged", None)
+
+    def reserve(self, tokens: int) -> None:
+        """Room for `tokens` tokens in every global layer: made with its PagedKVCache at the prefill (or
+        now, for one already made), so no decode step grows (copies) the cache. The generation loop
+        reserves prompt + new tokens.
+
+            >>> cache.reserve(ids.shape[1] + max_new_tokens)
+        """
+        for layer in self.layers:
+            if isinstance(layer, PagedLayer):
+                layer.room = max(layer.room, tokens)
+                if layer.paged is not None:
+                    layer.paged.reserve(tokens)
 
     def truncate(self, length: int) -> None:
         """Keep the first `length` tokens of every global layer (exact page summaries; no copy)."""

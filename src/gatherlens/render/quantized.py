@@ -18,7 +18,7 @@ from rich.text import Text
 from gatherlens.i18n import check_lang, text
 from gatherlens.render.html import svg_fragment
 from gatherlens.render.png import svg_to_png
-from gatherlens.render.quantized_scene import quantized_scene
+from gatherlens.render.quantized_scene import code_label, quantized_scene
 from gatherlens.render.templates import render_template
 from gatherlens.render.theme import FONTS, MONO, colour, fmt_value
 
@@ -55,8 +55,8 @@ def quantized_terminal(rec, lang: str = "en") -> Group:
         lines.append(Text.assemble((f" {row} ", f"black on {colour(i)}"), f" {row_text} ({rec.row_bytes} B)"))
     terms = rec.terms
     lines.append(Text(text("qg_codes", lang, bits=terms.bits, formula=terms.formula), style="bold"))
-    pairs = zip(terms.codes.tolist(), rec.focus_values().tolist())
-    lines.append(Text("  ".join(f"{q}→{fmt_value(w)}" for q, w in pairs)))
+    values = rec.focus_values().tolist()
+    lines.append(Text("  ".join(f"{code_label(terms, k)}→{fmt_value(w)}" for k, w in enumerate(values))))
     return Group(*lines)
 
 

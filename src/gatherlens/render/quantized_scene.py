@@ -18,7 +18,7 @@ from gatherlens.ops.quant.terms import GROUP
 from gatherlens.render.scene import Scene
 from gatherlens.render.theme import PICKED, UNPICKED, colour, fmt_value, human_bytes, short, text_width, wrap
 
-__all__ = ["quantized_scene", "SCALE_FILL"]
+__all__ = ["quantized_scene", "SCALE_FILL", "code_label"]
 
 MARGIN, ID_W, ROW_H, CELL_W, CELL_H, BYTE_W = 16, 58, 30, 46, 34, 22
 STRIP_W, MAX_IDS, MIN_WIDTH, PER_LINE = 520, 8, 800, 16
@@ -114,11 +114,23 @@ def _bytes_row(scene: Scene, rec, lang: str, y: int) -> int:
     return y + 42
 
 
+def code_label(terms, k: int) -> str:
+    """What code k's cell shows: q; for a codebook format (IQ4) q→book[q]; for a plain float its bits in hex."""
+    code = int(terms.codes[k])
+    if terms.plain:
+        return f"{code:0{2 * terms.raw.numel()}x}"
+    return f"{code}→{int(terms.levels[k])}" if terms.levels is not None else str(code)
+
+
 def _scale_text(terms) -> str:
-    """d = … (fp16 0x…), m = …; K-quants: the sub-block's integer scale and min and their products."""
+    """d = … (fp16 0x…), m = …; K-quants: the sub-block's integer scale and min and their products;
+    a plain float: its value and bits (no scale)."""
+    if terms.plain:
+        return f"v = {float(terms.levels[0]):.8g} ({terms.qtype} 0x{code_label(terms, 0)}): the stored value, no scale"
     parts = [f"{name} = {value:.6g} (fp16 {bits})" for name, (value, bits) in terms.halves.items()]
-    if "sc" in terms.subscales:
-        parts.append(f"sc = {terms.subscales['sc']} → d·sc = {terms.scale:.6g}")
+    for name in ("sc", "ls"):
+        if name in terms.subscales:
+            parts.append(f"{name} = {terms.subscales[name]} → {terms.scale_name} = {terms.scale:.6g}")
     if "m" in terms.subscales:
         parts.append(f"m = {terms.subscales['m']} → dmin·m = {-terms.shift:.6g}")
     return ",  ".join(parts)
@@ -133,7 +145,7 @@ def _codes(scene: Scene, rec, lang: str, y: int) -> int:
         line, col = divmod(k, PER_LINE)
         info = text("qg_code_info", lang, w=terms.start + k, q=code, value=repr(value))
         _cell(scene, MARGIN + col * CELL_W, y + line * (CELL_H + 4), CELL_W - 2, CELL_H, colour(rec.position),
-              str(code), info, f"code-{k}", sub=fmt_value(value))
+              code_label(terms, k), info, f"code-{k}", sub=fmt_value(value), size=9 if terms.plain else 11)
     return y + ceil_div(len(values), PER_LINE) * (CELL_H + 4) + 4
 
 

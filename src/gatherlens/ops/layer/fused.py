@@ -26,6 +26,7 @@ __all__ = ["kernel_loaded", "rms_norm_cast", "add_rms_norm_cast", "silu_mul_cast
 
 KERNEL = Path(__file__).with_name("layer_ops.cpp")
 _OUT = (torch.float32, torch.bfloat16)
+_PAGES = (torch.float32, torch.float16, torch.bfloat16, torch.int8)  # the page dtypes rope_append writes
 
 
 def kernel_loaded() -> bool:
@@ -52,9 +53,9 @@ def _fake_silu(gu, bf16):
     return gu.new_empty(gu.shape[0], gu.shape[1] // 2, dtype=torch.bfloat16 if bf16 else torch.float32)
 
 
-def _fake_rope(q, k, v, cos, sin, keys, values, summaries, position):
+def _fake_rope(q, k, v, cos, sin, keys, values, summaries, position, key_scales=None, value_scales=None):
     D = keys.shape[-1]
-    return keys.new_empty(q.shape[0], q.shape[1] // D, D)
+    return summaries.new_empty(q.shape[0], q.shape[1] // D, D, dtype=torch.float32)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -100,13 +101,17 @@ def silu_mul_cast(gu: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def rope_append(q, k, v, cos, sin, cache) -> torch.Tensor:
     """RoPE of q (B, Hq*D) -> (B, Hq, D) float32; RoPE(k) (B, Hkv*D) and v (B, Hkv*Dv) appended to
-    `cache` (a PagedKVCache) as one token. cos, sin: (B, D). q, k, v float32 or bfloat16."""
-    ok = (q.dtype in _OUT and k.dtype == v.dtype == q.dtype and cache.dtype == cache.summary_dtype == torch.float32
+    `cache` (a PagedKVCache read in float32, pages stored in float32, float16, bfloat16 or int8: the
+    rounding and int8 scale rule of ops/sparse/cache.py) as one token. cos, sin: (B, D). q, k, v
+    float32 or bfloat16."""
+    ok = (q.dtype in _OUT and k.dtype == v.dtype == q.dtype and cache.dtype == torch.float32
+          and cache.kv_dtype in _PAGES and cache.summary_dtype in (torch.float32, cache.kv_dtype)
           and q.dim() == k.dim() == v.dim() == 2 and all(t.stride(-1) == 1 for t in (q, k, v)))
     if not (ok and _fits(q, k, v, cos, sin) and cache.device.type == "cpu"):
         return naive.rope_append_reference(q, k, v, cos, sin, cache)
     keys, values, summaries = cache.writable(1)
+    key_scales, value_scales = cache.scale_storage()  # (B, Hkv, cap) float32 for int8 pages, else None
     out = torch.ops.gatherlens.rope_append(q, k, v, cos.float().contiguous(), sin.float().contiguous(), keys,
-                                           values, summaries, cache.length)  # (B, Hq, D)
+                                           values, summaries, cache.length, key_scales, value_scales)  # (B, Hq, D)
     cache.advance(1)
     return out

@@ -3,7 +3,8 @@
 //   torch.ops.gatherlens.rms_norm_cast(x, w, eps, bf16) -> h
 //   torch.ops.gatherlens.add_rms_norm_cast(x, y, w, eps, bf16) -> (x + y, h)
 //   torch.ops.gatherlens.silu_mul_cast(gu, bf16) -> a
-//   torch.ops.gatherlens.rope_append(q, k, v, cos, sin, keys, values, summaries, position) -> q_rot
+//   torch.ops.gatherlens.rope_append(q, k, v, cos, sin, keys, values, summaries, position, key_scales,
+//                                    value_scales) -> q_rot
 //
 // With one token a step these are tiny (a few thousand floats) and what they cost is the call:
 // each torch call is a few microseconds of dispatch, ~60 of them a layer. Same arithmetic as the
@@ -17,9 +18,16 @@
 //                      at `position` of a PagedKVCache's storage keys (B, Hkv, cap, P, D), values
 //                      (B, Hkv, cap, P, Dv) and that page's [max | min] summary (B, Hkv, cap, 2D)
 //                      updated (a new page's box is the key itself); returns q rotated (B, Hq, D) float32.
+//                      Pages are float32, float16, bfloat16 (the rounded value stored, the box of the
+//                      stored values) or int8 with key_scales / value_scales (B, Hkv, cap) float32, by
+//                      ops/sparse/cache.py's rule (kv_pages.h: grown_scale, quantize; a page whose scale
+//                      grows has its earlier codes re-rounded and its box recomputed).
 // Built by gatherlens/ops/native.py; fake kernels in ops/layer/fused.py.
 #include <cmath>
 #include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -28,6 +36,7 @@
 #include <torch/library.h>
 
 #include "gatherlens/common.h"
+#include "gatherlens/kv_pages.h"
 
 namespace {
 
@@ -126,39 +135,96 @@ void rotate(const T* x, const float* c, const float* s, int64_t D, float* o) {
   for (int64_t i = h; i < D; ++i) o[i] = load(x, i) * c[i] + load(x, i - h) * s[i];
 }
 
-struct Cache {
-  float *k, *v, *s;
-  gl::Strides ks, vs, ss;
-  int64_t P, D, Dv;
+template <typename S, typename Bx>
+struct Cache {                                    // a PagedKVCache's storage, pages of S, summaries of Bx
+  S *k, *v;
+  Bx* s;                                          // summaries: float32, or the 16-bit pages' own type
+  float *ks, *vs;                                 // int8 scales (B, Hkv, cap) or nullptr
+  gl::Strides kst, vst, sst;
+  int64_t P, D, Dv, cap, Hkv;
 };
 
-template <typename T>
-void write_token(const T* k, const T* v, int64_t b, int64_t h, const float* c, const float* s, const Cache& m,
-                 int64_t position) {
-  const int64_t page = position / m.P, slot = position % m.P;
-  float* kd = m.k + b * m.ks.b + h * m.ks.h + page * m.ks.n + slot * m.D;
-  rotate(k + h * m.D, c, s, m.D, kd);
-  float* vd = m.v + b * m.vs.b + h * m.vs.h + page * m.vs.n + slot * m.Dv;
-  for (int64_t i = 0; i < m.Dv; ++i) vd[i] = load(v + h * m.Dv, i);
-  float* box = m.s + b * m.ss.b + h * m.ss.h + page * m.ss.n;  // [max | min]
-  for (int64_t i = 0; i < m.D; ++i) {
-    box[i] = slot == 0 ? kd[i] : std::max(box[i], kd[i]);
-    box[m.D + i] = slot == 0 ? kd[i] : std::min(box[m.D + i], kd[i]);
+// An int8 page (P, W) gets x (W,) at `slot` by cache.py's rule; returns true when its scale grew (the
+// earlier codes re-rounded to it).
+bool store_int8(const float* x, int64_t W, int8_t* page, int64_t slot, float* scale) {
+  const float old = slot ? *scale : 0.f;         // a fresh page starts from 0
+  float amax = 0.f;
+  for (int64_t i = 0; i < W; ++i) {
+    const float a = std::fabs(x[i]);
+    amax = (a > amax || a != a) ? a : amax;       // torch's amax: nan wins
   }
+  const float s = gl::grown_scale(amax, old);
+  const bool grew = !(s == old);
+  if (grew)
+    for (int64_t i = 0; i < slot * W; ++i) page[i] = gl::quantize(static_cast<float>(page[i]) * old, s);
+  for (int64_t i = 0; i < W; ++i) page[slot * W + i] = gl::quantize(x[i], s);
+  *scale = s;
+  return grew;
+}
+
+// x (W,) float32 into `slot` of a page (P, W) of S (rounded to S); returns whether an int8 scale grew.
+template <typename S>
+bool store_row(const float* x, int64_t W, S* page, int64_t slot, float* scale) {
+  if constexpr (std::is_same_v<S, int8_t>) {
+    return store_int8(x, W, page, slot, scale);
+  } else {
+    for (int64_t i = 0; i < W; ++i) page[slot * W + i] = gl::narrow<S>(x[i]);
+    return false;
+  }
+}
+
+// The page's [max | min] box of its keys as read, slots 0..slot: from scratch for a new or re-scaled
+// page, else the new key joins the box (Bx holds them exactly: float32, or the 16-bit pages' own type).
+// row: room for D floats.
+template <typename S, typename Bx>
+void update_box(const S* page, int64_t slot, bool rescaled, float scale, int64_t D, Bx* box, float* row) {
+  for (int64_t r = rescaled ? 0 : slot; r <= slot; ++r) {
+    gl::widen(page + r * D, D, scale, row);
+    for (int64_t i = 0; i < D; ++i) {
+      const float hi = static_cast<float>(box[i]), lo = static_cast<float>(box[D + i]);
+      box[i] = gl::narrow<Bx>(r == 0 ? row[i] : std::max(hi, row[i]));
+      box[D + i] = gl::narrow<Bx>(r == 0 ? row[i] : std::min(lo, row[i]));
+    }
+  }
+}
+
+template <typename T, typename S, typename Bx>
+void write_token(const T* k, const T* v, int64_t b, int64_t h, const float* c, const float* s, const Cache<S, Bx>& m,
+                 int64_t position, float* buf) {
+  const int64_t page = position / m.P, slot = position % m.P, at = (b * m.Hkv + h) * m.cap + page;
+  float* ksc = m.ks ? m.ks + at : nullptr;
+  float* vsc = m.vs ? m.vs + at : nullptr;
+  S* kp = m.k + b * m.kst.b + h * m.kst.h + page * m.kst.n;
+  rotate(k + h * m.D, c, s, m.D, buf);           // the rotated key in float32
+  const bool rescaled = store_row(buf, m.D, kp, slot, ksc);
+  for (int64_t i = 0; i < m.Dv; ++i) buf[i] = load(v + h * m.Dv, i);
+  store_row(buf, m.Dv, m.v + b * m.vst.b + h * m.vst.h + page * m.vst.n, slot, vsc);
+  update_box(kp, slot, rescaled, ksc ? *ksc : 1.f, m.D, m.s + b * m.sst.b + h * m.sst.h + page * m.sst.n, buf);
 }
 
 void check_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
                 const at::Tensor& sin, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& sums,
-                int64_t position) {
+                int64_t position, const std::optional<at::Tensor>& ks, const std::optional<at::Tensor>& vs) {
   check_rows(q, "q");
   check_rows(k, "k");
   check_rows(v, "v");
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "q, k, v must share a dtype");
+  const auto st = keys.scalar_type();
   TORCH_CHECK(keys.dim() == 5 && keys.is_contiguous() && values.dim() == 5 && values.is_contiguous() &&
-                  keys.scalar_type() == at::kFloat && values.scalar_type() == at::kFloat,
-              "keys / values must be a float32 cache's storage (B, Hkv, cap, P, D)");
-  TORCH_CHECK(sums.dim() == 4 && sums.is_contiguous() && sums.scalar_type() == at::kFloat &&
-                  sums.size(3) == 2 * keys.size(4), "summaries must be (B, Hkv, cap, 2D) float32");
+                  (st == at::kFloat || st == at::kHalf || st == at::kBFloat16 || st == at::kChar) &&
+                  values.scalar_type() == st,
+              "keys / values must be a cache's storage (B, Hkv, cap, P, D): float32, float16, bfloat16 or int8");
+  TORCH_CHECK((st == at::kChar) == ks.has_value() && (st == at::kChar) == vs.has_value(),
+              "key_scales / value_scales must be given for int8 pages, and only for them");
+  for (const auto* t : {&ks, &vs})
+    TORCH_CHECK(!t->has_value() || ((*t)->is_contiguous() && (*t)->scalar_type() == at::kFloat &&
+                                    (*t)->sizes() == keys.sizes().slice(0, 3)),
+                "key_scales / value_scales must be (B, Hkv, cap) float32 contiguous");
+  const bool half = st == at::kHalf || st == at::kBFloat16;
+  TORCH_CHECK(sums.dim() == 4 && sums.is_contiguous() &&
+                  (sums.scalar_type() == at::kFloat || (half && sums.scalar_type() == st)) &&
+                  sums.size(3) == 2 * keys.size(4),
+              "summaries must be (B, Hkv, cap, 2D) float32 (or the 16-bit pages' dtype)");
   const int64_t B = keys.size(0), Hkv = keys.size(1), D = keys.size(4);
   TORCH_CHECK(cos.dim() == 2 && sin.dim() == 2 && cos.is_contiguous() && sin.is_contiguous() &&
                   cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.size(0) == B &&
@@ -170,33 +236,58 @@ void check_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
               " is outside the cache's storage of ", keys.size(2) * keys.size(3), " tokens");
 }
 
-template <typename T>
+template <typename T, typename S, typename Bx>
 void rope_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const float* c, const float* s,
-               const Cache& m, int64_t position, float* qo, int64_t B, int64_t Hq, int64_t Hkv) {
+               const Cache<S, Bx>& m, int64_t position, float* qo, int64_t B, int64_t Hq) {
+  std::vector<float> buf(std::max(m.D, m.Dv));
   for (int64_t b = 0; b < B; ++b) {
     const float* cb = c + b * m.D;
     const float* sb = s + b * m.D;
     const T* qb = q.data_ptr<T>() + b * q.stride(0);
     for (int64_t h = 0; h < Hq; ++h) rotate(qb + h * m.D, cb, sb, m.D, qo + (b * Hq + h) * m.D);
-    for (int64_t h = 0; h < Hkv; ++h)
-      write_token(k.data_ptr<T>() + b * k.stride(0), v.data_ptr<T>() + b * v.stride(0), b, h, cb, sb, m, position);
+    for (int64_t h = 0; h < m.Hkv; ++h)
+      write_token(k.data_ptr<T>() + b * k.stride(0), v.data_ptr<T>() + b * v.stride(0), b, h, cb, sb, m, position,
+                  buf.data());
   }
+}
+
+template <typename S, typename Bx>
+void rope_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+               const at::Tensor& sin, at::Tensor& keys, at::Tensor& values, at::Tensor& sums, int64_t position,
+               const std::optional<at::Tensor>& ks, const std::optional<at::Tensor>& vs, at::Tensor& qo) {
+  const int64_t B = keys.size(0), D = keys.size(4), Hq = q.size(1) / D;
+  const Cache<S, Bx> m{keys.data_ptr<S>(), values.data_ptr<S>(), sums.data_ptr<Bx>(),
+                   ks ? ks->data_ptr<float>() : nullptr, vs ? vs->data_ptr<float>() : nullptr,
+                   gl::strides_of(keys), gl::strides_of(values), gl::strides_of(sums), keys.size(3), D,
+                   values.size(4), keys.size(2), keys.size(1)};
+  if (q.scalar_type() == at::kBFloat16)
+    rope_rows<c10::BFloat16, S, Bx>(q, k, v, cos.data_ptr<float>(), sin.data_ptr<float>(), m, position,
+                                qo.data_ptr<float>(), B, Hq);
+  else
+    rope_rows<float, S, Bx>(q, k, v, cos.data_ptr<float>(), sin.data_ptr<float>(), m, position, qo.data_ptr<float>(), B,
+                        Hq);
 }
 
 at::Tensor rope_append_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
                            const at::Tensor& sin, at::Tensor& keys, at::Tensor& values, at::Tensor& sums,
-                           int64_t position) {
-  check_rope(q, k, v, cos, sin, keys, values, sums, position);
-  const int64_t B = keys.size(0), Hkv = keys.size(1), D = keys.size(4), Hq = q.size(1) / D;
-  Cache m{keys.data_ptr<float>(), values.data_ptr<float>(), sums.data_ptr<float>(), gl::strides_of(keys),
-          gl::strides_of(values), gl::strides_of(sums), keys.size(3), D, values.size(4)};
-  at::Tensor qo = at::empty({B, Hq, D}, keys.options());
-  if (q.scalar_type() == at::kBFloat16)
-    rope_rows<c10::BFloat16>(q, k, v, cos.data_ptr<float>(), sin.data_ptr<float>(), m, position,
-                             qo.data_ptr<float>(), B, Hq, Hkv);
-  else
-    rope_rows<float>(q, k, v, cos.data_ptr<float>(), sin.data_ptr<float>(), m, position, qo.data_ptr<float>(), B,
-                     Hq, Hkv);
+                           int64_t position, const std::optional<at::Tensor>& ks,
+                           const std::optional<at::Tensor>& vs) {
+  check_rope(q, k, v, cos, sin, keys, values, sums, position, ks, vs);
+  const int64_t D = keys.size(4);
+  at::Tensor qo = at::empty({keys.size(0), q.size(1) / D, D}, sums.options().dtype(at::kFloat));
+  const bool own = sums.scalar_type() != at::kFloat;  // 16-bit summaries of 16-bit pages
+  switch (keys.scalar_type()) {
+    case at::kHalf:
+      if (own) rope_into<c10::Half, c10::Half>(q, k, v, cos, sin, keys, values, sums, position, ks, vs, qo);
+      else rope_into<c10::Half, float>(q, k, v, cos, sin, keys, values, sums, position, ks, vs, qo);
+      break;
+    case at::kBFloat16:
+      if (own) rope_into<c10::BFloat16, c10::BFloat16>(q, k, v, cos, sin, keys, values, sums, position, ks, vs, qo);
+      else rope_into<c10::BFloat16, float>(q, k, v, cos, sin, keys, values, sums, position, ks, vs, qo);
+      break;
+    case at::kChar: rope_into<int8_t, float>(q, k, v, cos, sin, keys, values, sums, position, ks, vs, qo); break;
+    default: rope_into<float, float>(q, k, v, cos, sin, keys, values, sums, position, ks, vs, qo);
+  }
   return qo;
 }
 
@@ -207,7 +298,7 @@ TORCH_LIBRARY_FRAGMENT(gatherlens, m) {
   m.def("add_rms_norm_cast(Tensor x, Tensor y, Tensor w, float eps, bool bf16) -> (Tensor, Tensor)");
   m.def("silu_mul_cast(Tensor gu, bool bf16) -> Tensor");
   m.def("rope_append(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, "
-        "Tensor(c!) summaries, int position) -> Tensor");
+        "Tensor(c!) summaries, int position, Tensor(d!)? key_scales=None, Tensor(e!)? value_scales=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gatherlens, CPU, m) {

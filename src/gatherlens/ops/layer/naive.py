@@ -46,7 +46,8 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
 
 def rope_append_reference(q, k, v, cos, sin, cache) -> torch.Tensor:
     """q (B, Hq*D), k (B, Hkv*D), v (B, Hkv*Dv), cos/sin (B, D): append RoPE(k), v to `cache`
-    (a PagedKVCache); return RoPE(q) as (B, Hq, D) float32."""
+    (a PagedKVCache: its `append` rounds them to 16-bit or int8 pages by the cache's rule); return
+    RoPE(q) as (B, Hq, D) float32."""
     B, D, Dv = q.shape[0], cache.head_dim, cache.value_dim
     c, s = cos.float().unsqueeze(1), sin.float().unsqueeze(1)  # (B, 1, D)
     qr = rope_reference(q.float().view(B, -1, D), c, s)  # (B, Hq, D)

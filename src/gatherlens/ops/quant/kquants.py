@@ -17,6 +17,14 @@ Layouts (ggml's `ggml-common.h`, `dequantize_row_q4_K` / `_q6_K` in `ggml-quants
   In half h (128 weights), element l < 32 of quarter k takes its low 4 bits from byte
   ql[64h + 32(k % 2) + l] (the low nibble for k < 2, the high one for k >= 2) and its top 2 bits
   from bits 2k, 2k + 1 of qh[32h + l]. Sub-block s (16 weights): w = (d * scales[s]) * (q - 32).
+- Q2_K, 84 bytes: `scales[16]` (low nibble the scale, high nibble the min of sub-block s), `qs[64]`,
+  `d`, `dmin`. Element 128h + 32j + l (l < 32) is bits 2j, 2j + 1 of qs[32h + l]; sub-block s of 16
+  weights: w = (d * sc[s]) * q - (dmin * m[s]).
+- Q3_K, 110 bytes: `hmask[32]`, `qs[64]`, `scales[12]` (sixteen 6-bit scales), `d`. The low 2 bits
+  of element 128h + 32j + l as Q2_K's, bit 2 from bit 4h + j of hmask[l]; sub-block s of 16:
+  w = (d * (sc[s] - 32)) * (q - 4) (ggml: a clear hmask bit subtracts 4).
+- Q5_K, 176 bytes: `d`, `dmin`, `scales[12]` (as Q4_K), `qh[32]`, `qs[128]` (as Q4_K's nibbles); bit 4
+  of element 32s + l is bit s of qh[l]. Sub-block s of 32: w = (d * sc[s]) * q - (dmin * m[s]).
 """
 from __future__ import annotations
 
@@ -24,7 +32,8 @@ import torch
 
 from gatherlens.ops.quant.fields import as_blocks, field_bytes, half_field
 
-__all__ = ["q4_k_parts", "q6_k_parts", "q4_k_fields", "q6_k_fields", "k_scale_min"]
+__all__ = ["q4_k_parts", "q6_k_parts", "q2_k_parts", "q3_k_parts", "q5_k_parts", "q4_k_fields", "q6_k_fields",
+           "q2_k_fields", "q3_k_fields", "q5_k_fields", "k_scale_min", "q3_k_scales"]
 
 
 def _shifts(step: int, device) -> torch.Tensor:
@@ -83,3 +92,89 @@ def q6_k_fields(raw: torch.Tensor):
     scales: int8 (R, nb, 16), d: float16 (R, nb))."""
     q, scales, d = q6_k_parts(raw)
     return q.flatten(1), scales.contiguous(), d.squeeze(-1).contiguous()
+
+
+def _bit_planes(bits: torch.Tensor) -> torch.Tensor:
+    """(R, nb, n) bytes -> (R, nb, 8, n) bits 0/1: plane i is bit i of every byte."""
+    return (bits.unsqueeze(-2) >> _shifts(1, bits.device)) & 1  # (R, nb, 8, n)
+
+
+def _crumbs(qs: torch.Tensor) -> torch.Tensor:
+    """Q2_K / Q3_K's (R, nb, 64) code bytes -> (R, nb, 8, 32) 2-bit codes: group 4h + j is bits 2j, 2j + 1
+    of bytes 32h .. 32h + 31 (elements 128h + 32j ..)."""
+    rows, nb, _ = qs.shape
+    halves = qs.unflatten(-1, (2, 1, 32))  # (R, nb, half, 1, 32)
+    return ((halves >> _shifts(2, qs.device)) & 3).view(rows, nb, 8, 32)  # (R, nb, 8, 32)
+
+
+def q3_k_scales(packed: torch.Tensor) -> torch.Tensor:
+    """Q3_K's 12 scale bytes (R, nb, 12) -> (R, nb, 16) uint8 6-bit scales in 0..63 (less 32 when used).
+
+    Scale s takes its low 4 bits from byte s % 8 (the low nibble for s < 8, the high one after) and
+    its top 2 bits from bits 2(s // 4), 2(s // 4) + 1 of byte 8 + s % 4 (ggml's kmask1/kmask2 shuffle).
+    """
+    low, top = packed.narrow(-1, 0, 8), packed.narrow(-1, 8, 4)  # (R, nb, 8), (R, nb, 4)
+    nibble = torch.cat((low & 0x0F, low >> 4), dim=-1)  # (R, nb, 16)
+    high = ((top.unsqueeze(-2) >> _shifts(2, packed.device)) & 3).flatten(-2)  # (R, nb, 16): s = 4k + byte
+    return nibble | (high << 4)  # (R, nb, 16)
+
+
+def q2_k_parts(raw: torch.Tensor):
+    """Q2_K -> (q: uint8 (R, nb, 16, 16) codes 0..3 by sub-block, d, dmin: float16 (R, nb, 1),
+    scales, mins: uint8 (R, nb, 16) in 0..15)."""
+    blocks = as_blocks(raw, "Q2_K")  # (R, nb, 84)
+    rows, nb, _ = blocks.shape
+    q = _crumbs(field_bytes(blocks, "Q2_K", "qs"))  # (R, nb, 8, 32)
+    packed = field_bytes(blocks, "Q2_K", "scales")  # (R, nb, 16)
+    d, dmin = half_field(blocks, "Q2_K", "d"), half_field(blocks, "Q2_K", "dmin")  # (R, nb, 1) each
+    return q.view(rows, nb, 16, 16), d, dmin, packed & 0x0F, packed >> 4
+
+
+def q3_k_parts(raw: torch.Tensor):
+    """Q3_K -> (q: uint8 (R, nb, 16, 16) codes 0..7 by sub-block (w uses q - 4), scales: uint8 (R, nb, 16)
+    in 0..63 (w uses sc - 32), d: float16 (R, nb, 1))."""
+    blocks = as_blocks(raw, "Q3_K")  # (R, nb, 110)
+    rows, nb, _ = blocks.shape
+    low = _crumbs(field_bytes(blocks, "Q3_K", "qs"))  # (R, nb, 8, 32)
+    high = _bit_planes(field_bytes(blocks, "Q3_K", "hmask"))  # (R, nb, 8, 32): plane 4h + j
+    q = (low | (high << 2)).view(rows, nb, 16, 16)  # (R, nb, 16, 16)
+    return q, q3_k_scales(field_bytes(blocks, "Q3_K", "scales")), half_field(blocks, "Q3_K", "d")
+
+
+def q5_k_parts(raw: torch.Tensor):
+    """Q5_K -> (q: uint8 (R, nb, 8, 32) codes 0..31 by sub-block, d, dmin: float16 (R, nb, 1),
+    scales, mins: uint8 (R, nb, 8))."""
+    blocks = as_blocks(raw, "Q5_K")  # (R, nb, 176)
+    rows, nb, _ = blocks.shape
+    chunks = field_bytes(blocks, "Q5_K", "qs").unflatten(-1, (4, 1, 32))  # (R, nb, 4, 1, 32)
+    low = ((chunks >> _shifts(4, raw.device)) & 0x0F).view(rows, nb, 8, 32)  # (R, nb, 8, 32)
+    high = _bit_planes(field_bytes(blocks, "Q5_K", "qh"))  # (R, nb, 8, 32): plane s for sub-block s
+    scales, mins = k_scale_min(field_bytes(blocks, "Q5_K", "scales"))  # (R, nb, 8) each
+    d, dmin = half_field(blocks, "Q5_K", "d"), half_field(blocks, "Q5_K", "dmin")  # (R, nb, 1) each
+    return low | (high << 4), d, dmin, scales, mins
+
+
+def _flat(q: torch.Tensor, *halves: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Codes by sub-block (R, nb, S, n) -> (R, nb*S*n); fp16 (R, nb, 1) -> (R, nb), contiguous."""
+    return (q.flatten(1), *(h.squeeze(-1).contiguous() for h in halves))  # (R, nb*256), (R, nb)...
+
+
+def q2_k_fields(raw: torch.Tensor):
+    """Q2_K rows (R, nb*84) uint8 -> (q: uint8 (R, nb*256) codes 0..3 in element order, d, dmin: float16
+    (R, nb), scales, mins: uint8 (R, nb, 16))."""
+    q, d, dmin, scales, mins = q2_k_parts(raw)
+    return (*_flat(q, d, dmin), scales.contiguous(), mins.contiguous())
+
+
+def q3_k_fields(raw: torch.Tensor):
+    """Q3_K rows (R, nb*110) uint8 -> (q: uint8 (R, nb*256) codes 0..7 in element order, scales: uint8
+    (R, nb, 16) in 0..63, d: float16 (R, nb)); w = (d * (sc - 32)) * (q - 4)."""
+    q, scales, d = q3_k_parts(raw)
+    return q.flatten(1), scales, d.squeeze(-1).contiguous()
+
+
+def q5_k_fields(raw: torch.Tensor):
+    """Q5_K rows (R, nb*176) uint8 -> (q: uint8 (R, nb*256) codes 0..31 in element order, d, dmin: float16
+    (R, nb), scales, mins: uint8 (R, nb, 8))."""
+    q, d, dmin, scales, mins = q5_k_parts(raw)
+    return (*_flat(q, d, dmin), scales, mins)

@@ -5,8 +5,8 @@
     Field(name='m', offset=2, size=2, kind='fp16')
     >>> LAYOUTS["Q4_1"].weights, LAYOUTS["Q4_1"].block_bytes, LAYOUTS["Q4_1"].ggml_type
     (32, 20, 3)
-    >>> formats_taking("q8act")                         # the formats a restricted route takes
-    ('Q8_0', 'Q4_0', 'Q4_1')
+    >>> formats_taking("int4")                          # the formats a restricted route takes
+    ('Q8_0', 'Q4_0', 'Q4_1', 'Q5_0', 'Q5_1', 'Q4_K')
 
 Each record (`BlockLayout`) holds the name (ggml's), ggml's type number, the weights of one block,
 its fields in block order (name, byte offset, size, kind; offsets follow from the sizes: ggml's
@@ -25,13 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Field", "BlockLayout", "LAYOUTS", "QK", "QK_K", "KINDS", "SCALE_KINDS", "formats_taking",
-           "c_header", "write_c_header", "HEADER"]
+           "c_header", "write_c_header", "HEADER", "IQ4_BOOK"]
 
 QK = 32  # weights in one block of the legacy formats
+# ggml's kvalues_iq4nl: the 16 int8 values a 4-bit IQ4_NL / IQ4_XS code stands for
+IQ4_BOOK = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 QK_K = 256  # weights in one K-quant super-block
 # what a field's bytes hold: an IEEE half scale or min; packed integer sub-block scales (and mins);
 # codes (all their bits, or the low ones); the high bits of codes stored apart
-KINDS = ("fp16", "scales", "codes", "high")
+# or a plain float value (F32 / F16 / BF16: a "block" of one weight)
+KINDS = ("fp16", "scales", "codes", "high", "value")
 SCALE_KINDS = ("fp16", "scales")  # the fields that scale and shift codes; the rest are codes
 HEADER = Path(__file__).with_name("quant_formats.h")
 
@@ -72,6 +75,7 @@ class BlockLayout:
     code_offset: int  # subtracted from every code
     formula: str  # how a weight is made, as the picture prints it
     routes: tuple[str, ...] = ()  # the restricted kernels that take these blocks as stored
+    codebook: tuple[int, ...] = ()  # IQ4: the code -> int8 value table (w = codebook[q] * scale); () linear
 
     @property
     def block_bytes(self) -> int:
@@ -96,16 +100,38 @@ LAYOUTS = {layout.name: layout for layout in (
     BlockLayout("Q4_1", 3, QK, _packed(("d", 2, "fp16"), ("m", 2, "fp16"), ("qs", QK // 2, "codes")),
                 group=QK, bits=4, code_offset=0, formula="q·d + m", routes=("int4", "q8act")),
     BlockLayout("Q5_0", 6, QK, _packed(("d", 2, "fp16"), ("qh", QK // 8, "high"), ("qs", QK // 2, "codes")),
-                group=QK, bits=5, code_offset=16, formula="(q − 16)·d", routes=("int4",)),
+                group=QK, bits=5, code_offset=16, formula="(q − 16)·d", routes=("int4", "q8act")),
     BlockLayout("Q5_1", 7, QK, _packed(("d", 2, "fp16"), ("m", 2, "fp16"), ("qh", QK // 8, "high"),
                                        ("qs", QK // 2, "codes")),
-                group=QK, bits=5, code_offset=0, formula="q·d + m", routes=("int4",)),
+                group=QK, bits=5, code_offset=0, formula="q·d + m", routes=("int4", "q8act")),
     BlockLayout("Q4_K", 12, QK_K, _packed(("d", 2, "fp16"), ("dmin", 2, "fp16"), ("scales", 12, "scales"),
                                           ("qs", QK_K // 2, "codes")),
-                group=QK, bits=4, code_offset=0, formula="q·(d·sc) − dmin·m", routes=("int4",)),
+                group=QK, bits=4, code_offset=0, formula="q·(d·sc) − dmin·m", routes=("int4", "q8act")),
     BlockLayout("Q6_K", 14, QK_K, _packed(("ql", QK_K // 2, "codes"), ("qh", QK_K // 4, "high"),
                                           ("scales", QK_K // 16, "scales"), ("d", 2, "fp16")),
-                group=QK_K // 16, bits=6, code_offset=32, formula="(q − 32)·(d·sc)"),
+                group=QK_K // 16, bits=6, code_offset=32, formula="(q − 32)·(d·sc)", routes=("q8act",)),
+    BlockLayout("F32", 0, 1, _packed(("v", 4, "value")), group=1, bits=32, code_offset=0, formula="w (float32)",
+                routes=("q8act",)),
+    BlockLayout("F16", 1, 1, _packed(("v", 2, "value")), group=1, bits=16, code_offset=0, formula="w (float16)",
+                routes=("q8act",)),
+    BlockLayout("BF16", 30, 1, _packed(("v", 2, "value")), group=1, bits=16, code_offset=0, formula="w (bfloat16)",
+                routes=("q8act",)),
+    BlockLayout("Q2_K", 10, QK_K, _packed(("scales", QK_K // 16, "scales"), ("qs", QK_K // 4, "codes"),
+                                          ("d", 2, "fp16"), ("dmin", 2, "fp16")),
+                group=QK_K // 16, bits=2, code_offset=0, formula="q·(d·sc) − dmin·m", routes=("q8act",)),
+    BlockLayout("Q3_K", 11, QK_K, _packed(("hmask", QK_K // 8, "high"), ("qs", QK_K // 4, "codes"),
+                                          ("scales", 12, "scales"), ("d", 2, "fp16")),
+                group=QK_K // 16, bits=3, code_offset=4, formula="(q − 4)·(d·(sc − 32))", routes=("q8act",)),
+    BlockLayout("Q5_K", 13, QK_K, _packed(("d", 2, "fp16"), ("dmin", 2, "fp16"), ("scales", 12, "scales"),
+                                          ("qh", QK_K // 8, "high"), ("qs", QK_K // 2, "codes")),
+                group=QK, bits=5, code_offset=0, formula="q·(d·sc) − dmin·m", routes=("q8act",)),
+    BlockLayout("IQ4_NL", 20, QK, _packed(("d", 2, "fp16"), ("qs", QK // 2, "codes")),
+                group=QK, bits=4, code_offset=0, formula="book[q]·d", codebook=IQ4_BOOK,
+                routes=("q8act",)),
+    BlockLayout("IQ4_XS", 23, QK_K, _packed(("d", 2, "fp16"), ("scales_h", 2, "scales"), ("scales_l", QK_K // 64, "scales"),
+                                            ("qs", QK_K // 2, "codes")),
+                group=QK, bits=4, code_offset=0, formula="book[q]·(d·(ls − 32))", codebook=IQ4_BOOK,
+                routes=("q8act",)),
 )}
 
 
@@ -123,6 +149,9 @@ def _c_struct(layout: BlockLayout, names: list[str]) -> list[str]:
              f"code_offset = {layout.code_offset};"]
     lines += [f"  static constexpr int64_t {f.name}_at = {f.offset}, {f.name}_size = {f.size};  // {f.kind}"
               for f in layout.fields]
+    if layout.codebook:
+        lines.append(f"  static constexpr int8_t book[{len(layout.codebook)}] = {{"
+                     + ", ".join(map(str, layout.codebook)) + "};")
     for flag, group in ((True, held), (False, [name for name in names if name not in held])):
         if group:
             value = "true" if flag else "false"

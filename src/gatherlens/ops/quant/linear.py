@@ -27,6 +27,7 @@ from gatherlens.ops.quant import q8act as _q8act
 from gatherlens.ops.quant.matmul import ROUTES
 from gatherlens.ops.quant.registry import dequantize_rows
 from gatherlens.ops.quant.sizes import SIZES
+from gatherlens.ops.quant.tiled import tiled_dequant_matmul
 
 __all__ = ["LinearConfig", "QuantizedWeight", "pack_linear", "quantized_linear", "split_linear", "LINEAR_ROUTES",
            "linear_product", "LINEAR_PRODUCT", "q8act_ready"]
@@ -171,9 +172,13 @@ def linear_product(x: torch.Tensor, weight: QuantizedWeight, backend: str = "aut
     return LINEAR_PRODUCT(x, weight, backend=backend)
 
 
-def q8act_ready() -> str | None:
-    """None when the q8act operator built (`gatherlens::q8act_linear`), else why it cannot run here."""
-    return None if _q8act.kernel_loaded() else "its C++ operator did not build (see the warning)"
+def q8act_ready(qtype: str | None = None) -> str | None:
+    """None when the q8act route can run `qtype` here (the kernel of its format built: q8act.py's
+    KERNEL_OF), else why not; without a qtype, None when any of the route's kernels built."""
+    if qtype is not None:
+        return _q8act.ready(qtype)
+    reasons = [_q8act.ready(q) for q in _q8act.Q8ACT_QTYPES]
+    return None if None in reasons else "; ".join(dict.fromkeys(reasons)) or "no format takes the q8act route"
 
 
 def _prefill_fits(x, weight) -> str | None:
@@ -184,7 +189,7 @@ def _prefill_fits(x, weight) -> str | None:
 def _q8act_fits(x, weight) -> str | None:
     if weight.config.route != "q8act":
         return f"the weight's route is {weight.config.route!r}"
-    return q8act_ready()
+    return q8act_ready(weight.qtype)  # per format: a kernel that did not build sends only its formats on
 
 
 def _packed_fits(x, weight) -> str | None:
@@ -194,7 +199,7 @@ def _packed_fits(x, weight) -> str | None:
 # where a quantized product runs: a prefill dequantizes (float32 GEMM, bit-equal to the reference);
 # a q8act weight takes its C++ operator where it built; a packed route its own kernel; else dequant
 LINEAR_PRODUCT = Operator("quantized_linear", [
-    Impl("prefill", _prefill_fits, ROUTES["dequant"].matmul),
+    Impl("prefill", _prefill_fits, tiled_dequant_matmul),  # dequant's product, a large weight in tiles (tiled.py)
     Impl("q8act", _q8act_fits, ROUTES["q8act"].matmul, ready=q8act_ready),
     Impl("packed", _packed_fits, lambda x, weight: ROUTES[weight.route].matmul(x, weight)),
     Impl("dequant", lambda x, weight: None, ROUTES["dequant"].matmul),

@@ -10,12 +10,12 @@
 | bf16         | any            | dequantized once, bf16      | weights rounded to bf16                 |
 | float32      | any            | dequantized once, float32   | bit-equal to the reference (today's way) |
 | dequant      | any            | none beyond the blocks      | bit-equal: dequantizes on every call    |
-| q8act        | routes "q8act" | none beyond the blocks      | weights exact; x rounded to 8 bits per 32 (llama.cpp's way) |
+| q8act        | routes "q8act" | none beyond the blocks      | weights exact; x rounded to 8 bits per block (llama.cpp's way: per 32, or per 256 for super-blocks); F16 / BF16 / F32 read as stored, float32 sums |
 | int8_row     | any            | int8, one scale per row     | lossy: re-quantized (`_weight_int8pack_mm`) |
 | int4_requant | any            | int4 g32, re-quantized      | lossy: min/max per 32 weights           |
 
 routes "int4": the formats whose record (layout.py) names that kernel in its `routes`
-(`formats_taking("int4")`, likewise "q8act").
+(`formats_taking("int4")`, likewise "q8act"; q8act.py's `KERNEL_OF` says which kernel runs each).
 """
 from __future__ import annotations
 

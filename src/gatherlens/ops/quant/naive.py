@@ -20,7 +20,9 @@ import torch
 from gatherlens.ops.quant.layout import LAYOUTS
 
 __all__ = ["naive_rows", "f32", "naive_block_q8_0", "naive_block_q4_0", "naive_block_q4_1", "naive_block_q5_0",
-           "naive_block_q5_1", "naive_block_q4_k", "naive_block_q6_k"]
+           "naive_block_q5_1", "naive_block_q4_k", "naive_block_q6_k", "naive_block_f32", "naive_block_f16",
+           "naive_block_bf16", "naive_block_q2_k", "naive_block_q3_k", "naive_block_q5_k", "naive_block_iq4_nl",
+           "naive_block_iq4_xs"]
 
 
 def f32(x: float) -> float:
@@ -115,6 +117,85 @@ def naive_block_q6_k(b: list[int]) -> list[float]:
             i = l // 16
             for k, q in enumerate((q1, q2, q3, q4)):
                 y[out + l + 32 * k] = f32(f32(d * s[i + 2 * k]) * q)
+    return y
+
+
+def naive_block_f32(b: list[int]) -> list[float]:
+    return [struct.unpack("<f", bytes(_named(b, "F32")["v"]))[0]]
+
+
+def naive_block_f16(b: list[int]) -> list[float]:
+    return [_half(_named(b, "F16")["v"])]
+
+
+def naive_block_bf16(b: list[int]) -> list[float]:
+    return [struct.unpack("<f", bytes([0, 0, *_named(b, "BF16")["v"]]))[0]]  # the top half of a float32
+
+
+def naive_block_q2_k(b: list[int]) -> list[float]:
+    x, y, i = _named(b, "Q2_K"), [], 0
+    d, dmin, scales, qs = _half(x["d"]), _half(x["dmin"]), x["scales"], x["qs"]
+    for half in range(2):  # 128 weights: qs[32h:32h+32], four shifts, two sub-blocks of 16 each
+        q = qs[32 * half:32 * half + 32]
+        for shift in (0, 2, 4, 6):
+            for part in (q[:16], q[16:]):
+                sc = scales[i]
+                i += 1
+                dl, ml = f32(d * (sc & 0x0F)), f32(dmin * (sc >> 4))
+                y += [f32(f32(dl * ((v >> shift) & 3)) - ml) for v in part]
+    return y
+
+
+def _scales_q3_k(packed: list[int]) -> list[int]:
+    """ggml's kmask1/kmask2 shuffle: the sixteen 6-bit scales (0..63) of a Q3_K block."""
+    return [((packed[s % 8] >> (4 * (s // 8))) & 0x0F) | (((packed[8 + s % 4] >> (2 * (s // 4))) & 3) << 4)
+            for s in range(16)]
+
+
+def naive_block_q3_k(b: list[int]) -> list[float]:
+    x, y, i, m = _named(b, "Q3_K"), [], 0, 1
+    d, hm, qs, scales = _half(x["d"]), x["hmask"], x["qs"], _scales_q3_k(x["scales"])
+    for half in range(2):
+        q = qs[32 * half:32 * half + 32]
+        for shift in (0, 2, 4, 6):
+            for lo in (0, 16):
+                dl = f32(d * (scales[i] - 32))
+                i += 1
+                y += [f32(dl * (((q[l] >> shift) & 3) - (0 if hm[l] & m else 4))) for l in range(lo, lo + 16)]
+            m <<= 1
+    return y
+
+
+def naive_block_q5_k(b: list[int]) -> list[float]:
+    x, y = _named(b, "Q5_K"), []
+    d, dmin, scales, qh, qs = _half(x["d"]), _half(x["dmin"]), x["scales"], x["qh"], x["qs"]
+    for chunk in range(4):  # 64 weights: sub-blocks 2c (low nibbles, qh bit 2c), 2c + 1 (high, bit 2c + 1)
+        for sub, shift in ((2 * chunk, 0), (2 * chunk + 1, 4)):
+            sc, m = _scale_min_k4(sub, scales)
+            d1, m1 = f32(d * sc), f32(dmin * m)
+            ql = qs[32 * chunk:32 * chunk + 32]
+            y += [f32(f32(d1 * (((ql[l] >> shift) & 0x0F) + (16 if qh[l] & (1 << sub) else 0))) - m1)
+                  for l in range(32)]
+    return y
+
+
+def _iq4_values(dl: float, qs: list[int], qtype: str) -> list[float]:
+    """16 bytes of IQ4 codes -> 32 weights dl * book[q]: byte j low nibble is weight j, high j + 16."""
+    book = LAYOUTS[qtype].codebook
+    return [f32(dl * book[q & 0x0F]) for q in qs] + [f32(dl * book[q >> 4]) for q in qs]
+
+
+def naive_block_iq4_nl(b: list[int]) -> list[float]:
+    x = _named(b, "IQ4_NL")
+    return _iq4_values(_half(x["d"]), x["qs"], "IQ4_NL")
+
+
+def naive_block_iq4_xs(b: list[int]) -> list[float]:
+    x, y = _named(b, "IQ4_XS"), []
+    d, high, low = _half(x["d"]), int.from_bytes(bytes(x["scales_h"]), "little"), x["scales_l"]
+    for ib in range(8):
+        ls = ((low[ib // 2] >> (4 * (ib % 2))) & 0x0F) | (((high >> (2 * ib)) & 3) << 4)
+        y += _iq4_values(f32(d * (ls - 32)), x["qs"][16 * ib:16 * ib + 16], "IQ4_XS")
     return y
 
 

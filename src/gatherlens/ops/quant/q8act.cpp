@@ -1,22 +1,28 @@
-// y = x W^T with W as its GGUF blocks (Q4_0, Q4_1, Q8_0) and x quantized to 8 bits per 32 values,
-// the dot products in integers: llama.cpp's CPU matmul (ggml_vec_dot_q4_1_q8_1 and friends).
+// y = x W^T with W as its 32-weight GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) and x quantized
+// to 8 bits per 32 values, the dot products in integers: llama.cpp's CPU matmul (ggml_vec_dot_q4_1_q8_1,
+// ggml_vec_dot_q5_0_q8_0, ggml_vec_dot_iq4_nl_q8_0 and friends).
 //
 //   torch.ops.gatherlens.q8act_linear(x, raw, qtype) -> y        x (M, K) float32, raw (N, row_bytes) uint8
 //
 // The weight is read as stored (no repacking, no float copy). Each 32-value block of a row of x
 // becomes dx = max|x| / 127, qx = round(x / dx) in -127..127, and sx = dx * sum(qx) (llama.cpp's Q8_1;
-// a block holding NaN or inf gets dx = NaN, so the outputs it reaches are NaN, never finite numbers);
-// a weight block with scale d (and min m for Q4_1; Q4_0 is Q4_1 with m = -8 d) adds
-//   d * dx * sum_i q_i qx_i  +  m * sx
-// to the output: 32 products as one AVX2 multiply-add of unsigned codes by signed bytes, summed in
-// int32. qtype: ggml's type number of Q4_0, Q4_1 or Q8_0; each format's type number, block bytes,
-// field offsets and code offset come from quant_formats.h (generated from ops/quant/layout.py's
-// records). The error is x's 8-bit rounding (up to dx / 2 per value), as in llama.cpp;
-// ops/quant/q8act_naive.py computes the same sums in float64.
-// Rows are split over torch's threads. Built by gatherlens/ops/native.py; fake kernel in q8act.py.
+// a block holding NaN or inf gets dx = NaN, so the outputs it reaches are NaN, never finite numbers).
+// A weight block with scale d meets x's block in one of two ways:
+//   unsigned codes q (Q4_0, Q4_1, Q5_1):  d * dx * sum_i q_i qx_i  +  m * sx
+//        (m: the block's min; Q4_0 is Q4_1 with m = -8 d), 32 products as one AVX2 multiply-add of
+//        unsigned codes by signed bytes (maddubs), summed in int32;
+//   signed values v (Q8_0: the int8 codes; Q5_0: q - 16; IQ4_NL: book[q], the codebook of 16 int8
+//        looked up with one byte shuffle):  d * dx * sum_i v_i qx_i, |v| times x with v's sign.
+// Q5's fifth bit of weight j is bit j of the little-endian uint32 qh. qtype: ggml's type number of a
+// format above; each format's type number, block bytes, field offsets, code offset and codebook come
+// from quant_formats.h (generated from ops/quant/layout.py's records). The error is x's 8-bit rounding
+// (up to dx / 2 per value), as in llama.cpp; ops/quant/q8act_naive.py computes the same sums in float64.
+// Every AVX2 path has its scalar twin (same integer sums). Rows are split over torch's threads. Built by
+// gatherlens/ops/native.py; fake kernel in q8act.py.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -34,8 +40,11 @@
 
 namespace {
 
+using gatherlens_quant::IQ4_NL;
 using gatherlens_quant::Q4_0;
 using gatherlens_quant::Q4_1;
+using gatherlens_quant::Q5_0;
+using gatherlens_quant::Q5_1;
 using gatherlens_quant::Q8_0;
 
 constexpr int64_t QK = 32;  // x's blocks (llama.cpp's Q8_1): one per weight block of these formats
@@ -60,32 +69,86 @@ Act quantize_rows(const float* x, int64_t M, int64_t K) {
   Act a{std::vector<int8_t>(M * K), std::vector<float>(M * nb), std::vector<float>(M * nb)};
   for (int64_t r = 0; r < M; ++r)
     for (int64_t b = 0; b < nb; ++b) {
-      const float* v = x + r * K + b * QK;
-      float amax = 0.f;
-      bool finite = true;  // std::max drops a NaN: a block holding NaN or inf gets a NaN scale instead,
-      for (int64_t i = 0; i < QK; ++i) {  // so every output it adds to is NaN, as in float
-        amax = std::max(amax, std::fabs(v[i]));
-        finite = finite && std::isfinite(v[i]);
-      }
-      const float d = finite ? amax / 127.f : std::nanf(""), id = d > 0.f ? 1.f / d : 0.f;
-      int sum = 0;
       int8_t* q = a.q.data() + r * K + b * QK;
-      for (int64_t i = 0; i < QK; ++i) {
-        q[i] = static_cast<int8_t>(std::nearbyint(v[i] * id));
-        sum += q[i];
-      }
+      const float d = gatherlens::round_block(x + r * K + b * QK, QK, q);  // the one rounding rule
+      int sum = 0;
+      for (int64_t i = 0; i < QK; ++i) sum += q[i];
       a.d[r * nb + b] = d;
       a.s[r * nb + b] = d * static_cast<float>(sum);
     }
   return a;
 }
 
-// sum_i w_i q_i for one block: codes (unsigned 4-bit or signed 8-bit) against 32 int8 of x
+// ---- what a format's block is: its codes, and how they meet x ----
+
+template <class F, class = void>
+struct has_book : std::false_type {};  // IQ4: a codebook book[16] of int8 values in the struct
+template <class F>
+struct has_book<F, std::void_t<decltype(F::book)>> : std::true_type {};
+
+template <class F>  // Q8_0, Q5_0 (q - 16), IQ4_NL (book[q]): signed values, no min term
+constexpr bool signed_values = F::bits == 8 || has_book<F>::value || (F::bits == 5 && !F::has_m);
+
+inline uint32_t high_word(const uint8_t* qh) {  // Q5's qh: bit j is bit 4 of weight j
+  uint32_t h;
+  std::memcpy(&h, qh, 4);
+  return h;
+}
+
+template <class F>
+inline int code(const uint8_t* blk, int i) {  // weight i's integer: an unsigned code or a signed value
+  if constexpr (F::bits == 8) {
+    return reinterpret_cast<const int8_t*>(blk + F::qs_at)[i];
+  } else {
+    const uint8_t* qs = blk + F::qs_at;
+    int q = i < 16 ? (qs[i] & 0x0F) : (qs[i - 16] >> 4);  // byte j: weight j (low nibble), j + 16 (high)
+    if constexpr (F::bits == 5) q |= static_cast<int>((high_word(blk + F::qh_at) >> i) & 1u) << 4;
+    if constexpr (has_book<F>::value) return F::book[q];
+    else if constexpr (signed_values<F>) return q - static_cast<int>(F::code_offset);
+    else return q;
+  }
+}
+
+template <class F>
+inline int dot_block(const uint8_t* blk, const int8_t* qx) {  // scalar: sum_i code_i qx_i
+  int s = 0;
+  for (int i = 0; i < QK; ++i) s += code<F>(blk, i) * qx[i];
+  return s;
+}
+
+inline int dot_codes(const uint8_t* qs, const int8_t* qx) {  // scalar, 4-bit codes (Q4_0, Q4_1 as before)
+  int s = 0;
+  for (int i = 0; i < 16; ++i) s += (qs[i] & 0x0F) * qx[i] + (qs[i] >> 4) * qx[i + 16];
+  return s;
+}
+
+template <class F>
+inline int dot_scalar(const uint8_t* blk, const int8_t* qx) {
+  if constexpr (F::bits == 4 && !has_book<F>::value) return dot_codes(blk + F::qs_at, qx);
+  else return dot_block<F>(blk, qx);
+}
+
 #ifdef __AVX2__
 inline __m256i nibbles(const uint8_t* qs) {    // 16 bytes -> 32 codes: low nibbles (0..15), then high
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
   const __m128i m = _mm_set1_epi8(0x0F);
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+inline __m256i bit_bytes(uint32_t bits) {   // byte i = 0xFF where bit i is set, else 0 (llama.cpp's
+  const __m256i spread = _mm256_shuffle_epi8(  // bytes_from_bits_32)
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i others = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+  return _mm256_cmpeq_epi8(others, _mm256_set1_epi64x(-1));
+}
+
+inline __m256i looked_up(const int8_t* book, const uint8_t* qs) {  // IQ4: book[code] for the 32 codes
+  const __m128i values = _mm_loadu_si128(reinterpret_cast<const __m128i*>(book));
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(b, 4), m)),
+                          _mm_shuffle_epi8(values, _mm_and_si128(b, m)));
 }
 
 inline __m256 dot_u8(__m256i w, const int8_t* qx) {  // w unsigned codes, 8 int32 partial sums as float
@@ -94,12 +157,29 @@ inline __m256 dot_u8(__m256i w, const int8_t* qx) {  // w unsigned codes, 8 int3
   return _mm256_cvtepi32_ps(p);
 }
 
-inline __m256 dot_s8(const int8_t* qw, const int8_t* qx) {  // both signed: |w| times x with w's sign
-  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qw));
+inline __m256 dot_s8(__m256i w, const int8_t* qx) {  // both signed: |w| times x with w's sign
   const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx));
   const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
                                       _mm256_set1_epi16(1));
   return _mm256_cvtepi32_ps(p);
+}
+
+template <class F>
+inline __m256i codes_avx2(const uint8_t* blk) {  // the 32 codes (unsigned) or values (signed) of a block
+  if constexpr (F::bits == 8) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + F::qs_at));
+  else if constexpr (has_book<F>::value) return looked_up(F::book, blk + F::qs_at);
+  else if constexpr (F::bits == 5) {
+    const __m256i high = bit_bytes(high_word(blk + F::qh_at));  // 0xFF where weight i has bit 4
+    if constexpr (signed_values<F>)  // q - 16: the nibble where bit 4 is set, else nibble - 16 (0xF0 | n)
+      return _mm256_or_si256(nibbles(blk + F::qs_at), _mm256_andnot_si256(high, _mm256_set1_epi8(char(0xF0))));
+    else return _mm256_or_si256(nibbles(blk + F::qs_at), _mm256_and_si256(high, _mm256_set1_epi8(0x10)));
+  } else return nibbles(blk + F::qs_at);
+}
+
+template <class F>
+inline __m256 dot_avx2(const uint8_t* blk, const int8_t* qx) {
+  if constexpr (signed_values<F>) return dot_s8(codes_avx2<F>(blk), qx);
+  else return dot_u8(codes_avx2<F>(blk), qx);
 }
 
 inline float hsum(__m256 v) {
@@ -110,20 +190,14 @@ inline float hsum(__m256 v) {
 }
 #endif
 
-inline int dot_codes(const uint8_t* qs, const int8_t* qx) {  // scalar: 4-bit codes
-  int s = 0;
-  for (int i = 0; i < 16; ++i) s += (qs[i] & 0x0F) * qx[i] + (qs[i] >> 4) * qx[i + 16];
-  return s;
-}
-
 template <class F>
 inline float block_min(const uint8_t* blk, float d) {  // m, or -code_offset * d (Q4_0: m = -8 d)
   if constexpr (F::has_m) return half_to_float(blk + F::m_at);
   else return -static_cast<float>(F::code_offset) * d;
 }
 
-template <class F>  // Q4_0, Q4_1: 4-bit codes, w = q d + m
-float row_q4(const uint8_t* row, int64_t nb, const Act& a, int64_t r, int64_t K) {
+template <class F>  // one output: sum over the row's blocks of d dx dot (+ m sx for unsigned codes)
+float row_dot(const uint8_t* row, int64_t nb, const Act& a, int64_t r, int64_t K) {
   const int8_t* qx = a.q.data() + r * K;
   const float* dx = a.d.data() + r * nb;
   const float* sx = a.s.data() + r * nb;
@@ -132,47 +206,22 @@ float row_q4(const uint8_t* row, int64_t nb, const Act& a, int64_t r, int64_t K)
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // two chains: the FMA's latency overlaps
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + b * F::bytes;
-    const float d = half_to_float(blk + F::d_at), m = block_min<F>(blk, d);
-    acc[b & 1] = _mm256_fmadd_ps(dot_u8(nibbles(blk + F::qs_at), qx + b * QK), _mm256_set1_ps(d * dx[b]),
-                                 acc[b & 1]);
-    mins += m * sx[b];
+    const float d = half_to_float(blk + F::d_at);
+    acc[b & 1] = _mm256_fmadd_ps(dot_avx2<F>(blk, qx + b * QK), _mm256_set1_ps(d * dx[b]), acc[b & 1]);
+    if constexpr (!signed_values<F>) mins += block_min<F>(blk, d) * sx[b];
   }
-  return hsum(_mm256_add_ps(acc[0], acc[1])) + mins;
+  const float dots = hsum(_mm256_add_ps(acc[0], acc[1]));
 #else
-  float acc = 0.f;
+  float dots = 0.f;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + b * F::bytes;
-    const float d = half_to_float(blk + F::d_at), m = block_min<F>(blk, d);
-    acc += d * dx[b] * static_cast<float>(dot_codes(blk + F::qs_at, qx + b * QK));
-    mins += m * sx[b];
+    const float d = half_to_float(blk + F::d_at);
+    dots += d * dx[b] * static_cast<float>(dot_scalar<F>(blk, qx + b * QK));
+    if constexpr (!signed_values<F>) mins += block_min<F>(blk, d) * sx[b];
   }
-  return acc + mins;
 #endif
-}
-
-template <class F>  // Q8_0: signed 8-bit codes, w = q d
-float row_q8(const uint8_t* row, int64_t nb, const Act& a, int64_t r, int64_t K) {
-  const int8_t* qx = a.q.data() + r * K;
-  const float* dx = a.d.data() + r * nb;
-#ifdef __AVX2__
-  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = row + b * F::bytes;
-    acc[b & 1] = _mm256_fmadd_ps(dot_s8(reinterpret_cast<const int8_t*>(blk + F::qs_at), qx + b * QK),
-                                 _mm256_set1_ps(half_to_float(blk + F::d_at) * dx[b]), acc[b & 1]);
-  }
-  return hsum(_mm256_add_ps(acc[0], acc[1]));
-#else
-  float acc = 0.f;
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = row + b * F::bytes;
-    const int8_t* qw = reinterpret_cast<const int8_t*>(blk + F::qs_at);
-    int s = 0;
-    for (int i = 0; i < QK; ++i) s += qw[i] * qx[b * QK + i];
-    acc += half_to_float(blk + F::d_at) * dx[b] * static_cast<float>(s);
-  }
-  return acc;
-#endif
+  if constexpr (signed_values<F>) return dots;
+  else return dots + mins;
 }
 
 template <class F>
@@ -190,10 +239,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& raw) {
   float* out = y.data_ptr<float>();
   gatherlens::parallel_chunks(N, 64, [&](int64_t n0, int64_t n1) {  // 64 weight rows a task at least
     for (int64_t r = 0; r < M; ++r)
-      for (int64_t n = n0; n < n1; ++n) {
-        if constexpr (F::bits == 8) out[r * N + n] = row_q8<F>(w + n * ws, nb, a, r, K);
-        else out[r * N + n] = row_q4<F>(w + n * ws, nb, a, r, K);
-      }
+      for (int64_t n = n0; n < n1; ++n) out[r * N + n] = row_dot<F>(w + n * ws, nb, a, r, K);
   });
   return y;
 }
@@ -201,13 +247,16 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& raw) {
 at::Tensor q8act_linear_cpu(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be (M, K) float32 contiguous");
   switch (qtype) {
+    case Q8_0::type: return linear<Q8_0>(x, raw);
     case Q4_0::type: return linear<Q4_0>(x, raw);
     case Q4_1::type: return linear<Q4_1>(x, raw);
-    case Q8_0::type: return linear<Q8_0>(x, raw);
+    case Q5_0::type: return linear<Q5_0>(x, raw);
+    case Q5_1::type: return linear<Q5_1>(x, raw);
+    case IQ4_NL::type: return linear<IQ4_NL>(x, raw);
     default: break;
   }
-  TORCH_CHECK(false, "qtype must be ", Q4_0::type, " (Q4_0), ", Q4_1::type, " (Q4_1) or ", Q8_0::type,
-              " (Q8_0), got ", qtype);
+  TORCH_CHECK(false, "qtype must be ", Q8_0::type, " (Q8_0), ", Q4_0::type, " (Q4_0), ", Q4_1::type, " (Q4_1), ",
+              Q5_0::type, " (Q5_0), ", Q5_1::type, " (Q5_1) or ", IQ4_NL::type, " (IQ4_NL), got ", qtype);
 }
 
 }  // namespace

@@ -1,34 +1,51 @@
-"""llama.cpp's CPU matmul for Q4_0 / Q4_1 / Q8_0 weights: x quantized to 8 bits per 32 values, the
-dot products in integers, the weight read as its GGUF blocks (q8act.cpp, which takes each format's
-type number, block bytes and field offsets from quant_formats.h, generated from layout.py).
+"""The "q8act" route's kernels: llama.cpp's CPU matmuls on the weight read as its GGUF blocks, x
+quantized to 8 bits per block, the dot products in integers; and the plain float formats read as stored.
 
-    >>> if kernel_loaded():
+    >>> if ready("Q4_1") is None:
     ...     y = q8act_matmul(x, raw, "Q4_1")        # x (M, K) float32, raw (N, row_bytes) -> (M, N)
 
-Each 32-value block of a row of x becomes dx = max|x| / 127 and codes qx = round(x / dx); a weight
-block (scale d, min m) contributes d dx sum(q qx) + m dx sum(qx). The only rounding beyond float32's
-is x's to 8 bits (as llama.cpp rounds it); `q8act_reference` (q8act_naive.py) computes the same
-sums in float64 and the tests compare with it and with the float reference. The "q8act" route of
-matmul.py calls it: no packed copy of the weight at all.
+One table, `KERNEL_OF`, says which kernel runs a format (each takes its formats' type numbers, block
+bytes and field offsets from quant_formats.h, generated from layout.py):
+
+| formats                                        | kernel       | x rounded to              |
+|------------------------------------------------|--------------|---------------------------|
+| 32-weight blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) | q8act.cpp (`block_matmul`) | 8 bits per 32 values |
+| 256-weight super-blocks (K-quants, IQ4_XS)     | q8k.cpp (q8k.py's `q8k_matmul`) | 8 bits per 256 values |
+| plain floats (F32, F16, BF16)                  | floatdot.cpp (floatdot.py's `float_matmul`) | not at all (float32) |
+
+A 32-value block of a row of x becomes dx = max|x| / 127 and codes qx = round(x / dx); a weight
+block (scale d, min m) contributes d dx sum(q qx) + m dx sum(qx) (signed values v: d dx sum(v qx)).
+The only rounding beyond float32's is x's to 8 bits (as llama.cpp rounds it); `q8act_reference`
+(q8act_naive.py) computes the same sums in float64 and the tests compare with it and with the float
+reference. The route takes the formats whose records name it (`Q8ACT_QTYPES`); `ready(qtype)` says
+whether that format's kernel built, so a kernel that did not build sends only its formats elsewhere.
+No packed copy of the weight at all.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from gatherlens.ops.native import load_library
-from gatherlens.ops.quant.layout import LAYOUTS, formats_taking
+from gatherlens.ops.quant import floatdot, q8k
+from gatherlens.ops.quant.layout import LAYOUTS, QK, QK_K, formats_taking
+from gatherlens.ops.quant.q8act_naive import q8act_reference
+from gatherlens.ops.quant.q8k_naive import q8k_reference
 
-__all__ = ["Q8ACT_QTYPES", "GGML_TYPE", "kernel_loaded", "q8act_matmul", "KERNEL"]
+__all__ = ["Q8ACT_QTYPES", "BLOCK_QTYPES", "GGML_TYPE", "KERNEL_OF", "Kernel", "kernel_loaded", "ready",
+           "q8act_matmul", "block_matmul", "KERNEL"]
 
 KERNEL = Path(__file__).with_name("q8act.cpp")
-Q8ACT_QTYPES = formats_taking("q8act")  # the formats whose records name this kernel
-GGML_TYPE = {q: LAYOUTS[q].ggml_type for q in Q8ACT_QTYPES}  # ggml's type numbers, as the operator takes them
+Q8ACT_QTYPES = formats_taking("q8act")  # the formats whose records name this route
+BLOCK_QTYPES = tuple(q for q, layout in LAYOUTS.items() if layout.weights == QK)  # q8act.cpp's formats
+GGML_TYPE = {q: LAYOUTS[q].ggml_type for q in Q8ACT_QTYPES}  # ggml's type numbers, as the operators take them
 
 
 def kernel_loaded() -> bool:
-    """True once `gatherlens::q8act_linear` is registered (built on first use)."""
+    """True once `gatherlens::q8act_linear` (the 32-weight blocks) is registered (built on first use)."""
     return load_library(KERNEL, on_load=register_fakes)
 
 
@@ -40,8 +57,44 @@ def fake_q8act_linear(x, raw, qtype):
     return x.new_empty(x.shape[0], raw.shape[0])
 
 
-def q8act_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor:
-    """x (M, K) -> (M, N) float32 for blocks raw (N, row_bytes) of `qtype` (Q8ACT_QTYPES). Unchecked."""
+def block_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor:
+    """x (M, K) -> (M, N) float32 for 32-weight blocks raw (N, row_bytes) of `qtype` (BLOCK_QTYPES). Unchecked."""
     if x.dtype != torch.float32 or not x.is_contiguous():
         x = x.float().contiguous()  # (M, K)
-    return torch.ops.gatherlens.q8act_linear(x, raw, GGML_TYPE[qtype])  # (M, N)
+    return torch.ops.gatherlens.q8act_linear(x, raw, LAYOUTS[qtype].ggml_type)  # (M, N)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of the route: its source, whether it loaded, its matmul (x, raw, qtype) -> (M, N)
+    float32, its plain reference (same signature, float64 sums), and the values of x it rounds to
+    8 bits together (0: x is not rounded)."""
+
+    source: str
+    loaded: Callable[[], bool]
+    matmul: Callable
+    reference: Callable
+    x_block: int
+
+
+_BLOCKS = Kernel(KERNEL.name, kernel_loaded, block_matmul, q8act_reference, QK)
+_SUPER = Kernel(q8k.KERNEL.name, q8k.kernel_loaded, q8k.q8k_matmul, q8k_reference, QK_K)
+_FLOATS = Kernel(floatdot.KERNEL.name, floatdot.kernel_loaded, floatdot.float_matmul, floatdot.float_reference, 0)
+# the one table: format -> the kernel that multiplies it as stored
+KERNEL_OF = {**{q: _BLOCKS for q in BLOCK_QTYPES}, **{q: _SUPER for q in q8k.Q8K_QTYPES},
+             **{q: _FLOATS for q in floatdot.FLOAT_QTYPES}}
+assert set(Q8ACT_QTYPES) <= set(KERNEL_OF), "a format naming the q8act route needs a kernel in KERNEL_OF"
+assert all(LAYOUTS[q].weights == QK_K for q in q8k.Q8K_QTYPES), "q8k takes the 256-weight super-blocks"
+
+
+def ready(qtype: str) -> str | None:
+    """None when the kernel of `qtype` built here, else why it cannot run (its formats fall back)."""
+    kernel = KERNEL_OF.get(qtype)
+    if kernel is None:
+        return f"no kernel of the q8act route takes {qtype}"
+    return None if kernel.loaded() else f"its C++ operator ({kernel.source}) did not build (see the warning)"
+
+
+def q8act_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor:
+    """x (M, K) -> (M, N) float32 for the blocks raw (N, row_bytes) of `qtype`, by KERNEL_OF. Unchecked."""
+    return KERNEL_OF[qtype].matmul(x, raw, qtype)  # (M, N)

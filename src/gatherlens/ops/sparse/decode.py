@@ -9,7 +9,8 @@
     >>> SPARSE_DECODE.why(q, cache, 2048, how, 0.125, PLAIN, None, False)       # which rows can run, and why not
 
 Reads the page summaries (2D per page) plus `budget` tokens of K and V, instead of all of K and V.
-With budget >= cache.length every page is read and the result is dense attention.
+With budget >= cache.length every page is read and the result is dense attention. Pages stored in
+16 bits or int8 (`PagedKVCache(kv_dtype=)`) are read by every row as the cache's `read_pages` reads them.
 Pieces: checks.py (arguments), page_choice.py (which pages), torch_decode.py (gather + attend),
 fused_decode.py (the C++ operator) and triton_decode.py (the GPU kernels, imported only when that
 backend runs). Where a call runs is decided by ONE backend table, `SPARSE_DECODE` (ops/backends.py):
@@ -63,8 +64,8 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = OP.bud
         scale (float, optional): logit scale. Default: ``1 / sqrt(D)``.
         group_score (str): ``"max"`` or ``"sum"`` of a group's page bounds (shared selection).
         backend (str): ``"torch"``, ``"native"`` (one C++ operator on the CPU: scoring, choice and
-            attention without the gather copy; float32 caches, no ``key_mask``, ``choose="bound"``,
-            no ``softcap``), ``"triton"`` (CUDA, or ``TRITON_INTERPRET=1`` on CPU) or ``"auto"``
+            attention without the gather copy; caches read in float32, pages stored in float32,
+            float16, bfloat16 or int8; no ``key_mask``, ``choose="bound"``, no ``softcap``), ``"triton"`` (CUDA, or ``TRITON_INTERPRET=1`` on CPU) or ``"auto"``
             (triton for CUDA tensors when it imports and no ``key_mask``; native on the CPU where it
             fits and builds; else torch): the rows of ``SPARSE_DECODE`` (an error says why not).
         key_mask (Tensor, optional): bool, ``True`` = attend; keys of padded sequences to ignore.

@@ -1,8 +1,10 @@
 // Sparse decode in one operator: score every page's bound, choose the pages, attend over them in place.
 //
 //   torch.ops.gatherlens.paged_decode(q, page_keys, page_values, summaries, length, n, first_recent,
-//                                     scale, per_head, group_sum) -> (out, lse, pages, bounds)
-//   torch.ops.gatherlens.dense_decode(q, page_keys, page_values, length, scale) -> (out, lse)
+//                                     scale, per_head, group_sum, key_scales, value_scales)
+//                                     -> (out, lse, pages, bounds)
+//   torch.ops.gatherlens.dense_decode(q, page_keys, page_values, length, scale, key_scales, value_scales)
+//                                     -> (out, lse)
 //
 // The same arithmetic as the torch path of ops/sparse (page_choice.select_pages + torch_decode.
 // attend_pages), without the gather copy and without ~25 small torch calls per layer:
@@ -14,7 +16,9 @@
 //   3. exact softmax attention of each query head over the rows of its chosen pages that hold one of
 //      the `length` tokens, reading K and V where they lie in the cache (no copy).
 // Inputs: q (B, Hq, D) float32 contiguous; page_keys (B, Hkv, N', P, D), page_values (B, Hkv, N', P, Dv)
-// float32 with each page's block contiguous (the cache's storage or views of it); summaries
+// float32, float16, bfloat16 or int8 (one dtype; a template on it), each page's block contiguous (the
+// cache's storage or views of it), each page read as float32 as the cache reads it (kv_pages.h's
+// widen: int8 codes times key_scales / value_scales (B, Hkv, N') float32, given for int8 only); summaries
 // (B, Hkv, N', 2D) float32, [max | min], last dim contiguous; the first N = ceil(length / P) <= N'
 // pages hold the `length` tokens. Outputs: out (B, Hq, Dv), lse (B, Hq), pages (B, Hsel, n) int64,
 // bounds (B, Hkv, G, N) float32. Built by gatherlens/ops/native.py; fake kernel in fused_decode.py.
@@ -22,6 +26,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -30,6 +36,7 @@
 #include <torch/library.h>
 
 #include "gatherlens/common.h"
+#include "gatherlens/kv_pages.h"
 
 namespace {
 
@@ -59,9 +66,24 @@ inline float dot(const float* a, const float* b, int64_t D) {
   return s;
 }
 
-inline void prefetch_page(const float* page, int64_t floats) {  // the next chosen page, while this one runs
-  for (int64_t i = 0; i < floats; i += 16) __builtin_prefetch(page + i, 0, 3);
+template <typename T>
+inline void prefetch_page(const T* page, int64_t values) {  // the next chosen page, while this one runs
+  const char* p = reinterpret_cast<const char*>(page);
+  for (int64_t i = 0; i < values * static_cast<int64_t>(sizeof(T)); i += 64) __builtin_prefetch(p + i, 0, 3);
 }
+
+// A page's first n stored values as float32: float pages in place, others widened into buf.
+template <typename T>
+inline const float* page_as_float(const T* page, int64_t n, float scale, float* buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return page;
+  } else {
+    gl::widen(page, n, scale, buf);
+    return buf;
+  }
+}
+
+inline float page_scale(const float* scales, int64_t page) { return scales ? scales[page] : 1.f; }
 
 // ---- the page choice: page_choice.choose_pages's rule (tests/test_page_choice_rule.py holds them equal) ----
 
@@ -106,26 +128,40 @@ struct Pages {                                    // the chosen pages of one hea
   int64_t n, P, length;
 };
 
+template <typename T>
+struct HeadKV {                                   // one KV head's stored pages and (int8) their scales
+  const T *K, *V;
+  Strides kl, vl;
+  const float *ks, *vs;                           // (N',) or nullptr
+};
+
+struct AttendScratch {
+  std::vector<float> w, buf;                      // logits; one page read as float32
+};
+
 // w[:rows] = the scaled logits of q over the valid rows of the chosen pages, in page order; returns rows.
-int64_t page_logits(const float* q, const float* K, Strides kl, const Pages& pg, int64_t D, float scale, float* w) {
+template <typename T>
+int64_t page_logits(const float* q, const HeadKV<T>& kv, const Pages& pg, int64_t D, float scale, float* w,
+                    float* buf) {
   int64_t rows = 0;
   for (int64_t i = 0; i < pg.n; ++i) {
-    const int64_t valid = gl::page_rows(pg.ids[i], pg.P, pg.length);
-    const float* kp = K + pg.ids[i] * kl.n;
-    if (i + 1 < pg.n) prefetch_page(K + pg.ids[i + 1] * kl.n, pg.P * D);
+    const int64_t id = pg.ids[i], valid = gl::page_rows(id, pg.P, pg.length);
+    if (i + 1 < pg.n) prefetch_page(kv.K + pg.ids[i + 1] * kv.kl.n, pg.P * D);
+    const float* kp = page_as_float(kv.K + id * kv.kl.n, valid * D, page_scale(kv.ks, id), buf);
     for (int64_t j = 0; j < valid; ++j) w[rows++] = dot(q, kp + j * D, D) * scale;
   }
   return rows;
 }
 
 // out (Dv,) = sum_r w[r] * value row r, over the same rows.
-void weigh_values(const float* V, Strides vl, const Pages& pg, int64_t Dv, const float* w, float* out) {
+template <typename T>
+void weigh_values(const HeadKV<T>& kv, const Pages& pg, int64_t Dv, const float* w, float* out, float* buf) {
   for (int64_t d = 0; d < Dv; ++d) out[d] = 0.f;
   int64_t rows = 0;
   for (int64_t i = 0; i < pg.n; ++i) {
-    const int64_t valid = gl::page_rows(pg.ids[i], pg.P, pg.length);
-    const float* vp = V + pg.ids[i] * vl.n;
-    if (i + 1 < pg.n) prefetch_page(V + pg.ids[i + 1] * vl.n, pg.P * Dv);
+    const int64_t id = pg.ids[i], valid = gl::page_rows(id, pg.P, pg.length);
+    if (i + 1 < pg.n) prefetch_page(kv.V + pg.ids[i + 1] * kv.vl.n, pg.P * Dv);
+    const float* vp = page_as_float(kv.V + id * kv.vl.n, valid * Dv, page_scale(kv.vs, id), buf);
     for (int64_t j = 0; j < valid; ++j) {
       const float e = w[rows++];
       const float* vr = vp + j * Dv;
@@ -136,35 +172,58 @@ void weigh_values(const float* V, Strides vl, const Pages& pg, int64_t Dv, const
 }
 
 // out (Dv,), returns lse: attention of q over the valid rows of the chosen pages.
-float attend(const float* q, const float* K, const float* V, Strides kl, Strides vl, const Pages& pg, int64_t D,
-             int64_t Dv, float scale, float* out, std::vector<float>& w) {
-  w.resize(static_cast<size_t>(pg.n * pg.P));
-  const int64_t rows = page_logits(q, K, kl, pg, D, scale, w.data());
-  const float m = gl::row_max(w.data(), rows);
+template <typename T>
+float attend(const float* q, const HeadKV<T>& kv, const Pages& pg, int64_t D, int64_t Dv, float scale, float* out,
+             AttendScratch& sc) {
+  sc.w.resize(static_cast<size_t>(pg.n * pg.P));
+  if (!std::is_same_v<T, float>) sc.buf.resize(static_cast<size_t>(pg.P * std::max(D, Dv)));
+  const int64_t rows = page_logits(q, kv, pg, D, scale, sc.w.data(), sc.buf.data());
+  const float m = gl::row_max(sc.w.data(), rows);
   if (!(m > -std::numeric_limits<float>::infinity())) {  // every logit -inf or nan: as the torch path
     for (int64_t d = 0; d < Dv; ++d) out[d] = std::numeric_limits<float>::quiet_NaN();
     return m;
   }
-  const double sum = gl::exp_sum(w.data(), rows, m, w.data());
-  weigh_values(V, vl, pg, Dv, w.data(), out);
+  const double sum = gl::exp_sum(sc.w.data(), rows, m, sc.w.data());
+  weigh_values(kv, pg, Dv, sc.w.data(), out, sc.buf.data());
   gl::scale_by(out, Dv, static_cast<float>(1.0 / sum));
   return gl::lse_of(m, sum);
 }
 
 // ---- paged_decode: check, score, choose, attend ----
 
+using Scales = std::optional<at::Tensor>;
+
+bool stored_type(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kChar;
+}
+
+// int8 pages need their scales (B, Hkv, N') float32 contiguous; float pages none.
+void check_scales(const char* op, const at::Tensor& pk, const Scales& ks, const Scales& vs) {
+  const bool int8 = pk.scalar_type() == at::kChar;
+  TORCH_CHECK(int8 == ks.has_value() && int8 == vs.has_value(), op,
+              ": key_scales / value_scales must be given for int8 pages, and only for them");
+  if (!int8) return;
+  for (const at::Tensor* t : {&*ks, &*vs})
+    TORCH_CHECK(t->dim() == 3 && t->is_contiguous() && t->scalar_type() == at::kFloat && t->size(0) == pk.size(0) &&
+                    t->size(1) == pk.size(1) && t->size(2) == pk.size(2),
+                op, ": scales must be (B, Hkv, N) float32 contiguous, like the pages");
+}
+
 void check_inputs(const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv, const at::Tensor& s,
-                  int64_t length, int64_t n) {
+                  int64_t length, int64_t n, const Scales& ks, const Scales& vs) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat,
               "paged_decode: q must be (B, Hq, D) float32 contiguous");
   TORCH_CHECK(pk.dim() == 5 && pv.dim() == 5 && pv.sizes().slice(0, 4) == pk.sizes().slice(0, 4) &&
-                  pk.scalar_type() == at::kFloat &&
-                  pv.scalar_type() == at::kFloat, "paged_decode: page_keys / page_values must be (B, Hkv, N, P, D) float32");
+                  stored_type(pk.scalar_type()) && pv.scalar_type() == pk.scalar_type(),
+              "paged_decode: page_keys / page_values must be (B, Hkv, N, P, D) float32, float16, bfloat16 or int8");
+  check_scales("paged_decode", pk, ks, vs);
   const int64_t P = pk.size(3), D = pk.size(4);
   TORCH_CHECK(pk.stride(4) == 1 && pk.stride(3) == D && pv.stride(4) == 1 && pv.stride(3) == pv.size(4),
               "paged_decode: each page's (P, D) block must be contiguous");
-  TORCH_CHECK(s.dim() == 4 && s.scalar_type() == at::kFloat && s.stride(3) == 1 && s.size(3) == 2 * D &&
-                  s.size(2) == pk.size(2), "paged_decode: summaries must be (B, Hkv, N, 2D) float32");
+  const bool half = pk.scalar_type() == at::kHalf || pk.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(s.dim() == 4 && (s.scalar_type() == at::kFloat || (half && s.scalar_type() == pk.scalar_type())) &&
+                  s.stride(3) == 1 && s.size(3) == 2 * D && s.size(2) == pk.size(2),
+              "paged_decode: summaries must be (B, Hkv, N, 2D) float32 (or the 16-bit pages' dtype)");
   TORCH_CHECK(q.size(0) == pk.size(0) && q.size(2) == D && q.size(1) % pk.size(1) == 0,
               "paged_decode: q (B, Hq, D) does not match the cache");
   TORCH_CHECK(length >= 1 && length <= pk.size(2) * P, "paged_decode: length ", length,
@@ -176,18 +235,28 @@ struct Shape {                                    // of one paged_decode call
   int64_t B, Hq, Hkv, G, D, Dv, P, N, length;
 };
 
-// bounds (B, Hkv, G, N): every query head's bound of every page in use.
-void score_pages(const Shape& s, const float* qp, const float* sp, Strides sl, float* bp) {
+struct ScoreScratch {
+  std::vector<float> qq, box;                     // the split queries; one page's [max | min] as float32
+};
+
+// bounds (B, Hkv, G, N): every query head's bound of every page in use; summaries of T (float32, or the
+// 16-bit pages' own dtype: widened exactly).
+template <typename T>
+void score_pages(const Shape& s, const float* qp, const T* sp, Strides sl, float* bp) {
   constexpr int64_t kBlock = 256;                  // pages per scoring task
   const int64_t blocks = gl::ceil_div(s.N, kBlock);
-  gl::for_each_task<std::vector<float>>(s.B * s.Hkv * blocks, [&](int64_t t, std::vector<float>& qq) {
+  gl::for_each_task<ScoreScratch>(s.B * s.Hkv * blocks, [&](int64_t t, ScoreScratch& sc) {
     const int64_t bh = t / blocks, blk = t % blocks, b = bh / s.Hkv, h = bh % s.Hkv;
-    const float* srow = sp + b * sl.b + h * sl.h;
-    qq.resize(s.G * 2 * s.D);
-    for (int64_t g = 0; g < s.G; ++g) split_query(qp + (b * s.Hq + h * s.G + g) * s.D, s.D, qq.data() + g * 2 * s.D);
-    for (int64_t p = blk * kBlock; p < std::min(s.N, (blk + 1) * kBlock); ++p)
+    const T* srow = sp + b * sl.b + h * sl.h;
+    sc.qq.resize(s.G * 2 * s.D);
+    if (!std::is_same_v<T, float>) sc.box.resize(2 * s.D);
+    const float* qq = sc.qq.data();
+    for (int64_t g = 0; g < s.G; ++g) split_query(qp + (b * s.Hq + h * s.G + g) * s.D, s.D, sc.qq.data() + g * 2 * s.D);
+    for (int64_t p = blk * kBlock; p < std::min(s.N, (blk + 1) * kBlock); ++p) {
+      const float* box = page_as_float(srow + p * sl.n, 2 * s.D, 1.f, sc.box.data());  // [max | min]
       for (int64_t g = 0; g < s.G; ++g)
-        bp[(bh * s.G + g) * s.N + p] = bound_row(qq.data() + g * 2 * s.D, srow + p * sl.n, srow + p * sl.n + s.D, s.D);
+        bp[(bh * s.G + g) * s.N + p] = bound_row(qq + g * 2 * s.D, box, box + s.D, s.D);
+    }
   });
 }
 
@@ -217,46 +286,72 @@ void choose_all(const Shape& s, const float* bp, int64_t nn, int64_t first_recen
   });
 }
 
-// out (B, Hq, Dv), lse (B, Hq): each query head over its selection head's pages.
-void attend_all(const Shape& s, const float* qp, const at::Tensor& pk, const at::Tensor& pv, const int64_t* pg,
-                int64_t nn, bool per_head, float scale, float* op, float* lp) {
+template <typename T>
+HeadKV<T> head_kv(const at::Tensor& pk, const at::Tensor& pv, const Scales& ks, const Scales& vs, int64_t b,
+                  int64_t h) {
   const Strides kl = gl::strides_of(pk), vl = gl::strides_of(pv);
-  const float* kp = pk.data_ptr<float>();
-  const float* vp = pv.data_ptr<float>();
-  gl::for_each_task<std::vector<float>>(s.B * s.Hq, [&](int64_t t, std::vector<float>& w) {
+  const int64_t row = (b * pk.size(1) + h) * pk.size(2);  // (b, h)'s scales in (B, Hkv, N')
+  return {pk.data_ptr<T>() + b * kl.b + h * kl.h, pv.data_ptr<T>() + b * vl.b + h * vl.h, kl, vl,
+          ks ? ks->data_ptr<float>() + row : nullptr, vs ? vs->data_ptr<float>() + row : nullptr};
+}
+
+// out (B, Hq, Dv), lse (B, Hq): each query head over its selection head's pages.
+template <typename T>
+void attend_all(const Shape& s, const float* qp, const at::Tensor& pk, const at::Tensor& pv, const Scales& ks,
+                const Scales& vs, const int64_t* pg, int64_t nn, bool per_head, float scale, float* op, float* lp) {
+  gl::for_each_task<AttendScratch>(s.B * s.Hq, [&](int64_t t, AttendScratch& sc) {
     const int64_t b = t / s.Hq, hq = t % s.Hq, h = hq / s.G;
     const int64_t sel = per_head ? t : b * s.Hkv + h;
     const Pages pages{pg + sel * nn, nn, s.P, s.length};
-    lp[t] = attend(qp + t * s.D, kp + b * kl.b + h * kl.h, vp + b * vl.b + h * vl.h, kl, vl, pages, s.D, s.Dv, scale,
-                   op + t * s.Dv, w);
+    lp[t] = attend(qp + t * s.D, head_kv<T>(pk, pv, ks, vs, b, h), pages, s.D, s.Dv, scale, op + t * s.Dv, sc);
   });
+}
+
+// Calls f(T{}) with the pages' stored type: float, c10::Half, c10::BFloat16, int8_t.
+template <typename F>
+void on_stored_type(at::ScalarType t, const F& f) {
+  switch (t) {
+    case at::kHalf: return f(c10::Half{});
+    case at::kBFloat16: return f(c10::BFloat16{});
+    case at::kChar: return f(int8_t{});
+    default: return f(float{});
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> paged_decode_cpu(
     const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv, const at::Tensor& s, int64_t length,
-    int64_t n, int64_t first_recent, double scale, bool per_head, bool group_sum) {
-  check_inputs(q, pk, pv, s, length, n);
+    int64_t n, int64_t first_recent, double scale, bool per_head, bool group_sum, const Scales& ks,
+    const Scales& vs) {
+  check_inputs(q, pk, pv, s, length, n, ks, vs);
   const int64_t Hq = q.size(1), Hkv = pk.size(1), P = pk.size(3);
   const Shape sh{q.size(0), Hq, Hkv, Hq / Hkv, q.size(2), pv.size(4), P, gl::page_count(length, P), length};
   const int64_t Hsel = per_head ? Hq : Hkv, nn = std::min(n, sh.N);
   at::Tensor bounds = at::empty({sh.B, Hkv, sh.G, sh.N}, q.options());
   at::Tensor pages = at::empty({sh.B, Hsel, nn}, q.options().dtype(at::kLong));
   at::Tensor out = at::empty({sh.B, Hq, sh.Dv}, q.options()), lse = at::empty({sh.B, Hq}, q.options());
-  score_pages(sh, q.data_ptr<float>(), s.data_ptr<float>(), gl::strides_of(s), bounds.data_ptr<float>());
+  on_stored_type(s.scalar_type(), [&](auto t) {
+    using S = decltype(t);
+    score_pages<S>(sh, q.data_ptr<float>(), s.data_ptr<S>(), gl::strides_of(s), bounds.data_ptr<float>());
+  });
   choose_all(sh, bounds.data_ptr<float>(), nn, first_recent, per_head, group_sum, pages.data_ptr<int64_t>());
-  attend_all(sh, q.data_ptr<float>(), pk, pv, pages.data_ptr<int64_t>(), nn, per_head, static_cast<float>(scale),
-             out.data_ptr<float>(), lse.data_ptr<float>());
+  on_stored_type(pk.scalar_type(), [&](auto t) {
+    attend_all<decltype(t)>(sh, q.data_ptr<float>(), pk, pv, ks, vs, pages.data_ptr<int64_t>(), nn, per_head,
+                            static_cast<float>(scale), out.data_ptr<float>(), lse.data_ptr<float>());
+  });
   return {out, lse, pages, bounds};
 }
 
 // ---- dense_decode: every cached token, split-K over the threads ----
 
-void check_dense(const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv, int64_t length) {
+void check_dense(const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv, int64_t length, const Scales& ks,
+                 const Scales& vs) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat, "dense_decode: q must be (B, Hq, D) float32");
-  TORCH_CHECK(pk.dim() == 5 && pv.dim() == 5 && pk.scalar_type() == at::kFloat && pv.scalar_type() == at::kFloat &&
+  TORCH_CHECK(pk.dim() == 5 && pv.dim() == 5 && stored_type(pk.scalar_type()) && pv.scalar_type() == pk.scalar_type() &&
                   pk.stride(4) == 1 && pk.stride(3) == pk.size(4) && pv.stride(4) == 1 && pv.stride(3) == pv.size(4) &&
                   pk.stride(2) == pk.size(3) * pk.size(4) && pv.stride(2) == pv.size(3) * pv.size(4),
-              "dense_decode: page_keys / page_values must be float32 storage with contiguous pages");
+              "dense_decode: page_keys / page_values must be float32, float16, bfloat16 or int8 storage with contiguous "
+              "pages");
+  check_scales("dense_decode", pk, ks, vs);
   TORCH_CHECK(pk.size(0) == q.size(0) && pk.size(4) == q.size(2) && q.size(1) % pk.size(1) == 0,
               "dense_decode: q does not match the cache");
   TORCH_CHECK(length >= 1 && length <= pk.size(2) * pk.size(3), "dense_decode: length ", length, " is outside the storage");
@@ -288,27 +383,59 @@ void dense_chunk(const float* qg, const float* K, const float* V, int64_t n, int
   }
 }
 
+// Rows r0 .. r1-1 of one head's storage X (pages of P rows of W, contiguous across pages) as float32: in
+// place for float pages, else widened into buf page by page (int8: each page by its own scale).
+template <typename T>
+const float* rows_as_float(const T* X, const float* scales, int64_t r0, int64_t r1, int64_t P, int64_t W,
+                           float* buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return X + r0 * W;
+  } else {
+    for (int64_t r = r0; r < r1;) {
+      const int64_t page = r / P, end = std::min(r1, (page + 1) * P);
+      gl::widen(X + r * W, (end - r) * W, page_scale(scales, page), buf + (r - r0) * W);
+      r = end;
+    }
+    return buf;
+  }
+}
+
+struct DenseScratch {
+  std::vector<float> w, kbuf, vbuf;               // logits; the chunk's keys and values as float32
+};
+
 // Dense decode over every cached token, read in place: the G query heads of a KV group read each key
 // and value row once, and the rows are split in chunks over the threads (a split-K, combined by
 // log-sum-exp), so a few KV heads still use every thread. out (B, Hq, Dv), lse (B, Hq).
-std::tuple<at::Tensor, at::Tensor> dense_decode_cpu(const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv,
-                                                    int64_t length, double scale) {
-  check_dense(q, pk, pv, length);
-  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = pk.size(1), Dv = pv.size(4), G = Hq / Hkv;
-  constexpr int64_t kRows = 512;                   // rows per task
-  const int64_t chunks = gl::ceil_div(length, kRows), tasks = B * Hkv * chunks;
-  std::vector<float> part_m(tasks * G), part_s(tasks * G), part_acc(tasks * G * Dv);
+template <typename T>
+void dense_tasks(const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv, const Scales& ks, const Scales& vs,
+                 int64_t length, float scale, int64_t chunks, int64_t kRows, std::vector<float>* part) {
+  const int64_t Hq = q.size(1), D = q.size(2), Hkv = pk.size(1), Dv = pv.size(4), G = Hq / Hkv, P = pk.size(3);
   const float* qp = q.data_ptr<float>();
-  const float* kp = pk.data_ptr<float>();
-  const float* vp = pv.data_ptr<float>();
-  gl::for_each_task<std::vector<float>>(tasks, [&](int64_t t, std::vector<float>& w) {
-    w.resize(kRows * G);
+  gl::for_each_task<int>(q.size(0) * Hkv * chunks, [&](int64_t t, int&) {
+    thread_local DenseScratch sc;                 // kept across calls: 128 KiB buffers made per task were
+    sc.w.resize(kRows * G);                       // mmap'd and unmapped each time (slow with threads)
+    if (!std::is_same_v<T, float>) sc.kbuf.resize(kRows * D), sc.vbuf.resize(kRows * Dv);
     const int64_t bh = t / chunks, c = t % chunks, b = bh / Hkv, h = bh % Hkv;
     const int64_t r0 = c * kRows, r1 = std::min(length, r0 + kRows);
-    const Partial part{part_m.data() + t * G, part_s.data() + t * G, part_acc.data() + t * G * Dv};
-    dense_chunk(qp + (b * Hq + h * G) * D, kp + b * pk.stride(0) + h * pk.stride(1) + r0 * D,  // rows are
-                vp + b * pv.stride(0) + h * pv.stride(1) + r0 * Dv, r1 - r0, G, D, Dv,      // contiguous
-                static_cast<float>(scale), part, w.data());                                 // across pages
+    const HeadKV<T> kv = head_kv<T>(pk, pv, ks, vs, b, h);  // rows are contiguous across pages
+    const Partial out{part[0].data() + t * G, part[1].data() + t * G, part[2].data() + t * G * Dv};
+    dense_chunk(qp + (b * Hq + h * G) * D, rows_as_float(kv.K, kv.ks, r0, r1, P, D, sc.kbuf.data()),
+                rows_as_float(kv.V, kv.vs, r0, r1, P, Dv, sc.vbuf.data()), r1 - r0, G, D, Dv, scale, out,
+                sc.w.data());
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> dense_decode_cpu(const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv,
+                                                    int64_t length, double scale, const Scales& ks, const Scales& vs) {
+  check_dense(q, pk, pv, length, ks, vs);
+  const int64_t B = q.size(0), Hq = q.size(1), Hkv = pk.size(1), Dv = pv.size(4), G = Hq / Hkv;
+  constexpr int64_t kRows = 512;                   // rows per task
+  const int64_t chunks = gl::ceil_div(length, kRows), tasks = B * Hkv * chunks;
+  std::vector<float> part[3] = {std::vector<float>(tasks * G), std::vector<float>(tasks * G),
+                                std::vector<float>(tasks * G * Dv)};  // max, sum, weighted values
+  on_stored_type(pk.scalar_type(), [&](auto t) {
+    dense_tasks<decltype(t)>(q, pk, pv, ks, vs, length, static_cast<float>(scale), chunks, kRows, part);
   });
   at::Tensor out = at::empty({B, Hq, Dv}, q.options()), lse = at::empty({B, Hq}, q.options());
   float* op = out.data_ptr<float>();
@@ -316,7 +443,7 @@ std::tuple<at::Tensor, at::Tensor> dense_decode_cpu(const at::Tensor& q, const a
   for (int64_t bh = 0; bh < B * Hkv; ++bh)
     for (int64_t g = 0; g < G; ++g) {
       const int64_t head = (bh / Hkv) * Hq + (bh % Hkv) * G + g, first = bh * chunks * G + g;
-      lp[head] = gl::merge_partials(part_m.data() + first, part_s.data() + first, part_acc.data() + first * Dv,
+      lp[head] = gl::merge_partials(part[0].data() + first, part[1].data() + first, part[2].data() + first * Dv,
                                     chunks, G, Dv, op + head * Dv);
     }
   return {out, lse};
@@ -326,10 +453,10 @@ std::tuple<at::Tensor, at::Tensor> dense_decode_cpu(const at::Tensor& q, const a
 
 TORCH_LIBRARY_FRAGMENT(gatherlens, m) {
   m.def("paged_decode(Tensor q, Tensor page_keys, Tensor page_values, Tensor summaries, int length, int n, "
-        "int first_recent, float scale, bool per_head, bool group_sum) -> (Tensor out, Tensor lse, Tensor pages, "
-        "Tensor bounds)");
-  m.def("dense_decode(Tensor q, Tensor page_keys, Tensor page_values, int length, float scale) -> (Tensor out, "
-        "Tensor lse)");
+        "int first_recent, float scale, bool per_head, bool group_sum, Tensor? key_scales=None, "
+        "Tensor? value_scales=None) -> (Tensor out, Tensor lse, Tensor pages, Tensor bounds)");
+  m.def("dense_decode(Tensor q, Tensor page_keys, Tensor page_values, int length, float scale, "
+        "Tensor? key_scales=None, Tensor? value_scales=None) -> (Tensor out, Tensor lse)");
 }
 
 TORCH_LIBRARY_IMPL(gatherlens, CPU, m) {

@@ -8,10 +8,11 @@ where they lie in the cache: no gather copy, and one call instead of the ~25 sma
 torch path makes per layer (page_choice.select_pages + torch_decode.attend_pages), which at one
 token a step is most of a sparse layer's time. Same choice rule (page_choice.pages_to_read, the
 tie and non-finite rules of page_choice.rankable), same attention; results equal the torch path's
-up to float rounding (the sums run in another order), tested against naive.py. It runs for float32
-caches on the CPU, without key_mask, with choose="bound" and no softcap (`native_fits`: the "native"
-row of decode.SPARSE_DECODE, the one table that decides where sparse decode runs); anything else
-takes the torch path.
+up to float rounding (the sums run in another order), tested against naive.py. It runs for caches
+read in float32 on the CPU (pages stored in float32, float16, bfloat16 or int8: the operator reads
+each page as the cache's `read_pages` does), without key_mask, with choose="bound" and no softcap
+(`native_fits`: the "native" row of decode.SPARSE_DECODE, the one table that decides where sparse
+decode runs); anything else takes the torch path.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from .geometry import page_count
 __all__ = ["kernel_loaded", "native_fits", "native_ready", "fused_select_attend", "fused_dense", "KERNEL"]
 
 KERNEL = Path(__file__).with_name("fused_decode.cpp")
+_STORED = (torch.float32, torch.float16, torch.bfloat16, torch.int8)  # the page dtypes the operator reads
+_HALF = (torch.float16, torch.bfloat16)  # pages whose summaries may be stored in their own dtype
 
 
 def kernel_loaded() -> bool:
@@ -39,12 +42,13 @@ def register_fakes() -> None:
     torch.library.register_fake("gatherlens::dense_decode", fake_dense_decode)
 
 
-def fake_dense_decode(q, page_keys, page_values, length, scale):
+def fake_dense_decode(q, page_keys, page_values, length, scale, key_scales=None, value_scales=None):
     B, Hq, _ = q.shape
     return q.new_empty(B, Hq, page_values.shape[-1]), q.new_empty(B, Hq)
 
 
-def fake_paged_decode(q, page_keys, page_values, summaries, length, n, first_recent, scale, per_head, group_sum):
+def fake_paged_decode(q, page_keys, page_values, summaries, length, n, first_recent, scale, per_head, group_sum,
+                      key_scales=None, value_scales=None):
     B, Hq, D = q.shape
     Hkv, P = page_keys.shape[1], page_keys.shape[3]
     N = page_count(length, P)  # the pages in use (the operator's rule too)
@@ -55,13 +59,15 @@ def fake_paged_decode(q, page_keys, page_values, summaries, length, n, first_rec
 
 def native_fits(q: torch.Tensor, cache: PagedKVCache, budget, how: dict, scale, variant, key_mask, want) -> str | None:
     """None when the native operator computes this sparse decode call (the "native" row of
-    decode.SPARSE_DECODE's table), else why not: CPU, float32 keys, values and summaries, no key_mask,
-    the bound choice, no soft-capping, no autograd through the query, and the operator built."""
+    decode.SPARSE_DECODE's table), else why not: CPU, a cache read in float32 (pages stored in
+    float32, float16, bfloat16 or int8) with float32 summaries (or 16-bit ones of 16-bit pages), no
+    key_mask, the bound choice, no soft-capping, no autograd through the query, and the operator built."""
     if not q.is_cpu:
         return f"the query is on {q.device} (the C++ operator runs on the CPU)"
-    if cache.dtype != torch.float32 or cache.summary_dtype != torch.float32:
-        return (f"the cache is {cache.dtype} with {cache.summary_dtype} summaries (the C++ operator runs float32 "
-                f"caches)")
+    summaries = (torch.float32, cache.kv_dtype) if cache.kv_dtype in _HALF else (torch.float32,)
+    if cache.dtype != torch.float32 or cache.summary_dtype not in summaries or cache.kv_dtype not in _STORED:
+        return (f"the cache is {cache.dtype} (pages {cache.kv_dtype}) with {cache.summary_dtype} summaries (the C++ "
+                f"operator runs caches read in float32, pages stored in float32, float16, bfloat16 or int8)")
     if key_mask is not None:
         return "key_mask given (the C++ operator does not mask keys; backend='torch' does)"
     if how["choose"] != "bound":
@@ -85,10 +91,12 @@ def fused_select_attend(q: torch.Tensor, cache: PagedKVCache, n: int, first: int
     n, first: `pages_to_read` of the step (fewer pages than the cache holds)."""
     B, Hq, _, D = q.shape
     keys, values, summaries = cache.writable(0)  # the whole storage: the operator reads its first pages
+    key_scales, value_scales = cache.scale_storage()  # (B, Hkv, cap) float32 for int8 pages, else None
     per_head = not how["share_selection"]
     out, lse, pages, bounds = torch.ops.gatherlens.paged_decode(
         q.reshape(B, Hq, D).contiguous(), keys, values, summaries, cache.length, n,
-        first, scale, per_head, how["group_score"] == "sum")  # (B, Hq, Dv), (B, Hq), (B, Hsel, n), (B, Hkv, G, N)
+        first, scale, per_head, how["group_score"] == "sum", key_scales,
+        value_scales)  # (B, Hq, Dv), (B, Hq), (B, Hsel, n), (B, Hkv, G, N)
     out, lse = out.view(B, Hq, 1, -1), lse.view(B, Hq, 1)  # (B, Hq, 1, Dv), (B, Hq, 1)
     if not want_selection:
         return pages, None, out, lse
@@ -105,6 +113,7 @@ def fused_dense(q: torch.Tensor, cache: PagedKVCache, scale: float):
     the rows split in chunks over the threads (PyTorch's flash kernel splits by head only)."""
     B, Hq, _, D = q.shape
     keys, values, _ = cache.writable(0)  # the whole storage: rows are contiguous across its pages
+    key_scales, value_scales = cache.scale_storage()  # (B, Hkv, cap) float32 for int8 pages, else None
     out, lse = torch.ops.gatherlens.dense_decode(q.reshape(B, Hq, D).contiguous(), keys, values, cache.length,
-                                                 scale)  # (B, Hq, Dv), (B, Hq)
+                                                 scale, key_scales, value_scales)  # (B, Hq, Dv), (B, Hq)
     return out.view(B, Hq, 1, -1), lse.view(B, Hq, 1)

@@ -5,7 +5,9 @@
 
 Everything here is computed in float64 from the plain (B, Hkv, L, D) keys and (B, Hkv, L, Dv)
 values, with an explicit mask, so it shares no code with `cache.py`, `page_choice.py` or
-`decode.py`; soft-capping and sinks are written out as transformers writes them.
+`decode.py`; soft-capping and sinks are written out as transformers writes them. For a cache
+stored in 16 bits or int8, pass its keys and values as read (`cache.keys`, `cache.values`): the
+fast paths must equal the reference over the stored values.
 """
 from __future__ import annotations
 

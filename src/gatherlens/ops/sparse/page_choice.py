@@ -39,8 +39,9 @@ def page_bounds(query: torch.Tensor, summaries: torch.Tensor) -> torch.Tensor:
     summaries: (B, Hkv, N, 2D) [max | min] of each page's keys
     returns    (B, Hkv, G, N)  bound[b, h, g, p] >= q[b, h, g] . k for every key k of page p
     """
-    qq = split_query(query).to(summaries.dtype)  # (B, Hkv, G, 2D)
-    return torch.matmul(summaries, qq.transpose(-1, -2)).transpose(-1, -2)  # (B, Hkv, G, N)
+    dt = torch.promote_types(query.dtype, summaries.dtype)  # 16-bit summaries of wider keys: scored wider
+    qq = split_query(query).to(dt)  # (B, Hkv, G, 2D)
+    return torch.matmul(summaries.to(dt), qq.transpose(-1, -2)).transpose(-1, -2)  # (B, Hkv, G, N)
 
 
 def pages_for_budget(budget: int, length: int, page_size: int) -> int:
@@ -125,7 +126,8 @@ def _bounds(qq: torch.Tensor, summaries: torch.Tensor) -> torch.Tensor:
     Large summaries (past ~4 MiB) stream better read row by row, (N, 2D) @ (2D, G); small ones
     are faster as (G, 2D) @ (2D, N) (docs/bench/notes.md).
     """
-    qq = qq.to(summaries.dtype)
+    dt = torch.promote_types(qq.dtype, summaries.dtype)  # 16-bit summaries of wider keys: scored in the keys' dtype
+    qq, summaries = qq.to(dt), summaries.to(dt)  # (B, Hkv, G, 2D), (B, Hkv, N, 2D)
     if summaries.numel() > 1 << 20:
         return torch.matmul(summaries, qq.transpose(-1, -2)).transpose(-1, -2)  # (B, Hkv, G, N)
     return torch.matmul(qq, summaries.transpose(-1, -2))  # (B, Hkv, G, N)

@@ -14,8 +14,10 @@ as `page_choice.py`, fp32 accumulation) followed by `page_choice.choose_pages`, 
 rule of every path (forced pages, ties to the lower page). In float32 every dot is
 IEEE (no TF32), so the pages equal the torch path's. Uses only what Triton 3.6 has (tl.dot with
 input_precision, masks, constexpr blocks; no runtime loop bounds, see NUM_BLOCKS).
-The kernels read the cache through its public views (`summaries`, `page_keys`, `page_values`),
-whose strides are those of the paged storage; values may be Dv = cache.value_dim wide. A softcap
+The kernels read the cache through its public views (`summaries`, `page_keys`, `page_values`,
+`key_scales`, `value_scales`), whose strides are those of the paged storage; values may be
+Dv = cache.value_dim wide. Pages stored narrower than the query (float16 / bfloat16, or int8 codes
+times their page's scale in float32) are read as the cache's `read_pages` reads them. A softcap
 caps each scaled logit (softcap * tanh(s / softcap), tanh from exp: Triton 3.6 has no tanh)
 before the mask, as ops/attention/variants.py does. This module imports neither `decode.py` nor
 `torch_decode.py`: `decode.sparse_decode` imports it when the triton backend runs.
@@ -35,14 +37,14 @@ __all__ = ["triton_page_bounds", "triton_select_pages", "triton_attend_pages"]
 
 @triton.jit
 def _pages_attn_partial(
-    Q, K, V, PAGES, OPART, LPART,
+    Q, K, V, PAGES, OPART, LPART, KS, VS,
     length, sel_tokens, tokens_per_split, sm_scale, softcap,
-    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_pb, stride_ph,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_pb, stride_ph, stride_sb, stride_sh,
     HSEL: tl.constexpr, HKV: tl.constexpr, R: tl.constexpr, NSPLIT: tl.constexpr,
     NUM_BLOCKS: tl.constexpr,
     P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr, SOFTCAP: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, SOFTCAP: tl.constexpr, QUANT: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)  # b * HSEL + selection head
     pid_s = tl.program_id(1)  # split
@@ -61,6 +63,7 @@ def _pages_attn_partial(
     k_base = K + b * stride_kb + kvh * stride_kh
     v_base = V + b * stride_vb + kvh * stride_vh
     p_base = PAGES + b * stride_pb + hs * stride_ph
+    s_off = b * stride_sb + kvh * stride_sh  # this head's int8 page scales (QUANT)
 
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
@@ -77,6 +80,9 @@ def _pages_attn_partial(
         valid = tmask & (tok < length)
         k_off = tok[:, None] * D + offs_d[None, :]
         k = tl.load(k_base + k_off, mask=valid[:, None] & dmask[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
+        if QUANT:  # int8 codes times their page's scale, in float32 (cache.read_pages)
+            k = k.to(tl.float32) * tl.load(KS + s_off + page, mask=valid, other=0.0)[:, None]
+        k = k.to(q.dtype)  # pages stored narrower than the query: read as it (exact)
         if UPCAST:  # Triton 3.6's CPU interpreter computes bf16 tl.dot wrongly: use fp32 there
             k = k.to(tl.float32)
             q = q.to(tl.float32)
@@ -97,6 +103,9 @@ def _pages_attn_partial(
         l_i = l_i * alpha + tl.sum(p, 1)
         v_off = tok[:, None] * DV + offs_dv[None, :]
         v = tl.load(v_base + v_off, mask=valid[:, None] & dvmask[None, :], other=0.0)  # (BLOCK_N, BLOCK_DV)
+        if QUANT:
+            v = v.to(tl.float32) * tl.load(VS + s_off + page, mask=valid, other=0.0)[:, None]
+        v = v.to(q.dtype)
         if UPCAST:
             v = v.to(tl.float32)
         if IEEE:
@@ -141,7 +150,7 @@ def _page_bounds_kernel(
     stride_qb, stride_qh, stride_sb, stride_sh, stride_ob, stride_oh,
     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, REDUCE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, WIDEN: tl.constexpr,
 ):
     """Bounds of BLOCK_P pages for the G query heads of one KV group, reduced over the group
     (REDUCE 0: max, 1: sum) or written per head (2). One pass over the [max | min] summaries."""
@@ -161,6 +170,8 @@ def _page_bounds_kernel(
     smask = pmask[:, None] & dmask[None, :]
     hi = tl.load(s_ptr, mask=smask, other=0.0)  # (BLOCK_P, BLOCK_D) page max
     lo = tl.load(s_ptr + D, mask=smask, other=0.0)  # (BLOCK_P, BLOCK_D) page min
+    if WIDEN:  # 16-bit summaries of keys read wider: the bound in the query's dtype (exact widening)
+        hi, lo = hi.to(q.dtype), lo.to(q.dtype)
     if UPCAST:  # Triton 3.6's CPU interpreter computes bf16 tl.dot wrongly: use fp32 there
         q, hi, lo = q.to(tl.float32), hi.to(tl.float32), lo.to(tl.float32)
     q_pos = tl.maximum(q, 0.0).to(hi.dtype)  # relu(q)
@@ -198,7 +209,8 @@ def triton_page_bounds(q: torch.Tensor, cache, share_selection: bool = OP.share_
         qc, S, out, N, qc.stride(0), qc.stride(1), S.stride(0), S.stride(1), out.stride(0), out.stride(1),
         HKV=Hkv, G=G, D=D, REDUCE=(0 if group_score == "max" else 1) if share_selection else 2,
         BLOCK_G=max(16, _next_pow2(G)), BLOCK_P=BLOCK_P, BLOCK_D=max(16, _next_pow2(D)),
-        UPCAST=q.device.type != "cuda", IEEE=S.dtype == torch.float32,
+        UPCAST=q.device.type != "cuda", IEEE=torch.promote_types(q.dtype, S.dtype) == torch.float32,
+        WIDEN=torch.promote_types(q.dtype, S.dtype) != S.dtype,
     )
     return out
 
@@ -231,6 +243,9 @@ def triton_attend_pages(q: torch.Tensor, cache, pages: torch.Tensor, scale: floa
     qc = q.reshape(B, Hq, D).contiguous()  # (B, Hq, D)
     pg = pages.contiguous()  # (B, Hsel, n)
     K, V = cache.page_keys, cache.page_values  # (B, Hkv, N, P, D), (..., Dv) views with the storage's strides
+    KS, VS = cache.key_scales, cache.value_scales  # (B, Hkv, N) int8 page scales, or None
+    quant = KS is not None
+    KS, VS = (KS, VS) if quant else (K, V)  # placeholders the kernel never reads
     sel_tokens = n * P
     BLOCK_N = max(16, _next_pow2(block_n))
     if num_splits is None:  # enough programs to fill the machine, each with >= 2 blocks of work
@@ -245,12 +260,13 @@ def triton_attend_pages(q: torch.Tensor, cache, pages: torch.Tensor, scale: floa
     lpart = torch.empty(B * Hsel * NSPLIT * R, device=q.device, dtype=torch.float32)
     BLOCK_D, BLOCK_DV = max(16, _next_pow2(D)), max(16, _next_pow2(Dv))
     _pages_attn_partial[(B * Hsel, NSPLIT)](
-        qc, K, V, pg, opart, lpart,
+        qc, K, V, pg, opart, lpart, KS, VS,
         cache.length, sel_tokens, tokens_per_split, float(scale), float(softcap or 1.0),
         qc.stride(0), qc.stride(1), K.stride(0), K.stride(1), V.stride(0), V.stride(1), pg.stride(0), pg.stride(1),
+        KS.stride(0) if quant else 0, KS.stride(1) if quant else 0,
         HSEL=Hsel, HKV=Hkv, R=R, NSPLIT=NSPLIT, NUM_BLOCKS=num_blocks, P=P, D=D, DV=Dv,
         BLOCK_R=max(16, _next_pow2(R)), BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV,
-        IEEE=q.dtype == torch.float32, UPCAST=q.device.type != "cuda", SOFTCAP=softcap is not None,
+        IEEE=q.dtype == torch.float32, UPCAST=q.device.type != "cuda", SOFTCAP=softcap is not None, QUANT=quant,
     )
     out = torch.empty(B, Hq, 1, Dv, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, Hq, 1, device=q.device, dtype=torch.float32)

@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <limits>
 
 #include <ATen/Parallel.h>
@@ -99,6 +100,22 @@ inline void softmax_row(const T* v, int64_t n, T* w, T* lse) {  // w = softmax(v
   const double s = exp_sum(v, n, m, w);
   scale_by(w, n, T(1.0 / s));
   *lse = lse_of(m, s);
+}
+
+// x rounded to 8 bits per block of n values (llama.cpp's Q8_0 / Q8_1: n = 32; Q8_K: n = 256): the
+// one rule, d = max|v| / 127 and q = round(v / d), ties to even. A block holding NaN or inf gets a
+// NaN d (std::max would drop a NaN), so every output it adds to is NaN, as in float. Returns d.
+// Its float64 twin: ops/quant/q8act_naive.quantize_activations.
+inline float round_block(const float* v, int64_t n, int8_t* q) {
+  float amax = 0.f;
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    amax = std::max(amax, std::fabs(v[i]));
+    finite = finite && std::isfinite(v[i]);
+  }
+  const float d = finite ? amax / 127.f : std::nanf(""), id = d > 0.f ? 1.f / d : 0.f;
+  for (int64_t i = 0; i < n; ++i) q[i] = static_cast<int8_t>(std::nearbyint(v[i] * id));
+  return d;
 }
 
 inline float sigmoid(float x) {                   // 1 / (1 + exp(-x)) from exp_neg(-|x|)

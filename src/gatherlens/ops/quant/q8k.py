@@ -1,0 +1,50 @@
+"""llama.cpp's CPU matmul for the super-block formats (K-quants, IQ4_XS): x quantized to Q8_K (8 bits
+per 256 values, with sums per 16), the dot products in integers, the weight read as its GGUF blocks
+(q8k.cpp, which takes each format's type number, block bytes, field offsets and codebook from
+quant_formats.h, generated from layout.py).
+
+    >>> if kernel_loaded():
+    ...     y = q8k_matmul(x, raw, "Q4_K")          # x (M, K) float32, K % 256 == 0 -> (M, N)
+
+Each 256-value block of a row of x becomes dx = max|x| / 127, codes qx = round(x / dx) and the sums
+of qx per 16; a weight super-block (d, dmin, integer sub-block scales sc and mins mn) contributes
+d dx sum_s sc_s sum(q qx) - dmin dx sum_s mn_s sum(qx). The only rounding beyond float32's is x's to
+8 bits (as llama.cpp rounds it); `q8k_reference` (q8k_naive.py) computes the same sums in float64
+and the tests compare with it and with the float reference. The "q8act" route calls it for these
+formats (q8act_matmul for the 32-weight ones): no copy of the weight at all.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from gatherlens.ops.native import load_library
+from gatherlens.ops.quant.layout import LAYOUTS, QK_K
+
+__all__ = ["Q8K_QTYPES", "GGML_TYPE", "kernel_loaded", "q8k_matmul", "KERNEL"]
+
+KERNEL = Path(__file__).with_name("q8k.cpp")
+# the super-block formats (codes in blocks of 256 with sub-block scales), in LAYOUTS' order
+Q8K_QTYPES = tuple(q for q, layout in LAYOUTS.items() if layout.weights == QK_K)
+GGML_TYPE = {q: LAYOUTS[q].ggml_type for q in Q8K_QTYPES}  # ggml's type numbers, as the operator takes them
+
+
+def kernel_loaded() -> bool:
+    """True once `gatherlens::q8k_linear` is registered (built on first use)."""
+    return load_library(KERNEL, on_load=register_fakes)
+
+
+def register_fakes() -> None:
+    torch.library.register_fake("gatherlens::q8k_linear", fake_q8k_linear)
+
+
+def fake_q8k_linear(x, raw, qtype):
+    return x.new_empty(x.shape[0], raw.shape[0])
+
+
+def q8k_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor:
+    """x (M, K) -> (M, N) float32 for blocks raw (N, row_bytes) of `qtype` (Q8K_QTYPES). Unchecked."""
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        x = x.float().contiguous()  # (M, K)
+    return torch.ops.gatherlens.q8k_linear(x, raw, GGML_TYPE[qtype])  # (M, N)
