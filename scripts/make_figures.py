@@ -183,31 +183,55 @@ QUANTIZED = {
 }
 
 
+@functools.lru_cache(maxsize=1)
+def austen_prompt():
+    """SmolLM2 (float32, one thread) and the first 2,048 tokens of Pride and Prejudice: the prompt of the
+    page trace and of the prefill map."""
+    from gatherlens.eval.corpus import load_text
+    from gatherlens.models import load
+
+    torch.set_num_threads(1)
+    lm = load("smollm2")
+    return lm, lm.encode(load_text("default"), truncation=False)[:, :2048]  # (1, 2048)
+
+
 def page_trace():
     """Which pages SmolLM2 read while continuing 2,048 tokens of Pride and Prejudice (budget 256, 32
     decode steps, the default settings). Greedy float32 on one thread: the same pages on every run of
     one machine (another CPU may round a logit differently)."""
-    from gatherlens.eval.corpus import load_text
-    from gatherlens.models import load
     from gatherlens.models.streaming import stream_generate
 
-    torch.set_num_threads(1)
-    lm = load("smollm2")
-    ids = lm.encode(load_text("default"), truncation=False)[:, :2048]  # (1, 2048)
+    lm, ids = austen_prompt()
     return stream_generate(lm, ids, 256, 33, pages=True).trace
+
+
+PREFILL_LAYER, PREFILL_HEAD = 15, 0  # the middle layer (explain's default), KV head 0
+
+
+def prefill_map():
+    """The key blocks each query block of SmolLM2's layer 15 (KV head 0) gathered in one sparse prefill of the
+    same 2,048 tokens with the default setting (antidiagonal scores, stride 8, mass 0.95, blocks of 64: 32 x 32
+    blocks). One forward of the prompt (about 20 s on one thread); the same blocks on every run of one machine."""
+    from gatherlens.models.sparse_prefill import prefill_selections
+
+    lm, ids = austen_prompt()
+    return prefill_selections(lm.model, ids)[PREFILL_LAYER]
 
 
 def main(png: bool = False) -> int:
     from gatherlens.render.page_trace import page_trace_svg
+    from gatherlens.render.prefill_map import prefill_map_svg
 
     OUT.mkdir(parents=True, exist_ok=True)
     written = []
-    trace = page_trace()
+    trace, blocks = page_trace(), prefill_map()
     for lang in ("en", "zh"):
         for name, make in FIGURES.items():
             written.append((OUT / f"{name}.{lang}.svg", make(lang).to_svg(lang=lang)))
         written.append((OUT / f"mistakes.{lang}.svg", mistakes_svg(lang)))
         written.append((OUT / f"page_trace.{lang}.svg", page_trace_svg(trace, lang=lang)))
+        written.append((OUT / f"prefill_map.{lang}.svg",
+                        prefill_map_svg(blocks, PREFILL_HEAD, layer=PREFILL_LAYER, lang=lang)))
         written += [(OUT / f"{name}.{lang}.svg", make(lang).to_svg(lang=lang)) for name, make in QUANTIZED.items()]
     written.append((OUT / "readme_embedding.svg", embedding("en").to_svg()))
     for path, svg in written:

@@ -16,7 +16,7 @@ MAX_LINES = 60
 
 # layer of each top-level part of the package; a module may import only parts of rank <= its own
 RANK = {
-    "errors": 0, "drawable": 0, "i18n": 0, "_version": 0, "outputs": 0, "paths": 0, "lazy": 0, "params": 0, "filelock": 0,
+    "errors": 0, "drawable": 0, "i18n": 0, "_version": 0, "outputs": 0, "paths": 0, "lazy": 0, "params": 0, "filelock": 0, "memory": 0,
     "ops": 1,
     "trace": 2,
     "render": 3,

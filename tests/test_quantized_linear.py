@@ -244,8 +244,29 @@ def test_bench_qlinear_tiny_run_writes_json(tmp_path):
     assert "wrote" in result.output and CliRunner().invoke(command, args).exit_code != 0  # no overwrite
 
 
+@pytest.mark.parametrize("qtype", ["IQ4_NL", "Q6_K"])  # gguf has no quantizer for them: random codes
+def test_bench_qlinear_times_one_format_for_every_shape(tmp_path, qtype):
+    """--qtype: the synthetic shapes in one block format, the integer GEMM against dequant + float32
+    (how linear.INTEGER_GEMM_ROWS was measured)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from gatherlens.bench.quantized_linear import command
+
+    out = tmp_path / "q.json"
+    args = ["--gguf", "synthetic", "--qtype", qtype, "--shapes", "down", "--rows", "5", "--routes", "q8act,dequant",
+            "--copies", "1", "--repeats", "1", "--threads", "1", "--json", str(out)]
+    result = CliRunner().invoke(command, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["route"], r["qtype"], r["n"], r["k"], r["rows"]) for r in rows] == [
+        ("q8act", qtype, 576, 1536, 5), ("dequant", qtype, 576, 1536, 5)]
+    assert rows[1]["max_abs_err"] == 0 and 0 < rows[0]["rel_err"] < 0.02  # x rounded to 8 bits
+
+
 @pytest.mark.parametrize("args", [["--shapes", "lm_head"], ["--routes", "int3"], ["--rows", "0"],
-                                  ["--rows", "a"], ["--copies", "0"], ["--head-routes", "fp8"]],
+                                  ["--rows", "a"], ["--copies", "0"], ["--head-routes", "fp8"], ["--qtype", "Q9_9"]],
                          ids=lambda a: " ".join(a))
 def test_bench_qlinear_rejects_bad_options(tmp_path, args):
     from click.testing import CliRunner

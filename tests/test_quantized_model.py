@@ -95,18 +95,27 @@ def test_quantized_weights_are_the_float_models(models):
 
 
 @pytest.mark.slow
-def test_quantized_logits_and_perplexity_match_float(models):
+def test_quantized_logits_and_perplexity_match_float(models, monkeypatch):
+    """The prefill's products run the q8act kernels' integer GEMM where it is faster (linear.INTEGER_GEMM_ROWS:
+    x rounded to 8 bits per block, as every decode step and llama.cpp round it; measured +0.50% here):
+    perplexity within 1% of the float model's, 95% of next-token argmaxes the same. Without it (every
+    prefill product dequantized, float32 GEMM) the logits are the float model's, perplexity within 0.5%."""
+    from gatherlens.ops.quant import linear
+
     dense, quant = models
     ids = _austen(dense, 1000)
     with torch.no_grad():
         ref = dense.model(ids.view(1, -1)).logits[0]  # (S, V)
-        pre = quant.model(ids.view(1, -1)).logits[0]  # (S, V): prefill dequantizes, float32 GEMM
-    assert torch.allclose(pre[:16], ref[:16], atol=1e-3, rtol=0)
+        pre = quant.model(ids.view(1, -1)).logits[0]  # (S, V): the integer GEMM, x rounded to 8 bits
+        monkeypatch.setattr(linear, "INTEGER_GEMM_ROWS", {})
+        exact = quant.model(ids.view(1, -1)).logits[0]  # (S, V): prefill dequantizes, float32 GEMM
+    assert torch.allclose(exact[:16], ref[:16], atol=1e-3, rtol=0)
 
     def ppl(logits):
         return math.exp(torch.nn.functional.cross_entropy(logits[:-1], ids[1:]).item())
 
-    assert abs(ppl(pre) / ppl(ref) - 1) < 0.005
+    assert abs(ppl(exact) / ppl(ref) - 1) < 0.005 and abs(ppl(pre) / ppl(ref) - 1) < 0.01
+    assert (pre.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.95
 
 
 @pytest.mark.slow

@@ -4,16 +4,23 @@ error bound that rounding implies; parametrized over the formats whose records n
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from gguf.quants import dequantize, quantize
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from gatherlens.ops.quant import FORMATS, q8act
+from gatherlens.ops.quant.layout import QK
 from gatherlens.ops.quant.linear import LINEAR_PRODUCT, LinearConfig, pack_linear, quantized_linear, split_linear
 from gatherlens.ops.quant.linear_naive import naive_quantized_linear
 
@@ -128,10 +135,89 @@ def test_every_routed_format_runs_its_kernel_with_no_copy_of_the_weight(qtype):
     assert torch.equal(quantized_linear(x, w), q8act.q8act_matmul(x, w.raw, qtype))
 
 
-def test_prefill_rows_take_the_exact_route():
+def test_prefill_rows_take_the_integer_gemm_where_it_is_faster_else_the_exact_route(monkeypatch):
+    """From prefill_rows on, a q8act weight whose kernel multiplies several rows blocked keeps to it up
+    to its format's INTEGER_GEMM_ROWS (x rounded as in decode); past them, for a format without the
+    blocked loop (F16: floatdot) and where that loop is the scalar twin (no AVX2), the exact route runs
+    (dequantized, float32 GEMM: the reference's own call)."""
+    from gatherlens.ops.quant import linear
+
     w = pack_linear(blocks("Q8_0", 16, 64), "Q8_0", LinearConfig("q8act", 4))
-    x = torch.randn(5, 64)
+    half = pack_linear(blocks("F16", 16, 64), "F16", LinearConfig("q8act", 4))
+    x = torch.randn(5, 64)  # (5, K): at least prefill_rows
+    blocked = q8act.KERNEL_OF["Q8_0"].blocked() != "scalar"
+    assert LINEAR_PRODUCT.select(x, w).name == ("q8act" if blocked else "prefill")
+    assert torch.equal(quantized_linear(x, w), q8act.q8act_matmul(x, w.raw, "Q8_0") if blocked
+                       else naive_quantized_linear(x, w))
+    assert LINEAR_PRODUCT.select(x, half).name == "prefill"
+    assert torch.equal(quantized_linear(x, half), naive_quantized_linear(x, half))
+    q4_k = pack_linear(blocks("Q4_K", 16, 256), "Q4_K", LinearConfig("q8act", 4))  # q8k.cpp's blocked loop
+    wide = torch.randn(300, 256)  # (300, K): past Q8_0's 256 rows, the K-quants' at any
+    expect = "q8act" if q8act.KERNEL_OF["Q4_K"].blocked() != "scalar" else "prefill"
+    assert LINEAR_PRODUCT.select(wide, q4_k).name == expect
+    assert LINEAR_PRODUCT.select(torch.randn(300, 64), w).name == "prefill"  # Q8_0: 256 rows at most
+    monkeypatch.setitem(linear.INTEGER_GEMM_ROWS, "Q8_0", 4)  # faster only up to 4 rows: x has 5
+    assert LINEAR_PRODUCT.select(x, w).name == "prefill" and LINEAR_PRODUCT.select(x[:4], w).name == "q8act"
     assert torch.equal(quantized_linear(x, w), naive_quantized_linear(x, w))
+    monkeypatch.setitem(linear.INTEGER_GEMM_ROWS, "Q8_0", float("inf"))
+    monkeypatch.setitem(q8act.KERNEL_OF, "Q8_0", dataclasses.replace(q8act.KERNEL_OF["Q8_0"], blocked=lambda: "scalar"))
+    assert LINEAR_PRODUCT.select(x, w).name == "prefill"
+    assert "fewer rows than prefill_rows" in dict(LINEAR_PRODUCT.why(x[:3], w))["prefill"]
+
+
+@pytest.mark.parametrize("qtype", BLOCKS)
+@given(M=st.integers(2, 13), N=st.integers(1, 40), nb=st.integers(1, 7), seed=st.integers(0, 2 ** 16))
+@settings(max_examples=12)
+def test_the_blocked_gemm_equals_its_reference_and_the_one_row_kernel(qtype, M, N, nb, seed):
+    """x of several rows: the blocked loop (panels of 8 weight rows by tiles of 4 rows of x, ragged at
+    both ends) against the float64 reference, and each row against decode's one-row kernel; random
+    bytes (Q8_0's -128 too)."""
+    K = QK * nb
+    raw = random_blocks(qtype, N, K, seed)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(seed)) * 2  # (M, K)
+    y = q8act.q8act_matmul(x, raw, qtype)  # (M, N)
+    scale = 1e-5 + 1e-6 * (x.double().abs() @ float_weight(raw, qtype).abs().t())  # (M, N): float32 sums' slack
+    assert y.shape == (M, N) and ((y - q8act.KERNEL_OF[qtype].reference(x, raw, qtype)).double().abs() <= scale).all()
+    rows = torch.cat([q8act.q8act_matmul(x[i:i + 1], raw, qtype) for i in range(M)])  # (M, N): M = 1 each
+    assert ((y - rows).double().abs() <= 2 * scale).all()
+
+
+def _extreme_blocks(qtype: str, rows: int, width: int, byte: int) -> torch.Tensor:
+    """Every code byte `byte` (0xFF: the largest codes, Q5's fifth bits all set; 0x80: Q8_0's -128),
+    every fp16 field 0.01."""
+    fmt = FORMATS[qtype]
+    raw = torch.full((rows, width // fmt.weights, fmt.block_bytes), byte, dtype=torch.uint8)  # (rows, nb, bytes)
+    for field in fmt.fields:
+        if field.kind == "fp16":
+            raw[:, :, field.offset:field.end] = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8)
+    return raw.view(rows, -1)
+
+
+@pytest.mark.parametrize("qtype", BLOCKS)
+@pytest.mark.parametrize("byte", [0xFF, 0x80, 0x00, 0x88], ids=hex)
+def test_the_largest_integer_sums_stay_exact(qtype, byte):
+    """The blocked loop sums products in int16 over as many steps as their bound allows: the largest
+    codes against x at +-127 (a constant row: dx = 1 / 127) give the largest sums; they equal the
+    reference's (no int16 overflow, no maddubs saturation)."""
+    K = 256
+    raw = _extreme_blocks(qtype, 11, K, byte)
+    x = torch.ones(6, K)  # (6, K)
+    x[1::2] = -1  # rows at -127
+    x[4, ::2] = -1  # and one alternating
+    y, ref = q8act.q8act_matmul(x, raw, qtype), q8act.KERNEL_OF[qtype].reference(x, raw, qtype)
+    torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(y[:1], q8act.q8act_matmul(x[:1], raw, qtype), rtol=1e-6, atol=1e-4)
+
+
+def test_the_blocked_gemm_under_compile():
+    raw = blocks("Q5_1", 19, 96)
+
+    def f(v):
+        return q8act.q8act_matmul(v, raw, "Q5_1") * 2
+
+    x = torch.randn(7, 96)
+    torch.testing.assert_close(torch.compile(f, fullgraph=True, backend="eager")(x), f(x))
+    assert q8act.blocked_simd() in q8act.SIMD
 
 
 def test_split_parts_are_the_fused_rows():
@@ -255,3 +341,48 @@ def test_a_non_finite_value_in_a_block_of_x_makes_its_outputs_non_finite(qtype, 
         assert not torch.isfinite(y[1]).any()
         torch.testing.assert_close(y[1], ref[1], equal_nan=True)
     assert torch.equal(y[[0, 2]], clean[[0, 2]])
+
+
+_TWIN = """
+import sys, torch
+from pathlib import Path
+from torch.utils import cpp_extension
+from gatherlens.ops import native
+src = Path(native.__file__).with_name("quant") / "q8act.cpp"
+cpp_extension.load("gatherlens_q8act_twin", [str(src)], extra_cflags=[*native.FLAGS, sys.argv[3]],
+                   extra_ldflags=list(native.LDFLAGS), extra_include_paths=[str(src.parent), str(native.INCLUDE)],
+                   is_python_module=False, build_directory=sys.argv[1])
+sys.path.insert(0, sys.argv[2])
+from gatherlens.ops.quant.q8act import GGML_TYPE, KERNEL_OF
+from test_quantized_q8act import float_weight
+print("simd", torch.ops.gatherlens.q8act_simd())
+for (qtype, x, raw, simd) in torch.load(sys.argv[4]):
+    y = torch.ops.gatherlens.q8act_linear(x, raw, GGML_TYPE[qtype])
+    slack = 1e-5 + 1e-6 * (x.double().abs() @ float_weight(raw, qtype).abs().t())  # float32 sums against float64
+    assert ((y - KERNEL_OF[qtype].reference(x, raw, qtype)).double().abs() <= slack).all(), qtype
+    assert ((y - simd).double().abs() <= 2 * slack).all(), qtype  # this build's loops against the SIMD ones
+print("twin ok")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag,simd", [("-DGATHERLENS_Q8ACT_PLAIN", 0), ("-DGATHERLENS_Q8ACT_VNNI_EMULATED", 2)],
+                         ids=["plain", "vnni"])
+def test_the_scalar_twins_and_the_vnni_loop_equal_the_reference_and_the_simd_loops(tmp_path, flag, simd):
+    """q8act.cpp built again (a fresh build, ~20 s; the process loads no other build: GATHERLENS_NATIVE=0)
+    with its scalar twins (the fallback for CPUs without AVX2), or with its VNNI loop, vpdpbusd emulated
+    exactly in AVX2 (for CPUs with AVX512-VNNI or AVX-VNNI): every 32-weight format, one row and
+    several (the blocked loop), against the reference and this process's SIMD build."""
+    if q8act.blocked_simd() != "avx2":
+        pytest.skip(f"compares with the AVX2 build; this one's blocked loop is {q8act.blocked_simd()}")
+    cases = []
+    for i, qtype in enumerate(BLOCKS):
+        for M, N, K in [(1, 37, 96), (6, 29, 160), (13, 8, 576)]:
+            raw, x = random_blocks(qtype, N, K, seed=i + M), torch.randn(M, K, generator=torch.Generator().manual_seed(M))
+            cases.append((qtype, x, raw, q8act.q8act_matmul(x, raw, qtype)))
+    torch.save(cases, tmp_path / "cases.pt")
+    done = subprocess.run([sys.executable, "-c", _TWIN, str(tmp_path), str(Path(__file__).parent), flag,
+                           str(tmp_path / "cases.pt")], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "GATHERLENS_NATIVE": "0"})
+    assert done.returncode == 0 and "twin ok" in done.stdout, done.stderr[-3000:]
+    assert f"simd {simd}" in done.stdout

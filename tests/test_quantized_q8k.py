@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from gguf.quants import dequantize
 
 from gatherlens.ops.quant import q8k
@@ -102,6 +104,39 @@ def test_a_non_finite_value_in_a_block_of_x_makes_its_outputs_nan(qtype, bad):
     assert torch.equal(y[[0, 2]], clean[[0, 2]])
 
 
+@pytest.mark.parametrize("qtype", QTYPES)
+@given(M=st.integers(2, 13), N=st.integers(1, 40), nb=st.integers(1, 3), seed=st.integers(0, 2 ** 16))
+@settings(max_examples=10)
+def test_the_blocked_gemm_equals_its_reference_and_the_one_row_kernel(qtype, M, N, nb, seed):
+    """x of several rows: the blocked loop (panels of 8 weight rows' super-blocks by tiles of 4 rows of
+    x, ragged at both ends) against the float64 reference, and each row against decode's one-row kernel."""
+    raw = blocks(qtype, N, QK_K * nb, seed)
+    x = torch.randn(M, QK_K * nb, generator=torch.Generator().manual_seed(seed)) * 2  # (M, K)
+    y = q8k.q8k_matmul(x, raw, qtype)  # (M, N)
+    slack = 1e-5 + 1e-6 * (x.abs() @ float_weights(raw, qtype).abs().t())  # (M, N): float32 sums against float64
+    assert y.shape == (M, N) and ((y - q8k_reference(x, raw, qtype)).abs() <= slack).all()
+    rows = torch.cat([q8k.q8k_matmul(x[i:i + 1], raw, qtype) for i in range(M)])  # (M, N): M = 1 each
+    assert ((y - rows).abs() <= 2 * slack).all()
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("byte", [0xFF, 0x80, 0x00, 0x55], ids=hex)
+def test_the_largest_integer_sums_stay_exact(qtype, byte):
+    """The blocked loop sums a sub-block's products in int16 over as many steps as their bound allows,
+    then times its scale in int32: every code byte `byte` (0xFF: the largest codes and scales), every
+    fp16 field 0.01, against x at +-127 (constant rows) equals the reference."""
+    layout = LAYOUTS[qtype]
+    raw = np.full((11, 2, layout.block_bytes), byte, dtype=np.uint8)  # (11, nb, bytes)
+    for f in layout.fields:
+        if f.kind == "fp16":
+            raw[:, :, f.offset:f.end] = np.array([0.01], dtype=np.float16).view(np.uint8)
+    raw = torch.from_numpy(raw.reshape(11, -1))
+    x = torch.ones(6, 2 * QK_K)  # (6, K)
+    x[1::2] = -1
+    x[4, ::2] = -1
+    torch.testing.assert_close(q8k.q8k_matmul(x, raw, qtype), q8k_reference(x, raw, qtype), rtol=1e-6, atol=1e-3)
+
+
 def test_empty_shapes():
     raw = blocks("Q4_K", 5, 256)
     assert q8k.q8k_matmul(torch.zeros(0, 256), raw, "Q4_K").shape == (0, 5)
@@ -157,13 +192,16 @@ cpp_extension.load("gatherlens_q8k_plain", [str(src)], extra_cflags=[*native.FLA
                    extra_ldflags=list(native.LDFLAGS), extra_include_paths=[str(src.parent), str(native.INCLUDE)],
                    is_python_module=False, build_directory=sys.argv[1])
 sys.path.insert(0, sys.argv[2])
-from test_quantized_q8k import QTYPES, blocks
+from test_quantized_q8k import QTYPES, blocks, float_weights
 from gatherlens.ops.quant.q8k import GGML_TYPE
 from gatherlens.ops.quant.q8k_naive import q8k_reference
+assert torch.ops.gatherlens.q8k_simd() == 0
 for qtype in QTYPES:
-    raw, x = blocks(qtype, 37, 768, seed=5), torch.randn(3, 768)
-    y = torch.ops.gatherlens.q8k_linear(x, raw, GGML_TYPE[qtype])
-    torch.testing.assert_close(y, q8k_reference(x, raw, qtype), atol=1e-5, rtol=1e-5)
+    for M in (1, 6):  # one row; several: the blocked loop's twin
+        raw, x = blocks(qtype, 37, 768, seed=5), torch.randn(M, 768)
+        y = torch.ops.gatherlens.q8k_linear(x, raw, GGML_TYPE[qtype])
+        slack = 1e-5 + 1e-6 * (x.abs() @ float_weights(raw, qtype).abs().t())  # float32 sums against float64
+        assert ((y - q8k_reference(x, raw, qtype)).abs() <= slack).all(), (qtype, M)
 print("plain ok")
 """
 

@@ -146,12 +146,12 @@ def test_a_changed_model_file_is_loaded_again_or_refused(tmp_path, monkeypatch):
 
 def test_each_model_request_gives_the_memory_it_freed_back(tmp_path, monkeypatch):
     """The server's RSS stays the model plus its kept runs: after every model request (explain,
-    a generation's stream) the heap's free pages go back to the system (serve/memory.py)."""
+    a generation's stream) the heap's free pages go back to the system (gatherlens/memory.py)."""
     import platform
 
     import gatherlens.serve.app as app_module
     import gatherlens.serve.pool as pool_module
-    from gatherlens.serve.memory import release_memory
+    from gatherlens.memory import release_memory
 
     calls = []
     for module in (app_module, pool_module):

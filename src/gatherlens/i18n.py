@@ -571,6 +571,46 @@ STRINGS: dict[str, dict[str, str]] = {
                "但 {rule} 规则跳过了它；白色：更靠后的块（从不参与）。第一列（注意力汇聚点）和对角线总会保留。"),
     },
     "prefill_map_axes": {"en": "key blocks → · query blocks ↓", "zh": "键块 → · 查询块 ↓"},
+    # the explorer's prefill section (report/sections.py, drawn by explore.js; ex_*: {name} placeholders only)
+    "pf_title": {"en": "5b. Sparse prefill: the key blocks each query block gathered",
+                 "zh": "5b. 稀疏预填充：每个查询块 gather 的键块"},
+    "pf_body": {
+        "en": ("The text was also prefilled block-sparsely: its {L} tokens cut into {nq} blocks of {block}; for each "
+               "block of queries the {rule} rule estimated how much attention every earlier key block gets, and the "
+               "prefill gathered {choice} (plus the first block and the {local} nearest), then attended only to "
+               "those. Over every layer and head it kept {kept:.0%} of the causal blocks. The map follows the layer "
+               "and head chosen above."),
+        "zh": ("这段文本还做了一次块稀疏预填充：{L} 个 token 切成 {nq} 块，每块 {block} 个；对每个查询块，{rule} 规则"
+               "估计每个更早的键块能得到多少注意力，预填充 gather 了{choice}（外加第一块和最近的 {local} 块），"
+               "然后只对这些块做注意力。所有层和头合计保留了因果块的 {kept:.0%}。下图随上方选择的层和头变化。"),
+    },
+    "pf_mass": {"en": "the best ones until {threshold:.0%} of that estimate was covered",
+                "zh": "估计最高的键块，直到覆盖估计的 {threshold:.0%}"},
+    "pf_budget": {"en": "the best {budget}", "zh": "估计最高的 {budget} 块"},
+    "pf_mass_budget": {"en": "the best ones until {threshold:.0%} of that estimate was covered, at most {budget}",
+                       "zh": "估计最高的键块，直到覆盖估计的 {threshold:.0%}，至多 {budget} 块"},
+    "pf_every": {"en": "every causal block", "zh": "每一个因果块"},
+    "pf_share": {
+        "en": ("Layer {layer}, head {head} reads the map of KV head {group} (the heads of a group share one choice): "
+               "{kept} of its {allowed} causal key blocks were gathered, {share:.0%}."),
+        "zh": "第 {layer} 层的头 {head} 用的是键/值头 {group} 的图（同组的头共用一个选择）：{allowed} 个因果键块中 "
+              "gather 了 {kept} 个，占 {share:.0%}。",
+    },
+    "pf_encoder": {"en": "{model} is an encoder (every token attends to every other): there is no causal prefill "
+                         "to make sparse, so no block map.",
+                   "zh": "{model} 是编码器（每个 token 都关注所有 token）：没有因果预填充可做稀疏，因此没有块图。"},
+    "ex_prefill_title": {"en": "prefill · layer {layer}, head {head} (KV head {group}) · blocks of {block} "
+                               "tokens · {share} of the causal blocks gathered",
+                         "zh": "预填充 · 第 {layer} 层，头 {head}（键/值头 {group}）· 每块 {block} 个 token · "
+                               "gather 了因果块的 {share}"},
+    "ex_prefill_info": {"en": "query block {i} (tokens {qa}–{qb}) × key block {j} (tokens {ka}–{kb}): {state}",
+                        "zh": "查询块 {i}（token {qa}–{qb}）× 键块 {j}（token {ka}–{kb}）：{state}"},
+    "ex_prefill_kept": {"en": "gathered", "zh": "已 gather"},
+    "ex_prefill_skipped": {"en": "allowed, skipped by the rule", "zh": "允许，但被规则跳过"},
+    "ex_prefill_outside": {"en": "not allowed (a later block)", "zh": "不允许（更靠后的块）"},
+    "ex_prefill_dense": {"en": "Layer {layer} prefilled densely: it has no block map.",
+                         "zh": "第 {layer} 层是稠密预填充的：没有块图。"},
+    "live_prefill": {"en": "sparse prefill map", "zh": "稀疏预填充图"},
     # -- record captions of gatherlens.dist (trace/sharded.py) ------------------------------------
     "caption_vocab_shard": {
         "en": ("Rank {rank} of {world} holds rows {rows} of the ({V}, d) table. It looks up only the "

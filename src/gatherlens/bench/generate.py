@@ -197,7 +197,8 @@ def fill_caches(lm, L: int, tokens: int, hf_too: bool = True):
     from gatherlens.ops.sparse.config import DEFAULT
 
     # pages stored as every method decodes them (no re-store, which would drop the reserved room)
-    hf, paged = DynamicCache(config=cfg) if hf_too else None, SparseKVCache(config=cfg, kv_dtype=DEFAULT.kv_dtype)
+    hf = DynamicCache(config=cfg) if hf_too else None
+    paged = SparseKVCache(config=cfg, page_size=DEFAULT.page_size, kv_dtype=DEFAULT.kv_dtype)  # the CLI's pages
     reps = ceil_div(L, prefix.shape[1])
     paged.reserve(L + tokens + 2)  # made with room: decode appends in place, never regrows mid-run
     for i, layer in enumerate(seed.layers):

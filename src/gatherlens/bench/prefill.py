@@ -3,16 +3,22 @@
     gatherlens bench prefill                                  # SmolLM2 from its GGUF blocks, 4K / 8K / 32K
     gatherlens bench prefill --context 8K --llama-python ~/llamacpp-venv/bin/python --json prefill.json
     gatherlens bench prefill --float --rules antidiagonal,pooled --threshold 0.9
+    gatherlens bench prefill --context 8K --backends auto,torch --threads 1   # the C++ operators vs torch's
 
 Every case runs in a fresh process (bench/fresh.py), one after the other, on the same prompt ids
 (the first L tokens of Emma, repeated when the book is shorter) and the same threads:
 - dense: one forward of the prompt (transformers' layers, SDPA), `logits_to_keep=1`, and the argmax;
 - sparse-<rule>: the same with `use_sparse_prefill(model, preset)` (ops/prefill): the key blocks
-  each query block needs, gathered; its row says the share of blocks kept;
+  each query block needs, gathered; its row says the share of blocks kept and which rows of the
+  prefill backend tables ran (`ran`); with --backends each backend a row, "sparse-<rule>@torch"
+  for the torch paths (`PrefillConfig.backend`: block scores and attention);
 - llama.cpp: its prefill of the same ids (bench/llamacpp_case.py under --llama-python's interpreter,
   as `bench generate` runs it), only when --llama-python (or $GATHERLENS_LLAMA_PYTHON) is given.
 The time to first token is the best of --rounds runs; x_dense and x_llama are the dense / llama.cpp
-time over the row's. Past 8K the positions are beyond SmolLM2's training: speed only.
+time over the row's; attention_s is that round's time inside the layers' attention function (SDPA,
+or block scores, choice and attention for a sparse row; a timer around the function registered
+under the model's attention name), x_attn the dense row's over it. Past 8K the positions are beyond
+SmolLM2's training: speed only.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from gatherlens.bench.output import check_json_path, json_option, write_results
 from gatherlens.ops.sparse.geometry import ceil_div
 
 CONTEXTS = ("4K", "8K", "32K")
+PREFILL_TABLES = ("block_prefill", "antidiagonal_scores")  # ops/prefill/attend.py's backend tables
 TARGETS = {"dense": {8192: 2.0}, "llama.cpp": {8192: 2.0, 32768: 4.0}}  # sparse over each, issue 28
 LLAMA = "llama.cpp"
 
@@ -36,12 +43,36 @@ LLAMA = "llama.cpp"
 @dataclass
 class Row:
     context: int
-    method: str                      # "dense", "sparse-<rule>", "llama.cpp"
+    method: str                      # "dense", "sparse-<rule>[@<backend>]", "llama.cpp"
     ttft_s: float                    # time to first token (best of the rounds)
     kept_share: float | None = None  # key blocks gathered / allowed (sparse rows)
     x_dense: float | None = None     # dense ttft / this ttft
     x_llama: float | None = None     # llama.cpp ttft / this ttft
     quantized: bool = False
+    attention_s: float | None = None  # seconds inside the attention function (the best round)
+    x_attn: float | None = None      # dense attention_s / this attention_s
+    ran: dict | None = None          # prefill backend table -> {row: calls} (sparse rows)
+
+
+class AttentionClock:
+    """Seconds spent inside a model's attention function: the function registered under the model's
+    attention name is wrapped (in this process only; hf_adapter's public registry)."""
+
+    def __init__(self, model):
+        from gatherlens.models.hf_adapter import attention_function, attn_implementation, register_attention
+
+        self.seconds = 0.0
+        name = attn_implementation(model)
+        inner = attention_function(name)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        register_attention(name, timed)
 
 
 def prompt_ids(lm, L: int) -> list[int]:
@@ -59,33 +90,47 @@ def run_case(spec: dict) -> dict:
 
     from gatherlens.models import load
     from gatherlens.models.sparse_prefill import last_prefill_selections, use_sparse_prefill
+    from gatherlens.ops import backends
     from gatherlens.ops.prefill.config import PRESETS
+    from gatherlens.ops.prefill.fused_prefill import kernel_loaded
     from gatherlens.ops.prefill.selection import kept_share
 
     torch.set_num_threads(int(spec["threads"]))
     lm = load(spec["model"], **({"quantized": True} if spec["quantized"] else {}))
     ids = torch.tensor([prompt_ids(lm, int(spec["context"]))])                # (1, L)
     if spec["rule"] is not None:
-        use_sparse_prefill(lm.model, PRESETS[spec["rule"]].replace(keep_selection=True, **spec["changes"]))
-    best = float("inf")
+        config = PRESETS[spec["rule"]].replace(keep_selection=True, backend=spec.get("backend", "auto"),
+                                               **spec["changes"])
+        use_sparse_prefill(lm.model, config)
+        kernel_loaded()  # a first build of the C++ operators (15-30 s) is not part of the time to first token
+    clock, best, attention = AttentionClock(lm.model), float("inf"), None
+    backends.reset_ran()
     with torch.no_grad():
         for _ in range(int(spec["rounds"])):
-            t0 = time.perf_counter()
+            clock.seconds, t0 = 0.0, time.perf_counter()
             logits = lm.model(input_ids=ids, use_cache=True, logits_to_keep=1).logits  # (1, 1, V)
             int(logits[0, -1].argmax())
-            best = min(best, time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            if seconds < best:
+                best, attention = seconds, clock.seconds
     shared = kept_share(last_prefill_selections(lm.model).values())
-    return {"ttft_s": best, "kept_share": shared, "ids": ids[0].tolist()}
+    ran = {op: rows for op, rows in backends.ran().items() if op in PREFILL_TABLES}
+    return {"ttft_s": best, "attention_s": attention, "kept_share": shared, "ran": ran or None,
+            "ids": ids[0].tolist()}
 
 
 def _rows_of_context(spec: dict, rules: list[str], llama: str | None, gguf) -> list[Row]:
-    """Every case of one context, each in a fresh process: dense, each rule, llama.cpp on the same ids."""
+    """Every case of one context, each in a fresh process: dense, each rule on each backend, llama.cpp on
+    the same ids."""
     dense = run_fresh("gatherlens.bench.prefill", dict(spec, rule=None))
-    rows = [Row(spec["context"], "dense", dense["ttft_s"], 1.0, quantized=spec["quantized"])]
+    rows = [Row(spec["context"], "dense", dense["ttft_s"], 1.0, quantized=spec["quantized"],
+                attention_s=dense["attention_s"])]
     for rule in rules:
-        got = run_fresh("gatherlens.bench.prefill", dict(spec, rule=rule))
-        rows.append(Row(spec["context"], f"sparse-{rule}", got["ttft_s"], got["kept_share"],
-                        quantized=spec["quantized"]))
+        for backend in spec["backends"]:
+            got = run_fresh("gatherlens.bench.prefill", dict(spec, rule=rule, backend=backend))
+            name = f"sparse-{rule}" + ("" if backend == "auto" else f"@{backend}")
+            rows.append(Row(spec["context"], name, got["ttft_s"], got["kept_share"], quantized=spec["quantized"],
+                            attention_s=got["attention_s"], ran=got["ran"]))
     if llama is not None and gguf is not None:
         got = run_llamacpp(llama, gguf, dense["ids"], int(spec["threads"]))
         rows.append(Row(spec["context"], LLAMA, got["prefill_s"]))
@@ -93,18 +138,22 @@ def _rows_of_context(spec: dict, rules: list[str], llama: str | None, gguf) -> l
     for r in rows:
         r.x_dense = rows[0].ttft_s / r.ttft_s
         r.x_llama = llama_s / r.ttft_s if llama_s is not None else None
+        r.x_attn = rows[0].attention_s / r.attention_s if r.attention_s else None
     return rows
 
 
-def _parse(contexts, rules: str) -> tuple[list[int], list[str]]:
+def _parse(contexts, rules: str, backends: str) -> tuple[list[int], list[str], list[str]]:
     from gatherlens.bench.decode import parse_context
-    from gatherlens.ops.prefill.config import PRESETS
+    from gatherlens.ops.prefill.config import BACKENDS, PRESETS
 
     names = [r.strip() for r in rules.split(",") if r.strip()]
     bad = [n for n in names if n not in PRESETS]
     if bad or not names:
         raise click.BadParameter(f"{rules!r}: give rules from {', '.join(PRESETS)}", param_hint="--rules")
-    return [parse_context(c) for c in (contexts or CONTEXTS)], names
+    where = [b.strip() for b in backends.split(",") if b.strip()]
+    if not where or any(b not in BACKENDS for b in where):
+        raise click.BadParameter(f"{backends!r}: give backends from {', '.join(BACKENDS)}", param_hint="--backends")
+    return [parse_context(c) for c in (contexts or CONTEXTS)], names, where
 
 
 @click.command("prefill")
@@ -112,6 +161,8 @@ def _parse(contexts, rules: str) -> tuple[list[int], list[str]]:
               help='"smollm2" or a local Llama-family folder / .gguf file.')
 @click.option("--context", "contexts", multiple=True, help="prompt length, repeatable: 4K, 8K, 32768 (default: 4K, 8K, 32K)")
 @click.option("--rules", default="default", show_default=True, help="sparse prefill presets, comma-separated")
+@click.option("--backends", default="auto", show_default=True,
+              help="where the sparse rows' scores and attention run, comma-separated: auto, native, torch")
 @click.option("--threshold", default=None, type=click.FloatRange(0, 1, min_open=True),
               help="the rules' mass threshold (default: each preset's)")
 @click.option("--block-size", default=None, type=click.IntRange(1), help="tokens per block (default: the preset's)")
@@ -123,10 +174,10 @@ def _parse(contexts, rules: str) -> tuple[list[int], list[str]]:
               help="llama-cpp-python's interpreter (its own virtualenv): adds the llama.cpp row")
 @json_option("bench-prefill.json")
 @click.option("--force", is_flag=True, help="overwrite an existing --json file")
-def command(model_name, contexts, rules, threshold, block_size, use_float, rounds, threads, llama_python_option,
-            json_path, force):
+def command(model_name, contexts, rules, backends, threshold, block_size, use_float, rounds, threads,
+            llama_python_option, json_path, force):
     """Time to first token: dense prefill, sparse prefill and llama.cpp on the same ids (fresh process per case)."""
-    Ls, names = _parse(contexts, rules)
+    Ls, names, where = _parse(contexts, rules, backends)
     check_json_path(json_path, force)
     gguf = gguf_of(model_name)
     quantized = not use_float and gguf is not None and not quantized_note(gguf)
@@ -136,23 +187,29 @@ def command(model_name, contexts, rules, threshold, block_size, use_float, round
     changes = {k: v for k, v in (("threshold", threshold), ("block_size", block_size)) if v is not None}
     start, rows = time.perf_counter(), []
     for L in Ls:
-        spec = dict(model=model_name, quantized=quantized, context=L, threads=threads, rounds=rounds, changes=changes)
+        spec = dict(model=model_name, quantized=quantized, context=L, threads=threads, rounds=rounds, changes=changes,
+                    backends=where)
         rows += _rows_of_context(spec, names, llama, gguf)
         click.echo(f"L={L}: " + ", ".join(f"{r.method} {r.ttft_s:.2f} s" for r in rows if r.context == L))
     _print(rows)
     for line in verdicts(rows):
         click.echo(line)
-    meta = dict(model=model_name, quantized=quantized, threads=threads, rounds=rounds, rules=names, changes=changes,
-                wall_s=time.perf_counter() - start, skipped=[note] if note else [], python=sys.version.split()[0])
+    meta = dict(model=model_name, quantized=quantized, threads=threads, rounds=rounds, rules=names, backends=where,
+                changes=changes, wall_s=time.perf_counter() - start, skipped=[note] if note else [],
+                python=sys.version.split()[0])
     write_results(Path(json_path), "prefill", meta, rows, force=force)
 
 
 def _print(rows: list[Row]) -> None:
-    click.echo(f"{'context':>8} {'method':<24} {'ttft s':>9} {'kept':>6} {'x dense':>8} {'x llama':>8}")
+    click.echo(f"{'context':>8} {'method':<24} {'ttft s':>9} {'kept':>6} {'x dense':>8} {'x llama':>8} "
+               f"{'attn s':>8} {'x attn':>7}")
     for r in rows:
         kept = "-" if r.kept_share is None else f"{r.kept_share:.3f}"
         xl = "-" if r.x_llama is None else f"{r.x_llama:.2f}"
-        click.echo(f"{r.context:>8} {r.method:<24} {r.ttft_s:>9.3f} {kept:>6} {r.x_dense:>8.2f} {xl:>8}")
+        attn = "-" if r.attention_s is None else f"{r.attention_s:.3f}"
+        xa = "-" if r.x_attn is None else f"{r.x_attn:.2f}"
+        click.echo(f"{r.context:>8} {r.method:<24} {r.ttft_s:>9.3f} {kept:>6} {r.x_dense:>8.2f} {xl:>8} "
+                   f"{attn:>8} {xa:>7}")
 
 
 def verdicts(rows: list[Row]) -> list[str]:

@@ -3,6 +3,8 @@
     gatherlens bench qlinear                              # SmolLM2's blocks if installed; M = 1 and 64
     gatherlens bench qlinear --gguf path/to/model.gguf --rows 1 --json qlinear.json
     gatherlens bench qlinear --gguf synthetic             # gguf's quantizer on normal data instead
+    gatherlens bench qlinear --gguf synthetic --qtype Q5_0 --routes q8act,dequant --rows 32,256,1024
+                                                          # the prefill's crossover (linear.INTEGER_GEMM_ROWS)
 
 One process, side by side. Shapes: SmolLM2-135M's four Q4_1 linears (N x K: 576x576 for q/o,
 192x576 for k/v, 1536x576 for gate/up, 576x1536 for down), the fused q|k|v and gate|up, and the tied
@@ -70,19 +72,33 @@ class Row:
 
 
 def _synthetic(qtype: str, n: int, k: int) -> torch.Tensor:
-    """gguf's own quantizer on N(0, 0.05) weights: (n, row bytes) uint8."""
+    """gguf's own quantizer on N(0, 0.05) weights: (n, row bytes) uint8; where gguf has none (IQ4_NL,
+    the K-quants), random codes with every fp16 field (scales, mins) a small finite half."""
     import numpy as np
     from gguf import GGMLQuantizationType
-    from gguf.quants import quantize
+    from gguf.quants import QuantError, quantize
 
-    data = (np.random.default_rng(0).standard_normal((n, k)) * 0.05).astype(np.float32)
-    return torch.from_numpy(quantize(data, GGMLQuantizationType[qtype]))
+    from gatherlens.ops.quant import FORMATS
+
+    rng = np.random.default_rng(0)
+    try:
+        return torch.from_numpy(quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32),
+                                         GGMLQuantizationType[qtype]))
+    except (NotImplementedError, QuantError):
+        pass
+    fmt = FORMATS[qtype]
+    raw = rng.integers(0, 256, (n, k // fmt.weights, fmt.block_bytes), dtype=np.uint8)  # (n, nb, bytes)
+    for field in (f for f in fmt.fields if f.kind == "fp16"):
+        raw[:, :, field.offset:field.end] = (rng.standard_normal((n, k // fmt.weights, 1)) * 0.003
+                                             ).astype(np.float16).view(np.uint8)
+    return torch.from_numpy(raw.reshape(n, -1))  # (n, row bytes)
 
 
-def load_blocks(source: str | None, names: tuple[str, ...]) -> dict:
-    """{shape name: (raw blocks, qtype)} from a .gguf (a path or "smollm2") or synthetic (None)."""
+def load_blocks(source: str | None, names: tuple[str, ...], qtype: str | None = None) -> dict:
+    """{shape name: (raw blocks, qtype)} from a .gguf (a path or "smollm2") or synthetic (None): each
+    shape's own format, or `qtype` for all of them."""
     if source is None:
-        return {s: (_synthetic(SHAPES[s][1], *SHAPES[s][2:]), SHAPES[s][1]) for s in names}
+        return {s: (_synthetic(qtype or SHAPES[s][1], *SHAPES[s][2:]), qtype or SHAPES[s][1]) for s in names}
     from gatherlens.models.registry import resolve
     from gatherlens.ops.quant import QuantizedTable
 
@@ -164,6 +180,8 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.option("--gguf", "source", default="smollm2", show_default=True,
               help="a .gguf path or a model name whose layer-0 blocks to use; 'synthetic': gguf's quantizer")
 @click.option("--shapes", default=",".join(SHAPES), show_default=True, help="comma-separated shape names")
+@click.option("--qtype", default=None, help="with --gguf synthetic: every shape in this block format "
+              "(default: each its own, Q4_1 and the Q8_0 head)")
 @click.option("--rows", "rows_text", default="1,64", show_default=True, help="M values: rows of x")
 @click.option("--routes", default=",".join(LINEAR_ROUTES), show_default=True, help="routes for the Q4_1 linears")
 @click.option("--head-routes", default=",".join(HEAD_ROUTES), show_default=True, help="routes for the head")
@@ -173,25 +191,27 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.option("--threads", default=2, show_default=True, help="torch threads")
 @json_option("bench-qlinear.json")
 @click.option("--force", is_flag=True, help="overwrite an existing --json file")
-def command(source, shapes, rows_text, routes, head_routes, copies, cold_mib, repeats, threads, json_path, force):
+def command(source, shapes, qtype, rows_text, routes, head_routes, copies, cold_mib, repeats, threads, json_path,
+            force):
     """Time quantized linears (GGUF blocks) against F.linear on float32, hot and from memory."""
     from rich.console import Console
 
     check_json_path(json_path, force)
     names, m_values = _options(shapes, rows_text, routes, head_routes, copies, repeats, threads)
+    _check_qtype(qtype, source)
     console = Console() if Console().is_terminal else Console(width=150)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    meta = {"torch": torch.__version__, "source": source, "threads": threads, "copies": copies,
+    meta = {"torch": torch.__version__, "source": source, "qtype": qtype, "threads": threads, "copies": copies,
             "repeats": repeats, "complete": False}
     rows = []
     try:
-        blocks = load_blocks(None if source == "synthetic" else source, names)
+        blocks = load_blocks(None if source == "synthetic" else source, names, qtype)
         for name in names:
-            raw, qtype = blocks[name]
+            raw, fmt = blocks[name]
             for m in m_values:
                 chosen = (head_routes if name == "head" else routes).split(",")
-                rows += time_case(name, raw, qtype, m, chosen, copies, cold_mib, repeats, threads)
+                rows += time_case(name, raw, fmt, m, chosen, copies, cold_mib, repeats, threads)
                 console.log(f"done {name} M={m}")
                 write_results(json_path, "qlinear", meta, rows, force=force or (name, m) != (names[0], m_values[0]))
     finally:
@@ -218,6 +238,14 @@ def _options(shapes, rows_text, routes, head_routes, copies, repeats, threads):
         if value < 1:
             raise click.BadParameter(f"must be >= 1, got {value}", param_hint=hint)
     return names, _ints(rows_text)
+
+
+def _check_qtype(qtype: str | None, source: str) -> None:
+    from gatherlens.ops.quant import FORMATS
+
+    if qtype is not None and (source != "synthetic" or qtype not in FORMATS):
+        raise click.BadParameter(f"{qtype!r}: --qtype takes a block format ({', '.join(FORMATS)}) with --gguf "
+                                 f"synthetic", param_hint="--qtype")
 
 
 def _print_per_token(console, rows) -> None:

@@ -11,9 +11,11 @@ terminal (gatherlens.render.summary: tokens and ids, the embedding gather, one q
 keys, the next-token prediction, the table of every gather) and writes a self-contained HTML report with one SVG per
 figure to --out (default ./gatherlens-report). The page is explorable offline: pick any layer, head
 and query and move k (`gatherlens serve` is the same page, live). A folder that already holds files is refused
-unless --force; --force replaces only the report's own files (index.html, story.json, NN-*.svg).
---quantized runs a GGUF model from its blocks (float32 stays the default); the report then draws the
-embedding gather from the quantized table.
+unless --force; --force replaces only the report's own files (index.html, story.json, NN-*.svg,
+prefill-map.svg). --quantized runs a GGUF model from its blocks (float32 stays the default); the report
+then draws the embedding gather from the quantized table. --sparse-prefill also prefills the text
+block-sparsely (ops.prefill.config.TOY): the page gains a section with the key blocks each query block
+gathered, for any layer and head, and prefill-map.svg draws --layer's and --head's.
 """
 from __future__ import annotations
 
@@ -26,15 +28,18 @@ import click
 
 from gatherlens.commands.params import Int, load_kwargs, quantized_option
 from gatherlens.i18n import LANGS
+from gatherlens.ops.prefill.config import TOY
 from gatherlens.report.defaults import DEFAULT_TEXT
 
 
-def _command_line(text, model, quantized, top_k, layer, head, query, lang, out) -> str:
+def _command_line(text, model, quantized, top_k, layer, head, query, lang, out, sparse_prefill=False) -> str:
     parts = ["gatherlens", "explain", text]
     if model != "smollm2":
         parts += ["--model", model]
     if quantized:
         parts += ["--quantized"]
+    if sparse_prefill:
+        parts += ["--sparse-prefill"]
     parts += ["--top-k", str(top_k)]
     if layer is not None:
         parts += ["--layer", str(layer)]
@@ -70,8 +75,8 @@ def _command_line(text, model, quantized, top_k, layer, head, query, lang, out) 
 @click.option("--force", is_flag=True,
               help="Write into a folder that already holds files (replaces only report files).")
 @click.option("--sparse-prefill", "sparse_prefill", is_flag=True,
-              help="Also prefill TEXT block-sparsely and draw the key blocks each query block of --layer / "
-                   "--head gathered (prefill-map.svg in --out).")
+              help="Also prefill TEXT block-sparsely: the page gains a map of the key blocks each query block "
+                   "gathered, for any layer and head (prefill-map.svg in --out: --layer's and --head's).")
 def explain(text, model, quantized, top_k, layer, head, query, lang, out, force, sparse_prefill=False):
     """Explain every gather a real model runs on TEXT.
 
@@ -117,49 +122,37 @@ def explain(text, model, quantized, top_k, layer, head, query, lang, out, force,
             from gatherlens.ops import backends
 
             backends.reset_ran()  # what ran for this text only
-            story = collect(lm, text, top_k=top_k, layer=layer, head=head, query=query, say=say)
+            story = collect(lm, text, top_k=top_k, layer=layer, head=head, query=query, say=say,
+                            prefill=TOY if sparse_prefill else None)
             ran = backends.describe()  # which row of each native operator's table ran, and why others did not
             require_finite(story_data(story), "the report's numbers (story.json)")
             say("drawing the figures and writing the report")
-            command = _command_line(text, model, quantized, top_k, layer, head, query, lang, out)
-            paths = write_report(story, out, lang=lang, force=force, command=command) + _prefill_map(lm, say, err)
+            command = _command_line(text, model, quantized, top_k, layer, head, query, lang, out, sparse_prefill)
+            paths = write_report(story, out, lang=lang, force=force, command=command)
     except GatherLensError as e:
         raise click.ClickException(str(e)) from None
     console = Console()
     if not console.is_terminal:
         console.width = max(console.width, 110)
     print_summary(explain_summary(story), paths, console, lang)
-    for line in ran.splitlines():
-        err.log(f"backend {line}")
-    err.log(f"done in {time.perf_counter() - t0:.1f} s")
+    for line in _closing_lines(ran, story, time.perf_counter() - t0):
+        err.log(line)
 
 
-def _prefill_map(lm, say, err) -> list:
-    """With --sparse-prefill (this command's options): one sparse prefill of TEXT (ops.prefill.config.TOY), the
-    map of --layer and of --head's KV group as --out/prefill-map.svg, one line on what it kept; [its path], or []."""
-    ctx = click.get_current_context(silent=True)
-    options = ctx.params if ctx is not None else {}
-    if not options.get("sparse_prefill"):
-        return []
-    text, out, layer, head, lang = (options[k] for k in ("text", "out", "layer", "head", "lang"))
-    from pathlib import Path
+def _closing_lines(ran: str, story, seconds: float) -> list[str]:
+    """What the command says after the summary: which backends ran, what --sparse-prefill kept, the time."""
+    lines = [f"backend {line}" for line in ran.splitlines()]
+    return lines + ([_prefill_line(story)] if story.prefill is not None else []) + [f"done in {seconds:.1f} s"]
 
-    from gatherlens.models.sparse_prefill import prefill_selections
-    from gatherlens.ops.prefill.config import TOY
-    from gatherlens.ops.prefill.selection import kept_share
-    from gatherlens.outputs import write_output
-    from gatherlens.render.prefill_map import prefill_map_svg
 
-    say("prefilling block-sparsely and drawing the key blocks it gathered")
-    sels = prefill_selections(lm.model, lm.tokenizer(text, return_tensors="pt")["input_ids"], TOY)
-    n = len(sels)
-    chosen = sorted(sels)[(n // 2 if layer is None else layer) % n]
-    Hq, H = lm.config.num_attention_heads, sels[chosen].blocks.shape[1]
-    svg = prefill_map_svg(sels[chosen], (head % Hq) // (Hq // H), layer=chosen, lang=lang)  # the query head's group
-    path = write_output(Path(out) / "prefill-map.svg", svg, "--out", force=True)
-    kept = kept_share(sels.values())
-    err.log(f"sparse prefill: {kept:.0%} of the causal key blocks gathered over {n} layers (map of layer {chosen})")
-    return [path]
+def _prefill_line(story) -> str:
+    """One line on what --sparse-prefill kept (the report's prefill section draws it)."""
+    maps = story.prefill
+    if not maps.selections:
+        return f"sparse prefill: {story.model_name} is an encoder (no causal prefill): no block map"
+    layer = maps.layer_near(story.attention.layer)
+    return (f"sparse prefill: {maps.kept_share():.0%} of the causal key blocks gathered over {len(maps.layers)} "
+            f"layers (prefill-map.svg: layer {layer})")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,7 +7,8 @@
 Checks the settings, the port and the model before the server starts (each failure is one
 `Error:` line; a busy port before the model loads), then keeps the model warm; the page updates
 as you type, switches model and top-k, and generates with sparse decoding, showing which pages
-each step read. Binds 127.0.0.1 by default: any other host exposes the model (and your
+each step read; with --sparse-prefill (or its checkbox) it also shows which key blocks each query
+block of a sparse prefill gathered. Binds 127.0.0.1 by default: any other host exposes the model (and your
 machine's CPU) to the network, which is said once on start. Ctrl-C stops it.
 """
 from __future__ import annotations
@@ -36,7 +37,10 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 @click.option("--quantized", is_flag=True,
               help="Run the model from its GGUF blocks (smollm2 or a .gguf PATH); the embedding section "
                    "then draws the quantized row gather.")
-def serve(model, host, port, lang, max_new, quantized):
+@click.option("--sparse-prefill", "sparse_prefill", is_flag=True,
+              help="Open the page with its sparse-prefill map on: each text is also prefilled block-sparsely and "
+                   "a section shows the key blocks each query block gathered (a checkbox on the page switches it).")
+def serve(model, host, port, lang, max_new, quantized, sparse_prefill=False):
     """Serve the live explorer: type text, see every gather; generate with sparse decoding."""
     # Before torch loads OpenMP: idle threads sleep instead of spinning (see commands/explain.py).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -49,7 +53,7 @@ def serve(model, host, port, lang, max_new, quantized):
                    f"model on your machine and read what it is given. Use --host 127.0.0.1 to keep "
                    f"it local.", err=True)
     settings = ServeSettings(model=model, host=host, port=port, lang=lang, max_new_tokens=max_new,
-                             default_new_tokens=min(24, max_new), quantized=quantized)
+                             default_new_tokens=min(24, max_new), quantized=quantized, sparse_prefill=sparse_prefill)
     url = f"http://{_url_host(host)}:{port}/"
     click.echo(f"loading {model} and serving {url}  (Ctrl-C stops)", err=True)
     with prepared(settings) as loader:   # settings, port and model checked here: errors are one line

@@ -36,6 +36,7 @@ from typing import Iterator
 import torch
 
 from gatherlens.errors import GatherValueError
+from gatherlens.memory import release_memory
 from gatherlens.models.detokenize import CONTEXT_TOKENS, Detokenizer
 from gatherlens.models.file_watch import check_unchanged
 from gatherlens.models.sparse import (SparseKVCache, observe_sparse, sparse_settings, use_dense_decoding,
@@ -168,6 +169,7 @@ def _last_logits(model, cache, ids: torch.Tensor, chunk: int | None = None) -> t
     chunk = chunk or PREFILL_CHUNK
     while ids.shape[1] > chunk:
         model(input_ids=ids[:, :chunk], cache=cache, use_cache=True, logits_to_keep=1)
+        release_memory()  # the chunk's activations back to the system, not kept for the next (memory.py)
         ids = ids[:, chunk:]  # (1, Q - chunk)
     return model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]  # (V,)
 

@@ -102,6 +102,13 @@ def open_gguf(path, mode: str = "r") -> GGUFReader:
     return reader
 
 
+def forget_kept() -> None:
+    """Let the kept reader go (open_gguf's last file): its parsed metadata is tens of MB of Python
+    objects for a large vocabulary (~40 MB for SmolLM2's 49,152 tokens and merges); a model that
+    maps the file keeps only the mapping. The next open_gguf parses the header afresh."""
+    _KEPT.clear()
+
+
 def metadata_value(reader: GGUFReader, key: str, default=None):
     """One metadata value as Python data (str, int, float, bool, list), `default` when absent."""
     field = reader.fields.get(key)

@@ -27,7 +27,7 @@ __all__ = [
     "CAUSAL_LM_SUFFIXES", "unwrap", "attn_implementation", "set_attn_implementation", "preset_attn_implementation",
     "register_attention", "sdpa_attention", "attention_function", "layer_types", "default_cache", "restore_default_cache",
     "replace_forward", "restore_forward", "forward_replaced", "decoder_layers", "class_named", "is_causal_lm",
-    "quiet_gguf_progress", "hand_over", "handed_over",
+    "quiet_gguf_progress", "hand_over", "handed_over", "causal_lm_output",
 ]
 
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # class (architecture) names of causal LMs
@@ -147,6 +147,17 @@ def restore_forward(module) -> None:
     relies on: the instance attribute `forward` hiding the class's (see replace_forward).
     """
     module.__dict__.pop("forward", None)
+
+
+def causal_lm_output(logits, cache):
+    """What a causal LM's forward returns: its logits (B, Q, V) and the cache it filled.
+
+    relies on: `transformers.modeling_outputs.CausalLMOutputWithPast` (the output class every causal
+    LM returns, not exported at the top level) with its 5.x field name `cache`; generate reads both.
+    """
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return CausalLMOutputWithPast(logits=logits, cache=cache)
 
 
 def forward_replaced(module) -> bool:

@@ -22,8 +22,10 @@ by the lean decode step) and the separate projections share their packed rows; P
 the file and in its HF class already. Rows the table marks `permute` (Llama's attn_q / attn_k) are
 stored permuted for llama.cpp's RoPE; the same row permutation as transformers' `reverse_permute`
 undoes it (blocks run along K, so moving whole rows is exact).
-Prefill (an x of at least `PREFILL_ROWS` rows) dequantizes each weight for the call and runs float32
-GEMM: bit-equal to the float model's weights and faster there than the int4 kernel on this CPU.
+Prefill (an x of at least `PREFILL_ROWS` rows) runs the q8act kernels' blocked integer GEMM on the
+blocks where `linear.INTEGER_GEMM_ROWS` says it is faster (x rounded to 8 bits, as in decode: ~0.3%
+perplexity against the float model), else dequantizes each weight in tiles for the call and runs
+float32 GEMM (bit-equal to the float model's weights).
 """
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ def load_quantized(source: ModelSource, attn_implementation: str | None, say) ->
     """A GGUF source -> LoadedModel whose linears and embedding are GGUF blocks (see module doc)."""
     from gatherlens.models.file_watch import FileWatch, watch_model
     from gatherlens.models.gguf_check import open_reader
+    from gatherlens.models.gguf_config import forget_kept
 
     check_quantizable(source)
     watch = FileWatch(source.path)  # the file before any of it is read: a change later is one error
@@ -73,6 +76,7 @@ def load_quantized(source: ModelSource, attn_implementation: str | None, say) ->
         tables = {t.name: t for t in reader.tensors}
         model = _build(config, reader, tables, attn_implementation, arch)
         watch_model(model, watch, reader.data)  # it reads the mapping in place (models/file_watch.py)
+    forget_kept()  # the model holds the mapping; the parsed header (~40 MB of objects) can go
     info = {"quantized": True, "config_from": "cache" if folder else "gguf"}
     return LoadedModel(source.name, model, tokenizer, source.path, folder, info=info)
 
@@ -169,10 +173,23 @@ def _parts(row: Row, i: int, reader, tables: dict, config, arch: Arch) -> tuple:
     return _rows(reader, f"{stem}.weight", config, arch), qtype, bias
 
 
-def _fused(parent, names: list[str], parts: list[tuple]) -> QuantizedLinear:
+def _joined(reader, raws: list[torch.Tensor]) -> torch.Tensor:
+    """Several projections' rows as one (sum N, row_bytes) weight: a view of the mapped file where they
+    lie there one after another (llama.cpp writes ffn_gate then ffn_up), else a copy."""
+    base = reader.data  # (file bytes,) uint8: the mapping
+    start, width = raws[0].data_ptr() - base.ctypes.data, raws[0].shape[1]
+    adjacent = all(r.is_contiguous() and r.shape[1] == width for r in raws) and all(
+        a.data_ptr() + a.numel() == b.data_ptr() for a, b in zip(raws, raws[1:]))
+    rows = sum(r.shape[0] for r in raws)
+    if not adjacent or start < 0 or start + rows * width > base.size:
+        return torch.cat(raws)  # (sum N, row_bytes): q and k rows un-permuted, or apart in the file
+    return torch.from_numpy(base[start:start + rows * width].reshape(rows, width))  # (sum N, row_bytes), no copy
+
+
+def _fused(parent, names: list[str], parts: list[tuple], reader) -> QuantizedLinear:
     """Pack the rows of several projections as one weight; each projection a view of its rows."""
     raws, qtype, biases = [p[0] for p in parts], parts[0][1], [p[2] for p in parts]
-    fused = pack_linear(torch.cat(raws), qtype, _config(qtype))  # (sum N, row_bytes)
+    fused = pack_linear(_joined(reader, raws), qtype, _config(qtype))  # (sum N, row_bytes)
     for name, part, bias in zip(names, split_linear(fused, [r.shape[0] for r in raws]), biases):
         setattr(parent, name, QuantizedLinear(part, bias))
     joined = None if any(b is None for b in biases) else torch.cat(biases)  # (sum N,)
@@ -190,7 +207,7 @@ def _fill_layer(layer, i: int, reader, tables: dict, config, arch: Arch) -> None
         locals_ = [f"{parent}.{n}" for n in names]
         if all(n in parts for n in locals_) and len({parts[n][1] for n in locals_}) == 1:
             module = layer.get_submodule(parent)
-            module.add_module(fused_name, _fused(module, list(names), [parts.pop(n) for n in locals_]))
+            module.add_module(fused_name, _fused(module, list(names), [parts.pop(n) for n in locals_], reader))
     for local, (raw, qtype, bias) in parts.items():  # mixed formats, or a layer with nothing to pack
         owner, _, leaf = local.rpartition(".")
         setattr(layer.get_submodule(owner), leaf, linear_from(raw, qtype, bias))

@@ -30,6 +30,7 @@ import contextlib
 from gatherlens.errors import GatherTypeError, GatherValueError
 from gatherlens.models.attention import restore_attention, switch_attention
 from gatherlens.models.decode_head import install_lean_head, remove_lean_head
+from gatherlens.models.decode_stack import install_stack, remove_stack
 from gatherlens.models.decode_step import install_lean_step, lean_layers, remove_lean_step
 from gatherlens.models.features import layer_kinds
 from gatherlens.models.hf_adapter import attn_implementation, default_cache, restore_default_cache, unwrap
@@ -126,9 +127,11 @@ def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: i
     default_cache(model, _sparse_cache_for)
     remove_lean_step(model)
     remove_lean_head(model)
+    remove_stack(model)
     if lean:
         install_lean_step(model)
         install_lean_head(model)
+        install_stack(model)
     return model
 
 
@@ -143,6 +146,7 @@ def use_dense_decoding(model, attn_implementation: str | None = None):
     restore_default_cache(model)
     remove_lean_step(model)
     remove_lean_head(model)
+    remove_stack(model)
     return model
 
 

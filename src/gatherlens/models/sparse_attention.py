@@ -40,6 +40,7 @@ from gatherlens.ops.sparse.config import SparseConfig
 from gatherlens.ops.sparse.decode import choice_of_config, decode_pages, sparse_decode
 
 __all__ = ["SPARSE_ATTN_NAME", "CONFIG_ATTR", "SparseSettings", "SparseCall", "sparse_settings", "decode_attention",
+           "observed",
            "sparse_attention_forward", "register_sparse", "observe_sparse", "padding_mask", "stored_as_configured"]
 
 SPARSE_ATTN_NAME = "gatherlens_sparse"
@@ -173,6 +174,11 @@ def padding_mask(attention_mask, length: int) -> torch.Tensor | None:
 def register_sparse() -> None:
     """Register "gatherlens_sparse" with transformers' attention and mask interfaces (idempotent)."""
     register_attention(SPARSE_ATTN_NAME, sparse_attention_forward)
+
+
+def observed() -> bool:
+    """True while an `observe_sparse` block wants every sparse step (each layer's PageSelection)."""
+    return bool(_observers)
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@
     $ python -m gatherlens.ops.kernels --install  # and copies them into the environment (setup does)
     >>> build_all()
     {'threshold_select.cpp': True, 'fused_decode.cpp': True, 'layer_ops.cpp': True, 'q8act.cpp': True,
-     'floatdot.cpp': True, 'sigbus.cpp': True}
+     'floatdot.cpp': True, 'sigbus.cpp': True, 'fused_prefill.cpp': True, 'decode_stack.cpp': True}
 
 Each kernel otherwise builds the first time a call needs it (15-30 s each on 2 cores); a kernel
 that cannot build leaves its torch / numpy path in place (slower; the same results, except that a
@@ -25,11 +25,12 @@ def build_all() -> dict[str, bool]:
 def _modules() -> tuple:
     from gatherlens.ops.attention.select import threshold_kernel
     from gatherlens.ops.fault import sigbus
-    from gatherlens.ops.layer import fused
+    from gatherlens.ops.layer import fused, stack
+    from gatherlens.ops.prefill import fused_prefill
     from gatherlens.ops.quant import floatdot, q8act, q8k
     from gatherlens.ops.sparse import fused_decode
 
-    return threshold_kernel, fused_decode, fused, q8act, q8k, floatdot, sigbus
+    return threshold_kernel, fused_decode, fused, q8act, q8k, floatdot, sigbus, fused_prefill, stack
 
 
 def install_all() -> dict[str, str]:

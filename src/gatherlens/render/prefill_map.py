@@ -20,13 +20,11 @@ from gatherlens.errors import GatherIndexError
 from gatherlens.i18n import check_lang, text
 from gatherlens.ops.prefill.selection import PrefillSelection
 from gatherlens.render.templates import render_template
-from gatherlens.render.theme import FONTS, MONO, text_width, weight_colour, wrap
+from gatherlens.render.theme import BLOCK_KEPT, BLOCK_OUTSIDE, BLOCK_SKIPPED, FONTS, MONO, text_width, wrap
 
 __all__ = ["prefill_map_svg", "map_pixels"]
 
 MARGIN = 16
-SKIPPED = (226, 226, 226)   # allowed, not gathered
-OUTSIDE = (255, 255, 255)   # not allowed (a later block, outside the window)
 
 
 def _rgb(hex_colour: str) -> tuple[int, int, int]:
@@ -38,9 +36,9 @@ def map_pixels(sel: PrefillSelection, head: int = 0, batch: int = 0) -> np.ndarr
     kept = sel.blocks[batch, head].cpu().numpy()                              # (nq, nk)
     allowed = sel.allowed().cpu().numpy()                                     # (nq, nk)
     img = np.empty((*kept.shape, 3), dtype=np.uint8)                          # (nq, nk, 3)
-    img[:] = OUTSIDE
-    img[allowed] = SKIPPED
-    img[kept] = _rgb(weight_colour(0.9))
+    img[:] = _rgb(BLOCK_OUTSIDE)
+    img[allowed] = _rgb(BLOCK_SKIPPED)
+    img[kept] = _rgb(BLOCK_KEPT)
     return img
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["FONTS", "MONO", "PALETTE", "UNPICKED", "BLANK", "MASKED", "PICKED", "TONES",
-           "colour", "weight_colour", "text_width", "wrap", "fmt_value", "short", "human_bytes"]
+__all__ = ["FONTS", "MONO", "PALETTE", "UNPICKED", "BLANK", "MASKED", "PICKED", "TONES", "BLOCK_KEPT",
+           "BLOCK_SKIPPED", "BLOCK_OUTSIDE", "colour", "weight_colour", "text_width", "wrap", "fmt_value", "short", "human_bytes"]
 
 FONTS = {
     "en": "DejaVu Sans, Noto Sans, Arial, sans-serif",
@@ -46,6 +46,12 @@ def weight_colour(w: float) -> str:
     lo, hi = (255, 255, 255), (33, 84, 160)
     r, g, b = (round(a + (c - a) * w) for a, c in zip(lo, hi))
     return f"#{r:02x}{g:02x}{b:02x}"
+
+
+# the block map of a sparse prefill (render/prefill_map.py, the explorer's prefill section)
+BLOCK_KEPT = weight_colour(0.9)   # a key block the query block gathered
+BLOCK_SKIPPED = "#e2e2e2"         # allowed by causality, skipped by the rule
+BLOCK_OUTSIDE = BLANK             # not allowed (a later block, outside the window)
 
 
 def text_width(s: str, size: float) -> int:

@@ -10,7 +10,7 @@ step of the story; the page is drawn with render's one template environment. It 
 CSS, JS and SVG and forbids every fetch with a Content-Security-Policy, so it works offline.
 
 Overwriting: `write_report` refuses a folder that already holds files, unless `force=True`;
-then it replaces the files a report writes (index.html, story.json, NN-*.svg), removing such
+then it replaces the files a report writes (index.html, story.json, NN-*.svg, prefill-map.svg), removing such
 files left by an earlier report, and leaves every other file alone.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ __all__ = ["Figure", "Report", "build_report", "write_report", "story_data", "pa
            "page_sections", "controls", "REPORT_FILES"]
 
 # what a report writes: anything else in the folder is the user's and is never touched
-REPORT_FILES = re.compile(r"^(index\.html|story\.json|\d\d-[a-z0-9-]+\.svg)$")
+REPORT_FILES = re.compile(r"^(index\.html|story\.json|prefill-map\.svg|\d\d-[a-z0-9-]+\.svg)$")
 
 
 @dataclass
@@ -99,7 +99,7 @@ def _words(lang: str) -> dict:
     """The page's own labels (controls, live panel) from the string table."""
     keys = ("ex_controls", "ex_layer", "ex_head", "ex_query", "ex_k", "live_title", "live_text",
             "live_model", "live_topk", "live_generate", "live_tokens", "live_stop",
-            "live_steps_title", "live_steps_body", "ex_no_steps", "st_click")
+            "live_steps_title", "live_steps_body", "ex_no_steps", "st_click", "live_prefill")
     return {k: text(k, lang) for k in keys}
 
 
@@ -118,7 +118,7 @@ def controls(story: Story, lang: str, live: dict | None = None) -> dict:
             "layer": att.layer, "head": att.head, "query": att.query, "k": _view_k(story, live),
             "k_max": n[3], "noscript": {f"{f}": text("ex_noscript", lang, file=f"{f}.svg")
                                         for f in ("03-heads", "04-scores", "05-score-gather",
-                                                  "06-value-gather")}}
+                                                  "06-value-gather", "prefill-map")}}
 
 
 def page_data(story: Story, lang: str, live: dict | None = None) -> dict:
@@ -129,7 +129,13 @@ def page_data(story: Story, lang: str, live: dict | None = None) -> dict:
             "sel": {"layer": att.layer, "head": att.head, "query": att.query,
                     "k": _view_k(story, live)},
             "model": story.model_name, "strings": strings_data(lang), "theme": theme_data(lang),
-            "lang": lang, "live": live}
+            "lang": lang, "live": live, "prefill": _prefill_data(story)}
+
+
+def _prefill_data(story: Story) -> dict | None:
+    """The packed block maps of the story's sparse prefill (report/prefill.py), or None without one."""
+    maps = story.prefill
+    return maps.pack() if maps is not None and maps.selections else None
 
 
 def story_data(story: Story) -> dict:
@@ -155,6 +161,7 @@ def story_data(story: Story) -> dict:
         "gathers": [{**g, "input_shape": list(g["input_shape"]), "index_shape": list(g["index_shape"]),
                      "output_shape": list(g["output_shape"])} for g in story.gathers],
         "events": story.events, "bytes_read": story.bytes_read,
+        "prefill": story.prefill.summary() if story.prefill is not None and story.prefill.selections else None,
     }
 
 
@@ -178,7 +185,7 @@ def write_report(story: Story, out_dir: str | os.PathLike, lang: str = "en", for
     """Write index.html, story.json and one SVG per figure into `out_dir`; return the paths.
 
     An existing non-empty folder is refused unless `force`; with `force`, earlier report files
-    (index.html, story.json, NN-*.svg) are replaced or removed and other files are kept.
+    (index.html, story.json, NN-*.svg, prefill-map.svg) are replaced or removed and other files are kept.
     """
     report = build_report(story, lang=lang, command=command)
     out = check_out_dir(out_dir, force)  # checked again just before writing (the command checked at its start)

@@ -29,6 +29,7 @@ from gatherlens.errors import GatherValueError
 from gatherlens.params import head_index, layer_index, query_index
 from gatherlens.report.defaults import DEFAULT_TEXT, MAX_PICKS, MAX_TOKENS
 from gatherlens.report.explore import explore_calls
+from gatherlens.report.prefill import prefill_maps
 from gatherlens.report.run_tensors import run_tensors
 from gatherlens.report.scores import call_scale, layer_scores
 from gatherlens.trace.story_records import HeadMap
@@ -111,6 +112,7 @@ class Story:
     dense_run: bool = False               # top-k off: every query kept every allowed key
     quantized: bool = False               # the model ran from its GGUF blocks (load(quantized=True))
     tensors: object = None                # RunTensors: every layer's q, k, v and picks (report.run_tensors)
+    prefill: object = None                # PrefillMaps: a sparse prefill's block maps (report.prefill), or None
 
     @property
     def shown_tokens(self) -> list[str]:
@@ -157,7 +159,7 @@ def token_texts(tokenizer, ids: list[int]) -> list[str]:
 # -- the run ---------------------------------------------------------------------------------
 def collect(lm, text: str, *, top_k: int | None = 4, layer: int | None = None, head: int = 0,
             query: int = -1, say: Callable[[str], None] | None = None,
-            max_tokens: int = MAX_TOKENS) -> Story:
+            max_tokens: int = MAX_TOKENS, prefill=None) -> Story:
     """Run `lm` (a gatherlens.models.LoadedModel) once on `text` and gather the story.
 
     top_k: keys each query keeps in every layer; None keeps every allowed key (top-k off: the
@@ -165,7 +167,9 @@ def collect(lm, text: str, *, top_k: int | None = 4, layer: int | None = None, h
     drawn in detail (default: the middle one); head: its query head; query: the query
     position whose value gather is drawn (default: the last token). max_tokens: the longest text
     (MAX_TOKENS, the offline page's; `gatherlens serve` passes LIVE_MAX_TOKENS); past MAX_TOKENS
-    `story.explore` is None (no full grids: the live page reads `story.tensors`).
+    `story.explore` is None (no full grids: the live page reads `story.tensors`). prefill: a
+    PrefillConfig (ops/prefill/config.py) to also prefill the text block-sparsely once and keep every
+    layer's block map (`story.prefill`, report/prefill.py); None: no sparse prefill.
     """
     say = say or (lambda message: None)
     if not isinstance(text, str) or not text.strip():
@@ -192,7 +196,16 @@ def collect(lm, text: str, *, top_k: int | None = 4, layer: int | None = None, h
                   embeddings=_embeddings(run.trace, lm.model, ids, display),
                   attention=_attention(call, path, layer, head % Hq, heads, query, top_k, display),
                   prediction=prediction, dense_run=dense_run, tensors=run_tensors(run.calls, top_k, dense_run),
-                  explore=explore_calls(run.calls, top_k, dense_run) if ids.shape[1] <= MAX_TOKENS else None)
+                  explore=explore_calls(run.calls, top_k, dense_run) if ids.shape[1] <= MAX_TOKENS else None,
+                  prefill=_prefill(lm, ids, prefill, say))
+
+
+def _prefill(lm, ids, config, say):
+    """Every layer's block map of one sparse prefill of ids (1, S) with `config`, or None without one."""
+    if config is None:
+        return None
+    say("prefilling block-sparsely: the key blocks each query block gathers")
+    return prefill_maps(lm, ids, config)
 
 
 def _check_picks(S: int, top_k: int | None) -> None:

@@ -24,6 +24,7 @@ from gatherlens.render.gallery import gallery_svg
 from gatherlens.render.html import svg_fragment
 from gatherlens.render.keep_compare import keep_comparison_svg
 from gatherlens.render.layout import Limits
+from gatherlens.render.prefill_map import prefill_map_svg
 from gatherlens.render.report_figures import heads_svg, scores_svg
 from gatherlens.render.theme import human_bytes
 from gatherlens.report.heads import RULES, head_gallery
@@ -83,7 +84,7 @@ def _drawn_figure(name: str, title: str, picture: Callable[[], str], draw: str) 
 def sections(story, lang: str = "en") -> list[Section]:
     """Every section of the report of `story` (a gatherlens.report.collect.Story), in order."""
     return [_tokens(story, lang), *_embeddings(story, lang), _gallery(story, lang),
-            _heads(story, lang), _scores(story, lang), _values(story, lang),
+            _heads(story, lang), _scores(story, lang), _values(story, lang), *_prefill(story, lang),
             _prediction(story, lang), _gathers(story, lang)]
 
 
@@ -226,6 +227,33 @@ def _compare(story, lang: str) -> dict:
     return dict(after=[text("kc_body", lang, P=config.page_size, budget=config.budget),
                        Markup(f'<span class="gl-kc-offline">{escape(note)}</span>')],
                 after_figures=[Figure("06-compare", text("kc_fig_title", lang), svg, inline=Markup(svg))])
+
+
+# 5b. a sparse prefill of the text: the key blocks each query block gathered (report/prefill.py)
+def _prefill(story, lang: str) -> list[Section]:
+    """[the section] when the story has a sparse prefill (explain --sparse-prefill, serve's toggle), else []. The
+    page's script draws the reader's layer and head; the file (prefill-map.svg) is the run's layer and head."""
+    maps, title = story.prefill, text("pf_title", lang)
+    if maps is None:
+        return []
+    if not maps.selections:
+        return [Section("prefill", title, [text("pf_encoder", lang, model=story.model_name)])]
+    att, c = story.attention, maps.config
+    layer = maps.layer_near(att.layer)
+    sel, group = maps.selections[layer], maps.selection_head(att.head)
+    shares = maps.shares(layer)
+    allowed = int(sel.allowed().sum())                                      # causal blocks of the (nq, nk) map
+    fig = _drawn_figure("prefill-map", title, lambda: prefill_map_svg(sel, group, layer=layer, lang=lang), "prefill")
+    choice = text({(False, False): "pf_mass_budget", (False, True): "pf_mass", (True, False): "pf_budget",
+                   (True, True): "pf_every"}[c.threshold is None, c.budget is None], lang,
+                  threshold=c.threshold, budget=c.budget)
+    body = [text("pf_body", lang, L=sel.key_len, nq=sel.blocks.shape[2], block=sel.block_size, rule=sel.rule,
+                 choice=choice, local=c.local_blocks, kept=maps.kept_share()),
+            text("prefill_map_legend", lang, rule=sel.rule),
+            slotted(text("pf_share", lang, layer=Slot("layer", att.layer), head=Slot("head", att.head),
+                         group=Slot("pf_group", group), kept=Slot("pf_kept", round(shares[group] * allowed)),
+                         allowed=Slot("pf_allowed", allowed), share=Slot("pf_share", shares[group])))]
+    return [Section("prefill", title, body, figures=[fig])]
 
 
 # 6. the next token: top-k attention against dense

@@ -2,7 +2,8 @@
 
     GET /                 the live page (the explain report's page, with a text box)
     GET /api/explain      ?text=&model=&k=&topk=&layer=&head=&query=&lang=  -> the story (JSON)
-                          (&explore=1 adds the page's data, &html=1 the page itself)
+                          (&explore=1 adds the page's data, &html=1 the page itself, &prefill=1 a sparse
+                          prefill's block maps: the page's prefill section; default: serve --sparse-prefill)
     GET /api/generate     ?text=&model=&max_new=&page_size=&budget=  -> server-sent events
     GET /api/heads        ?text=&model=&k=&topk=&lang=  -> every layer and head: tag, kept share, map
     GET /api/attention    ?text=&model=&k=&topk=&layer=&head=&query=&lang=  -> one head's rows around
@@ -37,7 +38,7 @@ from gatherlens.serve.attention_api import attention_body, run_k_param
 from gatherlens.serve.heads import heads_body
 from gatherlens.serve.limits import RequestLimits, protocol_class
 from gatherlens.serve.params import explain_params, generate_params
-from gatherlens.serve.memory import release_memory
+from gatherlens.memory import release_memory
 from gatherlens.serve.pool import ModelPool
 from gatherlens.serve.runs import RunCache, run_key
 from gatherlens.serve.settings import ServeSettings
@@ -65,11 +66,12 @@ def _explain(lm, p, settings: ServeSettings, runs: RunCache | None = None) -> di
     from gatherlens.report.collect import collect
 
     story = collect(lm, p.text, top_k=p.k if p.topk else None, layer=p.layer, head=p.head,
-                    query=p.query, max_tokens=settings.max_tokens)
+                    query=p.query, max_tokens=settings.max_tokens,
+                    prefill=settings.prefill_config() if p.prefill else None)
     if runs is not None:
         runs.put(run_key(p), story.tensors, story.shown_tokens)
     body = story_data(story)
-    live = settings.live(p.model, p.topk, p.k)
+    live = settings.live(p.model, p.topk, p.k, p.prefill)
     if p.explore:
         body["page"] = page_data(story, p.lang, live)
     if p.html:
@@ -139,7 +141,7 @@ async def _stream(request: Request, pool: ModelPool, p):
             finally:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(steps.close)   # back to dense decoding
-                    await anyio.to_thread.run_sync(release_memory)  # what it freed, back (serve/memory.py)
+                    await anyio.to_thread.run_sync(release_memory)  # what it freed, back (gatherlens/memory.py)
     except GatherLensError as e:
         yield {"event": "failure", "data": json.dumps({"error": str(e)})}
 

@@ -38,6 +38,7 @@ class ExplainParams:
     lang: str
     html: bool
     explore: bool
+    prefill: bool = False       # also prefill the text block-sparsely: the page's prefill map (report/prefill.py)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ def explain_params(q: Mapping[str, str], s: ServeSettings) -> ExplainParams:
         text=_text(q, s), model=_model(q, s), k=query_int(q, "k", s.top_k, 1, s.max_k),
         topk=_flag(q, "topk", True), layer=query_int(q, "layer", None, -big, big),
         head=query_int(q, "head", 0, -big, big), query=query_int(q, "query", -1, -big, big), lang=lang,
-        html=_flag(q, "html", False), explore=_flag(q, "explore", False))
+        html=_flag(q, "html", False), explore=_flag(q, "explore", False),
+        prefill=_flag(q, "prefill", s.sparse_prefill))
 
 
 def generate_params(q: Mapping[str, str], s: ServeSettings) -> GenerateParams:

@@ -9,7 +9,7 @@ dense, sparse decoding), so two runs on one model must not interleave, and on a 
 once would only share the same cores. Work runs in a worker thread (the event loop stays free
 to accept and answer other requests); the lock is released when the work ends, fails, or its
 client goes away (a generation's stream is closed between two steps). After each request the
-memory it freed goes back to the system (serve/memory.py).
+memory it freed goes back to the system (gatherlens/memory.py).
 
 A model run from its file in place (`--quantized`: models/file_watch.py) has its file checked
 when a request takes it (one os.stat) and when the request ends: a file changed between two
@@ -25,7 +25,7 @@ from typing import Callable
 import anyio
 
 from gatherlens.errors import GatherLensError
-from gatherlens.serve.memory import release_memory
+from gatherlens.memory import release_memory
 from gatherlens.serve.settings import ServeSettings
 
 __all__ = ["ModelPool", "file_change"]
@@ -119,7 +119,7 @@ class ModelPool:
 
 
 def _released(fn: Callable, *args, **kw):
-    """fn(*args, **kw), and the heap's free pages back to the system after it (serve/memory.py)."""
+    """fn(*args, **kw), and the heap's free pages back to the system after it (gatherlens/memory.py)."""
     try:
         return fn(*args, **kw)
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gatherlens.ops.prefill.config import TOY as PREFILL_TOY, PrefillConfig
 from gatherlens.ops.sparse.config import TOY, SparseConfig
 from gatherlens.report.defaults import DEFAULT_TEXT, LIVE_MAX_TOKENS
 
@@ -35,6 +36,7 @@ class ServeSettings:
     default_new_tokens: int = 24
     page_size: int = TOY.page_size  # sparse decoding: tokens per page of the KV cache (the TOY preset)
     budget: int = TOY.budget        # sparse decoding: tokens each decode step reads (the TOY preset)
+    sparse_prefill: bool = False    # the page opens with its sparse-prefill map on (a checkbox switches it)
     extra_hosts: list[str] = field(default_factory=list)   # Host headers accepted besides the bind host
     queue_limit: int = 8            # model requests that may wait while one runs; one more gets 503
     retry_after: int = 5            # seconds a 503 asks the client to wait (its Retry-After header)
@@ -64,8 +66,13 @@ class ServeSettings:
         return TOY.replace(budget=self.budget if budget is None else budget,
                            page_size=self.page_size if page_size is None else page_size)
 
-    def live(self, model: str, topk: bool, k: int) -> dict:
+    def prefill_config(self) -> PrefillConfig:
+        """The sparse prefill of the page's prefill map: the TOY preset (blocks of 16 tokens from any length, so
+        that a short text shows a choice), as `gatherlens explain --sparse-prefill` runs it."""
+        return PREFILL_TOY
+
+    def live(self, model: str, topk: bool, k: int, prefill: bool = False) -> dict:
         """The live page's settings (what its controls offer)."""
-        return {"models": self.models, "model": model, "topk": topk, "k": k,
+        return {"models": self.models, "model": model, "topk": topk, "k": k, "prefill": prefill,
                 "max_chars": self.max_chars, "max_tokens": self.max_tokens, "max_new": self.max_new_tokens,
                 "default_new": self.default_new_tokens}

@@ -8,8 +8,11 @@
 `selection.py` the block geometry (which key blocks causality and a window allow) and the
 `PrefillSelection` record; `rules.py` the selection rules (antidiagonal and pooled block scores)
 and the one choice (sink and local blocks, budget, mass threshold); `naive.py` the float64
-reference; `blocked.py` the fast path (gathered blocks, online softmax, grouped heads folded);
-`attend.py` the public entrance. Names load on first use (PEP 562).
+reference; `blocked.py` the torch path (gathered blocks, online softmax, grouped heads folded);
+`fused_prefill.py` + `.cpp` the native path (C++ operators: the antidiagonal scores on the causal
+tiles, the attention reading the kept blocks in place); `attend.py` the public entrance and the
+backend tables that choose between them (`BLOCK_PREFILL`, `ANTIDIAGONAL`). Names load on first use
+(PEP 562).
 """
 from __future__ import annotations
 

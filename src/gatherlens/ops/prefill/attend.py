@@ -9,7 +9,14 @@ The Q queries are the last Q of the L keys (causal, bottom-right aligned: a pref
 cache has Q = L). Grouped-query heads (Hq a multiple of Hkv) are folded, never expanded. The
 variant (`variant=`, or `softcap=` / `sinks=`) brings soft-capping, sinks and a local window;
 with `config.exact` (budget and threshold None: every allowed block) the output equals SDPA's.
-`method="naive"` runs the float64 reference (naive.py) on the same selection.
+
+Where each heavy step runs is decided by ONE backend table per step (ops/backends.py), rows
+"native" (fused_prefill.py's C++ operators, where they fit) and "torch" (the plain path, which
+takes anything): `BLOCK_PREFILL`, the attention over the kept blocks (torch: blocked.py), and
+`ANTIDIAGONAL`, the antidiagonal rule's scores (torch: rules.py, the reference rule).
+`config.backend` ("auto": each table's first row that fits) names the row both run; `method`
+overrides it for the attention, and `method="naive"` runs the float64 reference (naive.py) on the
+same selection.
 """
 from __future__ import annotations
 
@@ -20,17 +27,37 @@ import torch
 from gatherlens.errors import GatherValueError
 from gatherlens.ops.attention.checks import check_topk_args
 from gatherlens.ops.attention.variants import AttentionVariant, variant_of
+from gatherlens.ops.backends import AUTO, Impl, Operator
 from gatherlens.ops.prefill.blocked import block_prefill
 from gatherlens.ops.prefill.config import DEFAULT, PrefillConfig
+from gatherlens.ops.prefill.fused_prefill import (
+    native_antidiagonal_scores, native_block_prefill, native_fits, native_ready, scores_fit,
+)
 from gatherlens.ops.prefill.naive import block_prefill_reference
 from gatherlens.ops.prefill.rules import (
     antidiagonal_scores, choose_blocks, forced_blocks, group_scores, pooled_scores,
 )
 from gatherlens.ops.prefill.selection import PrefillSelection, block_geometry
 
-__all__ = ["sparse_prefill", "select_blocks", "METHODS"]
+__all__ = ["sparse_prefill", "select_blocks", "METHODS", "BLOCK_PREFILL", "ANTIDIAGONAL"]
 
-METHODS = {"blocked": block_prefill, "naive": block_prefill_reference}
+
+def _any(*args) -> None:
+    """The plain path's fits rule: it runs every call."""
+    return None
+
+
+# attention over the kept blocks: the C++ operator where it fits, else the torch path (takes anything)
+BLOCK_PREFILL = Operator("block_prefill", [
+    Impl("native", fits=native_fits, run=native_block_prefill, ready=native_ready),
+    Impl("torch", fits=_any, run=block_prefill),
+])
+# the antidiagonal rule's block scores: the C++ operator (causal tiles only, softmax fused), else rules.py's
+ANTIDIAGONAL = Operator("antidiagonal_scores", [
+    Impl("native", fits=scores_fit, run=native_antidiagonal_scores, ready=native_ready),
+    Impl("torch", fits=_any, run=antidiagonal_scores),
+])
+METHODS = (AUTO, "native", "torch", "naive")
 
 
 def _checked(q, k, v, config, scale, variant):
@@ -57,7 +84,7 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, config: PrefillConfig = DEFA
         blocks = allowed.expand(q.shape[0], heads, *allowed.shape).clone()     # (B, H, nq, nk)
         return PrefillSelection(blocks, bs, Q, L, "exact", window)
     if config.rule == "antidiagonal":
-        scores = antidiagonal_scores(q, k, bs, config.stride, scale, window)   # (B, Hq, nq, nk)
+        scores = ANTIDIAGONAL(q, k, bs, config.stride, scale, window, backend=config.backend)  # (B, Hq, nq, nk)
     else:
         scores = pooled_scores(q, k, bs, scale, window)                        # (B, Hq, nq, nk)
     if config.share_selection:
@@ -69,25 +96,31 @@ def select_blocks(q: torch.Tensor, k: torch.Tensor, config: PrefillConfig = DEFA
 def sparse_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: PrefillConfig = DEFAULT, *,
                    scale: float | None = None, softcap: float | None = None, sinks: torch.Tensor | None = None,
                    variant: AttentionVariant | None = None, return_selection: bool = False,
-                   return_lse: bool = False, method: str = "blocked"):
+                   return_lse: bool = False, method: str | None = None):
     """Causal block-sparse attention of a prefill: q (B, Hq, Q, D), k (B, Hkv, L, D), v (B, Hkv, L, Dv)
     -> out (B, Hq, Q, Dv) [, lse (B, Hq, Q)] [, PrefillSelection].
 
         >>> out = sparse_prefill(q, k, v, EXACT)      # every allowed block: SDPA's output
 
     config: the rule and the budget (PrefillConfig; its min_length / dense_layers are the model
-    adapter's, not the op's). method: "blocked" (the fast path) or "naive" (the reference).
+    adapter's, not the op's; its backend names where the scores and the attention run). method: the
+    attention's row instead of config.backend: "auto" (BLOCK_PREFILL's first row that fits), "native"
+    (the C++ operator), "torch" (blocked.py), or "naive" (the float64 reference).
     """
-    if method not in METHODS:
+    if method is not None and method not in METHODS:
         raise GatherValueError(f"method = {method!r} must be one of {tuple(METHODS)}")
     scale, variant = _checked(q, k, v, config, scale, variant_of(softcap, sinks, variant))
     return prefill_with(q, k, v, config, scale, variant, return_selection, return_lse, method)
 
 
 def prefill_with(q, k, v, config: PrefillConfig, scale: float, variant: AttentionVariant,
-                 return_selection: bool = False, return_lse: bool = False, method: str = "blocked"):
+                 return_selection: bool = False, return_lse: bool = False, method: str | None = None):
     """sparse_prefill without its checks (the model adapter made the tensors): see sparse_prefill."""
     sel = select_blocks(q, k, config, scale, variant)
-    out, lse = METHODS[method](q, k, v, sel.blocks, config.block_size, scale, variant)  # (B, Hq, Q, Dv), (B, Hq, Q)
+    args = (q, k, v, sel.blocks, config.block_size, scale, variant)
+    if method == "naive":
+        out, lse = block_prefill_reference(*args)                              # (B, Hq, Q, Dv), (B, Hq, Q)
+    else:
+        out, lse = BLOCK_PREFILL(*args, backend=method or config.backend)      # (B, Hq, Q, Dv), (B, Hq, Q)
     result = (out,) + ((lse,) if return_lse else ()) + ((sel,) if return_selection else ())
     return result[0] if len(result) == 1 else result

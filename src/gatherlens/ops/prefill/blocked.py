@@ -1,9 +1,10 @@
-"""The fast path of block-sparse prefill (torch): the kept key blocks gathered, their partial softmaxes merged.
+"""The torch path of block-sparse prefill: the kept key blocks gathered, their partial softmaxes merged.
 
     >>> out, lse = block_prefill(q, k, v, blocks, block_size=64)    # same signature as naive.py
 
-Every query block of every selection head is one row ("pair") of batched calls: its G query heads
-folded into G * block rows (grouped-query attention: one gather per KV head when the selection is
+The "torch" row of attend.BLOCK_PREFILL (fused_prefill.py's C++ operator is the "native" one, where
+it fits). Every query block of every selection head is one row ("pair") of batched calls: its G
+query heads folded into G * block rows (grouped-query attention: one gather per KV head when the selection is
 shared). A kept key block is either *whole* (every query of the block sees every key of it: no
 mask) or *partial* (the diagonal, a window's edge). The whole blocks of each pair are listed in
 ascending order, and the pairs that keep the same number of them attend in one call, with no
@@ -52,7 +53,7 @@ def _blocked_rows(x: torch.Tensor, nk: int, bs: int, dtype) -> torch.Tensor:
     """x (B, Hkv, L, E) -> (B*Hkv*nk, bs, E): every key block of every KV head, zero-padded."""
     B, Hkv, L, E = x.shape
     xp = torch.nn.functional.pad(x.to(dtype), (0, 0, 0, nk * bs - L))        # (B, Hkv, nk*bs, E)
-    return xp.view(B * Hkv * nk, bs, E)                                       # (B*Hkv*nk, bs, E)
+    return xp.reshape(B * Hkv * nk, bs, E)                                    # (B*Hkv*nk, bs, E) (a copy for a strided x)
 
 
 def _lists(kept: torch.Tensor, base: torch.Tensor):

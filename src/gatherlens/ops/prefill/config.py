@@ -30,9 +30,11 @@ from dataclasses import dataclass
 
 from gatherlens.errors import GatherTypeError, GatherValueError
 
-__all__ = ["PrefillConfig", "RULES", "DEFAULT", "POOLED", "EXACT", "TOY", "PRESETS"]
+__all__ = ["PrefillConfig", "RULES", "BACKENDS", "DEFAULT", "POOLED", "EXACT", "TOY", "PRESETS"]
 
 RULES = ("antidiagonal", "pooled")  # how a key block is scored for a query block
+# where the block scores and the attention over the kept blocks run (ops/prefill/attend.py's backend tables)
+BACKENDS = ("auto", "native", "torch")
 
 
 def _is_int(v) -> bool:
@@ -62,6 +64,10 @@ class PrefillConfig:
     min_length: prefills of fewer tokens run densely (selection would cost more than it saves).
     dense_layers: the first this many decoder layers prefill densely.
     keep_selection: the model adapter keeps each layer's last block map (for pictures).
+    backend: where the scores and the attention run: "auto" (each backend table's first row that
+        fits: the C++ operators on the CPU), "native" (them, an error where they cannot run) or
+        "torch" (the torch paths; for comparisons). The blocks and the output are the same up to
+        float rounding.
     """
 
     rule: str = "antidiagonal"
@@ -75,6 +81,7 @@ class PrefillConfig:
     min_length: int = 1024
     dense_layers: int = 0
     keep_selection: bool = False
+    backend: str = "auto"
 
     def __post_init__(self):
         _check(self)
@@ -97,6 +104,8 @@ def _check(c: PrefillConfig) -> None:
     """The one validation of every prefill setting; messages name the argument, value and range."""
     if c.rule not in RULES:
         raise GatherValueError(f"rule = {c.rule!r} must be one of {RULES}")
+    if c.backend not in BACKENDS:
+        raise GatherValueError(f"backend = {c.backend!r} must be one of {BACKENDS}")
     _check_int("block_size", c.block_size, 1, "tokens per block")
     _check_int("stride", c.stride, 1, "the antidiagonal tile")
     if c.rule == "antidiagonal" and not c.exact and c.block_size % c.stride:

@@ -1,12 +1,12 @@
-"""The readable reference of block-sparse prefill: what the fast path must equal.
+"""The readable reference of block-sparse prefill: what the fast paths must equal.
 
     >>> out, lse = block_prefill_reference(q, k, v, blocks, block_size=64)   # blocks (B, H, nq, nk) bool
 
 Per batch row, per query head, per query block: the key blocks its map keeps are gathered, each
 logit scaled (and soft-capped), the causal rule (and a local layer's window) masks what a query may
 not see, softmax (with the head's sink as one more column with no value), the weighted sum of the
-values. Float64 throughout, plain loops and an explicit mask: it shares no code with the fast path
-(`blocked.py`) but the block geometry's spans.
+values. Float64 throughout, plain loops and an explicit mask: it shares no code with the fast paths
+(`blocked.py`, `fused_prefill.cpp`) but the block geometry's spans.
 """
 from __future__ import annotations
 

@@ -8,14 +8,18 @@
 The routes are in matmul.py (their table says what each keeps exact). `naive_quantized_linear`
 (linear_naive.py) is the reference with the same signature: the blocks dequantized to float32, then
 `F.linear`. With `LinearConfig.prefill_rows` set, an x of at least that many rows takes the "dequant"
-route (blocks -> float32 for this call only, bit-equal to the reference): on a 2-core AVX2 machine the
-int4 kernel is ~2x slower than float32 GEMM from ~128 rows on, while at one row it is the fastest.
+route (blocks -> float32 for this call only, bit-equal to the reference; tiled.py): on a 2-core AVX2
+machine the int4 kernel is ~2x slower than float32 GEMM from ~128 rows on, while at one row it is the
+fastest. A q8act weight whose kernel multiplies several rows of x as a blocked integer GEMM (q8act.cpp,
+q8k.cpp) keeps to it where that is faster (`INTEGER_GEMM_ROWS`, measured), x rounded to 8 bits as in
+decode.
 
 Fused projections (q|k|v, gate|up) are one weight: blocks are rows, so `torch.cat` the raw rows and
 split the output.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +34,7 @@ from gatherlens.ops.quant.sizes import SIZES
 from gatherlens.ops.quant.tiled import tiled_dequant_matmul
 
 __all__ = ["LinearConfig", "QuantizedWeight", "pack_linear", "quantized_linear", "split_linear", "LINEAR_ROUTES",
-           "linear_product", "LINEAR_PRODUCT", "q8act_ready"]
+           "linear_product", "LINEAR_PRODUCT", "q8act_ready", "INTEGER_GEMM_ROWS", "integer_gemm_faster"]
 
 LINEAR_ROUTES = tuple(ROUTES)  # the route names, in matmul.py's order
 
@@ -42,7 +46,8 @@ class LinearConfig:
     """How a quantized weight is packed and multiplied.
 
     route: one of ROUTES ("int4": PyTorch's CPU int4 kernel on the codes as stored, bf16 arithmetic).
-    prefill_rows: x with at least this many rows takes the "dequant" route; None: never.
+    prefill_rows: x with at least this many rows takes the "dequant" route (unless a q8act weight's
+        integer GEMM is faster there: INTEGER_GEMM_ROWS); None: never.
     """
 
     route: str = "int4"
@@ -181,9 +186,31 @@ def q8act_ready(qtype: str | None = None) -> str | None:
     return None if None in reasons else "; ".join(dict.fromkeys(reasons)) or "no format takes the q8act route"
 
 
+# The prefill's crossover, measured: for a q8act weight of these formats, its kernel's blocked integer
+# GEMM (q8act.cpp, q8k.cpp: x rounded to 8 bits) beats dequantizing to float32 + float32 GEMM (the
+# "prefill" row) up to this many rows of x (`gatherlens bench qlinear --gguf synthetic --qtype Q --routes
+# q8act,dequant`: SmolLM2's shapes, the K-quants its 1536-wide down projection; M = 32 .. 1024; AMD
+# Zen 3, AVX2, one thread: the 4- and 5-bit formats and the K-quants 1.2-10x, at least even at every M;
+# Q8_0's signed bytes cost the AVX2 loop twice the work: 1.1-3x up to 256 rows, 0.8-1.15x beyond, where
+# the exact float product is kept; two threads on the shared machine: the integer GEMM ahead at every
+# M). The plain floats (no blocked loop) and a build without AVX2 (the loop's scalar twin) never take it.
+INTEGER_GEMM_ROWS = {**dict.fromkeys(("Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"), math.inf), "Q8_0": 256,
+                     **dict.fromkeys(("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"), math.inf)}
+
+
+def integer_gemm_faster(x, weight) -> bool:
+    """True where the q8act kernel's blocked integer GEMM is faster than the "prefill" row for x (M, K)."""
+    return (x.shape[0] <= INTEGER_GEMM_ROWS.get(weight.qtype, 0) and _q8act_fits(x, weight) is None
+            and _q8act.KERNEL_OF[weight.qtype].blocked() not in (None, "scalar"))
+
+
 def _prefill_fits(x, weight) -> str | None:
     rows = weight.config.prefill_rows
-    return None if rows is not None and x.shape[0] >= rows else "fewer rows than prefill_rows (a decode step)"
+    if rows is None or x.shape[0] < rows:
+        return "fewer rows than prefill_rows (a decode step)"
+    if integer_gemm_faster(x, weight):
+        return f"the q8act kernel's integer GEMM is faster for {weight.qtype} at {x.shape[0]} rows"
+    return None
 
 
 def _q8act_fits(x, weight) -> str | None:
@@ -196,8 +223,9 @@ def _packed_fits(x, weight) -> str | None:
     return None if weight.tensors else f"route {weight.route!r} keeps no packed weight"
 
 
-# where a quantized product runs: a prefill dequantizes (float32 GEMM, bit-equal to the reference);
-# a q8act weight takes its C++ operator where it built; a packed route its own kernel; else dequant
+# where a quantized product runs: a prefill dequantizes (float32 GEMM, bit-equal to the reference)
+# unless the weight's q8act kernel multiplies those rows faster (INTEGER_GEMM_ROWS); a q8act weight
+# takes its C++ operator where it built; a packed route its own kernel; else dequant
 LINEAR_PRODUCT = Operator("quantized_linear", [
     Impl("prefill", _prefill_fits, tiled_dequant_matmul),  # dequant's product, a large weight in tiles (tiled.py)
     Impl("q8act", _q8act_fits, ROUTES["q8act"].matmul, ready=q8act_ready),

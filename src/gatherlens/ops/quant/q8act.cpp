@@ -17,8 +17,15 @@
 // format above; each format's type number, block bytes, field offsets, code offset and codebook come
 // from quant_formats.h (generated from ops/quant/layout.py's records). The error is x's 8-bit rounding
 // (up to dx / 2 per value), as in llama.cpp; ops/quant/q8act_naive.py computes the same sums in float64.
-// Every AVX2 path has its scalar twin (same integer sums). Rows are split over torch's threads. Built by
-// gatherlens/ops/native.py; fake kernel in q8act.py.
+// One row of x (decode) runs row_dot per weight row, weight rows split over torch's threads; x of
+// GEMM_ROWS rows or more runs the blocked integer GEMM below ("x of several rows": each weight block
+// decoded once per call into a panel of 8 weight rows, met by tiles of 4 rows of x in registers; with
+// AVX512-VNNI or AVX-VNNI its sums go straight into int32). Every AVX2 path has its scalar twin (same
+// integer sums; GATHERLENS_Q8ACT_PLAIN builds the twins on an AVX2 machine too, and
+// GATHERLENS_Q8ACT_VNNI_EMULATED the VNNI loop with vpdpbusd emulated, for the tests);
+// `gatherlens::q8act_simd()` says which blocked loop a build runs. Built by gatherlens/ops/native.py;
+// fake kernel in q8act.py.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -31,11 +38,20 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
-#ifdef __AVX2__
+#if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX2__) && !defined(GATHERLENS_Q8ACT_PLAIN)  // GATHERLENS_Q8ACT_PLAIN: the scalar twins on AVX2
+#define Q8ACT_SIMD 1
+#endif
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__) || defined(GATHERLENS_Q8ACT_VNNI_EMULATED)
+#ifdef Q8ACT_SIMD
+#define Q8ACT_VNNI 1  // the blocked loop sums 4 products of u8 by s8 straight into int32 (vpdpbusd)
+#endif
 #endif
 
 #include "gatherlens/common.h"
+#include "q8_panels.h"
 #include "quant_formats.h"
 
 namespace {
@@ -67,15 +83,16 @@ inline float half_to_float(const uint8_t* p) {
 Act quantize_rows(const float* x, int64_t M, int64_t K) {
   const int64_t nb = K / QK;
   Act a{std::vector<int8_t>(M * K), std::vector<float>(M * nb), std::vector<float>(M * nb)};
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t b = 0; b < nb; ++b) {
-      int8_t* q = a.q.data() + r * K + b * QK;
-      const float d = gatherlens::round_block(x + r * K + b * QK, QK, q);  // the one rounding rule
+  gatherlens::parallel_chunks(M * nb, 256, [&](int64_t b0, int64_t b1) {  // 256 blocks a task at least
+    for (int64_t b = b0; b < b1; ++b) {  // block b of all M * nb: row b / nb
+      int8_t* q = a.q.data() + b * QK;
+      const float d = gatherlens::round_block(x + b * QK, QK, q);  // the one rounding rule
       int sum = 0;
       for (int64_t i = 0; i < QK; ++i) sum += q[i];
-      a.d[r * nb + b] = d;
-      a.s[r * nb + b] = d * static_cast<float>(sum);
+      a.d[b] = d;
+      a.s[b] = d * static_cast<float>(sum);
     }
+  });
   return a;
 }
 
@@ -95,8 +112,11 @@ inline uint32_t high_word(const uint8_t* qh) {  // Q5's qh: bit j is bit 4 of we
   return h;
 }
 
+template <class F>  // Q8_0, IQ4_NL: signed values; the others (Q5_0 too) unsigned codes 0..31 beside a min
+constexpr bool signed_codes = F::bits == 8 || has_book<F>::value;
+
 template <class F>
-inline int code(const uint8_t* blk, int i) {  // weight i's integer: an unsigned code or a signed value
+inline int stored_code(const uint8_t* blk, int i) {  // weight i as stored: int8, book[q], or q (no offset)
   if constexpr (F::bits == 8) {
     return reinterpret_cast<const int8_t*>(blk + F::qs_at)[i];
   } else {
@@ -104,9 +124,14 @@ inline int code(const uint8_t* blk, int i) {  // weight i's integer: an unsigned
     int q = i < 16 ? (qs[i] & 0x0F) : (qs[i - 16] >> 4);  // byte j: weight j (low nibble), j + 16 (high)
     if constexpr (F::bits == 5) q |= static_cast<int>((high_word(blk + F::qh_at) >> i) & 1u) << 4;
     if constexpr (has_book<F>::value) return F::book[q];
-    else if constexpr (signed_values<F>) return q - static_cast<int>(F::code_offset);
     else return q;
   }
+}
+
+template <class F>
+inline int code(const uint8_t* blk, int i) {  // weight i's integer: an unsigned code or a signed value
+  if constexpr (signed_values<F> && !signed_codes<F>) return stored_code<F>(blk, i) - static_cast<int>(F::code_offset);
+  else return stored_code<F>(blk, i);
 }
 
 template <class F>
@@ -128,7 +153,7 @@ inline int dot_scalar(const uint8_t* blk, const int8_t* qx) {
   else return dot_block<F>(blk, qx);
 }
 
-#ifdef __AVX2__
+#ifdef Q8ACT_SIMD
 inline __m256i nibbles(const uint8_t* qs) {    // 16 bytes -> 32 codes: low nibbles (0..15), then high
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
   const __m128i m = _mm_set1_epi8(0x0F);
@@ -202,7 +227,7 @@ float row_dot(const uint8_t* row, int64_t nb, const Act& a, int64_t r, int64_t K
   const float* dx = a.d.data() + r * nb;
   const float* sx = a.s.data() + r * nb;
   float mins = 0.f;
-#ifdef __AVX2__
+#ifdef Q8ACT_SIMD
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // two chains: the FMA's latency overlaps
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + b * F::bytes;
@@ -224,6 +249,165 @@ float row_dot(const uint8_t* row, int64_t nb, const Act& a, int64_t r, int64_t K
   else return dots + mins;
 }
 
+// ---- x of several rows: the blocked integer GEMM (the frame: q8_panels.h) ----
+//
+// A panel is PANEL weight rows decoded once per call from their blocks into int8 codes as stored
+// (unsigned codes 0..31 with the block's min m, Q4_0 / Q5_0 too, m = -code_offset d; or the signed
+// values of Q8_0 and IQ4_NL, m = 0), interleaved for 8 int32 lanes (8 steps of 4 codes a block),
+// beside each block's PANEL scales and mins. A tile of up to TILE rows of x meets it in registers:
+// x's 4 codes of a step broadcast to every lane, one maddubs gives 4 products per lane as two int16
+// (u8 codes by s8 x; signed values: |v| by x with v's sign), summed in int16 over as many steps as
+// their bound allows (steps_in_int16), then in int32, then per block in float: acc += d dx sum + m sx.
+// With VNNI each step goes straight into int32 (vpdpbusd: the same sums). The scalar twin reads the
+// same panel (same integer sums).
+using gatherlens_q8::PANEL;
+using gatherlens_q8::STEP;
+using gatherlens_q8::TILE;
+constexpr int STEPS = QK / STEP;  // a block's steps
+constexpr int64_t GEMM_ROWS = 2;  // x of 2 rows blocked costs 1.1-1.3x one row's time (a 49152-row head:
+                                  // 2x), row by row 2x: measured, AVX2
+
+struct Panel {                    // PANEL weight rows, decoded
+  std::vector<int8_t> q;          // (nb, STEPS, PANEL, STEP) codes
+  std::vector<float> d, m;        // (nb, PANEL) scales and mins (0 where signed, or past the weight's rows)
+};
+
+template <class F>  // block b of PANEL weight rows (`rows` of them real, the rest zero) -> (STEPS, PANEL, STEP)
+inline void interleave_codes(const uint8_t* blk0, int64_t ws, int64_t rows, int8_t* dst) {
+#ifdef Q8ACT_SIMD
+  __m256i v[PANEL];
+  for (int j = 0; j < PANEL; ++j) {
+    v[j] = j < rows ? codes_avx2<F>(blk0 + j * ws) : _mm256_setzero_si256();
+    if constexpr (F::bits == 5 && !F::has_m)  // Q5_0: codes_avx2 gives q - 16; the code as stored is q
+      v[j] = _mm256_add_epi8(v[j], _mm256_set1_epi8(static_cast<char>(F::code_offset)));
+  }
+  gatherlens_q8::interleave32_avx2(v, dst);
+#else
+  int8_t codes[PANEL * QK] = {};
+  for (int64_t j = 0; j < rows; ++j)
+    for (int i = 0; i < QK; ++i) codes[j * QK + i] = static_cast<int8_t>(stored_code<F>(blk0 + j * ws, i));
+  gatherlens_q8::interleave32_plain(codes, QK, dst);
+#endif
+}
+
+template <class F>
+void decode_panel(const uint8_t* w, int64_t ws, int64_t rows, int64_t nb, Panel& p) {
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t j = 0; j < PANEL; ++j) {
+      float d = 0.f, m = 0.f;
+      if (j < rows) {
+        const uint8_t* blk = w + j * ws + b * F::bytes;
+        d = half_to_float(blk + F::d_at);
+        if constexpr (!signed_codes<F>) m = block_min<F>(blk, d);
+      }
+      p.d[b * PANEL + j] = d;
+      p.m[b * PANEL + j] = m;
+    }
+    interleave_codes<F>(w + b * F::bytes, ws, rows, p.q.data() + b * STEPS * PANEL * STEP);
+  }
+}
+
+using Rows = gatherlens_q8::TileRows<float>;  // a tile's rows of x: codes, scales, dx sum(qx) per block
+
+#ifdef Q8ACT_SIMD
+#ifdef Q8ACT_VNNI
+inline __m256i vnni_dot(__m256i acc, __m256i u, __m256i s) {  // acc + 4 products u8 u by s8 s a lane, exact
+#if defined(GATHERLENS_Q8ACT_VNNI_EMULATED)  // tests: the VNNI loop on a CPU without it, in int16 x int16
+  const __m256i lo = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(u)),
+                                       _mm256_cvtepi8_epi16(_mm256_castsi256_si128(s)));  // bytes 0..15, by pairs
+  const __m256i hi = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(u, 1)),
+                                       _mm256_cvtepi8_epi16(_mm256_extracti128_si256(s, 1)));  // 16..31
+  const __m256i quads = _mm256_hadd_epi32(lo, hi);  // lanes: quads 0 1 4 5 | 2 3 6 7
+  return _mm256_add_epi32(acc, _mm256_permute4x64_epi64(quads, 0xD8));  // quads 0 .. 7 in order
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#endif
+}
+#endif
+
+template <class F>  // steps whose int16 pair sums stay within int16: 2 * 127 * max code per step
+constexpr int steps_in_int16 = signed_codes<F> ? 1 : (F::bits == 4 ? STEPS : STEPS / 2);
+
+template <class F, int R>  // sum[r]: lane j = sum_i code(j, i) qx(r, i) over block b
+inline void block_sums(const int8_t* w, const Rows& x, int64_t b, __m256i* sum) {
+  using gatherlens_q8::x_step;
+  for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
+#ifdef Q8ACT_VNNI
+  for (int s = 0; s < STEPS; ++s) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + s * PANEL * STEP));
+    const __m256i u = signed_codes<F> ? _mm256_sign_epi8(v, v) : v;  // u8 |v| (or the codes)
+    for (int r = 0; r < R; ++r) {
+      const __m256i xs = x_step(x.q[r] + b * QK + STEP * s);
+      sum[r] = vnni_dot(sum[r], u, signed_codes<F> ? _mm256_sign_epi8(xs, v) : xs);
+    }
+  }
+#else
+  constexpr int G = steps_in_int16<F>;
+  for (int s0 = 0; s0 < STEPS; s0 += G) {
+    __m256i pairs[R];
+    for (int r = 0; r < R; ++r) pairs[r] = _mm256_setzero_si256();
+    for (int s = s0; s < s0 + G; ++s) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + s * PANEL * STEP));
+      const __m256i u = signed_codes<F> ? _mm256_sign_epi8(v, v) : v;
+      for (int r = 0; r < R; ++r) {
+        const __m256i xs = x_step(x.q[r] + b * QK + STEP * s);
+        pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(u, signed_codes<F> ? _mm256_sign_epi8(xs, v) : xs));
+      }
+    }
+    for (int r = 0; r < R; ++r) sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(pairs[r], _mm256_set1_epi16(1)));
+  }
+#endif
+}
+
+template <class F, int R>  // out (R, PANEL): the tile's outputs
+void tile(const Panel& p, int64_t nb, const Rows& x, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i sum[R];
+    block_sums<F, R>(p.q.data() + b * STEPS * PANEL * STEP, x, b, sum);
+    const __m256 d = _mm256_loadu_ps(p.d.data() + b * PANEL);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(d, _mm256_set1_ps(x.d[r][b])), acc[r]);
+      if constexpr (!signed_codes<F>)
+        acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(p.m.data() + b * PANEL), _mm256_set1_ps(x.s[r][b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * PANEL, acc[r]);
+}
+#else
+template <class F, int R>  // the scalar twin: the same panel, the same integer sums
+void tile(const Panel& p, int64_t nb, const Rows& x, float* out) {
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < PANEL; ++j) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const int8_t* w = p.q.data() + b * STEPS * PANEL * STEP;
+        int sum = 0;
+        for (int i = 0; i < QK; ++i) sum += gatherlens_q8::panel_code(w, j, i) * x.q[r][b * QK + i];
+        acc += static_cast<float>(sum) * (p.d[b * PANEL + j] * x.d[r][b]);
+        if constexpr (!signed_codes<F>) acc += p.m[b * PANEL + j] * x.s[r][b];
+      }
+      out[r * PANEL + j] = acc;
+    }
+}
+#endif
+
+template <class F>  // out (M, N) = x W^T for M >= GEMM_ROWS
+void blocked(const Act& a, const uint8_t* w, int64_t ws, int64_t M, int64_t N, int64_t K, float* out) {
+  const int64_t nb = K / QK;
+  gatherlens_q8::blocked_gemm(
+      M, N, out,
+      [&] { return Panel{std::vector<int8_t>(nb * QK * PANEL), std::vector<float>(nb * PANEL), std::vector<float>(nb * PANEL)}; },
+      [&](int64_t n0, int64_t rows, Panel& p) { decode_panel<F>(w + n0 * ws, ws, rows, nb, p); },
+      [&](int R, int64_t r0, const Panel& p, float* part) {
+        const Rows x = gatherlens_q8::tile_rows(a.q.data(), a.d.data(), a.s.data(), r0, R, K, nb, nb);
+        gatherlens_q8::by_rows(R, [&]<int Rc>() { tile<F, Rc>(p, nb, x, part); });
+      });
+}
+
 template <class F>
 at::Tensor linear(const at::Tensor& x, const at::Tensor& raw) {
   static_assert(F::weights == QK && F::group == QK, "one scale per 32 weights, as x's blocks");
@@ -237,6 +421,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& raw) {
   const uint8_t* w = raw.data_ptr<uint8_t>();
   const int64_t ws = raw.stride(0);
   float* out = y.data_ptr<float>();
+  if (M >= GEMM_ROWS) {
+    blocked<F>(a, w, ws, M, N, K, out);
+    return y;
+  }
   gatherlens::parallel_chunks(N, 64, [&](int64_t n0, int64_t n1) {  // 64 weight rows a task at least
     for (int64_t r = 0; r < M; ++r)
       for (int64_t n = n0; n < n1; ++n) out[r * N + n] = row_dot<F>(w + n * ws, nb, a, r, K);
@@ -259,8 +447,21 @@ at::Tensor q8act_linear_cpu(const at::Tensor& x, const at::Tensor& raw, int64_t 
               Q5_0::type, " (Q5_0), ", Q5_1::type, " (Q5_1) or ", IQ4_NL::type, " (IQ4_NL), got ", qtype);
 }
 
+int64_t q8act_simd() {  // the blocked loop this build runs: 0 the scalar twin, 1 AVX2, 2 AVX2 with VNNI
+#if defined(Q8ACT_VNNI)
+  return 2;
+#elif defined(Q8ACT_SIMD)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(gatherlens, m) { m.def("q8act_linear(Tensor x, Tensor raw, int qtype) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(gatherlens, m) {
+  m.def("q8act_linear(Tensor x, Tensor raw, int qtype) -> Tensor");
+  m.def("q8act_simd() -> int", &q8act_simd);
+}
 
 TORCH_LIBRARY_IMPL(gatherlens, CPU, m) { m.impl("q8act_linear", &q8act_linear_cpu); }

@@ -19,11 +19,15 @@ The only rounding beyond float32's is x's to 8 bits (as llama.cpp rounds it); `q
 (q8act_naive.py) computes the same sums in float64 and the tests compare with it and with the float
 reference. The route takes the formats whose records name it (`Q8ACT_QTYPES`); `ready(qtype)` says
 whether that format's kernel built, so a kernel that did not build sends only its formats elsewhere.
-No packed copy of the weight at all.
+No packed copy of the weight at all. x of several rows (a prefill) runs q8act.cpp's and q8k.cpp's
+blocked integer GEMM (each weight block decoded once per call, tiles of x in registers; q8_panels.h);
+`Kernel.blocked()` says which instructions it runs, and linear.INTEGER_GEMM_ROWS where it beats
+dequantizing for float32 GEMM.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Callable
 
@@ -36,7 +40,7 @@ from gatherlens.ops.quant.q8act_naive import q8act_reference
 from gatherlens.ops.quant.q8k_naive import q8k_reference
 
 __all__ = ["Q8ACT_QTYPES", "BLOCK_QTYPES", "GGML_TYPE", "KERNEL_OF", "Kernel", "kernel_loaded", "ready",
-           "q8act_matmul", "block_matmul", "KERNEL"]
+           "q8act_matmul", "block_matmul", "KERNEL", "blocked_simd"]
 
 KERNEL = Path(__file__).with_name("q8act.cpp")
 Q8ACT_QTYPES = formats_taking("q8act")  # the formats whose records name this route
@@ -47,6 +51,16 @@ GGML_TYPE = {q: LAYOUTS[q].ggml_type for q in Q8ACT_QTYPES}  # ggml's type numbe
 def kernel_loaded() -> bool:
     """True once `gatherlens::q8act_linear` (the 32-weight blocks) is registered (built on first use)."""
     return load_library(KERNEL, on_load=register_fakes)
+
+
+SIMD = ("scalar", "avx2", "vnni")  # q8act.cpp's blocked loop, by `gatherlens::q8act_simd()`
+
+
+@cache
+def blocked_simd() -> str | None:
+    """The instructions of q8act.cpp's blocked loop (x of several rows) in this build: "vnni" (AVX512-VNNI
+    or AVX-VNNI), "avx2", or "scalar" (its plain twin: no AVX2); None where the operator did not build."""
+    return SIMD[torch.ops.gatherlens.q8act_simd()] if kernel_loaded() else None
 
 
 def register_fakes() -> None:
@@ -67,19 +81,26 @@ def block_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor
 @dataclass(frozen=True)
 class Kernel:
     """One kernel of the route: its source, whether it loaded, its matmul (x, raw, qtype) -> (M, N)
-    float32, its plain reference (same signature, float64 sums), and the values of x it rounds to
-    8 bits together (0: x is not rounded)."""
+    float32, its plain reference (same signature, float64 sums), the values of x it rounds to
+    8 bits together (0: x is not rounded), its operator's name (`torch.ops.gatherlens.<op>(x, raw,
+    ggml type)`: what native callers such as ops/layer's decode_stack call), and the instructions of
+    its blocked loop for x of several rows (`blocked()`: "vnni", "avx2", "scalar"; None: it has none,
+    or did not build)."""
 
     source: str
     loaded: Callable[[], bool]
     matmul: Callable
     reference: Callable
     x_block: int
+    op: str
+    blocked: Callable[[], str | None]
 
 
-_BLOCKS = Kernel(KERNEL.name, kernel_loaded, block_matmul, q8act_reference, QK)
-_SUPER = Kernel(q8k.KERNEL.name, q8k.kernel_loaded, q8k.q8k_matmul, q8k_reference, QK_K)
-_FLOATS = Kernel(floatdot.KERNEL.name, floatdot.kernel_loaded, floatdot.float_matmul, floatdot.float_reference, 0)
+_BLOCKS = Kernel(KERNEL.name, kernel_loaded, block_matmul, q8act_reference, QK, "q8act_linear", blocked_simd)
+_SUPER = Kernel(q8k.KERNEL.name, q8k.kernel_loaded, q8k.q8k_matmul, q8k_reference, QK_K, "q8k_linear",
+                q8k.blocked_simd)
+_FLOATS = Kernel(floatdot.KERNEL.name, floatdot.kernel_loaded, floatdot.float_matmul, floatdot.float_reference, 0,
+                 "floatdot_linear", lambda: None)
 # the one table: format -> the kernel that multiplies it as stored
 KERNEL_OF = {**{q: _BLOCKS for q in BLOCK_QTYPES}, **{q: _SUPER for q in q8k.Q8K_QTYPES},
              **{q: _FLOATS for q in floatdot.FLOAT_QTYPES}}

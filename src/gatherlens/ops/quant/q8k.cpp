@@ -15,8 +15,12 @@
 // offsets and codebook come from quant_formats.h (generated from ops/quant/layout.py's records).
 // The error is x's rounding (up to dx / 2 per value), as in llama.cpp; ops/quant/q8k_naive.py
 // computes the same sums in float64. AVX2 where the CPU has it (defining GATHERLENS_Q8K_PLAIN
-// builds the plain loops beside it instead). Rows are split over torch's threads. Built by
-// gatherlens/ops/native.py; fake kernel in q8k.py.
+// builds the plain loops beside it instead). One row of x (decode) runs row_dot per weight row, weight
+// rows split over torch's threads; x of GEMM_ROWS rows or more runs the blocked integer GEMM below
+// (each super-block decoded once per call into a panel of 8 weight rows, met by tiles of 4 rows of x
+// in registers; the frame in q8_panels.h, shared with q8act.cpp); `gatherlens::q8k_simd()` says which
+// blocked loop a build runs. Built by gatherlens/ops/native.py; fake kernel in q8k.py.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -34,6 +38,7 @@
 #endif
 
 #include "gatherlens/common.h"
+#include "q8_panels.h"
 #include "quant_formats.h"
 
 namespace {
@@ -78,10 +83,10 @@ void quantize_block(const float* v, int8_t* q, int16_t* bsums, float* d_out) {
 Act quantize_rows(const float* x, int64_t M, int64_t K) {
   const int64_t nb = K / QK_K;
   Act a{std::vector<int8_t>(M * K), std::vector<float>(M * nb), std::vector<int16_t>(M * nb * SUMS)};
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t b = 0; b < nb; ++b)
-      quantize_block(x + r * K + b * QK_K, a.q.data() + r * K + b * QK_K, a.bsums.data() + (r * nb + b) * SUMS,
-                     a.d.data() + r * nb + b);
+  gatherlens::parallel_chunks(M * nb, 32, [&](int64_t b0, int64_t b1) {  // 32 blocks a task at least
+    for (int64_t b = b0; b < b1; ++b)  // block b of all M * nb
+      quantize_block(x + b * QK_K, a.q.data() + b * QK_K, a.bsums.data() + b * SUMS, a.d.data() + b);
+  });
   return a;
 }
 
@@ -377,6 +382,238 @@ float row_dot(const uint8_t* row, int64_t nb, const Act& a, int64_t r) {
   return acc - mins;
 }
 
+// ---- x of several rows: the blocked integer GEMM (the frame: q8_panels.h) ----
+//
+// A panel is PANEL weight rows' super-blocks decoded once per call (unpack): their 256 codes as
+// unsigned integers (Q2_K 0..3, Q3_K 0..7, Q4_K 0..15, Q5_K 0..31, Q6_K 0..63; the code offsets of
+// Q3_K and Q6_K taken back as mins: mn = offset * sc, dmin = d) or IQ4_XS's signed book values,
+// interleaved for 8 int32 lanes (64 steps of 4 codes); per sub-block s (F::group weights) each row's
+// integer scale as an int16 pair (sc_s, sc_s); per pair t of x's 16-value sums the mins as an int16
+// pair (16-weight sub-blocks: mn_2t, mn_2t+1; 32-weight: mn_t twice); d and dmin per row. A tile of
+// up to TILE rows of x: within a sub-block the maddubs products summed in int16 over as many steps as
+// their bound allows (steps_in_int16), times sc_s by one madd into int32; per super-block
+//   acc += dx (d sum_s sc_s dot_s - dmin sum_t (mn_2t bsum_2t + mn_2t+1 bsum_2t+1)).
+// The scalar twin reads the same panel (same integer sums).
+using gatherlens_q8::PANEL;
+using gatherlens_q8::STEP;
+using gatherlens_q8::TILE;
+constexpr int STEPS = QK_K / STEP;  // a super-block's steps
+constexpr int PAIRS = SUMS / 2;     // pairs of x's 16-value sums a super-block
+constexpr int64_t GEMM_ROWS = 2;    // x with at least this many rows takes the blocked loop (as q8act.cpp)
+
+template <class F>
+constexpr int subs = static_cast<int>(QK_K / F::group);  // sub-blocks: 16 of 16 weights, or 8 of 32
+
+struct Unpacked {                   // one super-block of one row, as the blocked loop multiplies it
+  int8_t q[QK_K] = {};              // codes (unsigned) or values (IQ4_XS)
+  int16_t sc[SUMS] = {}, mn[SUMS] = {};  // per sub-block: scale, and the weight of its x sums
+  float d = 0.f, dmin = 0.f;
+};
+
+void unpack(const uint8_t* blk, Unpacked& u, Q2_K) {
+  const uint8_t *qs = blk + Q2_K::qs_at, *sc = blk + Q2_K::scales_at;
+  for (int n = 0; n < 2; ++n)  // weight 128n + 32j + i: bits 2j of qs[32n + i]
+    for (int j = 0; j < 4; ++j)
+      for (int i = 0; i < 32; ++i) u.q[128 * n + 32 * j + i] = static_cast<int8_t>((qs[32 * n + i] >> (2 * j)) & 3);
+  for (int s = 0; s < 16; ++s) u.sc[s] = sc[s] & 0x0F, u.mn[s] = sc[s] >> 4;
+  u.d = half_at(blk + Q2_K::d_at), u.dmin = half_at(blk + Q2_K::dmin_at);
+}
+
+void unpack(const uint8_t* blk, Unpacked& u, Q3_K) {
+  const uint8_t *qs = blk + Q3_K::qs_at, *hm = blk + Q3_K::hmask_at;
+  for (int n = 0; n < 2; ++n)  // as Q2_K, plus bit 4n + j of hmask[i] as bit 2: codes 0..7, less 4 below
+    for (int j = 0; j < 4; ++j)
+      for (int i = 0; i < 32; ++i)
+        u.q[128 * n + 32 * j + i] = static_cast<int8_t>(((qs[32 * n + i] >> (2 * j)) & 3) | (((hm[i] >> (4 * n + j)) & 1) << 2));
+  q3_k_scales(blk + Q3_K::scales_at, u.sc);
+  for (int s = 0; s < 16; ++s) u.mn[s] = static_cast<int16_t>(Q3_K::code_offset * u.sc[s]);
+  u.d = u.dmin = half_at(blk + Q3_K::d_at);
+}
+
+template <class F>  // Q4_K, Q5_K: sub-block s = nibble s % 2 of qs[32 (s / 2) + l] (and bit s of qh[l])
+void unpack_k4(const uint8_t* blk, Unpacked& u) {
+  const uint8_t* qs = blk + F::qs_at;
+  for (int s = 0; s < 8; ++s) {
+    for (int l = 0; l < 32; ++l) {
+      int q = (qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0x0F;
+      if constexpr (F::has_qh) q |= ((blk[F::qh_at + l] >> s) & 1) << 4;
+      u.q[32 * s + l] = static_cast<int8_t>(q);
+    }
+    int sc, mn;
+    k4_scale_min(blk + F::scales_at, s, sc, mn);
+    u.sc[s] = static_cast<int16_t>(sc), u.mn[s] = static_cast<int16_t>(mn);
+  }
+  u.d = half_at(blk + F::d_at), u.dmin = half_at(blk + F::dmin_at);
+}
+
+void unpack(const uint8_t* blk, Unpacked& u, Q4_K) { unpack_k4<Q4_K>(blk, u); }
+void unpack(const uint8_t* blk, Unpacked& u, Q5_K) { unpack_k4<Q5_K>(blk, u); }
+
+void unpack(const uint8_t* blk, Unpacked& u, Q6_K) {
+  const uint8_t *ql = blk + Q6_K::ql_at, *qh = blk + Q6_K::qh_at;
+  for (int h = 0; h < 2; ++h)  // weight 128h + 32k + l: nibble k / 2 of ql[64h + 32(k % 2) + l], bits 2k of qh[32h + l]
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) {
+        const int low = (ql[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0x0F, high = (qh[32 * h + l] >> (2 * k)) & 3;
+        u.q[128 * h + 32 * k + l] = static_cast<int8_t>(low | (high << 4));  // 0..63, less 32 below
+      }
+  for (int s = 0; s < 16; ++s) {
+    u.sc[s] = reinterpret_cast<const int8_t*>(blk + Q6_K::scales_at)[s];
+    u.mn[s] = static_cast<int16_t>(Q6_K::code_offset * u.sc[s]);
+  }
+  u.d = u.dmin = half_at(blk + Q6_K::d_at);
+}
+
+void unpack(const uint8_t* blk, Unpacked& u, IQ4_XS) {
+  const uint8_t* qs = blk + IQ4_XS::qs_at;
+  for (int ib = 0; ib < 8; ++ib) {  // sub-block ib: its 16 bytes' low nibbles, then high, through the book
+#ifdef Q8K_SIMD
+    const __m128i book = _mm_loadu_si128(reinterpret_cast<const __m128i*>(IQ4_XS::book)), m4 = _mm_set1_epi8(0x0F);
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * ib));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(u.q + 32 * ib), _mm_shuffle_epi8(book, _mm_and_si128(b, m4)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(u.q + 32 * ib + 16),
+                     _mm_shuffle_epi8(book, _mm_and_si128(_mm_srli_epi16(b, 4), m4)));
+#else
+    for (int j = 0; j < 16; ++j) {
+      u.q[32 * ib + j] = IQ4_XS::book[qs[16 * ib + j] & 0x0F];
+      u.q[32 * ib + 16 + j] = IQ4_XS::book[qs[16 * ib + j] >> 4];
+    }
+#endif
+    u.sc[ib] = static_cast<int16_t>(iq4_xs_scale(blk, ib));
+  }
+  u.d = half_at(blk + IQ4_XS::d_at);
+}
+
+struct Panel {                        // PANEL weight rows, decoded
+  std::vector<int8_t> q;              // (nb, STEPS, PANEL, STEP) codes
+  std::vector<int16_t> sc, mn;        // (nb, SUMS, PANEL, 2) scale pairs; (nb, PAIRS, PANEL, 2) min pairs
+  std::vector<float> d, dmin;         // (nb, PANEL)
+};
+
+template <class F>
+void decode_panel(const uint8_t* w, int64_t ws, int64_t rows, int64_t nb, Panel& p) {
+  Unpacked u[PANEL];
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t j = 0; j < PANEL; ++j)
+      if (j < rows) unpack(w + j * ws + b * F::bytes, u[j], F{});
+      else u[j] = Unpacked{};
+    for (int c = 0; c < QK_K / gatherlens_q8::CHUNK; ++c)  // 32 codes of the 8 rows at a time: 8 steps
+#ifdef Q8K_SIMD
+      gatherlens_q8::interleave32_avx2(u[0].q + c * gatherlens_q8::CHUNK, sizeof(Unpacked),
+                                       p.q.data() + (b * STEPS + c * PANEL) * PANEL * STEP);
+#else
+      gatherlens_q8::interleave32_plain(u[0].q + c * gatherlens_q8::CHUNK, sizeof(Unpacked),
+                                        p.q.data() + (b * STEPS + c * PANEL) * PANEL * STEP);
+#endif
+    for (int j = 0; j < PANEL; ++j) {
+      for (int s = 0; s < SUMS; ++s) p.sc[((b * SUMS + s) * PANEL + j) * 2] = p.sc[((b * SUMS + s) * PANEL + j) * 2 + 1] = u[j].sc[s];
+      for (int t = 0; t < PAIRS; ++t)  // the min weights of x's sums 2t and 2t + 1
+        for (int h = 0; h < 2; ++h) p.mn[((b * PAIRS + t) * PANEL + j) * 2 + h] = u[j].mn[subs<F> == SUMS ? 2 * t + h : t];
+      p.d[b * PANEL + j] = u[j].d, p.dmin[b * PANEL + j] = u[j].dmin;
+    }
+  }
+}
+
+using Rows = gatherlens_q8::TileRows<int16_t>;  // a tile's rows of x as Q8_K: codes, scales, 16-value sums
+
+template <class F>  // a 16-value pair of x's sums against the weights' min pair, all 8 lanes: int32
+constexpr bool has_mins = F::has_dmin || F::code_offset != 0;
+
+#ifdef Q8K_SIMD
+template <class F>  // steps of a sub-block whose int16 pair sums stay within int16: 2 * 127 * max code each
+constexpr int steps_in_int16 = F::type == IQ4_XS::type ? 1
+                               : std::min<int>(F::group / STEP, 32767 / (2 * 127 * ((1 << F::bits) - 1)));
+
+template <class F, int R>  // sum[r]: lane j = sum_s sc_s sum_{i in s} code(j, i) qx(r, i) over super-block b
+inline void panel_sums(const Panel& p, int64_t b, const Rows& x, __m256i* sum) {
+  using gatherlens_q8::x_step;
+  constexpr bool is_signed = F::type == IQ4_XS::type;
+  constexpr int per_sub = static_cast<int>(F::group) / STEP, G = steps_in_int16<F>;
+  const int8_t* w = p.q.data() + b * STEPS * PANEL * STEP;
+  for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
+  for (int s = 0; s < subs<F>; ++s) {
+    const __m256i sc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.sc.data() + (b * SUMS + s) * PANEL * 2));
+    for (int s0 = s * per_sub; s0 < (s + 1) * per_sub; s0 += G) {
+      __m256i pairs[R];
+      for (int r = 0; r < R; ++r) pairs[r] = _mm256_setzero_si256();
+      for (int t = s0; t < s0 + G; ++t) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + t * PANEL * STEP));
+        const __m256i u = is_signed ? _mm256_sign_epi8(v, v) : v;  // u8 |v| (or the codes)
+        for (int r = 0; r < R; ++r) {
+          const __m256i xs = x_step(x.q[r] + b * QK_K + STEP * t);
+          pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(u, is_signed ? _mm256_sign_epi8(xs, v) : xs));
+        }
+      }
+      for (int r = 0; r < R; ++r) sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(pairs[r], sc));
+    }
+  }
+}
+
+template <class F, int R>  // out (R, PANEL): the tile's outputs
+void tile(const Panel& p, int64_t nb, const Rows& x, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i sum[R];
+    panel_sums<F, R>(p, b, x, sum);
+    const __m256 d = _mm256_loadu_ps(p.d.data() + b * PANEL), dmin = _mm256_loadu_ps(p.dmin.data() + b * PANEL);
+    for (int r = 0; r < R; ++r) {
+      const __m256 dx = _mm256_set1_ps(x.d[r][b]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(d, dx), acc[r]);
+      if constexpr (has_mins<F>) {
+        __m256i m = _mm256_setzero_si256();
+        for (int t = 0; t < PAIRS; ++t)
+          m = _mm256_add_epi32(m, _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                                         p.mn.data() + (b * PAIRS + t) * PANEL * 2)),
+                                                     gatherlens_q8::x_step(reinterpret_cast<const int8_t*>(x.s[r] + b * SUMS + 2 * t))));
+        acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dmin, dx), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * PANEL, acc[r]);
+}
+#else
+template <class F, int R>  // the scalar twin: the same panel, the same integer sums
+void tile(const Panel& p, int64_t nb, const Rows& x, float* out) {
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < PANEL; ++j) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const int8_t* w = p.q.data() + b * STEPS * PANEL * STEP;
+        int32_t sum = 0, m = 0;
+        for (int s = 0; s < subs<F>; ++s) {
+          int32_t dot = 0;
+          for (int i = s * static_cast<int>(F::group); i < (s + 1) * static_cast<int>(F::group); ++i)
+            dot += gatherlens_q8::panel_code(w, j, i) * x.q[r][b * QK_K + i];
+          sum += p.sc[((b * SUMS + s) * PANEL + j) * 2] * dot;
+        }
+        for (int t = 0; t < PAIRS; ++t)
+          for (int h = 0; h < 2; ++h) m += p.mn[((b * PAIRS + t) * PANEL + j) * 2 + h] * x.s[r][b * SUMS + 2 * t + h];
+        acc += static_cast<float>(sum) * (p.d[b * PANEL + j] * x.d[r][b]);
+        acc -= static_cast<float>(m) * (p.dmin[b * PANEL + j] * x.d[r][b]);
+      }
+      out[r * PANEL + j] = acc;
+    }
+}
+#endif
+
+template <class F>  // out (M, N) = x W^T for M >= GEMM_ROWS
+void blocked(const Act& a, const uint8_t* w, int64_t ws, int64_t M, int64_t N, int64_t K, float* out) {
+  const int64_t nb = K / QK_K;
+  gatherlens_q8::blocked_gemm(
+      M, N, out,
+      [&] {
+        return Panel{std::vector<int8_t>(nb * QK_K * PANEL), std::vector<int16_t>(nb * SUMS * PANEL * 2),
+                     std::vector<int16_t>(nb * PAIRS * PANEL * 2), std::vector<float>(nb * PANEL),
+                     std::vector<float>(nb * PANEL)};
+      },
+      [&](int64_t n0, int64_t rows, Panel& p) { decode_panel<F>(w + n0 * ws, ws, rows, nb, p); },
+      [&](int R, int64_t r0, const Panel& p, float* part) {
+        const Rows x = gatherlens_q8::tile_rows(a.q.data(), a.d.data(), a.bsums.data(), r0, R, K, nb, nb * SUMS);
+        gatherlens_q8::by_rows(R, [&]<int Rc>() { tile<F, Rc>(p, nb, x, part); });
+      });
+}
+
 template <class F>
 at::Tensor linear(const at::Tensor& x, const at::Tensor& raw) {
   static_assert(F::weights == QK_K, "one super-block per 256 weights, as x's blocks");
@@ -390,6 +627,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& raw) {
   const uint8_t* w = raw.data_ptr<uint8_t>();
   const int64_t ws = raw.stride(0);
   float* out = y.data_ptr<float>();
+  if (M >= GEMM_ROWS) {
+    blocked<F>(a, w, ws, M, N, K, out);
+    return y;
+  }
   gatherlens::parallel_chunks(N, 32, [&](int64_t n0, int64_t n1) {  // 32 weight rows a task at least
     for (int64_t r = 0; r < M; ++r)
       for (int64_t n = n0; n < n1; ++n) out[r * N + n] = row_dot<F>(w + n * ws, nb, a, r);
@@ -412,8 +653,19 @@ at::Tensor q8k_linear_cpu(const at::Tensor& x, const at::Tensor& raw, int64_t qt
               Q5_K::type, " (Q5_K), ", Q6_K::type, " (Q6_K) or ", IQ4_XS::type, " (IQ4_XS), got ", qtype);
 }
 
+int64_t q8k_simd() {  // the blocked loop this build runs: 0 the scalar twin, 1 AVX2
+#ifdef Q8K_SIMD
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(gatherlens, m) { m.def("q8k_linear(Tensor x, Tensor raw, int qtype) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(gatherlens, m) {
+  m.def("q8k_linear(Tensor x, Tensor raw, int qtype) -> Tensor");
+  m.def("q8k_simd() -> int", &q8k_simd);
+}
 
 TORCH_LIBRARY_IMPL(gatherlens, CPU, m) { m.impl("q8k_linear", &q8k_linear_cpu); }

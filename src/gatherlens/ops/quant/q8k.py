@@ -15,6 +15,7 @@ formats (q8act_matmul for the 32-weight ones): no copy of the weight at all.
 """
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -22,7 +23,7 @@ import torch
 from gatherlens.ops.native import load_library
 from gatherlens.ops.quant.layout import LAYOUTS, QK_K
 
-__all__ = ["Q8K_QTYPES", "GGML_TYPE", "kernel_loaded", "q8k_matmul", "KERNEL"]
+__all__ = ["Q8K_QTYPES", "GGML_TYPE", "kernel_loaded", "q8k_matmul", "KERNEL", "blocked_simd"]
 
 KERNEL = Path(__file__).with_name("q8k.cpp")
 # the super-block formats (codes in blocks of 256 with sub-block scales), in LAYOUTS' order
@@ -33,6 +34,13 @@ GGML_TYPE = {q: LAYOUTS[q].ggml_type for q in Q8K_QTYPES}  # ggml's type numbers
 def kernel_loaded() -> bool:
     """True once `gatherlens::q8k_linear` is registered (built on first use)."""
     return load_library(KERNEL, on_load=register_fakes)
+
+
+@cache
+def blocked_simd() -> str | None:
+    """The instructions of q8k.cpp's blocked loop (x of several rows) in this build: "avx2", or "scalar"
+    (its plain twin); None where the operator did not build."""
+    return ("scalar", "avx2")[torch.ops.gatherlens.q8k_simd()] if kernel_loaded() else None
 
 
 def register_fakes() -> None:

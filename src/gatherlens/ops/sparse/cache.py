@@ -117,6 +117,8 @@ class PagedKVCache:
             ``kv_dtype``); key_scales, value_scales: int8's (B, Hkv, N) float32 scales (None
             otherwise); key_max, key_min, summaries: views over the first ``N`` pages;
             ``summaries`` is ``[key_max | key_min]``, the layout scoring reads.
+        storage_version (int): counts the times the storage was made anew (grown, re-stored): a caller
+            holding `writable` / `scale_storage`'s tensors holds the current ones while it is unchanged.
 
     Methods:
         append(keys, values): add ``T`` tokens; updates only the touched pages' summaries.
@@ -214,6 +216,7 @@ class PagedKVCache:
                     new[:, :, :used] = old[:, :, :used]
         self._k, self._v, self._s = k, v, s
         self._ks, self._vs = scales
+        self.storage_version = getattr(self, "storage_version", 0) + 1  # writable()'s tensors changed
 
     @property
     def capacity(self) -> int:

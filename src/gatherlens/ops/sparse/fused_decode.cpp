@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -36,21 +37,13 @@
 #include <torch/library.h>
 
 #include "gatherlens/common.h"
+#include "gatherlens/group_dots.h"
 #include "gatherlens/kv_pages.h"
 
 namespace {
 
 namespace gl = gatherlens;
 using gl::Strides;
-
-// page_choice.page_bounds: relu(q) . max + (-relu(-q)) . min, term by term as torch's matmul (0 * inf is
-// nan there too); qq (2D,) = [relu(q) | -relu(-q)] (split_query).
-inline float bound_row(const float* qq, const float* mx, const float* mn, int64_t D) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t d = 0; d < D; ++d) s += qq[d] * mx[d] + qq[D + d] * mn[d];
-  return s;
-}
 
 inline void split_query(const float* q, int64_t D, float* qq) {  // page_choice.split_query
   for (int64_t d = 0; d < D; ++d) {
@@ -59,28 +52,10 @@ inline void split_query(const float* q, int64_t D, float* qq) {  // page_choice.
   }
 }
 
-inline float dot(const float* a, const float* b, int64_t D) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t d = 0; d < D; ++d) s += a[d] * b[d];
-  return s;
-}
-
 template <typename T>
 inline void prefetch_page(const T* page, int64_t values) {  // the next chosen page, while this one runs
   const char* p = reinterpret_cast<const char*>(page);
   for (int64_t i = 0; i < values * static_cast<int64_t>(sizeof(T)); i += 64) __builtin_prefetch(p + i, 0, 3);
-}
-
-// A page's first n stored values as float32: float pages in place, others widened into buf.
-template <typename T>
-inline const float* page_as_float(const T* page, int64_t n, float scale, float* buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    return page;
-  } else {
-    gl::widen(page, n, scale, buf);
-    return buf;
-  }
 }
 
 inline float page_scale(const float* scales, int64_t page) { return scales ? scales[page] : 1.f; }
@@ -93,14 +68,19 @@ inline float rank_value(float v) {  // page_choice.rankable: nan lowest, -inf ab
   return v;
 }
 
-inline bool ranks_above(const float* score, int64_t a, int64_t b) {  // select/ties.py: the lower index wins
-  const float va = rank_value(score[a]), vb = rank_value(score[b]);
-  return va > vb || (va == vb && a < b);
+// One integer per candidate page that orders as the rule ranks (select/ties.py: on equal ranks the lower
+// page wins): the rank's float bits made order-preserving (+0 and -0 one value) above the page's complement.
+inline uint64_t rank_key(float score, int64_t page) {
+  float v = rank_value(score);
+  v = v == 0.f ? 0.f : v;
+  const uint32_t bits = __builtin_bit_cast(uint32_t, v);
+  const uint32_t ordered = bits & 0x80000000u ? ~bits : bits | 0x80000000u;
+  return (static_cast<uint64_t>(ordered) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(page));
 }
 
 // pages[0:n] of one selection head from its scores (N,): forced pages, then the best others.
 void choose(const float* score, int64_t N, int64_t n, int64_t first_recent, int64_t* pages,
-            std::vector<int64_t>& cand) {
+            std::vector<uint64_t>& cand) {
   if (n >= N) {
     for (int64_t p = 0; p < N; ++p) pages[p] = p;
     return;
@@ -110,22 +90,20 @@ void choose(const float* score, int64_t N, int64_t n, int64_t first_recent, int6
   pages[k++] = 0;
   const int64_t forced = 1 + (N - fr);
   const int64_t free_slots = std::max<int64_t>(0, n - forced);
-  cand.clear();
-  for (int64_t p = 1; p < fr; ++p) cand.push_back(p);
-  auto better = [score](int64_t a, int64_t b) { return ranks_above(score, a, b); };
+  cand.resize(static_cast<size_t>(fr - 1));
+  for (int64_t p = 1; p < fr; ++p) cand[p - 1] = rank_key(score[p], p);
   const int64_t take = std::min<int64_t>(free_slots, static_cast<int64_t>(cand.size()));
   if (take > 0 && take < static_cast<int64_t>(cand.size()))
-    std::nth_element(cand.begin(), cand.begin() + take, cand.end(), better);
-  for (int64_t i = 0; i < take; ++i) pages[k++] = cand[i];
+    std::nth_element(cand.begin(), cand.begin() + take, cand.end(), std::greater<uint64_t>());
+  for (int64_t i = 0; i < take; ++i) pages[k++] = 0xFFFFFFFFu - static_cast<uint32_t>(cand[i]);
   for (int64_t p = fr; p < N && k < n; ++p) pages[k++] = p;
   std::sort(pages, pages + k);
 }
 
 // ---- attention over the chosen pages ----
 
-struct Pages {                                    // the chosen pages of one head and where they lie
-  const int64_t* ids;
-  int64_t n, P, length;
+struct Dims {                                     // of one KV head's pages
+  int64_t P, D, Dv, length;
 };
 
 template <typename T>
@@ -135,58 +113,59 @@ struct HeadKV {                                   // one KV head's stored pages 
   const float *ks, *vs;                           // (N',) or nullptr
 };
 
-struct AttendScratch {
-  std::vector<float> w, buf;                      // logits; one page read as float32
+struct Partial {                                  // split-K partials of the G heads of a group
+  float *m, *sum, *acc;                           // (G,), (G,), (G, Dv)
 };
 
-// w[:rows] = the scaled logits of q over the valid rows of the chosen pages, in page order; returns rows.
+struct GroupScratch {
+  std::vector<float> w, buf;                      // logits (G, rows); one row widened (the plain loops)
+};
+
+// The G heads qg (G, D) over the valid rows of pages ids[0:np] of one KV head, read in place (group_dots.h:
+// each row widened once for the G heads): per head the max logit, the sum of exp(l - max) and the
+// exp-weighted value rows. Every logit -inf or nan: m is not > -inf (the caller's case).
 template <typename T>
-int64_t page_logits(const float* q, const HeadKV<T>& kv, const Pages& pg, int64_t D, float scale, float* w,
-                    float* buf) {
+void group_partial(const float* qg, int64_t G, const HeadKV<T>& kv, const int64_t* ids, int64_t np, const Dims& d,
+                   float sc, Partial part, GroupScratch& s) {
+  const int64_t cap = np * d.P;
+  s.w.resize(static_cast<size_t>(G * cap));
+  s.buf.resize(static_cast<size_t>(std::max(d.D, d.Dv)));
   int64_t rows = 0;
-  for (int64_t i = 0; i < pg.n; ++i) {
-    const int64_t id = pg.ids[i], valid = gl::page_rows(id, pg.P, pg.length);
-    if (i + 1 < pg.n) prefetch_page(kv.K + pg.ids[i + 1] * kv.kl.n, pg.P * D);
-    const float* kp = page_as_float(kv.K + id * kv.kl.n, valid * D, page_scale(kv.ks, id), buf);
-    for (int64_t j = 0; j < valid; ++j) w[rows++] = dot(q, kp + j * D, D) * scale;
+  for (int64_t i = 0; i < np; ++i) {
+    const int64_t id = ids[i], valid = gl::page_rows(id, d.P, d.length);
+    if (i + 1 < np) prefetch_page(kv.K + ids[i + 1] * kv.kl.n, d.P * d.D);
+    gl::group_dots(qg, G, kv.K + id * kv.kl.n, d.D, page_scale(kv.ks, id), valid, d.D, sc, s.w.data() + rows, cap,
+                   s.buf.data());
+    rows += valid;
   }
-  return rows;
+  for (int64_t g = 0; g < G; ++g) {
+    float* w = s.w.data() + g * cap;
+    part.m[g] = gl::row_max(w, rows);
+    part.sum[g] = part.m[g] > -std::numeric_limits<float>::infinity()
+                      ? static_cast<float>(gl::exp_sum(w, rows, part.m[g], w)) : 0.f;
+  }
+  std::fill(part.acc, part.acc + G * d.Dv, 0.f);
+  rows = 0;
+  for (int64_t i = 0; i < np; ++i) {
+    const int64_t id = ids[i], valid = gl::page_rows(id, d.P, d.length);
+    if (i + 1 < np) prefetch_page(kv.V + ids[i + 1] * kv.vl.n, d.P * d.Dv);
+    gl::group_weigh(s.w.data() + rows, cap, G, kv.V + id * kv.vl.n, d.Dv, page_scale(kv.vs, id), valid, d.Dv,
+                    part.acc, s.buf.data());
+    rows += valid;
+  }
 }
 
-// out (Dv,) = sum_r w[r] * value row r, over the same rows.
-template <typename T>
-void weigh_values(const HeadKV<T>& kv, const Pages& pg, int64_t Dv, const float* w, float* out, float* buf) {
-  for (int64_t d = 0; d < Dv; ++d) out[d] = 0.f;
-  int64_t rows = 0;
-  for (int64_t i = 0; i < pg.n; ++i) {
-    const int64_t id = pg.ids[i], valid = gl::page_rows(id, pg.P, pg.length);
-    if (i + 1 < pg.n) prefetch_page(kv.V + pg.ids[i + 1] * kv.vl.n, pg.P * Dv);
-    const float* vp = page_as_float(kv.V + id * kv.vl.n, valid * Dv, page_scale(kv.vs, id), buf);
-    for (int64_t j = 0; j < valid; ++j) {
-      const float e = w[rows++];
-      const float* vr = vp + j * Dv;
-#pragma omp simd
-      for (int64_t d = 0; d < Dv; ++d) out[d] += e * vr[d];
-    }
-  }
-}
-
-// out (Dv,), returns lse: attention of q over the valid rows of the chosen pages.
-template <typename T>
-float attend(const float* q, const HeadKV<T>& kv, const Pages& pg, int64_t D, int64_t Dv, float scale, float* out,
-             AttendScratch& sc) {
-  sc.w.resize(static_cast<size_t>(pg.n * pg.P));
-  if (!std::is_same_v<T, float>) sc.buf.resize(static_cast<size_t>(pg.P * std::max(D, Dv)));
-  const int64_t rows = page_logits(q, kv, pg, D, scale, sc.w.data(), sc.buf.data());
-  const float m = gl::row_max(sc.w.data(), rows);
-  if (!(m > -std::numeric_limits<float>::infinity())) {  // every logit -inf or nan: as the torch path
+// out (Dv,) per head of a selection head's partials (parts of them, `step` heads apart), lse returned;
+// every logit -inf or nan: out nan and lse that max (as the torch path).
+inline float finish(const float* m, const float* sum, const float* acc, int64_t parts, int64_t step, int64_t Dv,
+                    float* out) {
+  float M = -std::numeric_limits<float>::infinity();
+  for (int64_t c = 0; c < parts; ++c) M = m[c * step] > M ? m[c * step] : M;
+  if (!(M > -std::numeric_limits<float>::infinity())) {
     for (int64_t d = 0; d < Dv; ++d) out[d] = std::numeric_limits<float>::quiet_NaN();
-    return m;
+    return parts == 1 ? m[0] : M;
   }
-  const double sum = gl::exp_sum(sc.w.data(), rows, m, sc.w.data());
-  weigh_values(kv, pg, Dv, sc.w.data(), out, sc.buf.data());
-  gl::scale_by(out, Dv, static_cast<float>(1.0 / sum));
-  return gl::lse_of(m, sum);
+  return gl::merge_partials(m, sum, acc, parts, step, Dv, out);
 }
 
 // ---- paged_decode: check, score, choose, attend ----
@@ -249,14 +228,11 @@ void score_pages(const Shape& s, const float* qp, const T* sp, Strides sl, float
     const int64_t bh = t / blocks, blk = t % blocks, b = bh / s.Hkv, h = bh % s.Hkv;
     const T* srow = sp + b * sl.b + h * sl.h;
     sc.qq.resize(s.G * 2 * s.D);
-    if (!std::is_same_v<T, float>) sc.box.resize(2 * s.D);
-    const float* qq = sc.qq.data();
+    sc.box.resize(2 * s.D);
     for (int64_t g = 0; g < s.G; ++g) split_query(qp + (b * s.Hq + h * s.G + g) * s.D, s.D, sc.qq.data() + g * 2 * s.D);
-    for (int64_t p = blk * kBlock; p < std::min(s.N, (blk + 1) * kBlock); ++p) {
-      const float* box = page_as_float(srow + p * sl.n, 2 * s.D, 1.f, sc.box.data());  // [max | min]
-      for (int64_t g = 0; g < s.G; ++g)
-        bp[(bh * s.G + g) * s.N + p] = bound_row(qq + g * 2 * s.D, box, box + s.D, s.D);
-    }
+    const int64_t p0 = blk * kBlock, p1 = std::min(s.N, p0 + kBlock);  // bound = qq . [max | min], 2D terms
+    gl::group_dots(sc.qq.data(), s.G, srow + p0 * sl.n, sl.n, 1.f, p1 - p0, 2 * s.D, 1.f, bp + bh * s.G * s.N + p0,
+                   s.N, sc.box.data());
   });
 }
 
@@ -273,7 +249,7 @@ const float* group_scores(const float* rows, int64_t G, int64_t N, bool sum, std
 
 struct ChoiceScratch {
   std::vector<float> score;
-  std::vector<int64_t> cand;
+  std::vector<uint64_t> cand;
 };
 
 // pages (B, Hsel, nn) from the bounds: per query head, or per KV group (max / sum of its heads).
@@ -295,16 +271,39 @@ HeadKV<T> head_kv(const at::Tensor& pk, const at::Tensor& pv, const Scales& ks, 
           ks ? ks->data_ptr<float>() + row : nullptr, vs ? vs->data_ptr<float>() + row : nullptr};
 }
 
-// out (B, Hq, Dv), lse (B, Hq): each query head over its selection head's pages.
+// Selection head `sel`'s query heads (G of them shared, else one) over part c of its nn pages (parts as even as
+// whole pages allow): their partials in part[] at task t.
+template <typename T>
+void attend_part(const Shape& s, const float* qp, const at::Tensor& pk, const at::Tensor& pv, const Scales& ks,
+                 const Scales& vs, const int64_t* pg, int64_t nn, bool per_head, float scale, int64_t sel,
+                 int64_t c, int64_t parts, std::vector<float>* part, int64_t t, GroupScratch& sc) {
+  const int64_t Hsel = per_head ? s.Hq : s.Hkv, b = sel / Hsel, hs = sel % Hsel, G = per_head ? 1 : s.G;
+  const int64_t h = per_head ? hs / s.G : hs, first = per_head ? hs : hs * s.G;  // KV head, first query head
+  const int64_t a = c * nn / parts, e = (c + 1) * nn / parts;
+  const Partial out{part[0].data() + t * G, part[1].data() + t * G, part[2].data() + t * G * s.Dv};
+  group_partial(qp + (b * s.Hq + first) * s.D, G, head_kv<T>(pk, pv, ks, vs, b, h), pg + sel * nn + a, e - a,
+                Dims{s.P, s.D, s.Dv, s.length}, scale, out, sc);
+}
+
+// out (B, Hq, Dv), lse (B, Hq): each query head over its selection head's pages, a KV group's heads together
+// (each page read once for them), split in parts when there are fewer selection heads than twice the threads.
 template <typename T>
 void attend_all(const Shape& s, const float* qp, const at::Tensor& pk, const at::Tensor& pv, const Scales& ks,
                 const Scales& vs, const int64_t* pg, int64_t nn, bool per_head, float scale, float* op, float* lp) {
-  gl::for_each_task<AttendScratch>(s.B * s.Hq, [&](int64_t t, AttendScratch& sc) {
-    const int64_t b = t / s.Hq, hq = t % s.Hq, h = hq / s.G;
-    const int64_t sel = per_head ? t : b * s.Hkv + h;
-    const Pages pages{pg + sel * nn, nn, s.P, s.length};
-    lp[t] = attend(qp + t * s.D, head_kv<T>(pk, pv, ks, vs, b, h), pages, s.D, s.Dv, scale, op + t * s.Dv, sc);
+  const int64_t sels = s.B * (per_head ? s.Hq : s.Hkv), G = per_head ? 1 : s.G;
+  const int64_t parts = std::max<int64_t>(1, std::min(nn / 8, gl::ceil_div(2 * at::get_num_threads(), sels)));
+  std::vector<float> part[3] = {std::vector<float>(sels * parts * G), std::vector<float>(sels * parts * G),
+                                std::vector<float>(sels * parts * G * s.Dv)};  // max, sum, weighted values
+  gl::for_each_task<GroupScratch>(sels * parts, [&](int64_t t, GroupScratch& sc) {
+    attend_part<T>(s, qp, pk, pv, ks, vs, pg, nn, per_head, scale, t / parts, t % parts, parts, part, t, sc);
   });
+  for (int64_t sel = 0; sel < sels; ++sel)
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t head = per_head ? sel : (sel / s.Hkv) * s.Hq + (sel % s.Hkv) * s.G + g;
+      const int64_t at = sel * parts * G + g;
+      lp[head] = finish(part[0].data() + at, part[1].data() + at, part[2].data() + at * s.Dv, parts, G, s.Dv,
+                        op + head * s.Dv);
+    }
 }
 
 // Calls f(T{}) with the pages' stored type: float, c10::Half, c10::BFloat16, int8_t.
@@ -357,72 +356,23 @@ void check_dense(const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv
   TORCH_CHECK(length >= 1 && length <= pk.size(2) * pk.size(3), "dense_decode: length ", length, " is outside the storage");
 }
 
-struct Partial {                                  // one chunk's split-K partials for the G heads of a group
-  float *m, *sum, *acc;
-};
-
-// The G query heads qg (G, D) over n contiguous rows K (n, D), V (n, Dv): per head the max logit,
-// the sum of exp(l - max) and the exp-weighted sum of value rows. w: room for G * n logits.
-void dense_chunk(const float* qg, const float* K, const float* V, int64_t n, int64_t G, int64_t D, int64_t Dv,
-                 float sc, Partial part, float* w) {
-  for (int64_t j = 0; j < n; ++j)                  // each key row read once for the G heads
-    for (int64_t g = 0; g < G; ++g) w[g * n + j] = dot(qg + g * D, K + j * D, D) * sc;
-  for (int64_t g = 0; g < G; ++g) {
-    part.m[g] = gl::row_max(w + g * n, n);
-    part.sum[g] = static_cast<float>(gl::exp_sum(w + g * n, n, part.m[g], w + g * n));
-  }
-  std::fill(part.acc, part.acc + G * Dv, 0.f);
-  for (int64_t j = 0; j < n; ++j) {
-    const float* vr = V + j * Dv;
-    for (int64_t g = 0; g < G; ++g) {
-      const float e = w[g * n + j];
-      float* a = part.acc + g * Dv;
-#pragma omp simd
-      for (int64_t d = 0; d < Dv; ++d) a[d] += e * vr[d];
-    }
-  }
-}
-
-// Rows r0 .. r1-1 of one head's storage X (pages of P rows of W, contiguous across pages) as float32: in
-// place for float pages, else widened into buf page by page (int8: each page by its own scale).
-template <typename T>
-const float* rows_as_float(const T* X, const float* scales, int64_t r0, int64_t r1, int64_t P, int64_t W,
-                           float* buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    return X + r0 * W;
-  } else {
-    for (int64_t r = r0; r < r1;) {
-      const int64_t page = r / P, end = std::min(r1, (page + 1) * P);
-      gl::widen(X + r * W, (end - r) * W, page_scale(scales, page), buf + (r - r0) * W);
-      r = end;
-    }
-    return buf;
-  }
-}
-
-struct DenseScratch {
-  std::vector<float> w, kbuf, vbuf;               // logits; the chunk's keys and values as float32
-};
-
-// Dense decode over every cached token, read in place: the G query heads of a KV group read each key
-// and value row once, and the rows are split in chunks over the threads (a split-K, combined by
-// log-sum-exp), so a few KV heads still use every thread. out (B, Hq, Dv), lse (B, Hq).
+// Dense decode over every cached token, read in place: each task is one KV head's chunk of pages, its G
+// query heads together (each key and value row read once for them); the chunks' partials combine by
+// log-sum-exp (a split-K), so a few KV heads still use every thread.
 template <typename T>
 void dense_tasks(const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv, const Scales& ks, const Scales& vs,
-                 int64_t length, float scale, int64_t chunks, int64_t kRows, std::vector<float>* part) {
+                 int64_t length, float scale, int64_t chunks, int64_t per_chunk, std::vector<float>* part) {
   const int64_t Hq = q.size(1), D = q.size(2), Hkv = pk.size(1), Dv = pv.size(4), G = Hq / Hkv, P = pk.size(3);
+  const int64_t N = gl::page_count(length, P);
   const float* qp = q.data_ptr<float>();
-  gl::for_each_task<int>(q.size(0) * Hkv * chunks, [&](int64_t t, int&) {
-    thread_local DenseScratch sc;                 // kept across calls: 128 KiB buffers made per task were
-    sc.w.resize(kRows * G);                       // mmap'd and unmapped each time (slow with threads)
-    if (!std::is_same_v<T, float>) sc.kbuf.resize(kRows * D), sc.vbuf.resize(kRows * Dv);
+  gl::for_each_task<GroupScratch>(q.size(0) * Hkv * chunks, [&](int64_t t, GroupScratch& sc) {
     const int64_t bh = t / chunks, c = t % chunks, b = bh / Hkv, h = bh % Hkv;
-    const int64_t r0 = c * kRows, r1 = std::min(length, r0 + kRows);
-    const HeadKV<T> kv = head_kv<T>(pk, pv, ks, vs, b, h);  // rows are contiguous across pages
+    const int64_t p0 = c * per_chunk, p1 = std::min(N, p0 + per_chunk);
+    std::vector<int64_t> ids(static_cast<size_t>(std::max<int64_t>(0, p1 - p0)));
+    for (int64_t p = p0; p < p1; ++p) ids[p - p0] = p;
     const Partial out{part[0].data() + t * G, part[1].data() + t * G, part[2].data() + t * G * Dv};
-    dense_chunk(qp + (b * Hq + h * G) * D, rows_as_float(kv.K, kv.ks, r0, r1, P, D, sc.kbuf.data()),
-                rows_as_float(kv.V, kv.vs, r0, r1, P, Dv, sc.vbuf.data()), r1 - r0, G, D, Dv, scale, out,
-                sc.w.data());
+    group_partial(qp + (b * Hq + h * G) * D, G, head_kv<T>(pk, pv, ks, vs, b, h), ids.data(), p1 - p0,
+                  Dims{P, D, Dv, length}, scale, out, sc);
   });
 }
 
@@ -430,12 +380,13 @@ std::tuple<at::Tensor, at::Tensor> dense_decode_cpu(const at::Tensor& q, const a
                                                     int64_t length, double scale, const Scales& ks, const Scales& vs) {
   check_dense(q, pk, pv, length, ks, vs);
   const int64_t B = q.size(0), Hq = q.size(1), Hkv = pk.size(1), Dv = pv.size(4), G = Hq / Hkv;
-  constexpr int64_t kRows = 512;                   // rows per task
-  const int64_t chunks = gl::ceil_div(length, kRows), tasks = B * Hkv * chunks;
+  constexpr int64_t kRows = 512;                   // rows per task (whole pages)
+  const int64_t per_chunk = std::max<int64_t>(1, kRows / pk.size(3));
+  const int64_t chunks = gl::ceil_div(gl::page_count(length, pk.size(3)), per_chunk), tasks = B * Hkv * chunks;
   std::vector<float> part[3] = {std::vector<float>(tasks * G), std::vector<float>(tasks * G),
                                 std::vector<float>(tasks * G * Dv)};  // max, sum, weighted values
   on_stored_type(pk.scalar_type(), [&](auto t) {
-    dense_tasks<decltype(t)>(q, pk, pv, ks, vs, length, static_cast<float>(scale), chunks, kRows, part);
+    dense_tasks<decltype(t)>(q, pk, pv, ks, vs, length, static_cast<float>(scale), chunks, per_chunk, part);
   });
   at::Tensor out = at::empty({B, Hq, Dv}, q.options()), lse = at::empty({B, Hq}, q.options());
   float* op = out.data_ptr<float>();
@@ -443,8 +394,8 @@ std::tuple<at::Tensor, at::Tensor> dense_decode_cpu(const at::Tensor& q, const a
   for (int64_t bh = 0; bh < B * Hkv; ++bh)
     for (int64_t g = 0; g < G; ++g) {
       const int64_t head = (bh / Hkv) * Hq + (bh % Hkv) * G + g, first = bh * chunks * G + g;
-      lp[head] = gl::merge_partials(part[0].data() + first, part[1].data() + first, part[2].data() + first * Dv,
-                                    chunks, G, Dv, op + head * Dv);
+      lp[head] = finish(part[0].data() + first, part[1].data() + first, part[2].data() + first * Dv, chunks, G, Dv,
+                        op + head * Dv);
     }
   return {out, lse};
 }

@@ -64,10 +64,9 @@ def native_fits(q: torch.Tensor, cache: PagedKVCache, budget, how: dict, scale, 
     key_mask, the bound choice, no soft-capping, no autograd through the query, and the operator built."""
     if not q.is_cpu:
         return f"the query is on {q.device} (the C++ operator runs on the CPU)"
-    summaries = (torch.float32, cache.kv_dtype) if cache.kv_dtype in _HALF else (torch.float32,)
-    if cache.dtype != torch.float32 or cache.summary_dtype not in summaries or cache.kv_dtype not in _STORED:
-        return (f"the cache is {cache.dtype} (pages {cache.kv_dtype}) with {cache.summary_dtype} summaries (the C++ "
-                f"operator runs caches read in float32, pages stored in float32, float16, bfloat16 or int8)")
+    why = native_cache_fits(cache)
+    if why is not None:
+        return why
     if key_mask is not None:
         return "key_mask given (the C++ operator does not mask keys; backend='torch' does)"
     if how["choose"] != "bound":
@@ -77,6 +76,18 @@ def native_fits(q: torch.Tensor, cache: PagedKVCache, budget, how: dict, scale, 
     if q.requires_grad and torch.is_grad_enabled():
         return "the query needs a gradient (the C++ operator has no backward)"
     return native_ready()
+
+
+def native_cache_fits(cache: PagedKVCache) -> str | None:
+    """None when the operator reads this cache: on the CPU, read in float32, pages stored in float32,
+    float16, bfloat16 or int8, float32 summaries (or 16-bit ones of 16-bit pages); else why not."""
+    if cache.device.type != "cpu":
+        return f"the cache is on {cache.device} (the C++ operator runs on the CPU)"
+    summaries = (torch.float32, cache.kv_dtype) if cache.kv_dtype in _HALF else (torch.float32,)
+    if cache.dtype != torch.float32 or cache.summary_dtype not in summaries or cache.kv_dtype not in _STORED:
+        return (f"the cache is {cache.dtype} (pages {cache.kv_dtype}) with {cache.summary_dtype} summaries (the C++ "
+                f"operator runs caches read in float32, pages stored in float32, float16, bfloat16 or int8)")
+    return None
 
 
 def native_ready() -> str | None:

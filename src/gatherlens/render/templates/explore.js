@@ -6,7 +6,7 @@
   "use strict";
   var NS = "http://www.w3.org/2000/svg";
   var MARGIN = 16;
-  var D, M, T, S, st = {}, steps = [], genInfo = null, source = null, pending = null, seq = 0;
+  var D, M, P, T, S, st = {}, steps = [], genInfo = null, source = null, pending = null, seq = 0;
   var denseSteps = null, picked = null;   // the dense choice of every step (the "dense" event); the clicked step
 
   // -- data -------------------------------------------------------------------------------------
@@ -464,6 +464,115 @@
     }
   }
 
+  // -- 5b. a sparse prefill's block map (report/prefill.py packs it; render/prefill_map.py draws the file) ------
+  function bit(a, i) { return (a[i >> 3] >> (i & 7)) & 1; }
+  // the packed maps: per layer, the allowed cells' index (one per distinct allowed map) and its first bit
+  function Prefill(x) {
+    var masks = x.allowed.map(function (m) {
+      var a = bytes(m), idx = new Int32Array(x.nq * x.nk), c = 0;
+      for (var i = 0; i < idx.length; i++) { idx[i] = bit(a, i) ? c++ : -1; }
+      return {idx: idx, cells: c};
+    });
+    var off = 0, at = {};
+    x.layers.forEach(function (l, n) {
+      var m = masks[x.allowed_of[n]];
+      at[l] = {off: off, cells: m.cells, idx: m.idx};
+      off += m.cells * x.heads;
+    });
+    this.x = x; this.bits = bytes(x.kept); this.at = at;
+  }
+  Prefill.prototype.group = function (h) { return Math.floor(h / (this.x.q_heads / this.x.heads)); };
+  // block (i, j) of layer l's map for selection head g: 2 gathered, 1 allowed and skipped, 0 not allowed
+  Prefill.prototype.state = function (l, g, i, j) {
+    var m = this.at[l], c = m.idx[i * this.x.nk + j];
+    return c < 0 ? 0 : 1 + bit(this.bits, m.off + g * m.cells + c);
+  };
+  Prefill.prototype.count = function (l, g) {
+    var m = this.at[l], n = 0;
+    for (var c = 0; c < m.cells; c++) { n += bit(this.bits, m.off + g * m.cells + c); }
+    return [n, m.cells];
+  };
+  function drawPrefill() {
+    var box = document.querySelector('.gl-draw[data-draw="prefill"]');
+    if (!box || !P) { return; }
+    var x = P.x, g = P.group(st.head);
+    if (!P.at[st.layer]) {
+      box.replaceChildren(); info(box, fill(S.ex_prefill_dense, {layer: st.layer})); prefillSlots(null, g);
+      return;
+    }
+    var n = P.count(st.layer, g), cw = Math.max(2, Math.min(28, Math.floor(560 / Math.max(x.nq, x.nk))));
+    var f = {cw: cw, x0: MARGIN + textWidth(String(x.nq - 1), 10) + 10, y0: MARGIN + 46, every: tickStep(x.nk, cw), g: g};
+    var title = fill(S.ex_prefill_title, {layer: st.layer, head: st.head, group: g, block: x.block,
+                                          share: pyfmt(n[1] ? n[0] / n[1] : 0, ".0%")});
+    var width = Math.max(f.x0 + x.nk * cw + MARGIN, textWidth(title, 13) + 2 * MARGIN,
+                         textWidth(S.prefill_map_axes, 10) + 2 * MARGIN);
+    var svg = root(width, f.y0 + x.nq * cw + 34, title, "gl-prefill");
+    prefillCells(svg, f);
+    prefillAxes(svg, f);
+    box = place("prefill", svg);
+    bindPrefill(svg, box, f);
+    info(box, "");
+    prefillSlots(n, g);
+  }
+  // the map as runs of equal blocks per query row (a long prompt has hundreds a side), white underneath
+  function prefillCells(svg, f) {
+    var x = P.x, cw = f.cw, cls = ["", "gl-pf-skipped", "gl-pf-kept"], colours = ["", T.block.skipped, T.block.kept];
+    svg.appendChild(E("rect", {x: f.x0, y: f.y0, width: x.nk * cw, height: x.nq * cw, fill: T.block.outside}));
+    for (var i = 0; i < x.nq; i++) {
+      for (var a = 0, j = 1; j <= x.nk; j++) {
+        var s = P.state(st.layer, f.g, i, a);
+        if (j < x.nk && P.state(st.layer, f.g, i, j) === s) { continue; }
+        if (s > 0) {
+          svg.appendChild(E("rect", {"class": cls[s], x: f.x0 + a * cw, y: f.y0 + i * cw, width: (j - a) * cw,
+                                     height: cw, fill: colours[s], "data-n": j - a}));
+        }
+        a = j;
+      }
+    }
+    for (var k = 1; cw >= 8 && k < Math.max(x.nq, x.nk); k++) {   // cell borders when cells are big enough
+      if (k < x.nk) { svg.appendChild(E("line", {x1: f.x0 + k * cw, y1: f.y0, x2: f.x0 + k * cw, y2: f.y0 + x.nq * cw, stroke: "#ffffff"})); }
+      if (k < x.nq) { svg.appendChild(E("line", {x1: f.x0, y1: f.y0 + k * cw, x2: f.x0 + x.nk * cw, y2: f.y0 + k * cw, stroke: "#ffffff"})); }
+    }
+    svg.appendChild(E("rect", {x: f.x0, y: f.y0, width: x.nk * cw, height: x.nq * cw, fill: "none",
+                               stroke: "#999999", "stroke-width": 0.5}));
+  }
+  // a round step of block numbers whose labels (9 px) do not touch: 1, 2, 5, 10, 20, 50, ...
+  function tickStep(n, cw) {
+    var need = (textWidth(String(n - 1), 9) + 6) / cw, step = 1;
+    for (var i = 0; step < need; i++) { step = [1, 2, 5][i % 3] * Math.pow(10, Math.floor(i / 3)); }
+    return step;
+  }
+  // block numbers along both sides (every f.every-th), and what the axes are
+  function prefillAxes(svg, f) {
+    var x = P.x, cw = f.cw;
+    for (var j = 0; j < x.nk; j += f.every) {
+      label(svg, f.x0 + j * cw + cw / 2, f.y0 - 4, String(j), {"font-size": 9, "text-anchor": "middle"});
+    }
+    for (var i = 0; i < x.nq; i += f.every) {
+      label(svg, f.x0 - 4, f.y0 + i * cw + cw / 2 + 3, String(i), {"font-size": 9, "text-anchor": "end"});
+    }
+    label(svg, MARGIN, MARGIN + 26, S.prefill_map_axes, {"font-size": 10, fill: "#555555"});
+    label(svg, MARGIN, f.y0 + x.nq * cw + 20, "(nq, nk) = (" + x.nq + ", " + x.nk + ") · " + x.rule,
+          {"font-size": 10, fill: "#555555", "font-family": T.mono});
+  }
+  // hover a block: its query and key tokens, and whether it was gathered
+  function bindPrefill(svg, box, f) {
+    var x = P.x, states = [S.ex_prefill_outside, S.ex_prefill_skipped, S.ex_prefill_kept];
+    svg.addEventListener("mousemove", function (ev) {
+      var r = svg.getBoundingClientRect();
+      var i = Math.floor((ev.clientY - r.top - f.y0) / f.cw), j = Math.floor((ev.clientX - r.left - f.x0) / f.cw);
+      if (i < 0 || i >= x.nq || j < 0 || j >= x.nk) { info(box, ""); return; }
+      info(box, fill(S.ex_prefill_info, {i: i, qa: x.q_spans[i][0], qb: x.q_spans[i][1], j: j, ka: x.k_spans[j][0],
+                                         kb: x.k_spans[j][1], state: states[P.state(st.layer, f.g, i, j)]}));
+    });
+  }
+  function prefillSlots(n, g) {
+    var values = {pf_group: g, pf_kept: n ? n[0] : 0, pf_allowed: n ? n[1] : 0, pf_share: n && n[1] ? n[0] / n[1] : 0};
+    document.querySelectorAll('.gl-slot[data-slot^="pf_"]').forEach(function (el) {
+      el.textContent = pyfmt(values[el.getAttribute("data-slot")], el.getAttribute("data-fmt"));
+    });
+  }
+
   // -- the head gallery (render/gallery.py): a click opens that layer and head below ---------------
   function thumb(l, h) { return document.querySelector('.gl-thumb[data-layer="' + l + '"][data-head="' + h + '"]'); }
   function bindGallery() {
@@ -509,6 +618,7 @@
     if (document.activeElement !== f.elements.k) { f.elements.k.value = String(st.k); }
   }
   function update() {
+    drawPrefill();                                                          // from the page's own data: no wait
     if (!M.has(st.layer, st.head, st.query - qoff(), st.k)) { ask(0); return; }   // a long text: fetch first
     var v = view();
     drawHeads(v); drawScores(v); drawGather(v); drawValues(v); fillTable(v); fillSlots(v);
@@ -531,6 +641,7 @@
   function load(doc) {
     D = JSON.parse(doc.getElementById("gl-data").textContent);
     M = D.explore.remote ? new Remote(D.explore) : new Model(D.explore); T = D.theme; S = D.strings;
+    P = D.prefill ? new Prefill(D.prefill) : null;
     st = {layer: D.sel.layer, head: D.sel.head, query: D.sel.query, k: D.sel.k};
   }
 
@@ -543,6 +654,7 @@
   function params(extra) {
     var f = live().elements, p = new URLSearchParams();
     p.set("text", f.text.value); p.set("model", f.model.value); p.set("topk", f.topk.checked ? "1" : "0");
+    p.set("prefill", f.prefill.checked ? "1" : "0");
     p.set("k", String(st.k));
     if (!extra.reset) { p.set("layer", String(st.layer)); p.set("head", String(st.head)); }  // another model: its defaults
     p.set("query", String(extra.query !== undefined ? extra.query : st.query)); p.set("lang", D.lang);
@@ -622,6 +734,7 @@
     f.elements.text.addEventListener("input", function () { schedule(350, {query: -1}); });
     f.elements.model.addEventListener("change", function () { schedule(0, {query: -1, reset: true}); });
     f.elements.topk.addEventListener("change", function () { schedule(0, {}); });
+    f.elements.prefill.addEventListener("change", function () { schedule(0, {}); });
     var g = document.getElementById("gl-gen");
     g.addEventListener("submit", function (ev) { ev.preventDefault(); generate(); });
     g.elements.stop.addEventListener("click", function () { stop(S.ex_stopped); });

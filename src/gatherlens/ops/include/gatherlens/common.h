@@ -107,13 +107,15 @@ inline void softmax_row(const T* v, int64_t n, T* w, T* lse) {  // w = softmax(v
 // NaN d (std::max would drop a NaN), so every output it adds to is NaN, as in float. Returns d.
 // Its float64 twin: ops/quant/q8act_naive.quantize_activations.
 inline float round_block(const float* v, int64_t n, int8_t* q) {
-  float amax = 0.f;
-  bool finite = true;
+  float amax = 0.f, probe = 0.f;                  // probe: 0 unless some v is inf or NaN (v * 0 is NaN then)
+#pragma omp simd reduction(max : amax) reduction(+ : probe)
   for (int64_t i = 0; i < n; ++i) {
-    amax = std::max(amax, std::fabs(v[i]));
-    finite = finite && std::isfinite(v[i]);
+    const float a = std::fabs(v[i]);
+    amax = a > amax ? a : amax;
+    probe += v[i] * 0.f;
   }
-  const float d = finite ? amax / 127.f : std::nanf(""), id = d > 0.f ? 1.f / d : 0.f;
+  const float d = probe == 0.f ? amax / 127.f : std::nanf(""), id = d > 0.f ? 1.f / d : 0.f;
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) q[i] = static_cast<int8_t>(std::nearbyint(v[i] * id));
   return d;
 }

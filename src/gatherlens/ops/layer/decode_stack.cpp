@@ -1,0 +1,225 @@
+// One decode step of a whole stack of Llama-shaped decoder layers, and the head, in one operator:
+//
+//   torch.ops.gatherlens.decode_stack(x, cos, sin, heads, norms, eps, raws, kernels, qtypes, keys,
+//                                     values, summaries, key_scales, value_scales, position, pages,
+//                                     firsts, scale, per_head, group_sum, final_norm, final_eps,
+//                                     head_raw, head_kernel, head_qtype) -> logits
+//
+// A step of one token through L layers is ~12 operators a layer; called from Python each costs its
+// dispatch plus the Python around it (~150 us a layer, 30 layers: several ms a token). This
+// operator runs the same operators in the same order on the same tensors, called from C++ straight
+// to their CPU kernels (no Python, no autograd layer), so its result equals the lean step's
+// (models/decode_step.planned_step, tested bit for bit). Per layer l (x (1, d) float32):
+//
+//   h = rms_norm_cast(x, norms[2l], eps[2l]);   q|k|v = h Wq|Wk|Wv      (products: see below)
+//   q = rope_append(q, k, v, cos, sin, keys[l], values[l], summaries[l], position, scales)
+//   out = paged_decode(q, ..., pages[l], firsts[l], ...) if pages[l] >= 0 else dense_decode(q, ...)
+//   s, h = add_rms_norm_cast(x, out Wo, norms[2l+1], eps[2l+1]);   x = s + silu_mul(h Wg|Wu) Wd
+//
+// then logits = rms_norm_cast(x, final_norm) Whead (an empty head_kernel: x itself, before the final
+// norm). `heads` is Hq, the query heads (q is Hq * D wide; k and v Hkv * D and Hkv * Dv, the cache's
+// KV heads and widths). A product is `kernels[i]` (an operator name:
+// "q8act_linear", "q8k_linear", "floatdot_linear"; ops/quant/q8act.py's KERNEL_OF says which runs a
+// format) on raws[i] (N, row_bytes) uint8 with ggml type qtypes[i]. Each layer has SLOTS = 7
+// products in the order q, k, v, o, gate, up, down; where the model packed q|k|v (gate|up) as one
+// weight, slot q (gate) holds it and k, v (up) are empty ("" kernels). The cache storage of layer l
+// (keys, values, summaries, int8 scales: PagedKVCache.writable / scale_storage) is written at
+// `position` (the token's index, every layer's cache length); the caller counts it (advance(1)).
+// Batch 1, float32 activations. Built by gatherlens/ops/native.py; fake kernel in ops/layer/stack.py.
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+namespace {
+
+constexpr int64_t SLOTS = 7;  // q, k, v, o, gate, up, down
+enum Slot { Q = 0, K, V, O, GATE, UP, DOWN };
+
+using Opt = std::optional<at::Tensor>;
+using LinearFn = at::Tensor(const at::Tensor&, const at::Tensor&, int64_t);
+using NormFn = at::Tensor(const at::Tensor&, const at::Tensor&, double, bool);
+using AddNormFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                      double, bool);
+using SiluFn = at::Tensor(const at::Tensor&, bool);
+using RopeFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                          const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&, int64_t, const Opt&, const Opt&);
+using PagedFn = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, double,
+    bool, bool, const Opt&, const Opt&);
+using DenseFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                                                    double, const Opt&, const Opt&);
+
+const c10::DispatchKeySet CPU_ONLY(c10::DispatchKey::CPU);  // straight to the CPU kernel: no autograd layer
+
+template <typename Sig>
+c10::TypedOperatorHandle<Sig> handle(const std::string& name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(("gatherlens::" + name).c_str(), "").typed<Sig>();
+}
+
+struct Ops {  // the operators a step calls, found once (their libraries are loaded before the first call)
+  c10::TypedOperatorHandle<NormFn> norm = handle<NormFn>("rms_norm_cast");
+  c10::TypedOperatorHandle<AddNormFn> add_norm = handle<AddNormFn>("add_rms_norm_cast");
+  c10::TypedOperatorHandle<SiluFn> silu = handle<SiluFn>("silu_mul_cast");
+  c10::TypedOperatorHandle<RopeFn> rope = handle<RopeFn>("rope_append");
+  c10::TypedOperatorHandle<PagedFn> paged = handle<PagedFn>("paged_decode");
+  c10::TypedOperatorHandle<DenseFn> dense = handle<DenseFn>("dense_decode");
+  std::unordered_map<std::string, c10::TypedOperatorHandle<LinearFn>> linears;
+
+  const c10::TypedOperatorHandle<LinearFn>& linear(const std::string& name) {
+    auto it = linears.find(name);
+    if (it == linears.end()) it = linears.emplace(name, handle<LinearFn>(name)).first;
+    return it->second;
+  }
+};
+
+Ops& ops() {
+  static Ops o;
+  return o;
+}
+
+struct Product {  // one weight: its blocks, the operator that multiplies them, its ggml type
+  const at::Tensor* raw;
+  const std::string* kernel;
+  int64_t qtype;
+};
+
+at::Tensor product(const at::Tensor& x, const Product& p) {  // x (1, K) -> (1, N)
+  return ops().linear(*p.kernel).redispatch(CPU_ONLY, x, *p.raw, p.qtype);
+}
+
+// The products of one group (q|k|v, gate|up; an empty kernel name ends it) as one (1, sum N) row.
+at::Tensor grouped(const at::Tensor& x, const std::vector<Product>& parts) {
+  std::vector<at::Tensor> outs;
+  for (const Product& p : parts)
+    if (!p.kernel->empty()) outs.push_back(product(x, p));
+  if (outs.size() == 1) return outs[0];
+  int64_t width = 0;
+  for (const auto& o : outs) width += o.size(1);
+  at::Tensor row = at::empty({1, width}, x.options());
+  float* dst = row.data_ptr<float>();
+  for (const auto& o : outs) {
+    std::memcpy(dst, o.data_ptr<float>(), o.size(1) * sizeof(float));
+    dst += o.size(1);
+  }
+  return row;
+}
+
+struct LayerArgs {  // what layer l reads: its norms, products and cache storage
+  const at::Tensor *n1, *n2;
+  double e1, e2;
+  std::vector<Product> p;  // SLOTS products
+  at::Tensor *keys, *values, *sums;
+  const Opt *ks, *vs;
+  int64_t pages, first;
+};
+
+struct StepArgs {  // what every layer shares
+  const at::Tensor *cos, *sin;
+  int64_t position, Hq, D;
+  double scale;
+  bool per_head, group_sum;
+};
+
+at::Tensor attend(const at::Tensor& q, const LayerArgs& a, const StepArgs& s) {  // q (1, Hq, D) -> (1, Hq*Dv)
+  const int64_t length = s.position + 1;
+  at::Tensor out;
+  if (a.pages >= 0)
+    out = std::get<0>(ops().paged.redispatch(CPU_ONLY, q, *a.keys, *a.values, *a.sums, length, a.pages, a.first,
+                                             s.scale, s.per_head, s.group_sum, *a.ks, *a.vs));
+  else
+    out = std::get<0>(ops().dense.redispatch(CPU_ONLY, q, *a.keys, *a.values, length, s.scale, *a.ks, *a.vs));
+  return out.view({1, -1});  // (1, Hq*Dv)
+}
+
+at::Tensor layer_step(const at::Tensor& x, const LayerArgs& a, const StepArgs& s) {  // x (1, d) -> (1, d)
+  Ops& o = ops();
+  at::Tensor h = o.norm.redispatch(CPU_ONLY, x, *a.n1, a.e1, false);                     // (1, d)
+  at::Tensor qkv = grouped(h, {a.p[Q], a.p[K], a.p[V]});                                 // (1, (Hq+2Hkv) D)
+  const int64_t qw = s.Hq * s.D, kw = a.keys->size(1) * s.D;
+  at::Tensor q = qkv.narrow(1, 0, qw), k = qkv.narrow(1, qw, kw), v = qkv.narrow(1, qw + kw, qkv.size(1) - qw - kw);
+  at::Tensor qr = o.rope.redispatch(CPU_ONLY, q, k, v, *s.cos, *s.sin, *a.keys, *a.values, *a.sums, s.position,
+                                    *a.ks, *a.vs);                                          // (1, Hq, D)
+  at::Tensor y = product(attend(qr, a, s), a.p[O]);                                      // (1, d)
+  auto [sum, h2] = o.add_norm.redispatch(CPU_ONLY, x, y, *a.n2, a.e2, false);            // (1, d) x2
+  at::Tensor act = o.silu.redispatch(CPU_ONLY, grouped(h2, {a.p[GATE], a.p[UP]}), false);  // (1, I)
+  at::Tensor down = product(act, a.p[DOWN]);                                             // (1, d)
+  float* out = sum.data_ptr<float>();
+  const float* add = down.data_ptr<float>();
+  for (int64_t i = 0; i < sum.size(1); ++i) out[i] += add[i];
+  return sum;
+}
+
+void check_stack(const at::Tensor& x, at::TensorList norms, c10::ArrayRef<double> eps, at::TensorList raws,
+                 const std::vector<std::string>& kernels, c10::IntArrayRef qtypes, at::TensorList keys,
+                 at::TensorList values, at::TensorList sums, const c10::List<Opt>& ks, const c10::List<Opt>& vs,
+                 c10::IntArrayRef pages, c10::IntArrayRef firsts) {
+  const int64_t L = static_cast<int64_t>(keys.size());
+  TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.is_contiguous() && x.scalar_type() == at::kFloat,
+              "x must be (1, d) float32 contiguous (one token, batch 1)");
+  TORCH_CHECK(static_cast<int64_t>(norms.size()) == 2 * L && static_cast<int64_t>(eps.size()) == 2 * L,
+              "norms / eps must hold 2 per layer (", 2 * L, "), got ", norms.size(), " / ", eps.size());
+  TORCH_CHECK(static_cast<int64_t>(raws.size()) == SLOTS * L && static_cast<int64_t>(kernels.size()) == SLOTS * L &&
+                  static_cast<int64_t>(qtypes.size()) == SLOTS * L,
+              "raws / kernels / qtypes must hold ", SLOTS, " per layer (", SLOTS * L, ")");
+  TORCH_CHECK(static_cast<int64_t>(values.size()) == L && static_cast<int64_t>(sums.size()) == L &&
+                  static_cast<int64_t>(ks.size()) == L && static_cast<int64_t>(vs.size()) == L &&
+                  static_cast<int64_t>(pages.size()) == L && static_cast<int64_t>(firsts.size()) == L,
+              "values, summaries, key_scales, value_scales, pages, firsts must hold one per layer (", L, ")");
+  for (int64_t l = 0; l < L; ++l)
+    TORCH_CHECK(keys[l].size(0) == 1, "the caches must hold batch 1 (layer ", l, ")");
+}
+
+std::vector<Product> products_of(at::TensorList raws, const std::vector<std::string>& kernels, c10::IntArrayRef qtypes,
+                                 int64_t l) {
+  std::vector<Product> p;
+  for (int64_t i = l * SLOTS; i < (l + 1) * SLOTS; ++i) p.push_back({&raws[i], &kernels[i], qtypes[i]});
+  return p;
+}
+
+at::Tensor decode_stack_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                            at::TensorList norms, c10::ArrayRef<double> eps, at::TensorList raws,
+                            const c10::List<std::string>& kernel_list,
+                            c10::IntArrayRef qtypes, at::TensorList keys, at::TensorList values,
+                            at::TensorList sums, const c10::List<Opt>& ks, const c10::List<Opt>& vs,
+                            int64_t position, c10::IntArrayRef pages, c10::IntArrayRef firsts, double scale,
+                            bool per_head, bool group_sum, const at::Tensor& final_norm, double final_eps,
+                            const at::Tensor& head_raw, const std::string& head_kernel, int64_t head_qtype) {
+  const std::vector<std::string> kernels(kernel_list.begin(), kernel_list.end());
+  check_stack(x, norms, eps, raws, kernels, qtypes, keys, values, sums, ks, vs, pages, firsts);
+  const int64_t L = static_cast<int64_t>(keys.size()), D = keys.empty() ? 0 : keys[0].size(4);
+  const StepArgs s{&cos, &sin, position, heads, D, scale, per_head, group_sum};
+  at::Tensor h = x;
+  std::vector<Opt> kss(ks.begin(), ks.end()), vss(vs.begin(), vs.end());
+  for (int64_t l = 0; l < L; ++l) {
+    // storage is written in place: const_cast is the schema's (a!) annotation, as rope_append takes it
+    LayerArgs a{&norms[2 * l], &norms[2 * l + 1], eps[2 * l], eps[2 * l + 1], products_of(raws, kernels, qtypes, l),
+                const_cast<at::Tensor*>(&keys[l]), const_cast<at::Tensor*>(&values[l]),
+                const_cast<at::Tensor*>(&sums[l]), &kss[l], &vss[l], pages[l], firsts[l]};
+    h = layer_step(h, a, s);
+  }
+  if (head_kernel.empty()) return h;                                      // (1, d): the last layer's output
+  h = ops().norm.redispatch(CPU_ONLY, h, final_norm, final_eps, false);  // (1, d)
+  return product(h, {&head_raw, &head_kernel, head_qtype});              // (1, V)
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(gatherlens, m) {
+  m.def("decode_stack(Tensor x, Tensor cos, Tensor sin, int heads, Tensor[] norms, float[] eps, Tensor[] raws, str[] kernels, "
+        "int[] qtypes, Tensor(a!)[] keys, Tensor(b!)[] values, Tensor(c!)[] summaries, Tensor?[] key_scales, "
+        "Tensor?[] value_scales, int position, int[] pages, int[] firsts, float scale, bool per_head, "
+        "bool group_sum, Tensor final_norm, float final_eps, Tensor head_raw, str head_kernel, int head_qtype) "
+        "-> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(gatherlens, CPU, m) { m.impl("decode_stack", &decode_stack_cpu); }
