@@ -28,11 +28,13 @@ def quantized():
 
 
 def test_resident_bytes_count_the_mapping_once_and_the_copies_apart(quantized):
-    """The shipped file is mapped in place: what the model adds beside it (fused q|k|v and gate|up
-    rows, norms) is far below the file's size, and the routes are named per ggml type."""
+    """The shipped file is mapped in place, its blocks repacked in panels (the same bytes) and its pages
+    let go: resident are the copies (panels, fused q|k|v rows, norms: about the file's size) and what
+    is read in place since; the routes are named per ggml type."""
+    size = Path(quantized.source).stat().st_size
     got = resident_bytes(quantized.model, Path(quantized.source))
-    assert got["file"] == Path(quantized.source).stat().st_size
-    assert 0 < got["copies"] < got["file"]
+    assert 0.9 * size < got["copies"] < 1.25 * size
+    assert 0 <= got["file"] < 0.25 * size
     routes = routes_by_type(quantized.model)
     assert "gather" in routes["Q8_0"] and set(routes) >= {"Q4_1", "Q8_0"}
 

@@ -23,6 +23,7 @@ from gatherlens.ops.quant import FORMATS, q8act
 from gatherlens.ops.quant.layout import QK
 from gatherlens.ops.quant.linear import LINEAR_PRODUCT, LinearConfig, pack_linear, quantized_linear, split_linear
 from gatherlens.ops.quant.linear_naive import naive_quantized_linear
+from gatherlens.ops.quant.x8 import X8_QTYPES, pack_x8, unpack_x8, x8_matmul
 
 pytestmark = pytest.mark.skipif(not q8act.kernel_loaded(), reason="no C++ compiler or ninja")
 QTYPES = q8act.Q8ACT_QTYPES  # the formats whose records name the q8act route
@@ -113,7 +114,8 @@ def test_zero_blocks_and_large_values(qtype):
 @pytest.mark.parametrize("batch", [(1,), (7,), (2, 3), ()], ids=str)
 def test_the_route_through_quantized_linear(batch):
     w = pack_linear(blocks("Q4_1", 40, 96), "Q4_1", LinearConfig("q8act", None))
-    assert w.tensors == () and w.activation_dtype == torch.float32  # nothing packed beside the blocks
+    assert w.activation_dtype == torch.float32  # 40 rows: five panels of 8 (ops/quant/x8.py), the same bytes
+    assert len(w.tensors) == 1 and torch.equal(unpack_x8(w.tensors[0], "Q4_1"), w.raw)
     x = torch.randn(*batch, 96)
     y = quantized_linear(x, w)
     assert y.shape == (*batch, 40)
@@ -123,7 +125,8 @@ def test_the_route_through_quantized_linear(batch):
 
 @pytest.mark.parametrize("qtype", ROUTED)
 def test_every_routed_format_runs_its_kernel_with_no_copy_of_the_weight(qtype):
-    """The model's choice (`pick_route`) for each format the records route here, and no packed copy."""
+    """The model's choice (`pick_route`) for each format the records route here, and no packed copy
+    where the rows do not make whole panels of 8 (33 rows: the blocks as stored)."""
     from gatherlens.models.quantized import pick_route
 
     assert pick_route(qtype, "auto") == "q8act"
@@ -354,13 +357,18 @@ cpp_extension.load("gatherlens_q8act_twin", [str(src)], extra_cflags=[*native.FL
                    is_python_module=False, build_directory=sys.argv[1])
 sys.path.insert(0, sys.argv[2])
 from gatherlens.ops.quant.q8act import GGML_TYPE, KERNEL_OF
+from gatherlens.ops.quant.x8 import pack_x8
 from test_quantized_q8act import float_weight
 print("simd", torch.ops.gatherlens.q8act_simd())
-for (qtype, x, raw, simd) in torch.load(sys.argv[4]):
+for (qtype, x, raw, simd, simd_x8) in torch.load(sys.argv[4]):
     y = torch.ops.gatherlens.q8act_linear(x, raw, GGML_TYPE[qtype])
     slack = 1e-5 + 1e-6 * (x.double().abs() @ float_weight(raw, qtype).abs().t())  # float32 sums against float64
     assert ((y - KERNEL_OF[qtype].reference(x, raw, qtype)).double().abs() <= slack).all(), qtype
     assert ((y - simd).double().abs() <= 2 * slack).all(), qtype  # this build's loops against the SIMD ones
+    if simd_x8 is not None:  # the panels' loops (q8x8_linear) too
+        y8 = torch.ops.gatherlens.q8x8_linear(x, pack_x8(raw, qtype), GGML_TYPE[qtype])
+        assert ((y8 - KERNEL_OF[qtype].reference(x, raw, qtype)).double().abs() <= slack).all(), qtype
+        assert ((y8 - simd_x8).double().abs() <= 2 * slack).all(), qtype
 print("twin ok")
 """
 
@@ -372,17 +380,57 @@ def test_the_scalar_twins_and_the_vnni_loop_equal_the_reference_and_the_simd_loo
     """q8act.cpp built again (a fresh build, ~20 s; the process loads no other build: GATHERLENS_NATIVE=0)
     with its scalar twins (the fallback for CPUs without AVX2), or with its VNNI loop, vpdpbusd emulated
     exactly in AVX2 (for CPUs with AVX512-VNNI or AVX-VNNI): every 32-weight format, one row and
-    several (the blocked loop), against the reference and this process's SIMD build."""
+    several (the blocked loop), against the reference and this process's SIMD build; the formats with
+    panels (x8.py) through q8x8_linear too."""
     if q8act.blocked_simd() != "avx2":
         pytest.skip(f"compares with the AVX2 build; this one's blocked loop is {q8act.blocked_simd()}")
     cases = []
     for i, qtype in enumerate(BLOCKS):
-        for M, N, K in [(1, 37, 96), (6, 29, 160), (13, 8, 576)]:
+        for M, N, K in [(1, 37, 96), (6, 29, 160), (13, 8, 576), (1, 40, 96)]:
             raw, x = random_blocks(qtype, N, K, seed=i + M), torch.randn(M, K, generator=torch.Generator().manual_seed(M))
-            cases.append((qtype, x, raw, q8act.q8act_matmul(x, raw, qtype)))
+            panels = x8_matmul(x, pack_x8(raw, qtype), qtype) if qtype in X8_QTYPES and N % 8 == 0 else None
+            cases.append((qtype, x, raw, q8act.q8act_matmul(x, raw, qtype), panels))
     torch.save(cases, tmp_path / "cases.pt")
     done = subprocess.run([sys.executable, "-c", _TWIN, str(tmp_path), str(Path(__file__).parent), flag,
                            str(tmp_path / "cases.pt")], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "GATHERLENS_NATIVE": "0"})
     assert done.returncode == 0 and "twin ok" in done.stdout, done.stderr[-3000:]
     assert f"simd {simd}" in done.stdout
+
+
+@pytest.mark.parametrize("qtype", [_ready(q) for q in QTYPES if q in X8_QTYPES])
+def test_formats_with_panels_keep_their_bytes_in_panels_of_8_rows(qtype):
+    """Rows in whole panels of 8: the route keeps the blocks' bytes repacked (pack_x8: nothing more, nothing
+    rounded), every product reads the panels, and a part of whole panels is a view of them."""
+    K = width(qtype, 96)
+    raw = blocks(qtype, 48, K)
+    w = pack_linear(raw, qtype, LinearConfig("q8act", None))
+    (panels,) = w.tensors
+    assert panels.shape == raw.shape and w.nbytes() == raw.numel() and torch.equal(unpack_x8(panels, qtype), raw)
+    for M in (1, 3):
+        x = torch.randn(M, K)
+        assert torch.equal(quantized_linear(x, w), x8_matmul(x, panels, qtype))
+        torch.testing.assert_close(quantized_linear(x, w), q8act.KERNEL_OF[qtype].reference(x, raw, qtype).float(),
+                                   atol=1e-4, rtol=1e-4)
+    head, tail = split_linear(w, (16, 32))
+    assert head.tensors[0].data_ptr() == panels.data_ptr() and torch.equal(tail.tensors[0], panels[16:])
+    cut = split_linear(w, (20, 28))[0]
+    assert cut.tensors == ()  # 20 rows: not whole panels, the blocks as stored
+
+
+@given(st.sampled_from([q for q in X8_QTYPES if q8act.ready(q) is None]), st.integers(1, 6), st.integers(1, 5),
+       st.integers(1, 4), st.integers(0, 2 ** 16))
+@settings(max_examples=40, deadline=None)
+def test_panels_equal_the_reference_on_any_shape(qtype, panels, blocks_, M, seed):
+    """pack_x8 / unpack_x8 exact inverses; q8x8_linear (one row: the panel loop; several: the blocked GEMM
+    from panels) against the float64 reference, as q8act_linear on the blocks as stored."""
+    K, N = QK * blocks_, 8 * panels
+    raw = random_blocks(qtype, N, K, seed)
+    packed = pack_x8(raw, qtype)
+    assert torch.equal(unpack_x8(packed, qtype), raw)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(seed))
+    y = x8_matmul(x, packed, qtype)
+    slack = 1e-5 + 1e-6 * (x.double().abs() @ float_weight(raw, qtype).abs().t())  # float32 sums against float64
+    assert ((y - q8act.KERNEL_OF[qtype].reference(x, raw, qtype)).double().abs() <= slack).all()
+    if M > 1:
+        assert torch.equal(y, q8act.q8act_matmul(x, raw, qtype))  # the blocked GEMM: the same panels, the same sums

@@ -181,3 +181,21 @@ def test_the_models_decode_step_is_sparse_decode(budget, share):
     assert ran()["sparse_decode"] == {"native": 1}  # the table picked the operator
     ref = sparse_decode(q, cache, min(budget, 300), scale=0.25, config=config, backend="torch")
     torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["per-head", "shared"])
+@pytest.mark.parametrize("ties", ["integer-keys", "random"])
+def test_long_caches_choose_the_torch_paths_pages(share, ties):
+    """Past 1,024 candidate pages the operator first filters by a rank sampled from the candidates
+    (fused_decode.cpp's sampled_floor): still exactly the pages of the rule, ties at the cut included."""
+    g = torch.Generator().manual_seed(7)
+    L = 12_000
+    k = torch.randn(1, 2, L, 16, generator=g)  # (B, Hkv, L, D)
+    if ties == "integer-keys":
+        k = k.round().clamp(-1, 1)  # a few distinct page boxes: long runs of equal bounds
+    cache = PagedKVCache(1, 2, 16, page_size=4)
+    cache.append(k, torch.randn(1, 2, L, 16, generator=g))
+    q = torch.randn(1, 6, 1, 16, generator=g).round()  # (B, Hq, 1, D)
+    pages = [sparse_decode(q, cache, 700, share_selection=share, return_selection=True, backend=b)[1].pages
+             for b in ("native", "torch")]
+    assert torch.equal(*pages)

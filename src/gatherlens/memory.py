@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
 
-__all__ = ["release_memory"]
+__all__ = ["release_memory", "release_mapping"]
 
 
 @functools.cache
@@ -38,4 +39,19 @@ def release_memory() -> bool:
     if trim is None:
         return False
     trim(0)
+    return True
+
+
+def release_mapping(array) -> bool:
+    """Let a file mapping's pages go from this process's resident memory (madvise MADV_DONTNEED): the
+    mapping stays, and a page read again comes back from the file (the page cache). `array`: a numpy
+    array over an `mmap.mmap` (np.memmap, or views of it). False where there is no such mapping or no
+    madvise. A quantized model calls it once its weights are repacked (models/quantized.py): what it
+    still reads in place (an embedding's rows, blocks without panels) comes back as it is read."""
+    mapping = array
+    while mapping is not None and not isinstance(mapping, mmap.mmap):
+        mapping = getattr(mapping, "base", None)
+    if mapping is None or not hasattr(mapping, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    mapping.madvise(mmap.MADV_DONTNEED)
     return True

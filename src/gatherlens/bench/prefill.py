@@ -7,7 +7,9 @@
 
 Every case runs in a fresh process (bench/fresh.py), one after the other, on the same prompt ids
 (the first L tokens of Emma, repeated when the book is shorter) and the same threads:
-- dense: one forward of the prompt (transformers' layers, SDPA), `logits_to_keep=1`, and the argmax;
+- dense: the prompt's forward as `gatherlens generate` runs it (models/generation.last_logits: chunks of
+  PREFILL_CHUNK tokens into a SparseKVCache of the default pages, transformers' layers, SDPA), the
+  last position's logits and their argmax;
 - sparse-<rule>: the same with `use_sparse_prefill(model, preset)` (ops/prefill): the key blocks
   each query block needs, gathered; its row says the share of blocks kept and which rows of the
   prefill backend tables ran (`ran`); with --backends each backend a row, "sparse-<rule>@torch"
@@ -89,7 +91,10 @@ def run_case(spec: dict) -> dict:
     import torch
 
     from gatherlens.models import load
+    from gatherlens.models.generation import last_logits
+    from gatherlens.models.sparse import SparseKVCache
     from gatherlens.models.sparse_prefill import last_prefill_selections, use_sparse_prefill
+    from gatherlens.ops.sparse.config import DEFAULT
     from gatherlens.ops import backends
     from gatherlens.ops.prefill.config import PRESETS
     from gatherlens.ops.prefill.fused_prefill import kernel_loaded
@@ -105,12 +110,14 @@ def run_case(spec: dict) -> dict:
         kernel_loaded()  # a first build of the C++ operators (15-30 s) is not part of the time to first token
     clock, best, attention = AttentionClock(lm.model), float("inf"), None
     backends.reset_ran()
-    with torch.no_grad():
+    with torch.inference_mode():
         for _ in range(int(spec["rounds"])):
+            cache = SparseKVCache(config=lm.config, page_size=DEFAULT.page_size, kv_dtype=DEFAULT.kv_dtype)
+            cache.reserve(ids.shape[1] + 1)  # as `gatherlens generate` prefills: the same cache, the same chunks
             clock.seconds, t0 = 0.0, time.perf_counter()
-            logits = lm.model(input_ids=ids, use_cache=True, logits_to_keep=1).logits  # (1, 1, V)
-            int(logits[0, -1].argmax())
+            int(last_logits(lm.model, cache, ids).argmax())  # logits (V,)
             seconds = time.perf_counter() - t0
+            del cache
             if seconds < best:
                 best, attention = seconds, clock.seconds
     shared = kept_share(last_prefill_selections(lm.model).values())

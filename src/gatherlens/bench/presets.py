@@ -43,19 +43,23 @@ def _emma_ids(lm, n: int):
     return lm.encode(text, truncation=False)[:, :n]  # (1, n)
 
 
-def _mapped_ranges(path: Path) -> list[tuple[int, int]]:
-    """The address ranges this process maps `path` at (Linux /proc/self/maps; [] where unreadable)."""
-    target, out = str(Path(path).resolve()), []
+def _mapped(path: Path) -> tuple[list[tuple[int, int]], int]:
+    """The address ranges this process maps `path` at and the bytes of them resident now (Linux
+    /proc/self/smaps; ([], 0) where unreadable)."""
+    target, ranges, resident, inside = str(Path(path).resolve()), [], 0, False
     try:
-        lines = Path("/proc/self/maps").read_text().splitlines()
+        lines = Path("/proc/self/smaps").read_text().splitlines()
     except OSError:
-        return out
+        return ranges, resident
     for line in lines:
         parts = line.split(maxsplit=5)
-        if len(parts) == 6 and parts[5] == target:
-            start, end = (int(x, 16) for x in parts[0].split("-"))
-            out.append((start, end))
-    return out
+        if "-" in parts[0] and len(parts) >= 5:  # a mapping's header line
+            inside = len(parts) == 6 and parts[5] == target
+            if inside:
+                ranges.append(tuple(int(x, 16) for x in parts[0].split("-")))
+        elif inside and parts[0] == "Rss:":
+            resident += int(parts[1]) * 1024  # kB
+    return ranges, resident
 
 
 def _tensors(model):
@@ -73,10 +77,12 @@ def _tensors(model):
 
 
 def resident_bytes(model, path: Path) -> dict[str, int]:
-    """What a quantized model keeps in memory, in bytes: "file", the GGUF mapped in place (its blocks
-    are read there), and "copies", every tensor whose memory is not that mapping (packed or fused
-    copies of blocks, float norms and biases, buffers), each storage counted once."""
-    ranges, seen, copies = _mapped_ranges(path), set(), 0
+    """What a quantized model keeps in memory, in bytes: "file", the pages of the GGUF mapped in place
+    resident now (blocks read there: an embedding's rows, formats without panels; the load lets the
+    rest go, memory.release_mapping), and "copies", every tensor whose memory is not that mapping
+    (the blocks repacked in panels, fused or un-permuted rows, float norms and biases, buffers), each
+    storage counted once."""
+    (ranges, mapped), seen, copies = _mapped(path), set(), 0
     for t in _tensors(model):
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
@@ -84,7 +90,7 @@ def resident_bytes(model, path: Path) -> dict[str, int]:
             continue
         seen.add(ptr)
         copies += storage.nbytes()
-    return {"file": Path(path).stat().st_size, "copies": copies}
+    return {"file": mapped, "copies": copies}
 
 
 def routes_by_type(model) -> dict[str, list[str]]:

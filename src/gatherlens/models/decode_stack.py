@@ -57,11 +57,11 @@ class Stack:
 
 
 def _product(lin) -> Product | None:
-    """A bias-free q8act QuantizedLinear's blocks as a Product, else None."""
+    """A bias-free q8act QuantizedLinear's blocks (its panels where the route packed them) as a Product, else None."""
     weight = lin.__dict__.get("qweight") if lin is not None else None
     if weight is None or weight.route != "q8act" or getattr(lin, "bias", None) is not None:
         return None
-    return Product(weight.raw, weight.qtype)
+    return Product(weight.tensors[0], weight.qtype, panels=True) if weight.tensors else Product(weight.raw, weight.qtype)
 
 
 def _group(parent, fused: str, names: tuple[str, ...]) -> tuple | None:

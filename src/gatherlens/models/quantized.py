@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from gatherlens.errors import GatherValueError
+from gatherlens.memory import release_mapping
 from gatherlens.models.hf_adapter import preset_attn_implementation
 from gatherlens.models.gguf_arch import HEAD, LINEAR, NORM, Arch, Row
 from gatherlens.models.gguf_weights import embed_scale, fresh_rotary, permuted_heads, unpermute_rows
@@ -77,6 +78,7 @@ def load_quantized(source: ModelSource, attn_implementation: str | None, say) ->
         model = _build(config, reader, tables, attn_implementation, arch)
         watch_model(model, watch, reader.data)  # it reads the mapping in place (models/file_watch.py)
     forget_kept()  # the model holds the mapping; the parsed header (~40 MB of objects) can go
+    release_mapping(reader.data)  # the checks and the panels read every page: resident now only what is read
     info = {"quantized": True, "config_from": "cache" if folder else "gguf"}
     return LoadedModel(source.name, model, tokenizer, source.path, folder, info=info)
 

@@ -27,6 +27,7 @@ import torch
 from gatherlens.ops.native import load_library
 from gatherlens.ops.quant.layout import LAYOUTS
 from gatherlens.ops.quant.q8act import KERNEL_OF
+from gatherlens.ops.quant.x8 import X8_OP, x8_matmul
 from gatherlens.ops.sparse.geometry import page_count
 from gatherlens.ops.sparse.page_choice import pages_to_read
 
@@ -39,16 +40,20 @@ SLOTS = ("q", "k", "v", "o", "gate", "up", "down")  # a layer's products, in the
 
 @dataclass(frozen=True)
 class Product:
-    """One weight as its GGUF blocks: raw (N, row_bytes) uint8 of `qtype` (a format of KERNEL_OF)."""
+    """One weight as its GGUF blocks: raw (N, row_bytes) uint8 of `qtype` (a format of KERNEL_OF), as
+    stored or (panels) repacked in panels of 8 rows (ops/quant/x8.py)."""
 
     raw: torch.Tensor
     qtype: str
+    panels: bool = False
 
     @property
     def kernel(self) -> str:
-        return KERNEL_OF[self.qtype].op  # the operator that multiplies it
+        return X8_OP if self.panels else KERNEL_OF[self.qtype].op  # the operator that multiplies it
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.panels:
+            return x8_matmul(x, self.raw, self.qtype)  # (M, N)
         return KERNEL_OF[self.qtype].matmul(x, self.raw, self.qtype)  # (M, N)
 
 

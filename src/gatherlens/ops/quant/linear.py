@@ -32,6 +32,7 @@ from gatherlens.ops.quant.matmul import ROUTES
 from gatherlens.ops.quant.registry import dequantize_rows
 from gatherlens.ops.quant.sizes import SIZES
 from gatherlens.ops.quant.tiled import tiled_dequant_matmul
+from gatherlens.ops.quant.x8 import PANEL
 
 __all__ = ["LinearConfig", "QuantizedWeight", "pack_linear", "quantized_linear", "split_linear", "LINEAR_ROUTES",
            "linear_product", "LINEAR_PRODUCT", "q8act_ready", "INTEGER_GEMM_ROWS", "integer_gemm_faster"]
@@ -127,8 +128,10 @@ def _part(weight: QuantizedWeight, start: int, stop: int) -> QuantizedWeight:
         tensors = (packed[start:stop], scales_zeros[:, start:stop].contiguous())  # a view, a small copy
     elif route in ("bf16", "float32"):
         tensors = (weight.tensors[0][start:stop],)  # (n, K): a view
+    elif route == "q8act" and weight.tensors and start % PANEL == 0 and stop % PANEL == 0:
+        tensors = (weight.tensors[0][start:stop],)  # whole panels of 8 rows: a view
     elif route in ("dequant", "q8act"):
-        tensors = ()
+        tensors = ()  # rows cut inside a panel read their blocks as stored
     else:
         return pack_linear(raw, weight.qtype, weight.config)  # packed again for these rows
     return QuantizedWeight(weight.qtype, shape, raw, tensors, weight.planes, weight.config)
@@ -220,6 +223,8 @@ def _q8act_fits(x, weight) -> str | None:
 
 
 def _packed_fits(x, weight) -> str | None:
+    if weight.route == "q8act":
+        return "a q8act weight's panels are the q8act row's (its operator)"
     return None if weight.tensors else f"route {weight.route!r} keeps no packed weight"
 
 

@@ -10,7 +10,7 @@
 | bf16         | any            | dequantized once, bf16      | weights rounded to bf16                 |
 | float32      | any            | dequantized once, float32   | bit-equal to the reference (today's way) |
 | dequant      | any            | none beyond the blocks      | bit-equal: dequantizes on every call    |
-| q8act        | routes "q8act" | none beyond the blocks      | weights exact; x rounded to 8 bits per block (llama.cpp's way: per 32, or per 256 for super-blocks); F16 / BF16 / F32 read as stored, float32 sums |
+| q8act        | routes "q8act" | the blocks; 4- and 8-bit 32-weight formats their bytes in panels of 8 rows (x8.py), the file's pages let go | weights exact; x rounded to 8 bits per block (llama.cpp's way: per 32, or per 256 for super-blocks); F16 / BF16 / F32 read as stored, float32 sums |
 | int8_row     | any            | int8, one scale per row     | lossy: re-quantized (`_weight_int8pack_mm`) |
 | int4_requant | any            | int4 g32, re-quantized      | lossy: min/max per 32 weights           |
 
@@ -27,7 +27,8 @@ import torch.nn.functional as F
 
 from gatherlens.ops.quant.int4 import GROUP, int4_matmul, pack_codes, pack_int4
 from gatherlens.ops.quant.layout import formats_taking
-from gatherlens.ops.quant.q8act import q8act_matmul
+from gatherlens.ops.quant.q8act import q8act_matmul, ready as q8act_ready
+from gatherlens.ops.quant.x8 import pack_x8, x8_fits, x8_matmul
 from gatherlens.ops.quant.registry import dequantize_rows
 from gatherlens.ops.quant.sizes import QTYPES
 
@@ -72,9 +73,18 @@ def _dequant_mm(x, weight):
     return F.linear(x.to(w.dtype), w).to(x.dtype)  # (M, N)
 
 
+def _q8act_pack(raw, qtype):
+    """The blocks repacked in panels of 8 rows (x8.py) where the format has a panel layout and its
+    kernel built, else nothing beyond the blocks: ((panels,) or (), 1)."""
+    return ((pack_x8(raw, qtype),) if x8_fits(raw, qtype) and q8act_ready(qtype) is None else ()), 1
+
+
 def _q8act_mm(x, weight):
     # where it runs (its operator built, else dequant) is linear.LINEAR_PRODUCT's q8act row
-    y = q8act_matmul(x, weight.raw, weight.qtype)  # (M, N) float32
+    if weight.tensors:  # the panels: the same sums, a third of the instructions a block at one row of x
+        y = x8_matmul(x, weight.tensors[0], weight.qtype)  # (M, N) float32
+    else:
+        y = q8act_matmul(x, weight.raw, weight.qtype)  # (M, N) float32
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
@@ -111,7 +121,7 @@ ROUTES = {
     "bf16": Route(_dense_pack(torch.bfloat16), _dense_mm),
     "float32": Route(_dense_pack(torch.float32), _dense_mm),
     "dequant": Route(lambda raw, qtype: ((), 1), _dequant_mm),
-    "q8act": Route(lambda raw, qtype: ((), 1), _q8act_mm, formats_taking("q8act"), cpu_only=True),
+    "q8act": Route(_q8act_pack, _q8act_mm, formats_taking("q8act"), cpu_only=True),
     "int8_row": Route(_int8_row_pack, _int8_row_mm, cpu_only=True),
     "int4_requant": Route(_int4_requant_pack, _int4_mm, cpu_only=True),
 }

@@ -432,6 +432,160 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& raw) {
   return y;
 }
 
+// ---- weights repacked in panels of 8 rows (q8x8_linear): the same blocks, the rows interleaved ----
+//
+// A panel block is block b of 8 consecutive weight rows (PANEL * F::bytes bytes, as raw holds them):
+// their 8 fp16 scales d, then (formats with a min) their 8 fp16 mins m, then the codes laid out for 8
+// int32 lanes, lane j for row j: 4-bit codes (Q4_0, Q4_1, IQ4_NL) in 4 chunks of 32 bytes, chunk c
+// holding bytes 4c .. 4c+3 of each row's 16 (low nibbles: weights 4c .. 4c+3, high: 16+4c .. 16+4c+3);
+// Q8_0's int8 values in 8 steps of 32 bytes (step s: weights 4s .. 4s+3 of each row). ops/quant/x8.py
+// packs raw into it (`pack_x8`: a byte shuffle, N a multiple of 8). One row of x meets a panel in
+// registers: x's 4 codes of a step broadcast to every lane, one maddubs gives 4 products a lane, and
+// the block's 8 sums scale by 8 d at once: about a third of row_dot's instructions a weight block.
+// The sums are row_dot's (the same integers; the float sums over blocks run in another order).
+template <class F>
+constexpr bool has_x8 = F::bits == 4 || F::bits == 8;  // Q4_0, Q4_1, IQ4_NL, Q8_0
+
+template <class F>
+constexpr int64_t X8_SCALES = (F::has_m ? 2 : 1) * PANEL * 2;  // bytes of the panel block's fp16 d (and m)
+
+template <class F>  // the panel block's codes as the Panel of the blocked GEMM holds them (STEPS, PANEL, STEP)
+inline void x8_codes(const uint8_t* codes, int8_t* dst) {
+  if constexpr (F::bits == 8) {
+    std::memcpy(dst, codes, QK * PANEL);
+  } else {
+    for (int c = 0; c < 4; ++c)
+      for (int k = 0; k < PANEL * STEP; ++k) {
+        const uint8_t byte = codes[c * PANEL * STEP + k];
+        int8_t lo = static_cast<int8_t>(byte & 0x0F), hi = static_cast<int8_t>(byte >> 4);
+        if constexpr (has_book<F>::value) lo = F::book[lo], hi = F::book[hi];
+        dst[c * PANEL * STEP + k] = lo;
+        dst[(c + 4) * PANEL * STEP + k] = hi;
+      }
+  }
+}
+
+template <class F>  // panel blocks of `rows` real rows (the rest of the panel is zero) -> the blocked GEMM's Panel
+void decode_x8(const uint8_t* pb, int64_t rows, int64_t nb, Panel& p) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = pb + b * PANEL * F::bytes;
+    for (int64_t j = 0; j < PANEL; ++j) {
+      const float d = j < rows ? half_to_float(blk + 2 * j) : 0.f;
+      float m = 0.f;
+      if constexpr (F::has_m) m = j < rows ? half_to_float(blk + 2 * PANEL + 2 * j) : 0.f;
+      else if constexpr (!signed_codes<F>) m = -static_cast<float>(F::code_offset) * d;
+      p.d[b * PANEL + j] = d;
+      p.m[b * PANEL + j] = m;
+    }
+    x8_codes<F>(blk + X8_SCALES<F>, p.q.data() + b * STEPS * PANEL * STEP);
+  }
+}
+
+#ifdef Q8ACT_SIMD
+template <class F>  // lane j: sum_i code(j, i) qx_i over one panel block (int32)
+inline __m256i x8_sums(const uint8_t* codes, const int8_t* qx) {
+  using gatherlens_q8::x_step;
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (signed_codes<F>) {
+    __m256i sum = _mm256_setzero_si256();
+    for (int s = 0; s < STEPS; ++s) {
+      __m256i v;
+      if constexpr (F::bits == 8) {
+        v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + s * PANEL * STEP));
+      } else {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (s % 4) * PANEL * STEP));
+        const __m256i q = _mm256_and_si256(s < 4 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+        v = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(F::book))), q);
+      }
+      const __m256i xs = x_step(qx + STEP * s);
+      sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(xs, v)), ones));
+    }
+    return sum;
+  } else {
+    __m256i pairs = _mm256_setzero_si256();  // 4-bit codes: 8 steps stay within int16 (8 * 2 * 15 * 127)
+    for (int c = 0; c < 4; ++c) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + c * PANEL * STEP));
+      const __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+      pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(lo, x_step(qx + STEP * c)));
+      pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(hi, x_step(qx + STEP * (c + 4))));
+    }
+    return _mm256_madd_epi16(pairs, ones);
+  }
+}
+
+template <class F>  // out[0:8] = the panel's 8 rows against x's row r
+void x8_row(const uint8_t* pb, int64_t nb, const Act& a, int64_t r, int64_t K, float* out) {
+  const int8_t* qx = a.q.data() + r * K;
+  const float* dx = a.d.data() + r * nb;
+  const float* sx = a.s.data() + r * nb;
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, mins = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = pb + b * PANEL * F::bytes;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+    const __m256i sum = x8_sums<F>(blk + X8_SCALES<F>, qx + b * QK);
+    acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(dx[b])), acc[b & 1]);
+    if constexpr (F::has_m)
+      mins = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 * PANEL))),
+                             _mm256_set1_ps(sx[b]), mins);
+    else if constexpr (!signed_codes<F>)
+      mins = _mm256_fmadd_ps(d, _mm256_set1_ps(-static_cast<float>(F::code_offset) * sx[b]), mins);
+  }
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), mins));
+}
+#else
+template <class F>  // the scalar twin: the same panel, the same integer sums
+void x8_row(const uint8_t* pb, int64_t nb, const Act& a, int64_t r, int64_t K, float* out) {
+  Panel p{std::vector<int8_t>(nb * QK * PANEL), std::vector<float>(nb * PANEL), std::vector<float>(nb * PANEL)};
+  decode_x8<F>(pb, PANEL, nb, p);
+  const Rows x = gatherlens_q8::tile_rows(a.q.data(), a.d.data(), a.s.data(), r, 1, K, nb, nb);
+  tile<F, 1>(p, nb, x, out);
+}
+#endif
+
+template <class F>
+at::Tensor linear_x8(const at::Tensor& x, const at::Tensor& packed) {
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0), nb = K / QK;
+  TORCH_CHECK(K % QK == 0 && N % PANEL == 0, "q8x8_linear: K must be a multiple of 32 and N of 8, got ", K, ", ", N);
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.size(1) == nb * F::bytes, "q8x8_linear: packed must be (N, ", nb * F::bytes,
+              ") uint8, contiguous (ops/quant/x8.py's pack_x8)");
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  const Act a = quantize_rows(x.data_ptr<float>(), M, K);
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const int64_t panel_bytes = PANEL * nb * F::bytes;  // one panel: nb blocks of 8 rows
+  float* out = y.data_ptr<float>();
+  if (M >= GEMM_ROWS) {
+    gatherlens_q8::blocked_gemm(
+        M, N, out,
+        [&] { return Panel{std::vector<int8_t>(nb * QK * PANEL), std::vector<float>(nb * PANEL), std::vector<float>(nb * PANEL)}; },
+        [&](int64_t n0, int64_t rows, Panel& p) { decode_x8<F>(w + (n0 / PANEL) * panel_bytes, rows, nb, p); },
+        [&](int R, int64_t r0, const Panel& p, float* part) {
+          const Rows xr = gatherlens_q8::tile_rows(a.q.data(), a.d.data(), a.s.data(), r0, R, K, nb, nb);
+          gatherlens_q8::by_rows(R, [&]<int Rc>() { tile<F, Rc>(p, nb, xr, part); });
+        });
+    return y;
+  }
+  gatherlens::parallel_chunks(N / PANEL, 4, [&](int64_t p0, int64_t p1) {  // 4 panels (32 rows) a task at least
+    for (int64_t pi = p0; pi < p1; ++pi) x8_row<F>(w + pi * panel_bytes, nb, a, 0, K, out + pi * PANEL);
+  });
+  return y;
+}
+
+at::Tensor q8x8_linear_cpu(const at::Tensor& x, const at::Tensor& packed, int64_t qtype) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be (M, K) float32 contiguous");
+  switch (qtype) {
+    case Q8_0::type: return linear_x8<Q8_0>(x, packed);
+    case Q4_0::type: return linear_x8<Q4_0>(x, packed);
+    case Q4_1::type: return linear_x8<Q4_1>(x, packed);
+    case IQ4_NL::type: return linear_x8<IQ4_NL>(x, packed);
+    default: break;
+  }
+  TORCH_CHECK(false, "q8x8_linear: qtype must be ", Q8_0::type, " (Q8_0), ", Q4_0::type, " (Q4_0), ", Q4_1::type,
+              " (Q4_1) or ", IQ4_NL::type, " (IQ4_NL), got ", qtype);
+}
+
 at::Tensor q8act_linear_cpu(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be (M, K) float32 contiguous");
   switch (qtype) {
@@ -461,7 +615,11 @@ int64_t q8act_simd() {  // the blocked loop this build runs: 0 the scalar twin, 
 
 TORCH_LIBRARY_FRAGMENT(gatherlens, m) {
   m.def("q8act_linear(Tensor x, Tensor raw, int qtype) -> Tensor");
+  m.def("q8x8_linear(Tensor x, Tensor packed, int qtype) -> Tensor");
   m.def("q8act_simd() -> int", &q8act_simd);
 }
 
-TORCH_LIBRARY_IMPL(gatherlens, CPU, m) { m.impl("q8act_linear", &q8act_linear_cpu); }
+TORCH_LIBRARY_IMPL(gatherlens, CPU, m) {
+  m.impl("q8act_linear", &q8act_linear_cpu);
+  m.impl("q8x8_linear", &q8x8_linear_cpu);
+}

@@ -70,12 +70,39 @@ inline float rank_value(float v) {  // page_choice.rankable: nan lowest, -inf ab
 
 // One integer per candidate page that orders as the rule ranks (select/ties.py: on equal ranks the lower
 // page wins): the rank's float bits made order-preserving (+0 and -0 one value) above the page's complement.
-inline uint64_t rank_key(float score, int64_t page) {
-  float v = rank_value(score);
-  v = v == 0.f ? 0.f : v;
-  const uint32_t bits = __builtin_bit_cast(uint32_t, v);
+inline uint64_t rank_key(float rank, int64_t page) {
+  const uint32_t bits = __builtin_bit_cast(uint32_t, rank);
   const uint32_t ordered = bits & 0x80000000u ? ~bits : bits | 0x80000000u;
   return (static_cast<uint64_t>(ordered) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(page));
+}
+
+inline float canonical_rank(float v) {  // rank_value, with -0 as +0 (one rank)
+  const float r = rank_value(v);
+  return r == 0.f ? 0.f : r;
+}
+
+// The keys of the candidate pages p0 .. p1-1 whose rank is at least `floor` (-inf: every one).
+void keys_from(const float* score, int64_t p0, int64_t p1, float floor, std::vector<uint64_t>& cand) {
+  cand.clear();
+  for (int64_t p = p0; p < p1; ++p) {
+    const float r = canonical_rank(score[p]);
+    if (r >= floor) cand.push_back(rank_key(r, p));
+  }
+}
+
+// A rank the `take` best candidates of p0 .. p1-1 likely reach, from a strided sample of 256 of them (at
+// twice `take`'s share of the sample, plus 2): the keys at or above it hold the best `take` whenever
+// there are at least `take` of them (choose checks, and takes every key when not); -inf: no sample.
+float sampled_floor(const float* score, int64_t p0, int64_t p1, int64_t take, std::vector<uint64_t>& sample) {
+  constexpr int64_t kSample = 256;
+  const int64_t m = p1 - p0;
+  if (m < 4 * kSample || take * 8 > m) return -std::numeric_limits<float>::infinity();
+  sample.clear();
+  for (int64_t i = 0; i < kSample; ++i) sample.push_back(rank_key(canonical_rank(score[p0 + i * m / kSample]), 0));
+  const int64_t at = std::min<int64_t>(kSample - 1, 2 * take * kSample / m + 2);
+  std::nth_element(sample.begin(), sample.begin() + at, sample.end(), std::greater<uint64_t>());
+  const uint32_t ordered = static_cast<uint32_t>(sample[at] >> 32);
+  return __builtin_bit_cast(float, ordered & 0x80000000u ? ordered & 0x7FFFFFFFu : ~ordered);
 }
 
 // pages[0:n] of one selection head from its scores (N,): forced pages, then the best others.
@@ -89,10 +116,9 @@ void choose(const float* score, int64_t N, int64_t n, int64_t first_recent, int6
   int64_t k = 0;
   pages[k++] = 0;
   const int64_t forced = 1 + (N - fr);
-  const int64_t free_slots = std::max<int64_t>(0, n - forced);
-  cand.resize(static_cast<size_t>(fr - 1));
-  for (int64_t p = 1; p < fr; ++p) cand[p - 1] = rank_key(score[p], p);
-  const int64_t take = std::min<int64_t>(free_slots, static_cast<int64_t>(cand.size()));
+  const int64_t take = std::min<int64_t>(std::max<int64_t>(0, n - forced), fr - 1);
+  keys_from(score, 1, fr, sampled_floor(score, 1, fr, take, cand), cand);
+  if (static_cast<int64_t>(cand.size()) < take) keys_from(score, 1, fr, -std::numeric_limits<float>::infinity(), cand);
   if (take > 0 && take < static_cast<int64_t>(cand.size()))
     std::nth_element(cand.begin(), cand.begin() + take, cand.end(), std::greater<uint64_t>());
   for (int64_t i = 0; i < take; ++i) pages[k++] = 0xFFFFFFFFu - static_cast<uint32_t>(cand[i]);
@@ -380,9 +406,12 @@ std::tuple<at::Tensor, at::Tensor> dense_decode_cpu(const at::Tensor& q, const a
                                                     int64_t length, double scale, const Scales& ks, const Scales& vs) {
   check_dense(q, pk, pv, length, ks, vs);
   const int64_t B = q.size(0), Hq = q.size(1), Hkv = pk.size(1), Dv = pv.size(4), G = Hq / Hkv;
-  constexpr int64_t kRows = 512;                   // rows per task (whole pages)
-  const int64_t per_chunk = std::max<int64_t>(1, kRows / pk.size(3));
-  const int64_t chunks = gl::ceil_div(gl::page_count(length, pk.size(3)), per_chunk), tasks = B * Hkv * chunks;
+  constexpr int64_t kRows = 512, kMinRows = 64;     // rows per task (whole pages): at most, and at least when
+  const int64_t P = pk.size(3), N = gl::page_count(length, P);  // splitting more keeps every thread busy
+  const int64_t tasks_wanted = 4 * at::get_num_threads(), heads = B * Hkv;
+  const int64_t rows = std::clamp(gl::ceil_div(length, gl::ceil_div(tasks_wanted, heads)), kMinRows, kRows);
+  const int64_t per_chunk = std::max<int64_t>(1, std::min(N, rows / P));
+  const int64_t chunks = gl::ceil_div(N, per_chunk), tasks = B * Hkv * chunks;
   std::vector<float> part[3] = {std::vector<float>(tasks * G), std::vector<float>(tasks * G),
                                 std::vector<float>(tasks * G * Dv)};  // max, sum, weighted values
   on_stored_type(pk.scalar_type(), [&](auto t) {
