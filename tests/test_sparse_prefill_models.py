@@ -116,6 +116,24 @@ def test_short_prefills_padded_batches_and_dense_layers_run_densely(model):
     assert not last_prefill_selections(model)
 
 
+@torch.no_grad()
+def test_a_later_chunk_counts_its_keys_for_min_length(model):
+    """generate prefills a long prompt in chunks (generation.PREFILL_CHUNK): a chunk of fewer queries
+    than min_length still runs sparsely once the keys reach it, and its blocks are the whole prompt's."""
+    ids = _ids(160)
+    config = SPARSE.replace(min_length=100)
+    use_sparse_prefill(model, config)
+    model(ids)
+    whole = last_prefill_selections(model)[0].blocks                          # (1, Hkv, 10, 10)
+    cache = transformers.DynamicCache(config=model.config)
+    model(ids[:, :96], cache=cache, use_cache=True)                           # 96 keys < 100: dense
+    assert last_prefill_selections(model)[0].query_len == 160                 # no new map: the whole run's
+    model(ids[:, 96:], cache=cache, use_cache=True)                           # 64 queries over 160 keys: sparse
+    sel = last_prefill_selections(model)[0]
+    assert (sel.query_len, sel.key_len) == (64, 160)
+    assert torch.equal(sel.blocks, whole[:, :, -sel.blocks.shape[2]:])       # (1, Hkv, 4, 10)
+
+
 def test_a_wrong_config_is_refused(model):
     with pytest.raises(GatherTypeError, match="PrefillConfig"):
         use_sparse_prefill(model, {"budget": 3})

@@ -16,7 +16,7 @@ module had. Two doors, through transformers' AttentionInterface (`hf_adapter.reg
 - a model on sparse decoding ("gatherlens_sparse") keeps it: its prefill path asks
   `sparse_prefill_call` first (models/sparse_attention.py), so the two switches combine in either
   order, and `use_dense_decoding` comes back to "gatherlens_prefill" (`prefill_implementation`).
-A call runs densely (the previous path) when it is shorter than `config.min_length`, in one of the
+A call runs densely (the previous path) when its keys are fewer than `config.min_length`, in one of the
 first `dense_layers` global layers, on a chunked local layer, or under a mask that is not the plain
 causal (and sliding-window) one: a padded batch.
 """
@@ -95,7 +95,8 @@ def sparse_prefill_call(module, query, key, value, attention_mask, scaling, vari
     """
     config = prefill_settings(module)
     Q, L = query.shape[2], key.shape[2]
-    if config is None or Q < 2 or Q > L or config.dense_at(Q, global_rank(module)):
+    # the length is the keys' (a chunk of a long prompt, as generation prefills it, is sparse too)
+    if config is None or Q < 2 or Q > L or config.dense_at(L, global_rank(module)):
         return None
     variant = variant if variant is not None else attention_variant(module, where="sparse prefill")
     if module_kind(module).kind == "chunked" or not _plain_mask(attention_mask, Q, L, variant.window):

@@ -61,7 +61,8 @@ class PrefillConfig:
     sink_blocks / local_blocks: the first / the nearest key blocks always kept (the diagonal is one).
     share_selection: the query heads of a KV group keep the same blocks (one gather per KV head);
         False: every query head chooses.
-    min_length: prefills of fewer tokens run densely (selection would cost more than it saves).
+    min_length: prefill calls over fewer keys run densely (selection would cost more than it saves);
+        a later chunk of a long prompt (fewer queries than keys) counts its keys.
     dense_layers: the first this many decoder layers prefill densely.
     keep_selection: the model adapter keeps each layer's last block map (for pictures).
     backend: where the scores and the attention run: "auto" (each backend table's first row that
