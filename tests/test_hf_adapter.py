@@ -161,6 +161,28 @@ def test_registered_attention_gets_sdpas_mask_and_sdpa_is_found(model):
     assert out.shape == (1, 3, 4, 16)  # (B, Q, Hq, D)
 
 
+@pytest.mark.parametrize("mask_kind", ["bool", "additive", "padded"])
+def test_grouped_sdpa_equals_sdpa_on_a_masked_chunk(model, mask_kind):
+    """A later prefill chunk (Q < L, causal from the bottom right): SDPA's enable_gqa gives transformers'
+    repeat_kv result; no mask or one query goes to transformers' own function."""
+    attn = model.model.layers[0].self_attn
+    assert attn.num_key_value_groups > 1
+    Hkv, G, Q, L, D = 2, attn.num_key_value_groups, 5, 13, 16
+    q, k, v = torch.randn(2, Hkv * G, Q, D), torch.randn(2, Hkv, L, D), torch.randn(2, Hkv, L, D)
+    mask = (torch.arange(L)[None, :] <= torch.arange(L - Q, L)[:, None]).expand(2, 1, Q, L).clone()  # (B, 1, Q, L)
+    if mask_kind == "padded":
+        mask[1, ..., :3] = False                                               # row 1's first 3 keys are padding
+    if mask_kind == "additive":
+        mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    out, _ = hf_adapter.grouped_sdpa(attn, q, k, v, mask, scaling=0.25)        # (B, Q, Hq, D)
+    ref, _ = hf_adapter.sdpa_attention()(attn, q, k, v, mask, scaling=0.25)    # (B, Q, Hq, D)
+    assert out.shape == ref.shape == (2, Q, Hkv * G, D)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    for args in ((q, k, v, None), (q[:, :, -1:], k, v, mask[..., -1:, :])):    # no mask; one query
+        torch.testing.assert_close(hf_adapter.grouped_sdpa(attn, *args, scaling=0.25)[0],
+                                   hf_adapter.sdpa_attention()(attn, *args, scaling=0.25)[0])
+
+
 def test_sparse_cache_by_default_and_generate_unchanged_after_dense(model):
     ids = torch.randint(1, 101, (1, 19))
     dense = _generate(model, ids)

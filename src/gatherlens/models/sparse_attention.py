@@ -31,7 +31,7 @@ import torch
 
 from gatherlens.models.attention import exact_attention
 from gatherlens.models.features import AttentionVariant, attention_variant, global_rank
-from gatherlens.models.hf_adapter import handed_over, register_attention, sdpa_attention
+from gatherlens.models.hf_adapter import grouped_sdpa, handed_over, register_attention
 from gatherlens.models.sparse_cache import paged_cache_of
 from gatherlens.models.sparse_prefill import sparse_prefill_call
 from gatherlens.models.sparse_window import WindowKV, window_decode
@@ -156,8 +156,8 @@ def prefill_attention(module, query, key, value, attention_mask, dropout, scalin
     if done is not None:
         return done
     if variant.plain:
-        return sdpa_attention()(module, query, key, value, attention_mask, dropout=dropout,
-                                scaling=scaling, is_causal=is_causal, **kwargs)
+        return grouped_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                            is_causal=is_causal, **kwargs)
     return exact_attention(module, query, key, value, attention_mask, scaling, is_causal, variant)
 
 

@@ -29,7 +29,9 @@ import torch
 from gatherlens.errors import GatherTypeError
 from gatherlens.models.attention import exact_attention, restore_attention, switch_attention
 from gatherlens.models.features import attention_variant, global_rank, module_kind
-from gatherlens.models.hf_adapter import attention_function, attn_implementation, register_attention, unwrap
+from gatherlens.models.hf_adapter import (
+    attention_function, attn_implementation, grouped_sdpa, register_attention, unwrap,
+)
 from gatherlens.ops.prefill.attend import prefill_with
 from gatherlens.ops.prefill.config import DEFAULT, PrefillConfig
 
@@ -122,8 +124,9 @@ def prefill_attention_forward(module, query, key, value, attention_mask, dropout
         if not variant.plain:
             return exact_attention(module, query, key, value, attention_mask, scaling, is_causal, variant)
         name = "sdpa"
-    return attention_function(name)(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                    is_causal=is_causal, **kwargs)
+    run = grouped_sdpa if name == "sdpa" else attention_function(name)
+    return run(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal,
+               **kwargs)
 
 
 def use_sparse_prefill(model, config: PrefillConfig | None = None):
