@@ -25,7 +25,8 @@ from gatherlens.errors import GatherTypeError
 
 __all__ = [
     "CAUSAL_LM_SUFFIXES", "unwrap", "attn_implementation", "set_attn_implementation", "preset_attn_implementation",
-    "register_attention", "sdpa_attention", "grouped_sdpa", "attention_function", "layer_types", "default_cache", "restore_default_cache",
+    "register_attention", "sdpa_attention", "grouped_sdpa", "attention_function", "layer_types", "default_cache",
+    "restore_default_cache",
     "replace_forward", "restore_forward", "forward_replaced", "decoder_layers", "class_named", "is_causal_lm",
     "quiet_gguf_progress", "hand_over", "handed_over", "causal_lm_output",
 ]
