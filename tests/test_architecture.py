@@ -125,7 +125,7 @@ def _cycles():
     for rel, tree in _modules():
         name = ".".join(("gatherlens", *rel.with_suffix("").parts)).removesuffix(".__init__")
         deps = set()
-        for node in tree.body:  # import-time edges only: the ones that can form a circle at load
+        for node in ast.walk(tree):  # lazy (in-function) imports too: a circle is a circle whenever it closes
             if isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = list(rel.parts[:-1])[: len(rel.parts) - 1 - node.level + 1]
@@ -135,7 +135,9 @@ def _cycles():
                 deps.add(mod)
             elif isinstance(node, ast.Import):
                 deps.update(a.name for a in node.names)
-        graph[name] = {d for d in deps if d.startswith("gatherlens")}
+        door = {f"gatherlens.{b}" for a, b in DOORS if rel.parts[0].removesuffix(".py") == a}  # the lazy door
+        graph[name] = {d for d in deps if d.startswith("gatherlens")
+                       and not any(d == x or d.startswith(x + ".") for x in door)}
     return graph
 
 
@@ -165,6 +167,42 @@ def test_no_import_cycles_between_modules():
     for node in sorted(graph):
         visit(node)
     assert not cycles, "import cycles: " + " | ".join(" -> ".join(c) for c in cycles[:5])
+
+
+# models/ by concern, lowest first (docs/architecture.md): a package may import its own rank and below,
+# lazily or not; the loader (loading.py) sits above the GGUF reader so the two never import each other
+MODELS_RANK = {"hf_adapter": 0, "files": 1, "gguf": 2, "attention": 3, "loading": 4, "runtime": 5, "__init__": 9}
+MODELS_TOP_LEVEL_MAX = 12
+
+
+def _models_part(rel: Path) -> str | None:
+    return rel.parts[1].removesuffix(".py") if rel.parts[0] == "models" and len(rel.parts) > 1 else None
+
+
+def _imported_models_parts(tree: ast.AST, rel: Path):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("gatherlens.models"):
+            parts = node.module.split(".")
+            names = [parts[2]] if len(parts) > 2 else [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name.split(".")[2] for a in node.names if a.name.startswith("gatherlens.models.")]
+        else:
+            continue
+        yield from ((node.lineno, n) for n in names if n in MODELS_RANK)
+
+
+@pytest.mark.parametrize("rel,tree", [c for c in _cases() if c.values[0].parts[0] == "models"])
+def test_models_packages_import_downwards(rel, tree):
+    mine = _models_part(rel)
+    assert mine in MODELS_RANK, f"{rel}: models/{mine} has no rank in tests/test_architecture.py MODELS_RANK"
+    for line, other in _imported_models_parts(tree, rel):
+        assert MODELS_RANK[other] <= MODELS_RANK[mine], \
+            f"{rel}:{line} (models/{mine}) imports models/{other}, a higher part of models/"
+
+
+def test_models_has_few_top_level_modules():
+    top = sorted(p.name for p in (SRC / "models").glob("*.py"))
+    assert len(top) <= MODELS_TOP_LEVEL_MAX, f"models/ holds {len(top)} top-level modules: {top}; group them by concern"
 
 
 @pytest.mark.parametrize("args", [["--help"], ["cache", "list"]], ids=["--help", "cache list"])

@@ -28,7 +28,7 @@ def test_auto_runs_the_first_row_that_fits_and_records_it():
 
 
 def test_describe_lists_what_a_tiny_decode_ran():
-    from gatherlens.models.sparse_attention import CONFIG_ATTR, decode_attention
+    from gatherlens.models.attention.sparse import CONFIG_ATTR, decode_attention
     from gatherlens.ops.sparse.config import SparseConfig
 
     cache = PagedKVCache(1, 3, 16, page_size=8)

@@ -217,7 +217,7 @@ NONFINITE = {  # a format, the field spoiled, its bytes: an fp16 scale inf / NaN
 
 @pytest.mark.parametrize("qtype", list(NONFINITE))
 def test_the_file_check_finds_a_non_finite_scale_or_value(tmp_path, qtype):
-    from gatherlens.models.gguf_check import _check_values, tensor_infos
+    from gatherlens.models.gguf.check import _check_values, tensor_infos
 
     field, spoil = NONFINITE[qtype]
     fmt = FORMATS[qtype]

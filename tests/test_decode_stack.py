@@ -1,8 +1,8 @@
-"""The whole decode step in one operator (ops/layer/stack.py, models/decode_stack.py) against the lean step.
+"""The whole decode step in one operator (ops/layer/stack.py, models/runtime/stack.py) against the lean step.
 
 Tiny random Llama / Mistral models written to GGUF (tests/tiny_gguf.py) and run from their blocks: the
 operator against its plain reference (the same operators called one by one from Python: bit-equal),
-and the model's one-operator step against its lean step (decode_step.py: the same cache bits, logits
+and the model's one-operator step against its lean step (models/runtime/step.py: the same cache bits, logits
 within the final norm's rounding), sparse and dense, over pages stored in every dtype.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ gguf = pytest.importorskip("gguf")
 from tiny_gguf import tiny_model, write_gguf  # noqa: E402
 
 from gatherlens.models import load  # noqa: E402
-from gatherlens.models.decode_stack import remove_stack, stack_active, stack_weights  # noqa: E402
-from gatherlens.models.sparse import (SparseKVCache, observe_sparse, use_dense_decoding,  # noqa: E402
+from gatherlens.models.runtime.stack import remove_stack, stack_active, stack_weights  # noqa: E402
+from gatherlens.models.runtime.decoding import (SparseKVCache, observe_sparse, use_dense_decoding,  # noqa: E402
                                       use_sparse_decoding)
 from gatherlens.ops.layer import stack  # noqa: E402
 from gatherlens.ops.sparse.decode import choice_of_config  # noqa: E402

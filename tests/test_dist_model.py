@@ -64,7 +64,7 @@ def worker(which: str, budgets: list, page: int, new: int, reference_on_rank0: b
 
 
 def one_process(model, ids, budgets, page, new):
-    from gatherlens.models.sparse import use_dense_decoding, use_sparse_decoding
+    from gatherlens.models.runtime.decoding import use_dense_decoding, use_sparse_decoding
 
     want = {}
     for budget in budgets:

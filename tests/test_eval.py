@@ -25,7 +25,7 @@ from gatherlens.eval.topk_quality import evaluate_quality, sliding_windows
 def tiny_llama_folder(path):
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from gatherlens.models.registry import package_dir
+    from gatherlens.models.files.registry import package_dir
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -58,7 +58,7 @@ def unpack(d: dict) -> np.ndarray:
 
 
 def test_packed_maps_are_the_models_selections_bit_for_bit(tiny, story):
-    from gatherlens.models.sparse_prefill import prefill_selections
+    from gatherlens.models.attention.prefill import prefill_selections
 
     data = json.loads(json.dumps(story.prefill.pack()))                     # survives JSON
     assert (data["layers"], data["heads"], data["q_heads"], data["nq"], data["nk"], data["block"]) == \

@@ -543,7 +543,7 @@ def test_cache_list_shows_sizes_and_clear_keeps_what_a_live_process_writes(root,
     """Must hold: `cache list` shows each converted model with its size and state and a killed
     conversion's leftover as such; `cache clear` removes everything no live process is writing,
     says how much it freed, and keeps (and names) what a live process holds."""
-    from gatherlens.models import locks
+    from gatherlens.models.files import locks
 
     folder = load(str(gguf)).cache_dir
     leftover = root / "models" / f".{folder.name}.tmp-killed"
@@ -677,7 +677,7 @@ def test_damaged_file_mapping_leaves_bugs_alone(tmp_path):
     a damaged file; any other error (a bug) still surfaces as itself, not as the user's file."""
     from safetensors import SafetensorError
 
-    from gatherlens.models.integrity import damage, readable
+    from gatherlens.models.files.integrity import damage, readable
 
     assert damage(SafetensorError("Error while deserializing header: header too large"), "model.safetensors") \
         == "model.safetensors: Error while deserializing header: header too large"
@@ -755,7 +755,7 @@ def _config_file(model, folder: Path) -> dict:
 
 def _with_contexts(model):
     from gatherlens.models import topk_attention_enabled
-    from gatherlens.models.sparse import sparse_decoding
+    from gatherlens.models.runtime.decoding import sparse_decoding
 
     with topk_attention_enabled(model, 4), sparse_decoding(model, budget=8, page_size=4):
         pass
@@ -766,7 +766,7 @@ def test_switches_leave_the_config_as_it_was(tiny_dir, tmp_path):
     context managers) model.config is the loaded one exactly (to_dict equal, no gatherlens key)
     and save_pretrained writes the same config.json as before any switch."""
     from gatherlens.models import use_dense_attention, use_topk_attention
-    from gatherlens.models.sparse import use_dense_decoding, use_sparse_decoding
+    from gatherlens.models.runtime.decoding import use_dense_decoding, use_sparse_decoding
 
     model = load(str(tiny_dir)).model
     original, saved = model.config.to_dict(), _config_file(model, tmp_path / "before")
@@ -1295,8 +1295,8 @@ def test_switches_refuse_models_they_cannot_change(monkeypatch):
     needed, instead of a silent no-op; the model is left as it was. BERT still takes top-k."""
     import transformers
 
-    from gatherlens.models.attention import use_dense_attention, use_topk_attention
-    from gatherlens.models.sparse import use_sparse_decoding
+    from gatherlens.models.attention.topk import use_dense_attention, use_topk_attention
+    from gatherlens.models.runtime.decoding import use_sparse_decoding
 
     mamba = transformers.MambaForCausalLM(transformers.MambaConfig(
         vocab_size=64, hidden_size=16, num_hidden_layers=1, state_size=4)).eval()
@@ -1316,11 +1316,11 @@ def test_switches_refuse_models_they_cannot_change(monkeypatch):
     assert use_dense_attention(use_topk_attention(bert, 2)) is bert
 
 
-# -- a model file changed under a running model (models/file_watch.py, ops/fault/sigbus.cpp) ----
+# -- a model file changed under a running model (models/files/watch.py, ops/fault/sigbus.cpp) ----
 def test_a_model_file_watch_says_how_the_file_changed(tmp_path):
     """Must hold: FileWatch notices a rewrite of the same size, a size change, a file put in its
     place and a removal, each said in words; check() raises the one ModelFileChanged message."""
-    from gatherlens.models.file_watch import FileWatch, ModelFileChanged
+    from gatherlens.models.files.watch import FileWatch, ModelFileChanged
 
     path = tmp_path / "m.gguf"
     path.write_bytes(b"x" * 100)
@@ -1426,7 +1426,7 @@ def test_a_gguf_changed_under_generate_quantized_is_one_error_line(tmp_path, how
 CUT_MID_STEP = """
 import os, sys
 import gatherlens.commands.generate as g
-import gatherlens.models.generation as generation
+import gatherlens.models.runtime.generation as generation
 path, real = sys.argv[1], g._write
 generation.check_unchanged = lambda model: None      # no check between steps: the next read faults
 def cut(piece, result):
@@ -1452,7 +1452,7 @@ def test_a_gguf_cut_short_inside_a_forward_pass_is_the_same_line(tmp_path):
     assert "cut short while the model read it" in _one_changed_line(out.stderr)
 
 
-# -- a GGUF is checked before it runs (issue 29: models/gguf_check.py) -----------------------------
+# -- a GGUF is checked before it runs (issue 29: models/gguf/check.py) -----------------------------
 def _gguf_tensor(reader, name: str):
     return next(t for t in reader.tensors if t.name == name)
 
@@ -1484,7 +1484,7 @@ def _gguf_meta(key: str, value: int):
 
 def _patched_gguf(source: Path, path: Path, patch) -> Path:
     """A copy of `source` patched in place through gguf's reader in "r+" mode, as the user did."""
-    from gatherlens.models.gguf_config import open_gguf   # gguf.GGUFReader, its header parsed faster
+    from gatherlens.models.gguf.config import open_gguf   # gguf.GGUFReader, its header parsed faster
 
     shutil.copyfile(source, path)
     reader = open_gguf(path, mode="r+")
@@ -1615,7 +1615,7 @@ def test_a_gguf_of_wrong_shapes_or_lying_metadata_is_one_error_naming_what_disag
     the metadata expects and what was found: from the header alone, before anything is loaded."""
     import re
 
-    from gatherlens.models.gguf_check import open_checked
+    from gatherlens.models.gguf.check import open_checked
 
     patch, said = TINY_FAULTS[case]
     path = _patched_gguf(tiny_llama_gguf, tmp_path / "damaged.gguf", patch)
@@ -1659,7 +1659,7 @@ def test_a_non_finite_block_scale_is_one_error_naming_tensor_block_and_field(tmp
     embedding row of "The", one attn_q block) is found by the load-time scale check, never run."""
     import re
 
-    from gatherlens.models.gguf_check import open_checked
+    from gatherlens.models.gguf.check import open_checked
 
     patch, said = SMOLLM2_FAULTS[case]
     path = _patched_gguf(_smollm2_path(), tmp_path / "damaged.gguf", patch)
@@ -1671,8 +1671,8 @@ def test_a_non_finite_block_scale_is_one_error_naming_tensor_block_and_field(tmp
 def test_the_shipped_gguf_passes_the_check_in_milliseconds():
     """Must hold: the check runs on every load, so it costs milliseconds: SmolLM2's 98 MB, 272 tensors,
     every fp16 scale of its 4.9 million blocks (about 25 ms here; the bound leaves room for a loaded machine)."""
-    from gatherlens.models.gguf_check import check_gguf
-    from gatherlens.models.gguf_config import open_gguf
+    from gatherlens.models.gguf.check import check_gguf
+    from gatherlens.models.gguf.config import open_gguf
 
     path = _smollm2_path()
     reader = open_gguf(path, mode="c")
@@ -1685,7 +1685,7 @@ def test_the_shipped_gguf_passes_the_check_in_milliseconds():
 def test_a_sound_tiny_gguf_passes_and_an_iq2_matrix_runs_in_float_only(tiny_llama_gguf, tmp_path):
     from gguf import GGMLQuantizationType as T
 
-    from gatherlens.models.gguf_check import open_checked
+    from gatherlens.models.gguf.check import open_checked
 
     open_checked(tiny_llama_gguf, quantized=True)
     path = _tiny_llama_gguf(tmp_path / "iq2.gguf", {"blk.0.ffn_down": T.IQ2_XXS})
@@ -1702,7 +1702,7 @@ def test_unsupported_types_are_all_named_before_anything_slow(tmp_path, monkeypa
     path as the way out; no numpy types in it."""
     from gguf import GGMLQuantizationType as T
 
-    import gatherlens.models.quantized as quantized
+    import gatherlens.models.gguf.quantized as quantized
     from gatherlens.ops.quant.registry import FORMATS
 
     path = _tiny_llama_gguf(tmp_path / "iq.gguf", {"blk.0.ffn_down": T.IQ2_XXS, "blk.1.ffn_down": T.IQ2_XXS,
@@ -1742,7 +1742,7 @@ def test_generate_on_a_damaged_gguf_is_one_error_line_and_writes_nothing(root, t
 def test_a_gguf_cut_inside_its_data_names_the_first_tensor_past_the_end(tmp_path):
     """Must hold: a file truncated after its header (a partial download) names the first tensor whose
     data is missing; one cut inside the header keeps the reader's own words (test above)."""
-    from gatherlens.models.gguf_check import open_checked
+    from gatherlens.models.gguf.check import open_checked
 
     path = tmp_path / "partial.gguf"
     with open(_smollm2_path(), "rb") as f:
@@ -1767,7 +1767,7 @@ def test_a_tensor_the_model_does_not_apply_is_named_in_a_warning_not_refused(tmp
     import gguf
 
     from gatherlens.errors import GatherLensWarning
-    from gatherlens.models.gguf_check import check_gguf
+    from gatherlens.models.gguf.check import check_gguf
 
     path = _tiny_llama_gguf(tmp_path / "rope.gguf", extra={"rope_freqs": (8,)})
     with pytest.warns(GatherLensWarning, match=r"rope.gguf: rope_freqs.weight: .*not applied"):

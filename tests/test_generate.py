@@ -20,7 +20,7 @@ from gatherlens.trace.page_trace import PageTraceRecorder  # noqa: E402
 def tiny_llama_folder(path):
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from gatherlens.models.registry import package_dir
+    from gatherlens.models.files.registry import package_dir
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -83,7 +83,7 @@ def test_generate_bad_input(tiny, args, message):
 
 
 def test_greedy_tokens_with_budget_covering_the_context_equal_dense(lm):
-    from gatherlens.models.streaming import stream_generate
+    from gatherlens.models.runtime.streaming import stream_generate
 
     ids = lm.encode(PROMPT)  # (1, S), S < 64
     dense = stream_generate(lm, ids, None, 12)
@@ -95,7 +95,7 @@ def test_greedy_tokens_with_budget_covering_the_context_equal_dense(lm):
 
 
 def test_stream_stops_cleanly_on_ctrl_c(lm):
-    from gatherlens.models.streaming import stream_generate
+    from gatherlens.models.runtime.streaming import stream_generate
 
     def interrupt(piece, result):
         if len(result.new_ids) == 3:
@@ -109,7 +109,7 @@ def test_stream_stops_cleanly_on_ctrl_c(lm):
 def test_generate_keeps_a_pages_file_made_meanwhile(tiny, tmp_path, monkeypatch):
     """--pages is checked when the command starts and again as it is written (issue 21): a file
     another program made there during the generation is kept, without --force."""
-    import gatherlens.models.streaming as streaming
+    import gatherlens.models.runtime.streaming as streaming
 
     out, real = tmp_path / "pages.svg", streaming.stream_generate
 
@@ -127,7 +127,7 @@ def test_generate_keeps_a_pages_file_made_meanwhile(tiny, tmp_path, monkeypatch)
 def test_the_loop_equals_transformers_generate(lm):
     """The one loop (reference: transformers' greedy generate): the same tokens, dense and with a
     budget that covers the context; events in order, the text the concatenation of the pieces."""
-    from gatherlens.models.generation import GenerationEnd, GenerationStart, GenerationStep, generation_steps
+    from gatherlens.models.runtime.generation import GenerationEnd, GenerationStart, GenerationStep, generation_steps
 
     ids = lm.encode(PROMPT)  # (1, S)
     S = ids.shape[1]
@@ -149,7 +149,7 @@ def test_the_loop_equals_transformers_generate(lm):
 
 def test_closing_the_loop_midway_leaves_the_model_dense(lm):
     """The explorer stops between two steps when its client goes away: closing the generator."""
-    from gatherlens.models.generation import GenerationStep, generation_steps
+    from gatherlens.models.runtime.generation import GenerationStep, generation_steps
 
     steps = generation_steps(lm, lm.encode(PROMPT), 8, 50, pages=True, page_size=4, dense_layers=0, recent=0)
     seen = [e for e, _ in zip(steps, range(4)) if isinstance(e, GenerationStep)]
@@ -177,7 +177,7 @@ def _byte_level_tokenizer():
 def test_detokenizer_pieces_are_whole_characters():
     """Reference: the tokenizer's decode of all the ids. Byte tokens that split a character give
     "" until it is whole; the pieces add up to the full decode; a special token adds nothing."""
-    from gatherlens.models.detokenize import Detokenizer
+    from gatherlens.models.runtime.detokenize import Detokenizer
 
     tok = _byte_level_tokenizer()
     ids = tok.encode("the cat 猫 sat on the 🐈 mat")
@@ -192,7 +192,7 @@ def test_detokenizer_pieces_are_whole_characters():
 def test_detokenizer_keeps_the_space_after_the_prompt(lm):
     """WordPiece (and SentencePiece) drop a leading space at the start of what they decode: with
     the prompt's end as context the continuation starts with its space, as the full decode has it."""
-    from gatherlens.models.detokenize import Detokenizer
+    from gatherlens.models.runtime.detokenize import Detokenizer
 
     tok = lm.tokenizer
     prompt, more = tok.encode("the cat sat"), tok.encode("on the gatherlens mat", add_special_tokens=False)
@@ -266,8 +266,8 @@ def test_bench_generate_rows_and_targets():
 def test_a_chunked_prefill_gives_the_one_pass_tokens(lm, monkeypatch):
     """A prompt longer than PREFILL_CHUNK runs in chunks into the cache (memory: a chunk's activations,
     not the prompt's): the same tokens as one forward pass, dense and sparse."""
-    import gatherlens.models.generation as generation
-    from gatherlens.models.streaming import stream_generate
+    import gatherlens.models.runtime.generation as generation
+    from gatherlens.models.runtime.streaming import stream_generate
 
     ids = lm.encode(PROMPT)  # (1, S), S > 7
     whole = {b: stream_generate(lm, ids, b, 8, page_size=8).new_ids for b in (None, 64)}
@@ -279,8 +279,8 @@ def test_a_chunked_prefill_gives_the_one_pass_tokens(lm, monkeypatch):
 def test_the_loop_reserves_its_cache_so_no_decode_step_grows_it(lm, monkeypatch):
     """generation_steps makes each layer's pages with room for prompt + new tokens: no decode step
     copies the cache into a larger one (the first step's copy cost 3-5 ms a token at 4K-8K, issue 27)."""
-    from gatherlens.models.generation import GenerationStep, generation_steps
-    from gatherlens.models.sparse_cache import SparseKVCache
+    from gatherlens.models.runtime.generation import GenerationStep, generation_steps
+    from gatherlens.models.attention.cache import SparseKVCache
     from gatherlens.ops.sparse import PagedKVCache
 
     grew, real = [], PagedKVCache.reserve
@@ -306,9 +306,9 @@ def test_the_loop_reserves_its_cache_so_no_decode_step_grows_it(lm, monkeypatch)
 def test_the_planned_step_equals_the_lean_step(lm):
     """decode_step.planned_step (the layer's lookups made once at install) is lean_step's arithmetic:
     bit-equal outputs and the same keys in the cache."""
-    from gatherlens.models import decode_step as ds
+    from gatherlens.models.runtime import step as ds
     from gatherlens.models.hf_adapter import decoder_layers
-    from gatherlens.models.sparse import SparseKVCache, use_dense_decoding, use_sparse_decoding
+    from gatherlens.models.runtime.decoding import SparseKVCache, use_dense_decoding, use_sparse_decoding
 
     model = lm.model
     use_sparse_decoding(model, 64, page_size=8)

@@ -1,10 +1,10 @@
-"""Every GGUF architecture of models/gguf_arch.py, run from its blocks and as the float model, against transformers.
+"""Every GGUF architecture of models/gguf/arch.py, run from its blocks and as the float model, against transformers.
 
 For each architecture a tiny random HF model (tests/tiny_gguf.py: 2 layers, hidden 64, 4 query heads
 over 2 KV heads, 320 tokens) is written to GGUF with gguf's own GGUFWriter in F32, Q8_0 and Q4_0, and
 read back three ways: transformers' own float load (`from_pretrained(folder, gguf_file=)`, the
 reference; for a MoE given the config the file was written from), our `float_model` (bit-equal to
-it) and our `load(path, quantized=True)` (MoE experts: models/quantized_moe.py, tests/test_quantized_moe.py).
+it) and our `load(path, quantized=True)` (MoE experts: models/gguf/moe.py, tests/test_quantized_moe.py).
 
 The rounding bound of the quantized model. The q8act route (Q8_0 / Q4_0 blocks, fewer than
 PREFILL_ROWS rows) rounds x to 8 bits per block of 32: each x_j moves by at most max|x_block| / 254,
@@ -36,14 +36,14 @@ from tiny_gguf import TINY, tiny_model, write_gguf  # noqa: E402
 
 from gatherlens.errors import GatherValueError  # noqa: E402
 from gatherlens.models import load  # noqa: E402
-from gatherlens.models.decode_step import lean_layers  # noqa: E402
-from gatherlens.models.features import attention_variant  # noqa: E402
-from gatherlens.models.gguf_arch import ARCHS, EXPERTS, NORM  # noqa: E402
-from gatherlens.models.gguf_check import check_gguf  # noqa: E402
-from gatherlens.models.gguf_config import gguf_config, open_gguf  # noqa: E402
-from gatherlens.models.gguf_weights import float_model, hf_name  # noqa: E402
-from gatherlens.models.quantized_layers import QuantizedEmbedding, QuantizedLinear  # noqa: E402
-from gatherlens.models.sparse import use_dense_decoding, use_sparse_decoding  # noqa: E402
+from gatherlens.models.runtime.step import lean_layers  # noqa: E402
+from gatherlens.models.attention.features import attention_variant  # noqa: E402
+from gatherlens.models.gguf.arch import ARCHS, EXPERTS, NORM  # noqa: E402
+from gatherlens.models.gguf.check import check_gguf  # noqa: E402
+from gatherlens.models.gguf.config import gguf_config, open_gguf  # noqa: E402
+from gatherlens.models.gguf.weights import float_model, hf_name  # noqa: E402
+from gatherlens.models.gguf.layers import QuantizedEmbedding, QuantizedLinear  # noqa: E402
+from gatherlens.models.runtime.decoding import use_dense_decoding, use_sparse_decoding  # noqa: E402
 from gatherlens.ops.quant.layout import LAYOUTS  # noqa: E402
 from gatherlens.ops.quant.q8act_naive import quantize_activations  # noqa: E402
 

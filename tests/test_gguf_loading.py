@@ -1,6 +1,6 @@
 """A GGUF read by gatherlens itself: config, tokenizer and float32 weights equal transformers' GGUF loader.
 
-models/gguf_config.py, gguf_tokenizer.py and gguf_weights.py replace `from_pretrained(..., gguf_file=)`
+models/gguf/config.py, models/gguf/tokenizer.py and models/gguf/weights.py replace `from_pretrained(..., gguf_file=)`
 on the load paths (loading._convert_gguf, quantized._config_and_tokenizer); transformers stays the
 reference here: on the shipped SmolLM2 GGUF and on tiny files written with gguf.GGUFWriter.
 """
@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from gatherlens.eval.corpus import austen_available, load_text
-from gatherlens.models import cache as mcache
+from gatherlens.models.files import cache as mcache
 from gatherlens.models import load, resolve
-from gatherlens.models.gguf_config import gguf_config, metadata_value, open_gguf
-from gatherlens.models.gguf_tokenizer import gguf_tokenizer
-from gatherlens.models.gguf_weights import float_model, hf_name, unpermute_rows
+from gatherlens.models.gguf.config import gguf_config, metadata_value, open_gguf
+from gatherlens.models.gguf.tokenizer import gguf_tokenizer
+from gatherlens.models.gguf.weights import float_model, hf_name, unpermute_rows
 from gatherlens.paths import cache_root
 
 SMOL = resolve("smollm2").path

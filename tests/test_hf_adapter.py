@@ -81,11 +81,11 @@ def test_scan_leaves_public_use_alone(code):
 transformers = pytest.importorskip("transformers")
 
 from gatherlens.models import hf_adapter  # noqa: E402
-from gatherlens.models.attention import (  # noqa: E402
+from gatherlens.models.attention.topk import (  # noqa: E402
     attention_restored, topk_attention_enabled, use_dense_attention, use_topk_attention,
 )
-from gatherlens.models.decode_head import lean_head_active  # noqa: E402
-from gatherlens.models.sparse import (  # noqa: E402
+from gatherlens.models.runtime.head import lean_head_active  # noqa: E402
+from gatherlens.models.runtime.decoding import (  # noqa: E402
     SparseKVCache, lean_layers, use_dense_decoding, use_sparse_decoding,
 )
 
@@ -151,7 +151,7 @@ def test_preset_attn_implementation_reaches_the_built_model():
 
 
 def test_registered_attention_gets_sdpas_mask_and_sdpa_is_found(model):
-    from gatherlens.models.attention import ATTN_NAME, register
+    from gatherlens.models.attention.topk import ATTN_NAME, register
 
     register()
     assert transformers.AttentionInterface()[ATTN_NAME] is not None
@@ -277,7 +277,7 @@ def test_hand_over_only_for_the_same_keys():
 
 def test_attention_reads_the_layers_own_paged_cache(model):
     """The cache hands each layer's PagedKVCache to its attention call (no temporary copy of the keys)."""
-    from gatherlens.models.sparse import observe_sparse
+    from gatherlens.models.runtime.decoding import observe_sparse
 
     ids = torch.randint(1, 101, (1, 40))
     cache, seen = SparseKVCache(config=model.config, page_size=4), []

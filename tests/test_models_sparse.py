@@ -9,7 +9,7 @@ from gatherlens.ops.sparse.naive import sparse_attention_reference
 
 transformers = pytest.importorskip("transformers")
 
-from gatherlens.models.sparse import (  # noqa: E402
+from gatherlens.models.runtime.decoding import (  # noqa: E402
     SparseKVCache, last_page_selections, observe_sparse, sparse_decoding, use_dense_decoding, use_sparse_decoding,
 )
 
@@ -190,7 +190,7 @@ def test_sliding_window_config_gets_window_layers_and_other_types_are_refused():
     a layer type gatherlens cannot run is still refused, naming it."""
     from transformers import LlamaConfig, MistralConfig
 
-    from gatherlens.models.sparse_window import WindowLayer
+    from gatherlens.models.attention.window import WindowLayer
 
     cfg = MistralConfig(num_hidden_layers=2, sliding_window=16, layer_types=["sliding_attention"] * 2)
     assert [type(layer) for layer in SparseKVCache(config=cfg).layers] == [WindowLayer, WindowLayer]
@@ -215,7 +215,7 @@ def test_cache_beam_reorder_and_crop(fresh):
 @pytest.mark.parametrize("budget", [None, 16, 4096], ids=["dense", "budget=16", "budget=4096"])
 def test_lean_step_equals_hf_layers(budget):
     """The lean decode step computes what transformers' layers compute over the same paged cache."""
-    from gatherlens.models.sparse import lean_layers
+    from gatherlens.models.runtime.decoding import lean_layers
 
     m = tiny_llama(seed=7, layers=3)
     ids = torch.randint(1, 101, (1, 45))
@@ -259,7 +259,7 @@ def test_recent_and_oracle_settings_reach_the_decode_step(fresh):
     ids = torch.randint(1, 101, (1, 80))
     use_sparse_decoding(fresh, budget=24, page_size=8, recent=20, keep_selection=True, dense_layers=0)
     _generate(fresh, ids, 2)
-    from gatherlens.models.sparse import last_page_selections
+    from gatherlens.models.runtime.decoding import last_page_selections
 
     sel = last_page_selections(fresh)[0]
     assert sel.recent == 20 and bool(sel.mask()[..., -3:].all())
@@ -274,7 +274,7 @@ def test_recent_and_oracle_settings_reach_the_decode_step(fresh):
 
 def test_a_budget_of_a_third_of_the_cache_decodes_densely(fresh):
     """dense_share: a budget of >= 1/3 of the cache reads every page (the selection says so)."""
-    from gatherlens.models.sparse import last_page_selections
+    from gatherlens.models.runtime.decoding import last_page_selections
 
     ids = torch.randint(1, 101, (1, 100))
     use_sparse_decoding(fresh, budget=24, page_size=8, dense_layers=0, recent=0, keep_selection=True)
@@ -291,7 +291,7 @@ def test_a_budget_of_a_third_of_the_cache_decodes_densely(fresh):
 def test_lean_head_reads_a_transposed_copy_with_the_same_results(fresh):
     """decode_head: one-row steps use x @ W.T stored contiguous, rebuilt when the weight changes;
     prefill rows and gradients take F.linear; use_dense_decoding frees the copy."""
-    from gatherlens.models.decode_head import lean_head_active
+    from gatherlens.models.runtime.head import lean_head_active
 
     head = fresh.get_output_embeddings()
     x, rows = torch.randn(1, 1, head.in_features), torch.randn(2, 5, head.in_features)  # (1, 1, d), (B, S, d)

@@ -92,7 +92,7 @@ def test_passkey_trials_full_budget_answers_like_dense(model):
 
 
 def test_greedy_decode_continues_the_prefilled_cache(model):
-    from gatherlens.models.sparse import use_dense_decoding, use_sparse_decoding
+    from gatherlens.models.runtime.decoding import use_dense_decoding, use_sparse_decoding
 
     ids = torch.randint(1, 101, (1, 30))
     use_sparse_decoding(model, None, 8)
@@ -133,7 +133,7 @@ def smollm2():
 
 @pytest.mark.slow
 def test_smollm2_generate_sparse(smollm2):
-    from gatherlens.models.sparse import SparseKVCache, use_dense_decoding, use_sparse_decoding
+    from gatherlens.models.runtime.decoding import SparseKVCache, use_dense_decoding, use_sparse_decoding
 
     m, ids = smollm2.model, smollm2.encode("The capital of France is Paris. The capital of Italy is")
     with torch.no_grad():

@@ -9,7 +9,7 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
-from gatherlens.models.quantized_layers import QuantizedEmbedding, QuantizedLinear  # noqa: E402
+from gatherlens.models.gguf.layers import QuantizedEmbedding, QuantizedLinear  # noqa: E402
 from gatherlens.ops.embedding import embedding_lookup  # noqa: E402
 from gatherlens.ops.quant import LinearConfig, QuantizedTable, pack_linear, quantized_linear, split_linear  # noqa: E402
 from gatherlens.trace import trace  # noqa: E402
@@ -138,7 +138,7 @@ def test_decode_route_agrees_with_float(models):
 
 @pytest.mark.slow
 def test_sparse_decoding_runs_the_quantized_lean_step(models):
-    from gatherlens.models.sparse import lean_layers, use_dense_decoding, use_sparse_decoding
+    from gatherlens.models.runtime.decoding import lean_layers, use_dense_decoding, use_sparse_decoding
 
     _, quant = models
     ids = quant.encode("The capital of France is Paris. The capital of Germany is")

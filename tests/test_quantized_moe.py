@@ -1,4 +1,4 @@
-"""Mixture-of-experts layers run from their GGUF blocks (models/quantized_moe.py), against transformers.
+"""Mixture-of-experts layers run from their GGUF blocks (models/gguf/moe.py), against transformers.
 
 Tiny random Qwen3MoE / Qwen2MoE models (2 layers, hidden 64, 4 experts, top 2; qwen2_moe with its
 shared expert) are written to GGUF by tests/tiny_gguf.py (gguf's own GGUFWriter), in F32 and Q8_0, and
@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gatherlens.models.quantized import PREFILL_ROWS, linear_from, pick_route
-from gatherlens.models.quantized_layers import QuantizedLinear
-from gatherlens.models.quantized_moe import (ExpertRouter, QuantizedExperts, fill_moe, has_experts, stacked_blocks)
+from gatherlens.models.gguf.quantized import PREFILL_ROWS, linear_from, pick_route
+from gatherlens.models.gguf.layers import QuantizedLinear
+from gatherlens.models.gguf.moe import (ExpertRouter, QuantizedExperts, fill_moe, has_experts, stacked_blocks)
 from gatherlens.ops.quant import LinearConfig, pack_linear
 from tiny_gguf import tiny_model, write_gguf
 
@@ -233,7 +233,7 @@ def test_moe_logits_match_transformers_float_load(moe_file):
 
 @pytest.fixture(scope="module")
 def quantized(moe_file):
-    """`load(path, quantized=True)`: the whole model run from the file's blocks (models/quantized.py)."""
+    """`load(path, quantized=True)`: the whole model run from the file's blocks (models/gguf/quantized.py)."""
     from gatherlens.models import load
 
     return load(str(moe_file[1]), quantized=True)
@@ -262,7 +262,7 @@ def test_quantized_logits_match_transformers_float_load(moe_file, quantized):
 
 
 def test_generate_runs_dense_and_sparse(quantized):
-    from gatherlens.models.sparse import use_dense_decoding, use_sparse_decoding
+    from gatherlens.models.runtime.decoding import use_dense_decoding, use_sparse_decoding
 
     model = quantized.model
     ids = torch.tensor([[3, 17, 42, 5, 88, 9]])  # (1, 6)

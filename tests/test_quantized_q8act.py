@@ -127,7 +127,7 @@ def test_the_route_through_quantized_linear(batch):
 def test_every_routed_format_runs_its_kernel_with_no_copy_of_the_weight(qtype):
     """The model's choice (`pick_route`) for each format the records route here, and no packed copy
     where the rows do not make whole panels of 8 (33 rows: the blocks as stored)."""
-    from gatherlens.models.quantized import pick_route
+    from gatherlens.models.gguf.quantized import pick_route
 
     assert pick_route(qtype, "auto") == "q8act"
     K = width(qtype, 256)

@@ -198,10 +198,10 @@ def test_disconnect_mid_generation_frees_the_model(server):
 
 
 def test_the_explorers_events_are_the_one_loops_steps(model_dir):
-    """The stream is the one generation loop (gatherlens.models.generation) as plain data: the same
+    """The stream is the one generation loop (gatherlens.models.runtime.generation) as plain data: the same
     tokens, text and pages; the text continues the prompt with its space."""
     from gatherlens.models import load
-    from gatherlens.models.generation import GenerationStep, generation_steps
+    from gatherlens.models.runtime.generation import GenerationStep, generation_steps
     from gatherlens.ops.sparse.config import TOY
     from gatherlens.serve.decode import decode_steps
 

@@ -159,7 +159,7 @@ def tiny():
 
 
 def test_one_config_object_on_every_module(tiny):
-    from gatherlens.models.sparse import CONFIG_ATTR, use_dense_decoding, use_sparse_decoding
+    from gatherlens.models.runtime.decoding import CONFIG_ATTR, use_dense_decoding, use_sparse_decoding
 
     use_sparse_decoding(tiny, budget=32, page_size=4, dense_layers=1)
     seen = {id(m.__dict__[CONFIG_ATTR]) for m in tiny.modules() if CONFIG_ATTR in m.__dict__}
@@ -173,7 +173,7 @@ def test_one_config_object_on_every_module(tiny):
 
 
 def test_config_keyword_equals_the_keywords(tiny):
-    from gatherlens.models.sparse import use_dense_decoding, use_sparse_decoding
+    from gatherlens.models.runtime.decoding import use_dense_decoding, use_sparse_decoding
 
     ids = torch.randint(1, 101, (1, 70))
     kw = dict(budget=16, page_size=4, dense_layers=1, recent=4, share_selection=True)

@@ -1,4 +1,4 @@
-"""Sparse prefill inside HF models (models/sparse_prefill.py): tiny random models, offline."""
+"""Sparse prefill inside HF models (models/attention/prefill.py): tiny random models, offline."""
 from __future__ import annotations
 
 import pytest
@@ -9,8 +9,8 @@ from gatherlens.errors import GatherTypeError
 transformers = pytest.importorskip("transformers")
 
 from gatherlens.models.hf_adapter import attn_implementation  # noqa: E402
-from gatherlens.models.sparse import use_dense_decoding, use_sparse_decoding  # noqa: E402
-from gatherlens.models.sparse_prefill import (  # noqa: E402
+from gatherlens.models.runtime.decoding import use_dense_decoding, use_sparse_decoding  # noqa: E402
+from gatherlens.models.attention.prefill import (  # noqa: E402
     last_prefill_selections, prefill_settings, use_dense_prefill, use_sparse_prefill,
 )
 from gatherlens.ops.prefill.config import DEFAULT, EXACT  # noqa: E402

@@ -1,12 +1,12 @@
-"""The thread controller (models/threads.py): its decisions on fake clocks, and off when the user fixed the count."""
+"""The thread controller (models/runtime/threads.py): its decisions on fake clocks, and off when the user fixed the count."""
 from __future__ import annotations
 
 import pytest
 import torch
 from click.testing import CliRunner
 
-from gatherlens.models import threads
-from gatherlens.models.threads import MachineClock, ThreadConfig, ThreadControl
+from gatherlens.models.runtime import threads
+from gatherlens.models.runtime.threads import MachineClock, ThreadConfig, ThreadControl
 
 
 class Fake:

@@ -6,7 +6,7 @@
 One `Tiny` row per architecture (its config and model classes, gguf's architecture name, the config
 it is made with); each concern is one function, driven by tables: `METADATA` (the keys llama.cpp's
 `convert_hf_to_gguf.py` writes, per architecture), `tokenizer` (a byte-level BPE of 256 byte tokens,
-`MERGES` merges and 3 control tokens, what models/gguf_tokenizer.py reads), `tensors` (HF names ->
+`MERGES` merges and 3 control tokens, what models/gguf/tokenizer.py reads), `tensors` (HF names ->
 gguf's by `gguf.get_tensor_name_map`, llama's q/k rows permuted as convert's `permute` does, Gemma's
 norms + 1, 2-D weights in the asked type by `gguf.quants.quantize`, vectors F32). A MoE row adds its
 expert tensors with `EXPERT_TENSORS` (engineer D2).

@@ -11,7 +11,7 @@ import torch
 def make_tiny_llama(folder: Path, layers: int = 2, heads: int = 4, kv_heads: int = 2) -> Path:
     """Write the model and tokenizer into `folder` (skips the test when MiniLM is not installed)."""
     transformers = pytest.importorskip("transformers")
-    from gatherlens.models.registry import resolve
+    from gatherlens.models.files.registry import resolve
 
     try:
         tok = transformers.AutoTokenizer.from_pretrained(resolve("minilm").path, local_files_only=True)

@@ -11,7 +11,7 @@ dead process's. The holder writes its pid into the lock file and unlinks the fil
 waiter that then holds a lock on an unlinked file notices (the path's inode differs) and tries
 again. Every temporary file or folder for X is `.X.tmp-*` or `.X.trash-*` beside it, created only
 while holding X's lock, so the holder may remove whatever is left (`sweep_name`). Rank 0: the
-model cache (`models/locks.py`) and the native build cache (`ops/native.py`) both lock through here.
+model cache (`models/files/locks.py`) and the native build cache (`ops/native.py`) both lock through here.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Memory freed by a burst of large tensors, given back to the system (glibc's `malloc_trim`).
 
     >>> release_memory()        # after a model request (serve/pool.py), after each prefill chunk
-    True                        # (models/generation.py); False: not glibc, nothing to call
+    True                        # (models/runtime/generation.py); False: not glibc, nothing to call
 
 Why: a long text's forward pass allocates and frees about a GiB of tensors (the logits of 2,048
 positions alone are 400 MB, twice with the dense run beside top-k). glibc serves them from its
@@ -46,7 +46,7 @@ def release_mapping(array) -> bool:
     """Let a file mapping's pages go from this process's resident memory (madvise MADV_DONTNEED): the
     mapping stays, and a page read again comes back from the file (the page cache). `array`: a numpy
     array over an `mmap.mmap` (np.memmap, or views of it). False where there is no such mapping or no
-    madvise. A quantized model calls it once its weights are repacked (models/quantized.py): what it
+    madvise. A quantized model calls it once its weights are repacked (models/gguf/quantized.py): what it
     still reads in place (an embedding's rows, blocks without panels) comes back as it is read."""
     mapping = array
     while mapping is not None and not isinstance(mapping, mmap.mmap):

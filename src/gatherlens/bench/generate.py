@@ -68,7 +68,7 @@ class Method:
     kind: str               # "hf" or "paged"
     budget: int | None = None
     lean: bool = True
-    head: bool = True       # the lean head (decode_head.py) with the lean step
+    head: bool = True       # the lean head (models/runtime/head.py) with the lean step
 
 
 @dataclass
@@ -187,7 +187,7 @@ def fill_caches(lm, L: int, tokens: int, hf_too: bool = True):
     import torch
     from transformers import DynamicCache
 
-    from gatherlens.models.sparse import SparseKVCache
+    from gatherlens.models.runtime.decoding import SparseKVCache
 
     model, cfg = lm.model, lm.config
     prefix = real_prefix(lm)  # (1, 256)
@@ -212,8 +212,8 @@ def fill_caches(lm, L: int, tokens: int, hf_too: bool = True):
 
 
 def _switch(model, m: Method) -> None:
-    from gatherlens.models.decode_head import remove_lean_head
-    from gatherlens.models.sparse import use_dense_decoding, use_sparse_decoding
+    from gatherlens.models.runtime.head import remove_lean_head
+    from gatherlens.models.runtime.decoding import use_dense_decoding, use_sparse_decoding
 
     if m.kind == "hf":
         use_dense_decoding(model)
@@ -255,7 +255,7 @@ def attention_ms(model, m: Method, hf_cache, paged_cache, L: int, repeats: int =
     import torch
 
     from gatherlens.models.hf_adapter import sdpa_attention
-    from gatherlens.models.sparse import decode_attention
+    from gatherlens.models.runtime.decoding import decode_attention
 
     sdpa_attention_forward = sdpa_attention()
 

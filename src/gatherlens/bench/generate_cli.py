@@ -32,7 +32,7 @@ __all__ = ["run_case", "time_cli"]
 def time_cli(lm, ids, budget: int | None, new_tokens: int, pages: bool) -> dict:
     """One `stream_generate` as the command runs it: {"wall", "cpu": s per decode token, "prefill": s,
     "tokens": generated}; the pieces go to a buffer, written and flushed one by one as the command does."""
-    from gatherlens.models.streaming import stream_generate
+    from gatherlens.models.runtime.streaming import stream_generate
 
     out, marks = io.StringIO(), {}
 

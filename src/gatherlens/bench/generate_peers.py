@@ -45,7 +45,7 @@ def llama_python(option: str | None) -> tuple[str | None, str]:
 
 def gguf_of(model_name: str) -> Path | None:
     """The model's GGUF file, or None for a Hugging Face folder (no llama.cpp or quantized rows then)."""
-    from gatherlens.models.registry import resolve
+    from gatherlens.models.files.registry import resolve
 
     source = resolve(model_name)
     return source.path if source.kind == "gguf" else None

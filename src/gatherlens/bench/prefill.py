@@ -91,9 +91,9 @@ def run_case(spec: dict) -> dict:
     import torch
 
     from gatherlens.models import load
-    from gatherlens.models.generation import last_logits
-    from gatherlens.models.sparse import SparseKVCache
-    from gatherlens.models.sparse_prefill import last_prefill_selections, use_sparse_prefill
+    from gatherlens.models.runtime.generation import last_logits
+    from gatherlens.models.runtime.decoding import SparseKVCache
+    from gatherlens.models.attention.prefill import last_prefill_selections, use_sparse_prefill
     from gatherlens.ops.sparse.config import DEFAULT
     from gatherlens.ops import backends
     from gatherlens.ops.prefill.config import PRESETS

@@ -64,7 +64,7 @@ def _mapped(path: Path) -> tuple[list[tuple[int, int]], int]:
 
 def _tensors(model):
     """Every tensor a quantized model holds: blocks, packed copies, parameters and buffers."""
-    from gatherlens.models.quantized_layers import QuantizedEmbedding, QuantizedLinear
+    from gatherlens.models.gguf.layers import QuantizedEmbedding, QuantizedLinear
 
     for module in model.modules():
         if isinstance(module, QuantizedLinear):
@@ -95,7 +95,7 @@ def resident_bytes(model, path: Path) -> dict[str, int]:
 
 def routes_by_type(model) -> dict[str, list[str]]:
     """{ggml type: [routes its tensors take]}: "gather" for the embedding table."""
-    from gatherlens.models.quantized_layers import QuantizedEmbedding, QuantizedLinear
+    from gatherlens.models.gguf.layers import QuantizedEmbedding, QuantizedLinear
 
     out: dict[str, set] = {}
     for module in model.modules():

@@ -115,7 +115,7 @@ def command(gguf_path, tensor, tokens, threads, repeats, json_path, force):
     if repeats < 1:
         raise click.BadParameter("must be >= 1", param_hint="--repeats")
     if gguf_path is None:
-        from gatherlens.models.registry import resolve
+        from gatherlens.models.files.registry import resolve
 
         gguf_path = resolve("smollm2").path
     table = QuantizedTable.from_gguf(gguf_path, tensor)

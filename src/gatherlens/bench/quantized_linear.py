@@ -99,7 +99,7 @@ def load_blocks(source: str | None, names: tuple[str, ...], qtype: str | None = 
     shape's own format, or `qtype` for all of them."""
     if source is None:
         return {s: (_synthetic(qtype or SHAPES[s][1], *SHAPES[s][2:]), qtype or SHAPES[s][1]) for s in names}
-    from gatherlens.models.registry import resolve
+    from gatherlens.models.files.registry import resolve
     from gatherlens.ops.quant import QuantizedTable
 
     path = resolve(source).path

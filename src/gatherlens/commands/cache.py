@@ -28,8 +28,8 @@ def cache():
 @click.option("--no-verify", is_flag=True, help="Skip re-hashing each model folder.")
 def list_(no_verify):
     """Every converted model in the cache, its size and whether it is sound."""
-    from gatherlens.models.cache import cache_root
-    from gatherlens.models.inventory import inventory
+    from gatherlens.models.files.cache import cache_root
+    from gatherlens.models.files.inventory import inventory
 
     items = inventory(verify=not no_verify)
     click.echo(f"cache: {cache_root()}  (move it with GATHERLENS_CACHE=/some/folder)")
@@ -42,8 +42,8 @@ def list_(no_verify):
 @cache.command("clear")
 def clear_():
     """Remove the converted models and leftovers gatherlens made (anything else is left, and named)."""
-    from gatherlens.models.cache import cache_root
-    from gatherlens.models.inventory import clear
+    from gatherlens.models.files.cache import cache_root
+    from gatherlens.models.files.inventory import clear
 
     done = clear()
     click.echo(f"removed {len(done.removed)} entries from {cache_root()}, freed {_size(done.freed)}")

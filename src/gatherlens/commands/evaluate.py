@@ -37,7 +37,7 @@ def evaluate(model_name, corpus, text_file, ks, tokens, window, stride, out, plo
     from rich.console import Console
 
     from gatherlens.errors import GatherLensError
-    from gatherlens.models.integrity import require_finite
+    from gatherlens.models.files.integrity import require_finite
 
     ks_list = positive_ints(",".join(ks) or "8,32,128,512", "-k/--top-k", "k")
     if window is not None and stride is not None and stride > window:

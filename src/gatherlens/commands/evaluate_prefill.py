@@ -98,7 +98,7 @@ def _load(model_name: str, load_kw: dict, corpus: str, text_file, context: int, 
     """The model and the first `context` token ids (1, S) of the text; an error if it is shorter."""
     from gatherlens.eval.corpus import load_text
     from gatherlens.models import load
-    from gatherlens.models.threads import fix_threads
+    from gatherlens.models.runtime.threads import fix_threads
 
     if threads:
         fix_threads(threads)

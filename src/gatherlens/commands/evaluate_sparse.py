@@ -91,7 +91,7 @@ def evaluate_sparse(model_name, corpus, text_file, context, budgets, compare, pa
     from rich.console import Console
 
     from gatherlens.errors import GatherLensError
-    from gatherlens.models.integrity import require_finite
+    from gatherlens.models.files.integrity import require_finite
 
     plan = _plan(budgets, compare, context, page_size, decode_tokens, passkey_trials, dense_layers, recent,
                  group_score, per_head, _kv_dtypes(kv_dtypes))
@@ -173,7 +173,7 @@ def _load(model_name: str, corpus: str, text_file: str | None, context: int, thr
     """The model and the first `context` token ids (1, S) of the text; an error if it is shorter."""
     from gatherlens.eval.corpus import load_text
     from gatherlens.models import load
-    from gatherlens.models.threads import fix_threads
+    from gatherlens.models.runtime.threads import fix_threads
 
     if threads:
         fix_threads(threads)  # the user's count: the thread controller stays off
@@ -192,7 +192,7 @@ def _measure(lm, ids, plan: _Plan, draw_layer: int, console):
     """Quality and passkey under one progress bar; also the last PageSelection of draw_layer per setting."""
     from gatherlens.eval.passkey import passkey_trials
     from gatherlens.eval.sparse_quality import evaluate_sparse_quality
-    from gatherlens.models.sparse import observe_sparse
+    from gatherlens.models.runtime.decoding import observe_sparse
 
     last, pending = {}, {}  # setting -> the last PageSelection of draw_layer; the newest one seen
 

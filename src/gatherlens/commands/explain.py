@@ -89,7 +89,7 @@ def explain(text, model, quantized, top_k, layer, head, query, lang, out, force,
     from rich.console import Console
 
     from gatherlens.errors import GatherLensError
-    from gatherlens.models.integrity import require_finite
+    from gatherlens.models.files.integrity import require_finite
     from gatherlens.outputs import writable_dir
     from gatherlens.render.summary import print_summary
     from gatherlens.report.build import check_out_dir, story_data, write_report

@@ -11,8 +11,8 @@ SIGTERM, SIGHUP) stops cleanly, prints what was generated so far and still write
 its end, with a warning saying how many tokens were dropped. --pages FILE.svg|.html draws, for
 every layer, which pages of the KV cache each decode step read (pages x steps). With --quantized
 the model reads its GGUF in place: the file changed or cut short meanwhile ends the run with one
-`Error: the model file ... changed while in use` line and exit 1 (gatherlens.models.file_watch).
-The work is done by gatherlens.models.streaming; this module parses and prints.
+`Error: the model file ... changed while in use` line and exit 1 (gatherlens.models.files.watch).
+The work is done by gatherlens.models.runtime.streaming; this module parses and prints.
 """
 from __future__ import annotations
 
@@ -97,16 +97,16 @@ def _run(text: str, model: tuple[str, dict], budget, dense: bool, max_new_tokens
 
     from gatherlens.errors import GatherLensWarning
     from gatherlens.models import load
-    from gatherlens.models.generation import require_causal
-    from gatherlens.models.streaming import fit_prompt, stream_generate
-    from gatherlens.models.threads import fix_threads
+    from gatherlens.models.runtime.generation import require_causal
+    from gatherlens.models.runtime.streaming import fit_prompt, stream_generate
+    from gatherlens.models.runtime.threads import fix_threads
 
     if threads:
         fix_threads(threads)  # the user's count: the thread controller stays off
     lm = load(model[0], progress=True, **model[1])
     require_causal(lm)
-    if sparse_prefill:  # every prefill block-sparse (models/sparse_prefill.py); decoding as chosen
-        from gatherlens.models.sparse_prefill import use_sparse_prefill
+    if sparse_prefill:  # every prefill block-sparse (models/attention/prefill.py); decoding as chosen
+        from gatherlens.models.attention.prefill import use_sparse_prefill
 
         use_sparse_prefill(lm.model)
     ids, dropped = fit_prompt(lm, lm.encode(text, truncation=False), max_new_tokens)

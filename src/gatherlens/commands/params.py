@@ -123,7 +123,7 @@ def load_kwargs(model: str, quantized: bool) -> dict:
     for a GGUF source, and a one-line error naming the option and the model for any other."""
     if not quantized:
         return {}
-    from gatherlens.models.registry import check_quantizable, resolve
+    from gatherlens.models.files.registry import check_quantizable, resolve
 
     try:
         source = resolve(model)

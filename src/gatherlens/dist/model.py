@@ -19,9 +19,9 @@ import torch.distributed as dist
 from transformers import Cache
 
 from gatherlens.errors import GatherTypeError, GatherValueError
-from gatherlens.models.attention import switch_attention
+from gatherlens.models.attention.topk import switch_attention
 from gatherlens.models.hf_adapter import hand_over, handed_over, register_attention, sdpa_attention, unwrap
-from gatherlens.models.sparse import CONFIG_ATTR, PagedLayer, SparseConfig, sparse_settings
+from gatherlens.models.runtime.decoding import CONFIG_ATTR, PagedLayer, SparseConfig, sparse_settings
 from gatherlens.ops.sparse import PagedKVCache
 from gatherlens.ops.sparse.config import OP, SHARDED, check_page_size
 

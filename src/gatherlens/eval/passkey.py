@@ -22,8 +22,8 @@ import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.eval.sparse_quality import SparseQualityReport, SparseSetup, prefill, repage, setups_for_budgets
-from gatherlens.models.generation import greedy_tokens
-from gatherlens.models.sparse import use_dense_decoding, use_sparse_decoding
+from gatherlens.models.runtime.generation import greedy_tokens
+from gatherlens.models.runtime.decoding import use_dense_decoding, use_sparse_decoding
 from gatherlens.ops.sparse.config import QUEST
 
 __all__ = ["PasskeyResult", "passkey_prompt", "passkey_trials", "greedy_decode", "table_rows", "TABLE_COLUMNS"]
@@ -72,7 +72,7 @@ def passkey_prompt(tokenizer, context: int, depth: float, key: str) -> torch.Ten
 def greedy_decode(model, cache, first: torch.Tensor, steps: int) -> list[int]:
     """Feed `first` (1, 1) and then each argmax token, one decode step at a time; the `steps` tokens made.
 
-    The one generation loop's core (models.generation.greedy_tokens) from this prefilled cache:
+    The one generation loop's core (models.runtime.generation.greedy_tokens) from this prefilled cache:
     exactly `steps` tokens (no stop at end of text), ids only (the caller decodes the answer).
     """
     return list(itertools.islice(greedy_tokens(model, cache, first), steps))

@@ -31,7 +31,7 @@ import torch
 from gatherlens.errors import GatherValueError
 from gatherlens.eval.passkey import passkey_prompt
 from gatherlens.eval.stats import check_ids, perplexity
-from gatherlens.models.sparse_prefill import last_prefill_selections, use_dense_prefill, use_sparse_prefill
+from gatherlens.models.attention.prefill import last_prefill_selections, use_dense_prefill, use_sparse_prefill
 from gatherlens.ops.prefill.config import PrefillConfig
 from gatherlens.ops.prefill.selection import kept_share
 

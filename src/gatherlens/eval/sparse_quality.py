@@ -34,7 +34,7 @@ import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.eval.stats import EvalReport, EvalRow, LayerStats, check_ids, perplexity, positive_settings
-from gatherlens.models.sparse import (
+from gatherlens.models.runtime.decoding import (
     SparseCall, SparseKVCache, observe_sparse, use_dense_decoding, use_sparse_decoding,
 )
 from gatherlens.ops.sparse.config import DEFAULT, QUEST, SparseConfig

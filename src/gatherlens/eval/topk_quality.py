@@ -28,7 +28,7 @@ import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.eval.stats import EvalReport, EvalRow, LayerStats, check_ids, perplexity, positive_settings
-from gatherlens.models.attention import (
+from gatherlens.models.attention.topk import (
     AttentionCall, attention_restored, observe_attention, use_dense_attention, use_topk_attention,
 )
 from gatherlens.models.hf_adapter import is_causal_lm

@@ -16,11 +16,11 @@ from gatherlens.lazy import lazy_exports
 _EXPORTS = {
     **dict.fromkeys(("ATTN_NAME", "last_selections", "observe_attention", "register",
                      "topk_attention_enabled", "use_dense_attention", "use_topk_attention"),
-                    "gatherlens.models.attention"),
+                    "gatherlens.models.attention.topk"),
     "LoadedModel": "gatherlens.models.loading",
     "load": "gatherlens.models.loading",
-    "KNOWN_MODELS": "gatherlens.models.registry",
-    "resolve": "gatherlens.models.registry",
+    "KNOWN_MODELS": "gatherlens.models.files.registry",
+    "resolve": "gatherlens.models.files.registry",
 }
 
 __all__ = [

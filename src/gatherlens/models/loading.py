@@ -7,7 +7,7 @@
     >>> lm = load("/path/to/hf-folder")               # any local Hugging Face model folder
 
 A GGUF source (SmolLM2, or any .gguf path) is dequantized once (a few seconds; `_convert_gguf`)
-and saved as a plain safetensors folder in the user cache (see `gatherlens.models.cache`); later
+and saved as a plain safetensors folder in the user cache (see `gatherlens.models.files.cache`); later
 loads read that folder, re-hashing its files meanwhile: a damaged copy is reported in one
 warning and converted again, never used. Weights holding NaN or inf are refused (checked after
 every conversion and every load of a plain folder). One process converts at a time; others
@@ -22,18 +22,18 @@ import os
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from gatherlens.errors import GatherLensWarning, GatherValueError
-from gatherlens.models import cache as _cache
-from gatherlens.models import locks as _locks
+from gatherlens.models.files import cache as _cache
+from gatherlens.models.files import locks as _locks
 from gatherlens.models.hf_adapter import (
-    CAUSAL_LM_SUFFIXES, class_named, is_causal_lm, quiet_gguf_progress, set_attn_implementation,
+    CAUSAL_LM_SUFFIXES, class_named, quiet_gguf_progress, set_attn_implementation,
 )
-from gatherlens.models.integrity import nonfinite_weights, readable
-from gatherlens.models.registry import WEIGHT_FILES, ModelSource, resolve
+from gatherlens.models.files.loaded import LoadedModel
+from gatherlens.models.files.integrity import nonfinite_weights, readable
+from gatherlens.models.files.registry import WEIGHT_FILES, ModelSource, resolve
 
 __all__ = ["load", "LoadedModel", "TRANSFORMERS_RANGE"]
 
@@ -42,46 +42,6 @@ __all__ = ["load", "LoadedModel", "TRANSFORMERS_RANGE"]
 TRANSFORMERS_RANGE = (">=5.0", "<6")
 
 Progress = Callable[[str], None]
-
-
-@dataclass
-class LoadedModel:
-    """A loaded model: `.model` (a transformers PreTrainedModel, eval mode), `.tokenizer`, `.name`."""
-
-    name: str
-    model: Any
-    tokenizer: Any
-    source: Path                      # the .gguf file or the model folder it came from
-    cache_dir: Path | None = None     # the converted folder, for GGUF sources
-    from_cache: bool = False          # True when read from an existing converted folder
-    seconds: float = 0.0              # wall time of load()
-    info: dict = field(default_factory=dict)
-
-    @property
-    def config(self):
-        return self.model.config
-
-    @property
-    def is_causal(self) -> bool:
-        """True for decoder LMs (Llama, GPT-2, ...), False for encoders such as BERT."""
-        return is_causal_lm(self.model) or bool(getattr(self.config, "is_decoder", False))
-
-    def encode(self, text: str | list[str], **kw):
-        """Token ids of `text` as a (B, S) int64 tensor; keyword args go to the tokenizer."""
-        kw.setdefault("return_tensors", "pt")
-        return self.tokenizer(text, **kw)["input_ids"]
-
-    def token_strings(self, ids) -> list[str]:
-        """One readable string per token id (decoded alone, so ' cat' keeps its space)."""
-        ids = ids.reshape(-1).tolist() if hasattr(ids, "reshape") else list(ids)
-        return [self.tokenizer.decode([i]) for i in ids]
-
-    def __repr__(self) -> str:
-        cfg = self.model.config
-        return (f"LoadedModel(name={self.name!r}, arch={cfg.model_type!r}, "
-                f"layers={getattr(cfg, 'num_hidden_layers', '?')}, "
-                f"params={sum(p.numel() for p in self.model.parameters()):,}, "
-                f"from_cache={self.from_cache}, seconds={self.seconds:.2f})")
 
 
 def load(
@@ -102,7 +62,7 @@ def load(
     rebuild: convert again even when a valid cached copy exists.
     progress: None/False (silent), True (a rich status line on stderr), or a callable that gets
         one message per stage.
-    quantized: run a GGUF source from its blocks (gatherlens.models.quantized): no float32
+    quantized: run a GGUF source from its blocks (gatherlens.models.gguf.quantized): no float32
         conversion or cache; use_cache_dir and rebuild do not apply.
     """
     start = time.perf_counter()
@@ -113,12 +73,12 @@ def load(
         source = resolve(name_or_path)
         _check_transformers()
         if attn_implementation == "gatherlens_topk" or top_k is not None:
-            from gatherlens.models.attention import register
+            from gatherlens.models.attention.topk import register
 
             register()
         with _quiet_transformers():
             if quantized:
-                from gatherlens.models.quantized import load_quantized
+                from gatherlens.models.gguf.quantized import load_quantized
 
                 lm = load_quantized(source, attn_implementation, say)
             elif source.kind == "gguf":
@@ -128,7 +88,7 @@ def load(
                 model, tok = _from_folder(source.path, attn_implementation)
                 lm = LoadedModel(source.name, model, tok, source.path)
         if top_k is not None:
-            from gatherlens.models.attention import use_topk_attention
+            from gatherlens.models.attention.topk import use_topk_attention
 
             use_topk_attention(lm.model, top_k=top_k)
         lm.seconds = time.perf_counter() - start
@@ -304,16 +264,16 @@ def _convert_checked(path: Path, say):
 
 def _convert_gguf(path: Path, say):
     """A GGUF file -> (float32 model, tokenizer), plain modules, read and dequantized by gatherlens
-    (models/gguf_config.py, gguf_tokenizer.py, gguf_weights.py: seconds, bit-equal to transformers'
+    (models/gguf/config.py, models/gguf/tokenizer.py, models/gguf/weights.py: seconds, bit-equal to transformers'
     GGUF loader); transformers reads only an architecture or a tokenizer those do not know."""
-    from gatherlens.models.gguf_check import open_checked
-    from gatherlens.models.gguf_config import gguf_config
-    from gatherlens.models.gguf_tokenizer import load_gguf_tokenizer
-    from gatherlens.models.gguf_weights import float_model
+    from gatherlens.models.gguf.check import open_checked
+    from gatherlens.models.gguf.config import gguf_config
+    from gatherlens.models.gguf.tokenizer import load_gguf_tokenizer
+    from gatherlens.models.gguf.weights import float_model
 
     say(f"reading the config and tokenizer from {path.name} (one time)")
     with readable(path):
-        reader = open_checked(path, mode="c")  # "c": copy-on-write; checked first (models/gguf_check.py)
+        reader = open_checked(path, mode="c")  # "c": copy-on-write; checked first (models/gguf/check.py)
         config, tok = gguf_config(reader), load_gguf_tokenizer(path, reader)
         if config is None:
             return _convert_with_transformers(path, tok, say)
@@ -322,7 +282,7 @@ def _convert_gguf(path: Path, say):
 
 
 def _convert_with_transformers(path: Path, tok, say):
-    """An architecture models/gguf_config.py has no row for: transformers' GGUF loader (tens of seconds)."""
+    """An architecture models/gguf/config.py has no row for: transformers' GGUF loader (tens of seconds)."""
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -245,7 +245,7 @@ class _Run:
 def _run(lm, enc, top_k: int, say) -> _Run:
     """One forward with top-k attention under trace(); a second, dense one for the prediction."""
     from gatherlens.models import observe_attention, use_dense_attention, use_topk_attention
-    from gatherlens.models.attention import attention_restored
+    from gatherlens.models.attention.topk import attention_restored
     from gatherlens.trace.tracer import trace
 
     model = lm.model

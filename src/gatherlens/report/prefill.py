@@ -97,7 +97,7 @@ class PrefillMaps:
 def prefill_maps(lm, ids: torch.Tensor, config) -> PrefillMaps:
     """One sparse prefill of ids (1, S) with `config` (keep_selection is set): every layer's map. An encoder
     (bidirectional attention) has no causal prefill: no maps, `causal` False."""
-    from gatherlens.models.sparse_prefill import prefill_selections
+    from gatherlens.models.attention.prefill import prefill_selections
 
     heads = int(getattr(lm.model.config, "num_attention_heads", 1) or 1)
     if not lm.is_causal:

@@ -33,7 +33,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from gatherlens.errors import GatherLensError
-from gatherlens.models.file_watch import ModelFileChanged
+from gatherlens.models.files.watch import ModelFileChanged
 from gatherlens.serve.attention_api import attention_body, run_k_param
 from gatherlens.serve.heads import heads_body
 from gatherlens.serve.limits import RequestLimits, protocol_class
@@ -119,7 +119,7 @@ async def page(request: Request) -> Response:
 
 async def _stream(request: Request, pool: ModelPool, p):
     """Server-sent events of one generation; the model is freed when the client goes away. A bad
-    request or a model file that changed (models/file_watch.py) ends it with a "failure" event."""
+    request or a model file that changed (models/files/watch.py) ends it with a "failure" event."""
     from gatherlens.serve.decode import decode_steps
 
     try:

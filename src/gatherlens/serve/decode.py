@@ -5,7 +5,7 @@
     start ' mat' None                 # the prompt runs densely (prefill) and gives the first token
     step ' and' [[0, 2, 3], [0, 1, 3]]    # layer 0: the pages each KV head read
 
-The loop is gatherlens.models.generation.generation_steps (greedy; it stops at the model's
+The loop is gatherlens.models.runtime.generation.generation_steps (greedy; it stops at the model's
 end-of-sequence token); this module only turns its events into dicts. A plain generator, so the
 server can run one step at a time in a worker thread and stop between two steps when its client
 goes away (closing it puts the model back to dense decoding). Every layer reports the pages it
@@ -21,11 +21,11 @@ from typing import Iterator
 import torch
 
 from gatherlens.errors import GatherValueError
-from gatherlens.models.generation import (GenerationEnd, GenerationStart, GenerationStep, generation_steps,
+from gatherlens.models.runtime.generation import (GenerationEnd, GenerationStart, GenerationStep, generation_steps,
                                           require_causal)
 from gatherlens.ops.sparse.config import TOY
 from gatherlens.ops.sparse.geometry import page_count
-from gatherlens.models.sparse import observe_sparse
+from gatherlens.models.runtime.decoding import observe_sparse
 from gatherlens.report.collect import shown_token, token_texts
 from gatherlens.serve.step_detail import StepMass, dense_choices
 

@@ -11,7 +11,7 @@ to accept and answer other requests); the lock is released when the work ends, f
 client goes away (a generation's stream is closed between two steps). After each request the
 memory it freed goes back to the system (gatherlens/memory.py).
 
-A model run from its file in place (`--quantized`: models/file_watch.py) has its file checked
+A model run from its file in place (`--quantized`: models/files/watch.py) has its file checked
 when a request takes it (one os.stat) and when the request ends: a file changed between two
 requests is loaded again before the request runs (its kept runs forgotten: `on_drop`), and one
 that cannot be loaded (cut short, damaged) is refused with `ModelFileChanged`, which the app
@@ -34,7 +34,7 @@ __all__ = ["ModelPool", "file_change"]
 def file_change(lm) -> tuple[object, str] | None:
     """(the model file's path, how it changed) when `lm` runs from a file in place that changed
     since it was loaded; None otherwise (unchanged, or a model held in memory)."""
-    from gatherlens.models.file_watch import watch_of
+    from gatherlens.models.files.watch import watch_of
 
     watch = watch_of(lm.model)
     how = None if watch is None else watch.changed()
@@ -128,7 +128,7 @@ def _released(fn: Callable, *args, **kw):
 
 def _refused(change: tuple, then: str):
     """The ModelFileChanged a request is refused with (the app answers it 503)."""
-    from gatherlens.models.file_watch import ModelFileChanged
+    from gatherlens.models.files.watch import ModelFileChanged
 
     path, how = change
     return ModelFileChanged(path, f"{how}; {then}")

@@ -86,7 +86,7 @@ def prepared(settings: ServeSettings, load: Callable | None = None) -> Iterator[
         if load is None:
             from gatherlens.models import load
         from gatherlens.models import resolve
-        from gatherlens.models.registry import check_quantizable
+        from gatherlens.models.files.registry import check_quantizable
 
         source = resolve(settings.model)  # a mistyped path or an incomplete folder: before anything slow
         if settings.quantized:

@@ -77,8 +77,8 @@ class StepMass:
 def dense_choices(lm, prompt: torch.Tensor, new_ids: tuple[int, ...], config: SparseConfig = TOY) -> list[dict]:
     """Per step (0 = the prompt's), the greedy token of dense decoding over the same text so far:
     the generation's path and SparseConfig (its page size; the explorer's TOY) with the budget lifted."""
-    from gatherlens.models.file_watch import check_unchanged
-    from gatherlens.models.sparse import SparseKVCache, use_dense_decoding, use_sparse_decoding
+    from gatherlens.models.files.watch import check_unchanged
+    from gatherlens.models.runtime.decoding import SparseKVCache, use_dense_decoding, use_sparse_decoding
 
     model = lm.model
     use_sparse_decoding(model, config=config.replace(budget=None))

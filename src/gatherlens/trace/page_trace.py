@@ -1,7 +1,7 @@
 """The record of a whole sparse generation: which pages every layer read at every step.
 
     >>> recorder = PageTraceRecorder(num_layers=30, page_size=16, budget=512)
-    >>> with observe_sparse(recorder):                 # gatherlens.models.sparse
+    >>> with observe_sparse(recorder):                 # gatherlens.models.runtime.decoding
     ...     for each generated token: ...; recorder.end_step(cache_length, token_text)
     >>> trace = recorder.record()                      # a PageTrace: (layers, steps, pages)
     >>> page_trace_svg(trace)                          # gatherlens.render.page_trace: pages x steps

@@ -443,7 +443,7 @@ def paused():
 
 
 def emit_attention_selection(selection, *, query=None, key=None, value=None, output=None) -> None:
-    """Called by top-k attention (gatherlens.models.attention) with the selection it made."""
+    """Called by top-k attention (gatherlens.models.attention.topk) with the selection it made."""
     for t in list(_active):
         idx = selection.indices                                        # (B, H, Q, k)
         itemsize = value.element_size() if value is not None else 4

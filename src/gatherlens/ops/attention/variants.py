@@ -14,9 +14,9 @@
   ``lse = logaddexp(lse_k, sink)``: a rescaling after any path, the same for every backend.
 
 - **window** (Mistral, Gemma 2/3, GPT-OSS: sliding; Llama 4: chunked): a local layer attends to its
-  last `window` tokens only (models/sparse_window.py keeps them as a ring); None for a global layer.
+  last `window` tokens only (models/attention/window.py keeps them as a ring); None for a global layer.
 
-`AttentionVariant` carries them as ONE frozen object: models/features.py builds it once per
+`AttentionVariant` carries them as ONE frozen object: models/attention/features.py builds it once per
 attention module (`attention_variant`), and the ops take it as `variant=` (`topk_attention` and
 `sparse_decode` also keep their `softcap=` / `sinks=` keywords for users, merged by `variant_of`).
 Used by `topk_attention` (ops/attention) and `sparse_decode` (ops/sparse); the plain references

@@ -4,7 +4,7 @@
     >>> slot = guard_mapping(address, length, "Error: the model file ... changed while in use\\n")
 
 `sigbus.py` holds the operators (sigbus.cpp, built on first use); without a compiler nothing is
-guarded and the caller's own checks (models/file_watch.py) are all there is.
+guarded and the caller's own checks (models/files/watch.py) are all there is.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """One decode step of a whole stack of Llama-shaped layers (and the head) in one C++ operator.
 
     >>> weights = StackWeights(heads=9, norms=[...], eps=[...], products=[...], final_norm=w, final_eps=1e-5,
-    ...                        head=Product(raw, "Q8_0"))                  # built once (models/decode_stack.py)
+    ...                        head=Product(raw, "Q8_0"))                  # built once (models/runtime/stack.py)
     >>> logits = decode_stack(x, cos, sin, weights, caches, budgets, how, scale)   # x (1, d) -> (1, V)
 
 Each layer: RMSNorm, the q|k|v products on the weight's blocks, RoPE with the paged cache's append,

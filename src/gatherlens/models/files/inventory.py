@@ -7,7 +7,7 @@
 
 `clear` removes only what it can prove is its own: a model folder holding its manifest
 (gatherlens-manifest.json, written last by every conversion), the temporaries and locks of its
-naming rule (`.X.tmp-*`, `.X.trash-*`, `.X.lock`, see `gatherlens.models.locks`) and the hash
+naming rule (`.X.tmp-*`, `.X.trash-*`, `.X.lock`, see `gatherlens.models.files.locks`) and the hash
 sidecar. Anything else (a user's own model folder put there, a file) is listed as not its own
 and left as it is. A folder a process is building (its lock is held) is listed as such and
 never removed; a temporary folder whose lock nobody holds is what a killed conversion left.
@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gatherlens.errors import GatherValueError
-from gatherlens.models import cache, locks
+from gatherlens.models.files import cache
+from gatherlens.models.files import locks
 
 __all__ = ["Item", "Cleared", "inventory", "clear", "check_root", "FOREIGN"]
 

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from gatherlens.errors import GatherValueError
-from gatherlens.models.generation import GenerationStart, GenerationStep, generation_steps
+from gatherlens.models.runtime.generation import GenerationStart, GenerationStep, generation_steps
 from gatherlens.trace.page_trace import PageTrace, PageTraceRecorder
 
 __all__ = ["GenerationResult", "fit_prompt", "stream_generate"]

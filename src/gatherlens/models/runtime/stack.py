@@ -4,7 +4,7 @@
     >>> stack_active(model)       # True while one-token steps over a SparseKVCache take it
     >>> remove_stack(model)       # use_dense_decoding does this
 
-The lean step (decode_step.py) made each layer ~12 operator calls; what was left of a one-token step
+The lean step (models/runtime/step.py) made each layer ~12 operator calls; what was left of a one-token step
 was Python: ~12 calls a layer plus the model's own forward around them (~150 us a layer, 30 layers).
 Here the causal LM's forward, for a one-token step of batch 1 over a SparseKVCache, is: the
 embedding row and the rotary angles (the model's own modules), then every layer, the final norm and
@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
-from gatherlens.models.decode_step import supports_lean_step
-from gatherlens.models.features import global_rank
+from gatherlens.models.runtime.step import supports_lean_step
+from gatherlens.models.attention.features import global_rank
 from gatherlens.models.hf_adapter import causal_lm_output, decoder_layers, replace_forward, restore_forward
-from gatherlens.models.sparse_attention import observed, sparse_settings
-from gatherlens.models.sparse_cache import SparseKVCache
+from gatherlens.models.attention.sparse import observed, sparse_settings
+from gatherlens.models.attention.cache import SparseKVCache
 from gatherlens.ops.layer.stack import Product, StackCaches, StackWeights, decode_stack, stack_fits
 from gatherlens.ops.sparse.cache import PagedKVCache
 from gatherlens.ops.sparse.decode import choice_of_config

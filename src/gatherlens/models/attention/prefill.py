@@ -14,7 +14,7 @@ module had. Two doors, through transformers' AttentionInterface (`hf_adapter.reg
 - a model on transformers' attention (SDPA, eager, top-k) switches to "gatherlens_prefill", which
   passes one-token steps to the implementation it replaced;
 - a model on sparse decoding ("gatherlens_sparse") keeps it: its prefill path asks
-  `sparse_prefill_call` first (models/sparse_attention.py), so the two switches combine in either
+  `sparse_prefill_call` first (models/attention/sparse.py), so the two switches combine in either
   order, and `use_dense_decoding` comes back to "gatherlens_prefill" (`prefill_implementation`).
 A call runs densely (the previous path) when its keys are fewer than `config.min_length`, in one of the
 first `dense_layers` global layers, on a chunked local layer, or under a mask that is not the plain
@@ -27,8 +27,8 @@ import weakref
 import torch
 
 from gatherlens.errors import GatherTypeError
-from gatherlens.models.attention import exact_attention, restore_attention, switch_attention
-from gatherlens.models.features import attention_variant, global_rank, module_kind
+from gatherlens.models.attention.topk import exact_attention, restore_attention, switch_attention
+from gatherlens.models.attention.features import attention_variant, global_rank, module_kind
 from gatherlens.models.hf_adapter import (
     attention_function, attn_implementation, grouped_sdpa, register_attention, unwrap,
 )
@@ -44,7 +44,7 @@ PREFILL_ATTR = "gatherlens_prefill"                 # a module's PrefillConfig
 PREVIOUS_ATTR = "gatherlens_prefill_previous"       # the attention "gatherlens_prefill" passes other calls to
 SELECTION_ATTR = "gatherlens_prefill_selection"     # a module's last PrefillSelection (keep_selection)
 _REMEMBER = "gatherlens_prefill_previous"           # switch_attention's record on the model
-_SPARSE_DECODING = "gatherlens_sparse"              # models/sparse_attention.py's name
+_SPARSE_DECODING = "gatherlens_sparse"              # models/attention/sparse.py's name
 
 
 def prefill_settings(module) -> PrefillConfig | None:
@@ -135,7 +135,7 @@ def use_sparse_prefill(model, config: PrefillConfig | None = None):
         >>> use_sparse_prefill(model)                                   # antidiagonal scores, mass 0.95
         >>> use_sparse_prefill(model, POOLED.replace(budget=32))        # FlexPrefill-style, at most 32 blocks
     """
-    from gatherlens.models.requirements import require_causal_attention
+    from gatherlens.models.attention.requirements import require_causal_attention
 
     model = unwrap(model)
     config = DEFAULT if config is None else config

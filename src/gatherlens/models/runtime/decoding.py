@@ -7,17 +7,17 @@
     >>> use_dense_decoding(lm.model)                               # back to SDPA and DynamicCache
 
 Three pieces, through transformers' public extension points (written against 5.x):
-- `SparseKVCache` (sparse_cache.py), a `transformers.Cache` whose layers store keys and values in
+- `SparseKVCache` (models/attention/cache.py), a `transformers.Cache` whose layers store keys and values in
   a `gatherlens.ops.sparse.PagedKVCache` (pages with Quest's per-page key min/max). `use_sparse_
   decoding` makes `generate` build one when the caller passes no cache; any caller may also pass
   `cache=SparseKVCache(config=model.config)`.
-- the attention function "gatherlens_sparse" (sparse_attention.py): a decode step calls
+- the attention function "gatherlens_sparse" (models/attention/sparse.py): a decode step calls
   `sparse_decode` on that layer's paged cache (score the page summaries, gather the best pages
   within the budget, attend over them exactly; dense in place when the budget buys every page).
   Prefill runs dense SDPA, as Quest does.
-- the lean decode step (decode_step.py): Llama-family decoder layers run one-token steps in ~35
+- the lean decode step (models/runtime/step.py): Llama-family decoder layers run one-token steps in ~35
   torch calls instead of ~80 (same arithmetic, same parameters), and the output projection of a
-  one-token step reads a transposed copy of its weight (decode_head.py: faster on the CPU, see
+  one-token step reads a transposed copy of its weight (models/runtime/head.py: faster on the CPU, see
   docs/benchmarks.md); `lean=False` keeps HF's layers and head.
 
 With another cache (a plain DynamicCache) a decode step builds a temporary PagedKVCache from the
@@ -28,18 +28,18 @@ from __future__ import annotations
 import contextlib
 
 from gatherlens.errors import GatherTypeError, GatherValueError
-from gatherlens.models.attention import restore_attention, switch_attention
-from gatherlens.models.decode_head import install_lean_head, remove_lean_head
-from gatherlens.models.decode_stack import install_stack, remove_stack
-from gatherlens.models.decode_step import install_lean_step, lean_layers, remove_lean_step
-from gatherlens.models.features import layer_kinds
+from gatherlens.models.attention.topk import restore_attention, switch_attention
+from gatherlens.models.runtime.head import install_lean_head, remove_lean_head
+from gatherlens.models.runtime.stack import install_stack, remove_stack
+from gatherlens.models.runtime.step import install_lean_step, lean_layers, remove_lean_step
+from gatherlens.models.attention.features import layer_kinds
 from gatherlens.models.hf_adapter import attn_implementation, default_cache, restore_default_cache, unwrap
-from gatherlens.models.sparse_attention import (
+from gatherlens.models.attention.sparse import (
     CONFIG_ATTR, SPARSE_ATTN_NAME, SparseCall, SparseSettings, decode_attention, observe_sparse, register_sparse,
     sparse_attention_forward, sparse_settings,
 )
-from gatherlens.models.sparse_cache import PagedLayer, SparseKVCache
-from gatherlens.models.sparse_prefill import prefill_implementation
+from gatherlens.models.attention.cache import PagedLayer, SparseKVCache
+from gatherlens.models.attention.prefill import prefill_implementation
 from gatherlens.ops.sparse.config import DEFAULT, SparseConfig
 
 __all__ = [
@@ -96,8 +96,8 @@ def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: i
     recent: the newest `recent` tokens are always read, within the budget (a local window);
         None: a quarter of the budget.
     choose: "bound" (Quest) or "oracle" (pages by true attention mass: reads every key; for evaluation).
-    lean: Llama-family layers take the lean decode step (decode_step.py) and a CPU output projection
-        reads a transposed copy of its weight for one-row steps (decode_head.py; V x d more
+    lean: Llama-family layers take the lean decode step (models/runtime/step.py) and a CPU output projection
+        reads a transposed copy of its weight for one-row steps (models/runtime/head.py; V x d more
         memory); False keeps HF's layers and head.
     dense_share: a budget of at least this share of the cache decodes densely, in place (scoring
         and gathering would cost more than they save); 1.0: only a budget that covers the cache.
@@ -109,7 +109,7 @@ def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: i
     setting of `gatherlens eval-sparse`); every module gets a reference to it, nothing else.
     Prefill stays dense (SDPA). Returns the model.
     """
-    from gatherlens.models.requirements import require_causal_attention
+    from gatherlens.models.attention.requirements import require_causal_attention
 
     model = unwrap(model)
     require_causal_attention(model, "sparse decoding")   # Mamba, BERT: one clear error naming the class
@@ -138,7 +138,7 @@ def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: i
 def use_dense_decoding(model, attn_implementation: str | None = None):
     """Undo use_sparse_decoding: the previous attention (SDPA by default) and generate's usual cache."""
     model = unwrap(model)
-    # what it replaced (not in config); a model on sparse prefill returns to it (models/sparse_prefill.py)
+    # what it replaced (not in config); a model on sparse prefill returns to it (models/attention/prefill.py)
     restore_attention(model, "gatherlens_sparse_previous", attn_implementation or prefill_implementation(model))
     for m in model.modules():
         for name in (CONFIG_ATTR, "gatherlens_page_selection"):

@@ -1,6 +1,6 @@
 """A GGUF file's tokenizer, built from its metadata with `tokenizers` (no transformers GGUF converter).
 
-    >>> reader = open_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")        # gatherlens.models.gguf_config
+    >>> reader = open_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")        # gatherlens.models.gguf.config
     >>> tok = gguf_tokenizer(reader)                                  # a transformers.PreTrainedTokenizerFast
     >>> tok("The cat")["input_ids"], tok.eos_token
     ([504, 2644], '<|im_end|>')
@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from gatherlens.models.gguf_config import metadata_value
+from gatherlens.models.gguf.config import metadata_value
 
 __all__ = ["gguf_tokenizer", "load_gguf_tokenizer", "PRE_TOKENIZER_SPLITS", "SPECIAL_TOKENS"]
 

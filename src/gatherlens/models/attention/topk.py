@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from gatherlens.errors import GatherTypeError, GatherValueError
-from gatherlens.models.features import AttentionVariant, attention_variant
+from gatherlens.models.attention.features import AttentionVariant, attention_variant
 from gatherlens.models.hf_adapter import attn_implementation, register_attention, set_attn_implementation, unwrap
 
 __all__ = [
@@ -223,7 +223,7 @@ def use_topk_attention(model, top_k: int = DEFAULT_TOP_K, *, keep_selection: boo
     keep_selection: store each layer's last AttentionSelection as `module.gatherlens_selection`
     (see `last_selections(model)`), for pictures. Returns the model.
     """
-    from gatherlens.models.requirements import require_attention_layers
+    from gatherlens.models.attention.requirements import require_attention_layers
 
     model = unwrap(model)
     require_attention_layers(model, "top-k attention")   # Mamba: one clear error, not a silent no-op

@@ -6,8 +6,8 @@
     >>> lm.model.generate(lm.encode("The cat"), max_new_tokens=8)
 
 How the model is built: the config and tokenizer come from the GGUF's own metadata
-(models/gguf_config.py, gguf_tokenizer.py; no cached copy to go stale). The architecture's HF class
-(models/gguf_arch.py's row: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, qwen2moe, qwen3moe) is
+(models/gguf/config.py, models/gguf/tokenizer.py; no cached copy to go stale). The architecture's HF class
+(models/gguf/arch.py's row: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, qwen2moe, qwen3moe) is
 built on the meta device and filled by walking the row's tensors: every 2-D linear weight becomes a
 `QuantizedLinear` over its blocks (`linear_from`: the route `pick_route` names, "q8act" where its C++
 operator takes the format, llama.cpp's integer dot products on the blocks as stored, x rounded to
@@ -15,7 +15,7 @@ operator takes the format, llama.cpp's integer dot products on the blocks as sto
 a bf16 copy), with Qwen2's q/k/v biases as float parameters; the embedding a `QuantizedEmbedding`
 over its table mapped in place (Gemma's scaled by sqrt(hidden)); the head `output.weight` or, tied,
 the embedding's blocks (q8act; else a bf16 copy); the norms the file's F32 tensors (Gemma's less 1);
-mixture-of-experts blocks models/quantized_moe.py's `fill_moe`. `ROUTE` / `HEAD_ROUTE` name another
+mixture-of-experts blocks models/gguf/moe.py's `fill_moe`. `ROUTE` / `HEAD_ROUTE` name another
 route ("int4" keeps x in bf16: +0.06% perplexity against q8act's +0.3%, slower). q|k|v and gate|up
 are packed fused where a layer has them in one format (`PACKED`: `qkv_proj`, `gate_up_proj`, used
 by the lean decode step) and the separate projections share their packed rows; Phi-3's are fused in
@@ -34,12 +34,12 @@ import torch
 from gatherlens.errors import GatherValueError
 from gatherlens.memory import release_mapping
 from gatherlens.models.hf_adapter import preset_attn_implementation
-from gatherlens.models.gguf_arch import HEAD, LINEAR, NORM, Arch, Row
-from gatherlens.models.gguf_weights import embed_scale, fresh_rotary, permuted_heads, unpermute_rows
-from gatherlens.models.integrity import readable
-from gatherlens.models.loading import LoadedModel
-from gatherlens.models.quantized_layers import QuantizedEmbedding, QuantizedLinear
-from gatherlens.models.registry import ModelSource, check_quantizable
+from gatherlens.models.gguf.arch import HEAD, LINEAR, NORM, Arch, Row
+from gatherlens.models.gguf.weights import embed_scale, fresh_rotary, permuted_heads, unpermute_rows
+from gatherlens.models.files.integrity import readable
+from gatherlens.models.files.loaded import LoadedModel
+from gatherlens.models.gguf.layers import QuantizedEmbedding, QuantizedLinear
+from gatherlens.models.files.registry import ModelSource, check_quantizable
 from gatherlens.ops.quant import LinearConfig, QuantizedTable, pack_linear, split_linear
 from gatherlens.ops.quant.matmul import ROUTES
 from gatherlens.ops.quant.q8act import Q8ACT_QTYPES
@@ -55,28 +55,28 @@ HEAD_ROUTE = "auto"  # the tied Q8_0 head: "q8act" where it builds, else bf16 (f
 # projections packed as one weight where a layer has them all in one format (the lean decode step's
 # fused products): (parent module, the fused module's name, its parts in order)
 PACKED = (("self_attn", "qkv_proj", ("q_proj", "k_proj", "v_proj")), ("mlp", "gate_up_proj", ("gate_proj", "up_proj")))
-_LAYER = "model.layers.{i}."  # the prefix of every block row's HF name (models/gguf_arch.py)
+_LAYER = "model.layers.{i}."  # the prefix of every block row's HF name (models/gguf/arch.py)
 
 
 def load_quantized(source: ModelSource, attn_implementation: str | None, say) -> LoadedModel:
     """A GGUF source -> LoadedModel whose linears and embedding are GGUF blocks (see module doc)."""
-    from gatherlens.models.file_watch import FileWatch, watch_model
-    from gatherlens.models.gguf_check import open_reader
-    from gatherlens.models.gguf_config import forget_kept
+    from gatherlens.models.files.watch import FileWatch, watch_model
+    from gatherlens.models.gguf.check import check_gguf, open_reader
+    from gatherlens.models.gguf.config import forget_kept
 
     check_quantizable(source)
     watch = FileWatch(source.path)  # the file before any of it is read: a change later is one error
     say(f"checking {source.path.name}")
     with readable(source.path):
         reader = open_reader(source.path, quantized=True)  # a gguf.GGUFReader ("c": copy-on-write)
-    check_quantizable(source, reader=reader)  # types, architecture, metadata, shapes, scales: before anything slow
+    check_gguf(reader, source.path, quantized=True)  # types, architecture, metadata, shapes, scales: before anything slow
     config, tokenizer, folder = _config_and_tokenizer(source, say)
     arch = _arch(reader)
     say(f"mapping the blocks of {source.path.name}")
     with readable(source.path):
         tables = {t.name: t for t in reader.tensors}
         model = _build(config, reader, tables, attn_implementation, arch)
-        watch_model(model, watch, reader.data)  # it reads the mapping in place (models/file_watch.py)
+        watch_model(model, watch, reader.data)  # it reads the mapping in place (models/files/watch.py)
     forget_kept()  # the model holds the mapping; the parsed header (~40 MB of objects) can go
     release_mapping(reader.data)  # the checks and the panels read every page: resident now only what is read
     info = {"quantized": True, "config_from": "cache" if folder else "gguf"}
@@ -84,11 +84,11 @@ def load_quantized(source: ModelSource, attn_implementation: str | None, say) ->
 
 
 def _config_and_tokenizer(source: ModelSource, say):
-    """(config, tokenizer, None): both read from the GGUF's own metadata (models/gguf_config.py,
-    gguf_tokenizer.py), never from a cached copy that could have gone stale; transformers reads
+    """(config, tokenizer, None): both read from the GGUF's own metadata (models/gguf/config.py,
+    models/gguf/tokenizer.py), never from a cached copy that could have gone stale; transformers reads
     only what those do not know."""
-    from gatherlens.models.gguf_config import load_gguf_config, open_gguf
-    from gatherlens.models.gguf_tokenizer import load_gguf_tokenizer
+    from gatherlens.models.gguf.config import load_gguf_config, open_gguf
+    from gatherlens.models.gguf.tokenizer import load_gguf_tokenizer
 
     say(f"reading the config and tokenizer from {source.path.name}")
     with readable(source.path):
@@ -98,11 +98,11 @@ def _config_and_tokenizer(source: ModelSource, say):
 
 def _arch(reader) -> Arch:
     """The file's row of the architecture table (the check already refused a file without one)."""
-    from gatherlens.models.gguf_config import file_arch
+    from gatherlens.models.gguf.config import file_arch
 
     arch = file_arch(reader)
     if arch is None:  # only when the check was bypassed
-        raise GatherValueError("quantized=True runs the architectures of models/gguf_arch.py; this file has none")
+        raise GatherValueError("quantized=True runs the architectures of models/gguf/arch.py; this file has none")
     return arch
 
 
@@ -150,7 +150,7 @@ def pick_route(qtype: str, route: str, head: bool = False) -> str:
 
 def linear_from(raw: torch.Tensor, qtype: str, bias: torch.Tensor | None = None) -> QuantizedLinear:
     """A QuantizedLinear over raw rows of blocks (N, row_bytes) in `qtype`, its route picked here (the
-    one place: `pick_route(qtype, ROUTE)`); models/quantized_moe.py makes its experts with it."""
+    one place: `pick_route(qtype, ROUTE)`); models/gguf/moe.py makes its experts with it."""
     return QuantizedLinear(pack_linear(raw, qtype, _config(qtype)), bias)
 
 
@@ -201,7 +201,7 @@ def _fused(parent, names: list[str], parts: list[tuple], reader) -> QuantizedLin
 def _fill_layer(layer, i: int, reader, tables: dict, config, arch: Arch) -> None:
     """One decoder layer from the architecture's block rows: every linear a QuantizedLinear (q|k|v and
     gate|up packed when one format: `PACKED`), every norm a float parameter, MoE blocks by
-    models/quantized_moe.py."""
+    models/gguf/moe.py."""
     rows = [r for r in arch.rows if r.block]
     linears = {r.hf.removeprefix(_LAYER): r for r in rows if r.kind == LINEAR}  # "self_attn.q_proj" -> row
     parts = {local: _parts(row, i, reader, tables, config, arch) for local, row in linears.items()}
@@ -218,7 +218,7 @@ def _fill_layer(layer, i: int, reader, tables: dict, config, arch: Arch) -> None
             layer.get_submodule(row.hf.removeprefix(_LAYER)).weight = _norm(tables, f"{row.gguf.format(i=i)}.weight",
                                                                             arch)
     if arch.moe:
-        from gatherlens.models.quantized_moe import fill_moe  # engineer D2's module
+        from gatherlens.models.gguf.moe import fill_moe  # engineer D2's module
 
         fill_moe(layer.mlp, i, reader, tables, config, linear_from)
 

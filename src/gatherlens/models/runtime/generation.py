@@ -37,11 +37,11 @@ import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.memory import release_memory
-from gatherlens.models.detokenize import CONTEXT_TOKENS, Detokenizer
-from gatherlens.models.file_watch import check_unchanged
-from gatherlens.models.sparse import (SparseKVCache, observe_sparse, sparse_settings, use_dense_decoding,
+from gatherlens.models.runtime.detokenize import CONTEXT_TOKENS, Detokenizer
+from gatherlens.models.files.watch import check_unchanged
+from gatherlens.models.runtime.decoding import (SparseKVCache, observe_sparse, sparse_settings, use_dense_decoding,
                                       use_sparse_decoding)
-from gatherlens.models.threads import ThreadControl
+from gatherlens.models.runtime.threads import ThreadControl
 from gatherlens.ops.sparse.config import DEFAULT
 
 __all__ = ["GenerationStart", "GenerationStep", "GenerationEnd", "LayerPages", "generation_steps", "greedy_tokens",
@@ -151,7 +151,7 @@ def greedy_tokens(model, cache, ids: torch.Tensor) -> Iterator[int]:
 
     Each `next()` runs one forward pass into the cache (the caller stops by asking no more); the
     model decodes as it is switched (use_sparse_decoding / use_dense_decoding). On the CPU torch's
-    thread count follows the cores other programs leave free (models/threads.py; off after --threads).
+    thread count follows the cores other programs leave free (models/runtime/threads.py; off after --threads).
     """
     threads = ThreadControl.start(on=ids.device.type == "cpu")
     try:
@@ -178,7 +178,7 @@ def last_logits(model, cache, ids: torch.Tensor, chunk: int | None = None) -> to
 
 def _next(tokens: Iterator[int], picked: list | None, model) -> int:
     """The loop's next token (one forward pass); what sparse layers read meanwhile lands in picked.
-    A model run from its file in place checks the file before and after (models/file_watch.py)."""
+    A model run from its file in place checks the file before and after (models/files/watch.py)."""
     def keep(call):
         picked.append(LayerPages(call.layer if call.layer is not None else len(picked), call.selection))
 

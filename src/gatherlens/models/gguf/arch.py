@@ -8,12 +8,12 @@
 
 One `Arch` per architecture: its transformers config and causal-LM classes, its `Row`s (a gguf tensor
 stem -> the HF module it fills, its shape in terms of the metadata, its kind), the config keys it reads
-beyond the common ones (models/gguf_config.py's `CONFIG_KEYS`), the config defaults llama.cpp implies,
+beyond the common ones (models/gguf/config.py's `CONFIG_KEYS`), the config defaults llama.cpp implies,
 and its conventions: `norm_shift` (Gemma's files store each RMSNorm weight + 1: llama.cpp's convert adds
 1, transformers' GGUF processor subtracts it, and so do we) and `embed_scale` (Gemma scales the
-embedding by sqrt(hidden)). Everything else reads this table: gguf_weights.py (`TENSOR_NAMES`, `hf_name`,
-`permuted_heads`, the float model), quantized.py (the model run from its blocks), gguf_check.py (the
-expected tensor set and shapes), gguf_config.py (the config).
+embedding by sqrt(hidden)). Everything else reads this table: models/gguf/weights.py (`TENSOR_NAMES`, `hf_name`,
+`permuted_heads`, the float model), quantized.py (the model run from its blocks), models/gguf/check.py (the
+expected tensor set and shapes), models/gguf/config.py (the config).
 
 References (tests/test_gguf_architectures.py checks the rows against both): gguf's own
 `get_tensor_name_map(arch, n_blocks)` (the HF names llama.cpp's convert maps to each gguf name) and
@@ -21,7 +21,7 @@ transformers 5.x' GGUF loader (`integrations/ggml.py` `GGUF_CONFIG_MAPPING`, `mo
 `LlamaTensorProcessor.reverse_permute` on attn_q / attn_k of the "llama" architecture only, mistral
 included; `Gemma2TensorProcessor`: every "norm.weight" minus 1 for gemma2 and gemma3). Phi-3's fused
 attn_qkv and gate|up ffn_up need no split: transformers' Phi3 modules are fused the same way
-(`qkv_proj`, `gate_up_proj`). Shapes are torch order (rows, width) in the terms gguf_check.py computes
+(`qkv_proj`, `gate_up_proj`). Shapes are torch order (rows, width) in the terms models/gguf/check.py computes
 from the metadata: V vocabulary, E embedding_length, H / KV head counts, D head_dim, F feed_forward_length,
 X expert_count, FX / FS the expert and shared-expert feed_forward_length; "H*D" a product, "QKV" (H+2KV)*D.
 """
@@ -49,7 +49,7 @@ class Row:
     """One tensor of an architecture: gguf stem ("{i}": the block) -> the HF module it fills.
 
     kind: EMBEDDING / HEAD / LINEAR (a 2-D weight: a QuantizedLinear) / NORM (a float vector) /
-    EXPERTS (a mixture-of-experts tensor: models/quantized_moe.py fills those). bias: a `.bias` beside
+    EXPERTS (a mixture-of-experts tensor: models/gguf/moe.py fills those). bias: a `.bias` beside
     the weight (shape: the weight's rows). permute: the head count ("H" or "KV") whose rows llama.cpp
     stored permuted for its RoPE. param: the HF parameter the gguf `.weight` fills (a stacked expert
     tensor is a parameter of `experts`, not a module's weight); part: which half of that parameter when
@@ -90,7 +90,7 @@ class Arch:
     defaults: dict = field(default_factory=dict)      # config fields the file never states
     norm_shift: float = 0.0                           # the file's norm weights are HF's + this
     embed_scale: bool = False                         # the embedding is scaled by sqrt(hidden_size)
-    moe: bool = False                                 # mixture-of-experts layers (models/quantized_moe.py)
+    moe: bool = False                                 # mixture-of-experts layers (models/gguf/moe.py)
 
     def row(self, gguf: str) -> Row | None:
         """The row of a gguf stem in template form ("blk.{i}.attn_q"), or None."""

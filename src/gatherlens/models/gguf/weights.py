@@ -1,6 +1,6 @@
 """A GGUF file as a float32 Hugging Face model, dequantized by gatherlens (no transformers GGUF loader).
 
-    >>> reader = open_gguf(path)                                   # gatherlens.models.gguf_config
+    >>> reader = open_gguf(path)                                   # gatherlens.models.gguf.config
     >>> model = float_model(reader, gguf_config(reader))           # its arch's HF class, float32, eval
     >>> model.model.layers[0].self_attn.q_proj.weight.shape
     torch.Size([576, 576])
@@ -8,7 +8,7 @@
 Each tensor is dequantized by `gatherlens.ops.quant.dequantize_rows` where it knows the format
 (else by `gguf.quants.dequantize`), attn_q / attn_k rows put back in Hugging Face's order (llama.cpp
 stores them permuted for its RoPE: the inverse of its convert script's `permute`, transformers'
-`reverse_permute`; only the rows models/gguf_arch.py marks `permute`), Gemma's norms shifted back by
+`reverse_permute`; only the rows models/gguf/arch.py marks `permute`), Gemma's norms shifted back by
 its `norm_shift`, renamed by the architecture's rows (`TENSOR_NAMES`: Llama's) and assigned into its
 HF class built on the meta device: bit-equal to transformers' `from_pretrained(..., gguf_file=)`,
 several times faster.
@@ -20,7 +20,7 @@ import threading
 import torch
 
 from gatherlens.errors import GatherValueError
-from gatherlens.models.gguf_arch import ARCHS, NORM, Arch
+from gatherlens.models.gguf.arch import ARCHS, NORM, Arch
 from gatherlens.models.hf_adapter import class_named
 from gatherlens.ops.attention.select.workers import in_workers
 from gatherlens.ops.quant import QTYPES, QuantizedTable, dequantize_rows
@@ -29,7 +29,7 @@ __all__ = ["float_model", "float_state_dict", "hf_name", "permuted_heads", "unpe
            "embed_scale", "TENSOR_NAMES"]
 
 LLAMA = ARCHS["llama"]
-# gguf tensor stem ("{i}": the block number) -> the Hugging Face Llama module name (models/gguf_arch.py's rows)
+# gguf tensor stem ("{i}": the block number) -> the Hugging Face Llama module name (models/gguf/arch.py's rows)
 TENSOR_NAMES = {row.gguf: row.hf for row in LLAMA.rows}
 
 
@@ -93,7 +93,7 @@ def _as_hf(values: torch.Tensor, tensor, row, config, arch: Arch) -> torch.Tenso
 
 def float_state_dict(reader, config, arch: Arch | None = None) -> dict[str, torch.Tensor]:
     """{HF name: float32 tensor} of every tensor of the file its architecture's rows name (others are
-    skipped; `arch`: the file's row of models/gguf_arch.py by default). Two gguf tensors of one HF
+    skipped; `arch`: the file's row of models/gguf/arch.py by default). Two gguf tensors of one HF
     parameter (a MoE's gate and up experts) are joined in their rows' `part` order.
 
     Whole tensors per worker thread (the selection's pool, torch single-threaded in each), largest
@@ -123,7 +123,7 @@ def float_state_dict(reader, config, arch: Arch | None = None) -> dict[str, torc
 
 def _file_arch(reader) -> Arch:
     """The file's row of the architecture table, or one error naming the architecture and the ones that run."""
-    from gatherlens.models.gguf_config import file_arch, metadata_value
+    from gatherlens.models.gguf.config import file_arch, metadata_value
 
     arch = file_arch(reader)
     if arch is None:

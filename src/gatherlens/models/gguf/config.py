@@ -11,7 +11,7 @@ vocabulary); afterwards `.data` is the memmap again. It keeps the last file it o
 table, `CONFIG_KEYS` (a key, "{arch}" standing for `general.architecture` -> a config field,
 "a.b" for a field inside a dict field), the same fields transformers' `AutoConfig.from_pretrained(
 folder, gguf_file=)` sets (its `GGUF_CONFIG_MAPPING` was the reference), plus rope scaling where
-the file states one, and the rows each architecture of models/gguf_arch.py adds (`Arch.config_keys`:
+the file states one, and the rows each architecture of models/gguf/arch.py adds (`Arch.config_keys`:
 its head size, sliding window, soft-capping, experts; `Arch.defaults`). An architecture not in that
 table gives None (`load_gguf_config` then asks transformers). `file_arch(reader)` is the file's row.
 """
@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader
 
-from gatherlens.models.file_watch import file_identity
-from gatherlens.models.gguf_arch import ARCHS, Arch, lookup
+from gatherlens.models.files.watch import file_identity
+from gatherlens.models.gguf.arch import ARCHS, Arch, lookup
 
 __all__ = ["open_gguf", "gguf_config", "load_gguf_config", "metadata_value", "file_arch", "config_keys",
            "CONFIG_KEYS", "CONFIG_CLASSES"]
 
-# our architecture name -> the transformers config class its rows fill (models/gguf_arch.py)
+# our architecture name -> the transformers config class its rows fill (models/gguf/arch.py)
 CONFIG_CLASSES = {name: arch.config_class for name, arch in ARCHS.items()}
 
 # gguf key ("{arch}." = the architecture's own prefix) -> config field ("a.b": key b of dict field a),
@@ -86,7 +86,7 @@ def open_gguf(path, mode: str = "r") -> GGUFReader:
     ValueError (GGUFReader's IndexError said so vaguely).
     """
     path = Path(path)
-    key = (str(path.resolve()), mode, file_identity(path))  # the one file-identity rule (file_watch.py)
+    key = (str(path.resolve()), mode, file_identity(path))  # the one file-identity rule (models/files/watch.py)
     kept = _KEPT.get(key) if key[2] is not None else None
     if kept is not None:
         header, reader = kept
@@ -116,7 +116,7 @@ def metadata_value(reader: GGUFReader, key: str, default=None):
 
 
 def file_arch(reader: GGUFReader) -> Arch | None:
-    """The file's row of models/gguf_arch.py's table (by `general.architecture` and `general.name`), or None."""
+    """The file's row of models/gguf/arch.py's table (by `general.architecture` and `general.name`), or None."""
     return lookup(metadata_value(reader, "general.architecture"), metadata_value(reader, "general.name"))
 
 
@@ -127,7 +127,7 @@ def config_keys(arch: Arch) -> dict[str, str]:
 
 def gguf_config(reader: GGUFReader):
     """The transformers config the file's metadata describes (see module doc); None for an
-    architecture models/gguf_arch.py has no row for."""
+    architecture models/gguf/arch.py has no row for."""
     import transformers
 
     arch = file_arch(reader)

@@ -13,7 +13,7 @@ the next read of them is a SIGBUS inside a C++ kernel, status 135, no message). 
 mapping (mode "c") guards neither: its pages still come from the file until written to. Two parts:
 
 - `check_unchanged`: one os.stat of the path per generation step (before the prompt and after
-  every forward pass, models/generation.py) and per request of `gatherlens serve` (serve/pool.py),
+  every forward pass, models/runtime/generation.py) and per request of `gatherlens serve` (serve/pool.py),
   compared with the file's identity at load (device, inode, size, mtime and ctime in ns). It costs
   a few microseconds and catches every change that lands between two steps, and a step whose
   forward pass ran while the file changed is refused before its token is given out.

@@ -24,9 +24,9 @@ import functools
 import torch
 from transformers import Cache
 
-from gatherlens.models.features import layer_kinds, unsupported
+from gatherlens.models.attention.features import layer_kinds, unsupported
 from gatherlens.models.hf_adapter import hand_over
-from gatherlens.models.sparse_window import KeptLayer, WindowLayer
+from gatherlens.models.attention.window import KeptLayer, WindowLayer
 from gatherlens.ops.sparse import PagedKVCache
 from gatherlens.ops.sparse.config import OP, check_kv_dtype, check_page_size
 

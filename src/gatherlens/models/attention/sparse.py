@@ -17,7 +17,7 @@ gather, no copy. A local layer (sliding window, chunked) reads its window densel
 (`sparse_window.window_decode`); observers see only the global layers' steps. Soft-capping and
 sinks (the layer's `AttentionVariant`, `features.attention_variant`) reach every path. Prefill
 (more than one query token) is dense, as in Quest: SDPA, or top-k attention at k = every key where SDPA lacks soft-capping or
-sinks. The lean decode step (`models/decode_step.py`) calls `decode_attention` too, so observers
+sinks. The lean decode step (`models/runtime/step.py`) calls `decode_attention` too, so observers
 see both paths alike.
 """
 from __future__ import annotations
@@ -29,12 +29,12 @@ from typing import Callable
 
 import torch
 
-from gatherlens.models.attention import exact_attention
-from gatherlens.models.features import AttentionVariant, attention_variant, global_rank
+from gatherlens.models.attention.topk import exact_attention
+from gatherlens.models.attention.features import AttentionVariant, attention_variant, global_rank
 from gatherlens.models.hf_adapter import grouped_sdpa, handed_over, register_attention
-from gatherlens.models.sparse_cache import paged_cache_of
-from gatherlens.models.sparse_prefill import sparse_prefill_call
-from gatherlens.models.sparse_window import WindowKV, window_decode
+from gatherlens.models.attention.cache import paged_cache_of
+from gatherlens.models.attention.prefill import sparse_prefill_call
+from gatherlens.models.attention.window import WindowKV, window_decode
 from gatherlens.ops.sparse.cache import STORAGE, PagedKVCache
 from gatherlens.ops.sparse.config import SparseConfig
 from gatherlens.ops.sparse.decode import choice_of_config, decode_pages, sparse_decode
@@ -151,7 +151,7 @@ def prefill_attention(module, query, key, value, attention_mask, dropout, scalin
                       variant: AttentionVariant, **kwargs):
     """Dense attention of a prefill (or of a module without settings): SDPA, or, for soft-capping or
     sinks (which SDPA lacks), top-k attention keeping every key (the exact softmax). A module on
-    sparse prefill (models/sparse_prefill.py) gathers its key blocks instead, where it can."""
+    sparse prefill (models/attention/prefill.py) gathers its key blocks instead, where it can."""
     done = sparse_prefill_call(module, query, key, value, attention_mask, scaling, variant)
     if done is not None:
         return done

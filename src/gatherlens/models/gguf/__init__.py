@@ -1,0 +1,1 @@
+"""GGUF files read directly: architectures, checks, config, tokenizer, float weights and the quantized build."""
