@@ -29,7 +29,7 @@ import fault_worker  # noqa: E402
 
 from gatherlens.cli import main  # noqa: E402
 from gatherlens.errors import GatherLensWarning, GatherValueError  # noqa: E402
-from gatherlens.models import cache as mcache  # noqa: E402
+from gatherlens.models.files import cache as mcache  # noqa: E402
 from gatherlens.models import load, loading  # noqa: E402
 
 WORKER = Path(fault_worker.__file__)
