@@ -1703,7 +1703,7 @@ def test_unsupported_types_are_all_named_before_anything_slow(tmp_path, monkeypa
     from gguf import GGMLQuantizationType as T
 
     import gatherlens.models.gguf.quantized as quantized
-    from gatherlens.ops.quant.registry import FORMATS
+    from gatherlens.ops.quant.formats.registry import FORMATS
 
     path = _tiny_llama_gguf(tmp_path / "iq.gguf", {"blk.0.ffn_down": T.IQ2_XXS, "blk.1.ffn_down": T.IQ2_XXS,
                                                    "blk.0.attn_output": T.MXFP4})

@@ -44,8 +44,8 @@ from gatherlens.models.gguf.config import gguf_config, open_gguf  # noqa: E402
 from gatherlens.models.gguf.weights import float_model, hf_name  # noqa: E402
 from gatherlens.models.gguf.layers import QuantizedEmbedding, QuantizedLinear  # noqa: E402
 from gatherlens.models.runtime.decoding import use_dense_decoding, use_sparse_decoding  # noqa: E402
-from gatherlens.ops.quant.layout import LAYOUTS  # noqa: E402
-from gatherlens.ops.quant.q8act_naive import quantize_activations  # noqa: E402
+from gatherlens.ops.quant.formats.layout import LAYOUTS  # noqa: E402
+from gatherlens.ops.quant.products.q8act_naive import quantize_activations  # noqa: E402
 
 QTYPES = ("F32", "Q8_0", "Q4_0")
 BOUND = 0.05      # the quantized model's logits: within 5% of the largest reference logit (module doc)

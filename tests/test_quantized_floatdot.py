@@ -14,7 +14,9 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from gatherlens.ops.quant import FORMATS, floatdot
+from gatherlens.ops.quant import FORMATS
+
+from gatherlens.ops.quant.products import floatdot
 
 pytestmark = pytest.mark.skipif(not floatdot.kernel_loaded(), reason="no C++ compiler or ninja")
 QTYPES = floatdot.FLOAT_QTYPES

@@ -100,7 +100,7 @@ def test_quantized_logits_and_perplexity_match_float(models, monkeypatch):
     x rounded to 8 bits per block, as every decode step and llama.cpp round it; measured +0.50% here):
     perplexity within 1% of the float model's, 95% of next-token argmaxes the same. Without it (every
     prefill product dequantized, float32 GEMM) the logits are the float model's, perplexity within 0.5%."""
-    from gatherlens.ops.quant import linear
+    from gatherlens.ops.quant.products import linear
 
     dense, quant = models
     ids = _austen(dense, 1000)

@@ -115,7 +115,7 @@ def test_grouped_experts_equal_the_per_token_reference(moe_file, tokens):
 # -- one block, and the whole model, against transformers' float load of the same file -----------------
 def x_rounding_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """|x W^T - x' W^T| <= sum_k |W[n, k]| dx(k) / 2, x' = x rounded to 8 bits per 32 (q8act): (n, N)."""
-    from gatherlens.ops.quant.q8act_naive import quantize_activations
+    from gatherlens.ops.quant.products.q8act_naive import quantize_activations
 
     _, dx = quantize_activations(x)  # (n, K/32)
     half_step = (dx / 2).float().repeat_interleave(32, dim=1)  # (n, K)

@@ -21,8 +21,8 @@ from rich.console import Console
 import gatherlens
 from gatherlens import GatherIndexError, GatherTypeError, GatherValueError, QuantizedTable
 from gatherlens.ops.quant import FORMATS, SIZES, block_terms
-from gatherlens.ops.quant.sizes import LAYOUT
-from gatherlens.ops.quant.terms import GROUP, groups
+from gatherlens.ops.quant.formats.sizes import LAYOUT
+from gatherlens.ops.quant.formats.terms import GROUP, groups
 from gatherlens.render.theme import fmt_value
 from gatherlens.trace import as_record
 from gatherlens.trace.quantized import record_quantized_embedding

@@ -19,11 +19,14 @@ from hypothesis import strategies as st
 from gguf.quants import dequantize, quantize
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from gatherlens.ops.quant import FORMATS, q8act
-from gatherlens.ops.quant.layout import QK
-from gatherlens.ops.quant.linear import LINEAR_PRODUCT, LinearConfig, pack_linear, quantized_linear, split_linear
-from gatherlens.ops.quant.linear_naive import naive_quantized_linear
-from gatherlens.ops.quant.x8 import X8_QTYPES, pack_x8, unpack_x8, x8_matmul
+from gatherlens.ops.quant import FORMATS
+
+from gatherlens.ops.quant.products import q8act
+from gatherlens.ops.quant.formats.layout import QK
+from gatherlens.ops.quant.products.linear import (LINEAR_PRODUCT, LinearConfig, pack_linear, quantized_linear,
+                                                  split_linear)
+from gatherlens.ops.quant.products.linear_naive import naive_quantized_linear
+from gatherlens.ops.quant.products.x8 import X8_QTYPES, pack_x8, unpack_x8, x8_matmul
 
 pytestmark = pytest.mark.skipif(not q8act.kernel_loaded(), reason="no C++ compiler or ninja")
 QTYPES = q8act.Q8ACT_QTYPES  # the formats whose records name the q8act route
@@ -114,7 +117,7 @@ def test_zero_blocks_and_large_values(qtype):
 @pytest.mark.parametrize("batch", [(1,), (7,), (2, 3), ()], ids=str)
 def test_the_route_through_quantized_linear(batch):
     w = pack_linear(blocks("Q4_1", 40, 96), "Q4_1", LinearConfig("q8act", None))
-    assert w.activation_dtype == torch.float32  # 40 rows: five panels of 8 (ops/quant/x8.py), the same bytes
+    assert w.activation_dtype == torch.float32  # 40 rows: five panels of 8 (ops/quant/products/x8.py), the same bytes
     assert len(w.tensors) == 1 and torch.equal(unpack_x8(w.tensors[0], "Q4_1"), w.raw)
     x = torch.randn(*batch, 96)
     y = quantized_linear(x, w)
@@ -143,7 +146,7 @@ def test_prefill_rows_take_the_integer_gemm_where_it_is_faster_else_the_exact_ro
     to its format's INTEGER_GEMM_ROWS (x rounded as in decode); past them, for a format without the
     blocked loop (F16: floatdot) and where that loop is the scalar twin (no AVX2), the exact route runs
     (dequantized, float32 GEMM: the reference's own call)."""
-    from gatherlens.ops.quant import linear
+    from gatherlens.ops.quant.products import linear
 
     w = pack_linear(blocks("Q8_0", 16, 64), "Q8_0", LinearConfig("q8act", 4))
     half = pack_linear(blocks("F16", 16, 64), "F16", LinearConfig("q8act", 4))
@@ -233,7 +236,7 @@ def test_split_parts_are_the_fused_rows():
 
 
 def test_without_the_operator_the_route_is_exact_float(monkeypatch):
-    from gatherlens.ops.quant import linear
+    from gatherlens.ops.quant.products import linear
 
     w = pack_linear(blocks("Q4_0", 8, 64), "Q4_0", LinearConfig("q8act", None))
     monkeypatch.setattr(linear, "q8act_ready", lambda qtype=None: "not built")  # the table's q8act row: dequant runs
@@ -351,13 +354,13 @@ import sys, torch
 from pathlib import Path
 from torch.utils import cpp_extension
 from gatherlens.ops import native
-src = Path(native.__file__).with_name("quant") / "q8act.cpp"
+src = Path(native.__file__).with_name("quant") / "products" / "q8act.cpp"
 cpp_extension.load("gatherlens_q8act_twin", [str(src)], extra_cflags=[*native.FLAGS, sys.argv[3]],
                    extra_ldflags=list(native.LDFLAGS), extra_include_paths=[str(src.parent), str(native.INCLUDE)],
                    is_python_module=False, build_directory=sys.argv[1])
 sys.path.insert(0, sys.argv[2])
-from gatherlens.ops.quant.q8act import GGML_TYPE, KERNEL_OF
-from gatherlens.ops.quant.x8 import pack_x8
+from gatherlens.ops.quant.products.q8act import GGML_TYPE, KERNEL_OF
+from gatherlens.ops.quant.products.x8 import pack_x8
 from test_quantized_q8act import float_weight
 print("simd", torch.ops.gatherlens.q8act_simd())
 for (qtype, x, raw, simd, simd_x8) in torch.load(sys.argv[4]):

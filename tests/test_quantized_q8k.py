@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from gguf.quants import dequantize
 
-from gatherlens.ops.quant import q8k
-from gatherlens.ops.quant.layout import LAYOUTS, QK_K, formats_taking
-from gatherlens.ops.quant.q8k_naive import q8k_reference, quantize_q8_k
-from gatherlens.ops.quant.registry import FORMATS, dequantize_rows
+from gatherlens.ops.quant.products import q8k
+from gatherlens.ops.quant.formats.layout import LAYOUTS, QK_K, formats_taking
+from gatherlens.ops.quant.products.q8k_naive import q8k_reference, quantize_q8_k
+from gatherlens.ops.quant.formats.registry import FORMATS, dequantize_rows
 
 pytestmark = pytest.mark.skipif(not q8k.kernel_loaded(), reason="no C++ compiler or ninja")
 QTYPES = q8k.Q8K_QTYPES  # the super-block formats of layout.py
@@ -187,14 +187,14 @@ import sys, torch
 from pathlib import Path
 from torch.utils import cpp_extension
 from gatherlens.ops import native
-src = Path(native.__file__).with_name("quant") / "q8k.cpp"
+src = Path(native.__file__).with_name("quant") / "products" / "q8k.cpp"
 cpp_extension.load("gatherlens_q8k_plain", [str(src)], extra_cflags=[*native.FLAGS, "-DGATHERLENS_Q8K_PLAIN"],
                    extra_ldflags=list(native.LDFLAGS), extra_include_paths=[str(src.parent), str(native.INCLUDE)],
                    is_python_module=False, build_directory=sys.argv[1])
 sys.path.insert(0, sys.argv[2])
 from test_quantized_q8k import QTYPES, blocks, float_weights
-from gatherlens.ops.quant.q8k import GGML_TYPE
-from gatherlens.ops.quant.q8k_naive import q8k_reference
+from gatherlens.ops.quant.products.q8k import GGML_TYPE
+from gatherlens.ops.quant.products.q8k_naive import q8k_reference
 assert torch.ops.gatherlens.q8k_simd() == 0
 for qtype in QTYPES:
     for M in (1, 6):  # one row; several: the blocked loop's twin

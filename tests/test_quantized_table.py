@@ -24,9 +24,9 @@ from gatherlens import GatherIndexError, GatherTypeError, GatherValueError, Quan
 from gatherlens.ops.embedding import OutOfVocabularyWarning
 from gatherlens.ops.quant import (DEQUANTIZERS, FORMATS, QTYPES, SIZES, naive_dequantize_rows, q4_1_fields,
                                   q8_0_fields, row_bytes)
-from gatherlens.ops.quant import int4, q8act
-from gatherlens.ops.quant.layout import HEADER, KINDS, LAYOUTS, c_header, formats_taking
-from gatherlens.ops.quant.matmul import ROUTES
+from gatherlens.ops.quant.products import int4, q8act
+from gatherlens.ops.quant.formats.layout import HEADER, KINDS, LAYOUTS, c_header, formats_taking
+from gatherlens.ops.quant.products.matmul import ROUTES
 
 
 def gguf_quantize(data: np.ndarray, qtype: str) -> np.ndarray:
@@ -175,7 +175,8 @@ def test_routes_take_the_formats_their_records_name():
 def test_the_c_header_is_what_the_table_writes():
     """quant_formats.h (the C++ kernels' layouts) is generated from the records, never edited by hand."""
     assert HEADER.read_text() == c_header(), (
-        f"{HEADER.name} is stale: python -c 'from gatherlens.ops.quant.layout import write_c_header; write_c_header()'")
+        f"{HEADER.name} is stale: python -c "
+        f"'from gatherlens.ops.quant.formats.layout import write_c_header; write_c_header()'")
     for qtype, fmt in FORMATS.items():
         assert f"struct {qtype} {{" in c_header() and f"type = {fmt.ggml_type}, weights = {fmt.weights}, " \
             f"bytes = {fmt.block_bytes};" in c_header()

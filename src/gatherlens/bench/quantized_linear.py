@@ -29,9 +29,9 @@ import torch
 
 from gatherlens.bench import timing
 from gatherlens.bench.output import check_json_path, human_seconds, json_option, write_results
-from gatherlens.ops.quant.linear import LinearConfig, pack_linear, quantized_linear
-from gatherlens.ops.quant.linear_naive import naive_quantized_linear
-from gatherlens.ops.quant.sizes import SIZES
+from gatherlens.ops.quant.products.linear import LinearConfig, pack_linear, quantized_linear
+from gatherlens.ops.quant.products.linear_naive import naive_quantized_linear
+from gatherlens.ops.quant.formats.sizes import SIZES
 
 # name -> (tensors of layer 0 side by side along N, qtype when synthetic, N, K)
 SHAPES = {
@@ -224,7 +224,7 @@ def command(source, shapes, qtype, rows_text, routes, head_routes, copies, cold_
 
 
 def _options(shapes, rows_text, routes, head_routes, copies, repeats, threads):
-    from gatherlens.ops.quant.matmul import ROUTES
+    from gatherlens.ops.quant.products.matmul import ROUTES
 
     names = tuple(s for s in shapes.split(",") if s)
     unknown = [s for s in names if s not in SHAPES]

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from gatherlens.i18n import text
 from gatherlens.ops.sparse.geometry import ceil_div
-from gatherlens.ops.quant.sizes import LAYOUT, SCALE_FIELDS
-from gatherlens.ops.quant.terms import GROUP
+from gatherlens.ops.quant.formats.sizes import LAYOUT, SCALE_FIELDS
+from gatherlens.ops.quant.formats.terms import GROUP
 from gatherlens.render.scene import Scene
 from gatherlens.render.theme import PICKED, UNPICKED, colour, fmt_value, human_bytes, short, text_width, wrap
 

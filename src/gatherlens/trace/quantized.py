@@ -21,7 +21,7 @@ from gatherlens.errors import GatherIndexError, GatherTypeError, GatherValueErro
 from gatherlens.i18n import check_lang, text
 from gatherlens.ops.embedding import embedding_lookup
 from gatherlens.ops.quant import SIZES, BlockTerms, QuantizedTable, block_terms
-from gatherlens.ops.quant.terms import GROUP
+from gatherlens.ops.quant.formats.terms import GROUP
 from gatherlens.trace.convert import as_record
 
 __all__ = ["QuantizedGatherRecord", "record_quantized_embedding"]

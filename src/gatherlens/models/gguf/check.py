@@ -43,9 +43,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gatherlens.errors import GatherLensWarning, GatherValueError
 from gatherlens.models.gguf.arch import ARCHS, NOT_APPLIED, Arch
 from gatherlens.models.gguf.config import file_arch, metadata_value, open_gguf
-from gatherlens.ops.quant.floats import VALUE_DTYPES
-from gatherlens.ops.quant.layout import LAYOUTS
-from gatherlens.ops.quant.registry import FORMATS
+from gatherlens.ops.quant.formats.floats import VALUE_DTYPES
+from gatherlens.ops.quant.formats.layout import LAYOUTS
+from gatherlens.ops.quant.formats.registry import FORMATS
 
 __all__ = ["TensorInfo", "check_gguf", "open_reader", "open_checked", "tensor_infos", "FLOAT_TYPES", "NOT_APPLIED"]
 
@@ -331,7 +331,7 @@ def _check_values(reader, infos: list[TensorInfo], path: Path) -> None:
 
 
 def _check_floats(reader, info: TensorInfo, count: int, path: Path) -> None:
-    """Every value of a plain float tensor finite, read in place as ops/quant/floats.py's VALUE_DTYPES."""
+    """Every value of a plain float tensor finite, read in place as ops/quant/formats/floats.py's VALUE_DTYPES."""
     raw = np.ndarray((count * LAYOUTS[info.type_name].block_bytes,), np.uint8, buffer=reader.data,
                      offset=info.offset)  # the tensor's bytes, in place
     with warnings.catch_warnings():  # a read-only map ("r"): torch warns of writes; this only reads

@@ -41,13 +41,13 @@ from gatherlens.models.files.loaded import LoadedModel
 from gatherlens.models.gguf.layers import QuantizedEmbedding, QuantizedLinear
 from gatherlens.models.files.registry import ModelSource, check_quantizable
 from gatherlens.ops.quant import LinearConfig, QuantizedTable, pack_linear, split_linear
-from gatherlens.ops.quant.matmul import ROUTES
-from gatherlens.ops.quant.q8act import Q8ACT_QTYPES
-from gatherlens.ops.quant.linear import q8act_ready
+from gatherlens.ops.quant.products.matmul import ROUTES
+from gatherlens.ops.quant.products.q8act import Q8ACT_QTYPES
+from gatherlens.ops.quant.products.linear import q8act_ready
 
 __all__ = ["load_quantized", "PREFILL_ROWS", "ROUTE", "HEAD_ROUTE", "pick_route", "linear_from", "quantized_modules"]
 
-PREFILL_ROWS = 128  # rows from which a call dequantizes to float32 (ops/quant/linear.py)
+PREFILL_ROWS = 128  # rows from which a call dequantizes to float32 (ops/quant/products/linear.py)
 ROUTE = "auto"  # the linears: "q8act" where it builds (llama.cpp's integer dot products), else "int4"
 HEAD_ROUTE = "auto"  # the tied Q8_0 head: "q8act" where it builds, else bf16 (faster than two int4 planes)
 
@@ -144,7 +144,7 @@ def pick_route(qtype: str, route: str, head: bool = False) -> str:
         if qtype in Q8ACT_QTYPES and q8act_ready(qtype) is None:
             return "q8act"
         route = "bf16" if head else "int4"
-    takes = ROUTES[route].qtypes if route in ROUTES else None  # from the format records (ops/quant/layout.py)
+    takes = ROUTES[route].qtypes if route in ROUTES else None  # from the format records (ops/quant/formats/layout.py)
     return route if takes is None or qtype in takes else "bf16"
 
 

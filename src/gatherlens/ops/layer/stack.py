@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 from gatherlens.ops.native import load_library
-from gatherlens.ops.quant.layout import LAYOUTS
-from gatherlens.ops.quant.q8act import KERNEL_OF
-from gatherlens.ops.quant.x8 import X8_OP, x8_matmul
+from gatherlens.ops.quant.formats.layout import LAYOUTS
+from gatherlens.ops.quant.products.q8act import KERNEL_OF
+from gatherlens.ops.quant.products.x8 import X8_OP, x8_matmul
 from gatherlens.ops.sparse.geometry import page_count
 from gatherlens.ops.sparse.page_choice import pages_to_read
 
@@ -41,7 +41,7 @@ SLOTS = ("q", "k", "v", "o", "gate", "up", "down")  # a layer's products, in the
 @dataclass(frozen=True)
 class Product:
     """One weight as its GGUF blocks: raw (N, row_bytes) uint8 of `qtype` (a format of KERNEL_OF), as
-    stored or (panels) repacked in panels of 8 rows (ops/quant/x8.py)."""
+    stored or (panels) repacked in panels of 8 rows (ops/quant/products/x8.py)."""
 
     raw: torch.Tensor
     qtype: str

@@ -162,7 +162,7 @@ def _c_struct(layout: BlockLayout, names: list[str]) -> list[str]:
 def c_header() -> str:
     """quant_formats.h as LAYOUTS writes it: one struct per format, for the C++ kernels."""
     names = list(dict.fromkeys(f.name for layout in LAYOUTS.values() for f in layout.fields))
-    lines = ["// GENERATED from gatherlens/ops/quant/layout.py (LAYOUTS) by `write_c_header()`: do not edit",
+    lines = ["// GENERATED from gatherlens/ops/quant/formats/layout.py (LAYOUTS) by `write_c_header()`: do not edit",
              "// (tests/test_quantized_table.py checks it equals what the table writes).",
              "// One struct per GGUF block format, as ggml-common.h lays it out: ggml's type number, the",
              "// weights and bytes of a block, weights per scale, bits per code, the code offset, each",

@@ -6,7 +6,7 @@
     (torch.Size([3, 4]), torch.float16)
 
 Each record's one field `v` (kind "value") is the little-endian value itself; `VALUE_DTYPES` names the
-torch dtype it is stored in (the one home of that fact: formats.py widens it to float32, exactly, and
+torch dtype it is stored in (the one home of that fact: dequantize.py widens it to float32, exactly, and
 models/gguf/check.py checks it is finite). BF16 is float32's top 16 bits, so widening is a shift.
 """
 from __future__ import annotations

@@ -25,12 +25,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from gatherlens.ops.quant.int4 import GROUP, int4_matmul, pack_codes, pack_int4
-from gatherlens.ops.quant.layout import formats_taking
-from gatherlens.ops.quant.q8act import q8act_matmul, ready as q8act_ready
-from gatherlens.ops.quant.x8 import pack_x8, x8_fits, x8_matmul
-from gatherlens.ops.quant.registry import dequantize_rows
-from gatherlens.ops.quant.sizes import QTYPES
+from gatherlens.ops.quant.products.int4 import GROUP, int4_matmul, pack_codes, pack_int4
+from gatherlens.ops.quant.formats.layout import formats_taking
+from gatherlens.ops.quant.products.q8act import q8act_matmul, ready as q8act_ready
+from gatherlens.ops.quant.products.x8 import pack_x8, x8_fits, x8_matmul
+from gatherlens.ops.quant.formats.registry import dequantize_rows
+from gatherlens.ops.quant.formats.sizes import QTYPES
 
 __all__ = ["Route", "ROUTES"]
 

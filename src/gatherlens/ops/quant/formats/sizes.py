@@ -12,7 +12,7 @@ K-quants are super-blocks of 256 weights, so their rows must be a multiple of 25
 from __future__ import annotations
 
 from gatherlens.errors import GatherValueError
-from gatherlens.ops.quant.layout import LAYOUTS, QK_K, SCALE_KINDS
+from gatherlens.ops.quant.formats.layout import LAYOUTS, QK_K, SCALE_KINDS
 
 __all__ = ["SIZES", "LAYOUT", "SCALE_FIELDS", "QTYPES", "QK_K", "row_bytes"]
 

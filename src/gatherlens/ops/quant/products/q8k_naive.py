@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.quant.iquants import iq4_xs_parts
-from gatherlens.ops.quant.kquants import q2_k_parts, q3_k_parts, q4_k_parts, q5_k_parts, q6_k_parts
-from gatherlens.ops.quant.layout import LAYOUTS, QK_K
-from gatherlens.ops.quant.q8act_naive import quantize_activations
+from gatherlens.ops.quant.formats.iquants import iq4_xs_parts
+from gatherlens.ops.quant.formats.kquants import q2_k_parts, q3_k_parts, q4_k_parts, q5_k_parts, q6_k_parts
+from gatherlens.ops.quant.formats.layout import LAYOUTS, QK_K
+from gatherlens.ops.quant.products.q8act_naive import quantize_activations
 
 __all__ = ["quantize_q8_k", "integer_terms", "q8k_reference"]
 

@@ -1,4 +1,4 @@
-// GENERATED from gatherlens/ops/quant/layout.py (LAYOUTS) by `write_c_header()`: do not edit
+// GENERATED from gatherlens/ops/quant/formats/layout.py (LAYOUTS) by `write_c_header()`: do not edit
 // (tests/test_quantized_table.py checks it equals what the table writes).
 // One struct per GGUF block format, as ggml-common.h lays it out: ggml's type number, the
 // weights and bytes of a block, weights per scale, bits per code, the code offset, each

@@ -11,7 +11,7 @@ a block, the named fields with their offsets, weights per scale, bits per code, 
 formula, the restricted routes that take it) plus its functions, as ggml's type-traits row holds a
 type's: `unpack` (raw rows -> per-row fields: codes, d, ...; fields.py / kquants.py / iquants.py, the plain
 floats' values in floats.py), `dequantize`
-(vectorised, by block; formats.py), `naive` (one block of bytes -> its values, the plain reference;
+(vectorised, by block; dequantize.py), `naive` (one block of bytes -> its values, the plain reference;
 naive.py) and `terms` (row, block -> BlockTerms; terms.py). The facts live in layout.py, the lowest
 module, so the modules that implement the functions read them without importing this one.
 """
@@ -24,22 +24,23 @@ from typing import Callable
 import torch
 
 from gatherlens.errors import GatherIndexError
-from gatherlens.ops.quant.fields import q4_0_fields, q4_1_fields, q5_0_fields, q5_1_fields, q8_0_fields
-from gatherlens.ops.quant.floats import bf16_fields, f16_fields, f32_fields
-from gatherlens.ops.quant.formats import (dequantize_bf16, dequantize_f16, dequantize_f32, dequantize_iq4_nl,
-                                          dequantize_iq4_xs, dequantize_q2_k, dequantize_q3_k, dequantize_q4_0,
-                                          dequantize_q4_1, dequantize_q4_k, dequantize_q5_0, dequantize_q5_1,
-                                          dequantize_q5_k, dequantize_q6_k, dequantize_q8_0)
-from gatherlens.ops.quant.iquants import iq4_nl_fields, iq4_xs_fields
-from gatherlens.ops.quant.kquants import q2_k_fields, q3_k_fields, q4_k_fields, q5_k_fields, q6_k_fields
-from gatherlens.ops.quant.layout import LAYOUTS, BlockLayout
-from gatherlens.ops.quant.naive import (naive_block_bf16, naive_block_f16, naive_block_f32, naive_block_iq4_nl,
-                                        naive_block_iq4_xs, naive_block_q2_k, naive_block_q3_k, naive_block_q4_0,
-                                        naive_block_q4_1, naive_block_q4_k, naive_block_q5_0, naive_block_q5_1,
-                                        naive_block_q5_k, naive_block_q6_k, naive_block_q8_0, naive_rows)
-from gatherlens.ops.quant.terms import (BlockTerms, bf16_terms, f16_terms, f32_terms, groups, iq4_nl_terms,
-                                        iq4_xs_terms, q2_k_terms, q3_k_terms, q4_0_terms, q4_1_terms, q4_k_terms,
-                                        q5_0_terms, q5_1_terms, q5_k_terms, q6_k_terms, q8_0_terms)
+from gatherlens.ops.quant.formats.fields import q4_0_fields, q4_1_fields, q5_0_fields, q5_1_fields, q8_0_fields
+from gatherlens.ops.quant.formats.floats import bf16_fields, f16_fields, f32_fields
+from gatherlens.ops.quant.formats.dequantize import (dequantize_bf16, dequantize_f16, dequantize_f32, dequantize_iq4_nl,
+                                                     dequantize_iq4_xs, dequantize_q2_k, dequantize_q3_k,
+                                                     dequantize_q4_0, dequantize_q4_1, dequantize_q4_k, dequantize_q5_0,
+                                                     dequantize_q5_1, dequantize_q5_k, dequantize_q6_k, dequantize_q8_0)
+from gatherlens.ops.quant.formats.iquants import iq4_nl_fields, iq4_xs_fields
+from gatherlens.ops.quant.formats.kquants import q2_k_fields, q3_k_fields, q4_k_fields, q5_k_fields, q6_k_fields
+from gatherlens.ops.quant.formats.layout import LAYOUTS, BlockLayout
+from gatherlens.ops.quant.formats.naive import (naive_block_bf16, naive_block_f16, naive_block_f32, naive_block_iq4_nl,
+                                                naive_block_iq4_xs, naive_block_q2_k, naive_block_q3_k,
+                                                naive_block_q4_0, naive_block_q4_1, naive_block_q4_k, naive_block_q5_0,
+                                                naive_block_q5_1, naive_block_q5_k, naive_block_q6_k, naive_block_q8_0,
+                                                naive_rows)
+from gatherlens.ops.quant.formats.terms import (BlockTerms, bf16_terms, f16_terms, f32_terms, groups, iq4_nl_terms,
+                                                iq4_xs_terms, q2_k_terms, q3_k_terms, q4_0_terms, q4_1_terms,
+                                                q4_k_terms, q5_0_terms, q5_1_terms, q5_k_terms, q6_k_terms, q8_0_terms)
 
 __all__ = ["QuantFormat", "FORMATS", "DEQUANTIZERS", "dequantize_rows", "naive_dequantize_rows", "block_terms"]
 

@@ -34,10 +34,10 @@ from typing import Callable
 import torch
 
 from gatherlens.ops.native import load_library
-from gatherlens.ops.quant import floatdot, q8k
-from gatherlens.ops.quant.layout import LAYOUTS, QK, QK_K, formats_taking
-from gatherlens.ops.quant.q8act_naive import q8act_reference
-from gatherlens.ops.quant.q8k_naive import q8k_reference
+from gatherlens.ops.quant.products import floatdot, q8k
+from gatherlens.ops.quant.formats.layout import LAYOUTS, QK, QK_K, formats_taking
+from gatherlens.ops.quant.products.q8act_naive import q8act_reference
+from gatherlens.ops.quant.products.q8k_naive import q8k_reference
 
 __all__ = ["Q8ACT_QTYPES", "BLOCK_QTYPES", "GGML_TYPE", "KERNEL_OF", "Kernel", "kernel_loaded", "ready",
            "q8act_matmul", "block_matmul", "KERNEL", "blocked_simd"]

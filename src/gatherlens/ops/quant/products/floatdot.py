@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from gatherlens.ops.native import load_library
-from gatherlens.ops.quant.floats import float_values
-from gatherlens.ops.quant.layout import LAYOUTS
+from gatherlens.ops.quant.formats.floats import float_values
+from gatherlens.ops.quant.formats.layout import LAYOUTS
 
 __all__ = ["FLOAT_QTYPES", "GGML_TYPE", "kernel_loaded", "float_matmul", "float_reference", "KERNEL"]
 

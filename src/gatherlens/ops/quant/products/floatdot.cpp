@@ -8,7 +8,7 @@
 // float32 sums in another order than a GEMM's). Made for decode (M of 1 to a few): each row of W is
 // read once for up to 4 rows of x (4 accumulator chains a row of x, 32 weights a step); correct for any
 // M. qtype: ggml's type number of F32, F16 or BF16; their type numbers and value sizes come from
-// quant_formats.h (generated from ops/quant/layout.py's records). Rows of W are split over torch's
+// quant_formats.h (generated from ops/quant/formats/layout.py's records). Rows of W are split over torch's
 // threads. Every AVX2 path has its scalar twin. Built by gatherlens/ops/native.py; fake kernel in
 // floatdot.py.
 #include <cstdint>
@@ -26,7 +26,7 @@
 #endif
 
 #include "gatherlens/common.h"
-#include "quant_formats.h"
+#include "../formats/quant_formats.h"
 
 namespace {
 

@@ -12,8 +12,8 @@
 // to its output, every sum over s and i in int32; codes stored with an offset (Q3_K: q - 4, Q6_K:
 // q - 32) are multiplied unsigned and the offset taken back through bsums; IQ4_XS's codes are its
 // codebook's int8 values. qtype: ggml's type number; each format's type number, block bytes, field
-// offsets and codebook come from quant_formats.h (generated from ops/quant/layout.py's records).
-// The error is x's rounding (up to dx / 2 per value), as in llama.cpp; ops/quant/q8k_naive.py
+// offsets and codebook come from quant_formats.h (generated from ops/quant/formats/layout.py's records).
+// The error is x's rounding (up to dx / 2 per value), as in llama.cpp; ops/quant/products/q8k_naive.py
 // computes the same sums in float64. AVX2 where the CPU has it (defining GATHERLENS_Q8K_PLAIN
 // builds the plain loops beside it instead). One row of x (decode) runs row_dot per weight row, weight
 // rows split over torch's threads; x of GEMM_ROWS rows or more runs the blocked integer GEMM below
@@ -39,7 +39,7 @@
 
 #include "gatherlens/common.h"
 #include "q8_panels.h"
-#include "quant_formats.h"
+#include "../formats/quant_formats.h"
 
 namespace {
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from gatherlens.ops.native import load_library
-from gatherlens.ops.quant.layout import LAYOUTS, QK_K
+from gatherlens.ops.quant.formats.layout import LAYOUTS, QK_K
 
 __all__ = ["Q8K_QTYPES", "GGML_TYPE", "kernel_loaded", "q8k_matmul", "KERNEL", "blocked_simd"]
 

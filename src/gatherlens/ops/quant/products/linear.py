@@ -25,14 +25,14 @@ from dataclasses import dataclass
 import torch
 
 from gatherlens.errors import GatherTypeError, GatherValueError
-from gatherlens.ops.quant.checks import check_blocks, check_qtype
+from gatherlens.ops.quant.formats.checks import check_blocks, check_qtype
 from gatherlens.ops.backends import Impl, Operator
-from gatherlens.ops.quant import q8act as _q8act
-from gatherlens.ops.quant.matmul import ROUTES
-from gatherlens.ops.quant.registry import dequantize_rows
-from gatherlens.ops.quant.sizes import SIZES
-from gatherlens.ops.quant.tiled import tiled_dequant_matmul
-from gatherlens.ops.quant.x8 import PANEL
+from gatherlens.ops.quant.products import q8act as _q8act
+from gatherlens.ops.quant.products.matmul import ROUTES
+from gatherlens.ops.quant.formats.registry import dequantize_rows
+from gatherlens.ops.quant.formats.sizes import SIZES
+from gatherlens.ops.quant.products.tiled import tiled_dequant_matmul
+from gatherlens.ops.quant.products.x8 import PANEL
 
 __all__ = ["LinearConfig", "QuantizedWeight", "pack_linear", "quantized_linear", "split_linear", "LINEAR_ROUTES",
            "linear_product", "LINEAR_PRODUCT", "q8act_ready", "INTEGER_GEMM_ROWS", "integer_gemm_faster"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.quant.layout import LAYOUTS, QK
+from gatherlens.ops.quant.formats.layout import LAYOUTS, QK
 
 __all__ = ["X8_QTYPES", "PANEL", "X8_OP", "pack_x8", "unpack_x8", "x8_fits", "x8_matmul"]
 
