@@ -225,6 +225,21 @@ def test_gemma2_features_come_from_the_file(tmp_path):
                           .weight, atol=1e-6)  # the file's weight + 1, less 1
 
 
+@pytest.mark.parametrize("vectors", ["F16", "BF16"])
+def test_norms_and_biases_in_any_plain_float_format_load(tmp_path, vectors):
+    """A vector (norm, bias) in any format whose record names a value_dtype runs on the quantized path,
+    its values widened exactly (they were F32 / F16 only: BF16 ones were refused)."""
+    model = tiny_model("qwen2")  # q/k/v biases and norms
+    path = write_gguf(model, "qwen2", "Q8_0", tmp_path / f"qwen2.{vectors}-vectors.gguf", vectors=vectors)
+    assert {t.tensor_type.name for t in open_gguf(path).tensors if len(t.shape) == 1} == {vectors}
+    lm = load(str(path), quantized=True, progress=False)
+    dtype = LAYOUTS[vectors].value_dtype
+    for ours, theirs in ((lm.model.model.norm.weight, model.model.norm.weight),
+                         (lm.model.model.layers[1].self_attn.q_proj.bias, model.model.layers[1].self_attn.q_proj.bias)):
+        assert torch.equal(ours, theirs.detach().to(dtype).float())
+    assert torch.isfinite(_logits(lm.model)).all()
+
+
 def test_an_architecture_not_in_the_table_is_one_error(tmp_path):
     path = tmp_path / "starcoder.gguf"
     writer = gguf.GGUFWriter(str(path), "starcoder2")

@@ -89,7 +89,7 @@ def test_non_finite_values_give_what_float_gives(qtype):
 
 
 def test_opcheck_and_input_errors():
-    raw, f16 = stored("F16", 16, 64), floatdot.GGML_TYPE["F16"]
+    raw, f16 = stored("F16", 16, 64), FORMATS["F16"].ggml_type
     torch.library.opcheck(torch.ops.gatherlens.floatdot_linear.default, (torch.randn(2, 64), raw, f16),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
     for qtype in [fmt.ggml_type for q, fmt in FORMATS.items() if q not in QTYPES]:

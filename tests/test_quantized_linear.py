@@ -247,7 +247,7 @@ def test_bench_qlinear_tiny_run_writes_json(tmp_path):
 @pytest.mark.parametrize("qtype", ["IQ4_NL", "Q6_K"])  # gguf has no quantizer for them: random codes
 def test_bench_qlinear_times_one_format_for_every_shape(tmp_path, qtype):
     """--qtype: the synthetic shapes in one block format, the integer GEMM against dequant + float32
-    (how linear.INTEGER_GEMM_ROWS was measured)."""
+    (how the records' gemm_rows were measured)."""
     import json
 
     from click.testing import CliRunner

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gatherlens.models.gguf.quantized import PREFILL_ROWS, linear_from, pick_route
+from gatherlens.models.gguf.quantized import PREFILL_ROWS, linear_from
+from gatherlens.ops.quant.products.matmul import pick_route
 from gatherlens.models.gguf.layers import QuantizedLinear
 from gatherlens.models.gguf.moe import (ExpertRouter, QuantizedExperts, fill_moe, has_experts, stacked_blocks)
 from gatherlens.ops.quant import LinearConfig, pack_linear

@@ -4,7 +4,7 @@
     gatherlens bench qlinear --gguf path/to/model.gguf --rows 1 --json qlinear.json
     gatherlens bench qlinear --gguf synthetic             # gguf's quantizer on normal data instead
     gatherlens bench qlinear --gguf synthetic --qtype Q5_0 --routes q8act,dequant --rows 32,256,1024
-                                                          # the prefill's crossover (linear.INTEGER_GEMM_ROWS)
+                                                          # the prefill's crossover (a record's gemm_rows)
 
 One process, side by side. Shapes: SmolLM2-135M's four Q4_1 linears (N x K: 576x576 for q/o,
 192x576 for k/v, 1536x576 for gate/up, 576x1536 for down), the fused q|k|v and gate|up, and the tied

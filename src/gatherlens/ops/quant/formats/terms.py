@@ -27,12 +27,9 @@ from gatherlens.ops.quant.formats.iquants import book_values, iq4_nl_fields, iq4
 from gatherlens.ops.quant.formats.kquants import q2_k_fields, q3_k_fields, q4_k_fields, q5_k_fields, q6_k_fields
 from gatherlens.ops.quant.formats.layout import LAYOUTS
 
-__all__ = ["BlockTerms", "groups", "GROUP", "BITS", "q8_0_terms", "q4_0_terms", "q4_1_terms", "q5_0_terms",
+__all__ = ["BlockTerms", "groups", "q8_0_terms", "q4_0_terms", "q4_1_terms", "q5_0_terms",
            "q5_1_terms", "q4_k_terms", "q6_k_terms", "f32_terms", "f16_terms", "bf16_terms", "q2_k_terms",
            "q3_k_terms", "q5_k_terms", "iq4_nl_terms", "iq4_xs_terms"]
-
-GROUP = {q: layout.group for q, layout in LAYOUTS.items()}  # weights per scale
-BITS = {q: layout.bits for q, layout in LAYOUTS.items()}  # bits of one code
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@
 namespace {
 
 using gatherlens_quant::BF16;
-using gatherlens_quant::F16;
 using gatherlens_quant::F32;
 
 template <class F>
@@ -128,14 +127,14 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& raw) {
 
 at::Tensor floatdot_linear_cpu(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be (M, K) float32 contiguous");
-  switch (qtype) {
-    case F32::type: return linear<F32>(x, raw);
-    case F16::type: return linear<F16>(x, raw);
-    case BF16::type: return linear<BF16>(x, raw);
+#define GATHERLENS_CASE(F) \
+  case gatherlens_quant::F::type: return linear<gatherlens_quant::F>(x, raw);
+  switch (qtype) {  // the formats whose records name this kernel (quant_formats.h)
+    GATHERLENS_FLOATDOT_LINEAR_FORMATS(GATHERLENS_CASE)
     default: break;
   }
-  TORCH_CHECK(false, "qtype must be ", F32::type, " (F32), ", F16::type, " (F16) or ", BF16::type, " (BF16), got ",
-              qtype);
+#undef GATHERLENS_CASE
+  TORCH_CHECK(false, "qtype must be ", gatherlens_quant::floatdot_linear_formats, ", got ", qtype);
 }
 
 }  // namespace

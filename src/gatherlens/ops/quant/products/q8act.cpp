@@ -56,13 +56,6 @@
 
 namespace {
 
-using gatherlens_quant::IQ4_NL;
-using gatherlens_quant::Q4_0;
-using gatherlens_quant::Q4_1;
-using gatherlens_quant::Q5_0;
-using gatherlens_quant::Q5_1;
-using gatherlens_quant::Q8_0;
-
 constexpr int64_t QK = 32;  // x's blocks (llama.cpp's Q8_1): one per weight block of these formats
 
 struct Act {                       // x quantized: per row, K/32 blocks of 32 int8, a scale and a sum
@@ -444,9 +437,6 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& raw) {
 // the block's 8 sums scale by 8 d at once: about a third of row_dot's instructions a weight block.
 // The sums are row_dot's (the same integers; the float sums over blocks run in another order).
 template <class F>
-constexpr bool has_x8 = F::bits == 4 || F::bits == 8;  // Q4_0, Q4_1, IQ4_NL, Q8_0
-
-template <class F>
 constexpr int64_t X8_SCALES = (F::has_m ? 2 : 1) * PANEL * 2;  // bytes of the panel block's fp16 d (and m)
 
 template <class F>  // the panel block's codes as the Panel of the blocked GEMM holds them (STEPS, PANEL, STEP)
@@ -575,30 +565,26 @@ at::Tensor linear_x8(const at::Tensor& x, const at::Tensor& packed) {
 
 at::Tensor q8x8_linear_cpu(const at::Tensor& x, const at::Tensor& packed, int64_t qtype) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be (M, K) float32 contiguous");
-  switch (qtype) {
-    case Q8_0::type: return linear_x8<Q8_0>(x, packed);
-    case Q4_0::type: return linear_x8<Q4_0>(x, packed);
-    case Q4_1::type: return linear_x8<Q4_1>(x, packed);
-    case IQ4_NL::type: return linear_x8<IQ4_NL>(x, packed);
+#define GATHERLENS_CASE(F) \
+  case gatherlens_quant::F::type: return linear_x8<gatherlens_quant::F>(x, packed);
+  switch (qtype) {  // the formats whose records have panels (quant_formats.h)
+    GATHERLENS_Q8X8_LINEAR_FORMATS(GATHERLENS_CASE)
     default: break;
   }
-  TORCH_CHECK(false, "q8x8_linear: qtype must be ", Q8_0::type, " (Q8_0), ", Q4_0::type, " (Q4_0), ", Q4_1::type,
-              " (Q4_1) or ", IQ4_NL::type, " (IQ4_NL), got ", qtype);
+#undef GATHERLENS_CASE
+  TORCH_CHECK(false, "q8x8_linear: qtype must be ", gatherlens_quant::q8x8_linear_formats, ", got ", qtype);
 }
 
 at::Tensor q8act_linear_cpu(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be (M, K) float32 contiguous");
-  switch (qtype) {
-    case Q8_0::type: return linear<Q8_0>(x, raw);
-    case Q4_0::type: return linear<Q4_0>(x, raw);
-    case Q4_1::type: return linear<Q4_1>(x, raw);
-    case Q5_0::type: return linear<Q5_0>(x, raw);
-    case Q5_1::type: return linear<Q5_1>(x, raw);
-    case IQ4_NL::type: return linear<IQ4_NL>(x, raw);
+#define GATHERLENS_CASE(F) \
+  case gatherlens_quant::F::type: return linear<gatherlens_quant::F>(x, raw);
+  switch (qtype) {  // the formats whose records name this kernel (quant_formats.h)
+    GATHERLENS_Q8ACT_LINEAR_FORMATS(GATHERLENS_CASE)
     default: break;
   }
-  TORCH_CHECK(false, "qtype must be ", Q8_0::type, " (Q8_0), ", Q4_0::type, " (Q4_0), ", Q4_1::type, " (Q4_1), ",
-              Q5_0::type, " (Q5_0), ", Q5_1::type, " (Q5_1) or ", IQ4_NL::type, " (IQ4_NL), got ", qtype);
+#undef GATHERLENS_CASE
+  TORCH_CHECK(false, "qtype must be ", gatherlens_quant::q8act_linear_formats, ", got ", qtype);
 }
 
 int64_t q8act_simd() {  // the blocked loop this build runs: 0 the scalar twin, 1 AVX2, 2 AVX2 with VNNI
