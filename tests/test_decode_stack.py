@@ -19,6 +19,8 @@ gguf = pytest.importorskip("gguf")
 
 from tiny_gguf import tiny_model, write_gguf  # noqa: E402
 
+from native_helpers import needs_native  # noqa: E402
+
 from gatherlens.models import load  # noqa: E402
 from gatherlens.models.runtime.stack import remove_stack, stack_active, stack_weights  # noqa: E402
 from gatherlens.models.runtime.decoding import (SparseKVCache, observe_sparse, use_dense_decoding,  # noqa: E402
@@ -26,7 +28,7 @@ from gatherlens.models.runtime.decoding import (SparseKVCache, observe_sparse, u
 from gatherlens.ops.layer import stack  # noqa: E402
 from gatherlens.ops.sparse.decode import choice_of_config  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not stack.kernel_loaded(), reason="the native operators did not build")
+pytestmark = needs_native(stack)
 PROMPT = torch.randint(0, 317, (1, 45), generator=torch.Generator().manual_seed(3))  # (1, 45): no control tokens
 STEPS = 6
 

@@ -52,7 +52,7 @@ BOUND = 0.05      # the quantized model's logits: within 5% of the largest refer
 PRODUCT = 1e-5    # each product against transformers' on the same (rounded) input, relative to its largest output
 LEAN = {"llama", "mistral", "qwen2"}  # Llama-shaped layers: the lean decode step runs them
 IDS = torch.randint(0, 317, (1, 20), generator=torch.Generator().manual_seed(1))  # (1, 20): no control tokens
-MEASURED: dict = {}  # (arch, qtype) -> max |logit difference| of the quantized model, printed at the end
+MEASURED: dict = {}  # (arch, qtype) -> max |logit difference| of the quantized model (scripts/gguf_differences.py)
 
 
 def _reference(folder, name: str, config=None):
@@ -257,10 +257,3 @@ def test_an_architecture_not_in_the_table_is_one_error(tmp_path):
         f"model file {str(path)!r} is a 'starcoder2' model; quantized=True runs the GGUF architectures "
         f"{', '.join(ARCHS)}; try without --quantized (quantized=True): the float32 path reads every "
         f"architecture transformers reads")
-
-
-def test_report_measured_differences(capsys):
-    """Not a check: the largest logit difference per architecture and type, for the record (-s shows it)."""
-    with capsys.disabled():
-        for (arch, qtype), diff in sorted(MEASURED.items()):
-            print(f"\n  {arch:8s} {qtype:5s} max |quantized - transformers| = {diff:.2e}", end="")

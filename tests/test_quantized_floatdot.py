@@ -14,11 +14,13 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
+from native_helpers import needs_native
+
 from gatherlens.ops.quant import FORMATS
 
 from gatherlens.ops.quant.products import floatdot
 
-pytestmark = pytest.mark.skipif(not floatdot.kernel_loaded(), reason="no C++ compiler or ninja")
+pytestmark = needs_native(floatdot)
 QTYPES = floatdot.FLOAT_QTYPES
 
 

@@ -9,6 +9,8 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
+from installed import installed  # noqa: E402
+
 from gatherlens.models.gguf.layers import QuantizedEmbedding, QuantizedLinear  # noqa: E402
 from gatherlens.ops.embedding import embedding_lookup  # noqa: E402
 from gatherlens.ops.quant import LinearConfig, QuantizedTable, pack_linear, quantized_linear, split_linear  # noqa: E402
@@ -68,10 +70,8 @@ def test_quantized_embedding_traces_one_embedding_event():
 def models():
     from gatherlens.models import load
 
-    try:
-        return load("smollm2"), load("smollm2", quantized=True)
-    except Exception as err:  # noqa: BLE001 - the model package is an optional install
-        pytest.skip(f"SmolLM2 is not available ({err})")
+    installed("smollm2")  # skips only when the model package is missing: a load that fails, fails
+    return load("smollm2"), load("smollm2", quantized=True)
 
 
 def _austen(lm, n: int) -> torch.Tensor:

@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from gguf.quants import dequantize, quantize
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from gatherlens.ops.quant import FORMATS
+from native_helpers import needs_native, require_native
 
+from gatherlens.ops.quant import FORMATS
 from gatherlens.ops.quant.products import q8act
 from gatherlens.ops.quant.formats.layout import QK
 from gatherlens.ops.quant.products.linear import (LINEAR_PRODUCT, LinearConfig, pack_linear, quantized_linear,
@@ -28,13 +29,13 @@ from gatherlens.ops.quant.products.linear import (LINEAR_PRODUCT, LinearConfig, 
 from gatherlens.ops.quant.products.linear_naive import naive_quantized_linear
 from gatherlens.ops.quant.products.x8 import X8_QTYPES, pack_x8, unpack_x8, x8_matmul
 
-pytestmark = pytest.mark.skipif(not q8act.kernel_loaded(), reason="no C++ compiler or ninja")
+pytestmark = needs_native(q8act)
 QTYPES = q8act.Q8ACT_QTYPES  # the formats whose records name the q8act route
 BLOCKS = tuple(q for q in QTYPES if q in q8act.BLOCK_QTYPES)  # those of q8act.cpp (32-weight blocks)
 
 
 def _ready(qtype: str):
-    return pytest.param(qtype, marks=pytest.mark.skipif(q8act.ready(qtype) is not None, reason=str(q8act.ready(qtype))))
+    return pytest.param(qtype, marks=needs_native(lambda: q8act.ready(qtype)))  # its format's kernel
 
 
 ROUTED = [_ready(q) for q in QTYPES]
@@ -256,8 +257,7 @@ def test_a_kernel_that_did_not_build_sends_only_its_formats_to_the_fallback(monk
 
 @pytest.mark.parametrize("qtype", sorted({q8act.kernel_of(q).source: q for q in QTYPES}.values()))
 def test_opcheck(qtype):
-    if q8act.ready(qtype) is not None:
-        pytest.skip(q8act.ready(qtype))
+    require_native(q8act.ready(qtype))
     K = width(qtype, 256)
     raw, op = blocks(qtype, 16, K), FORMATS[qtype].kernel  # the operator the record names
     torch.library.opcheck(getattr(torch.ops.gatherlens, op).default, (torch.randn(2, K), raw, FORMATS[qtype].ggml_type),

@@ -16,12 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from gguf.quants import dequantize
 
+from native_helpers import needs_native
+
 from gatherlens.ops.quant.products import q8k
 from gatherlens.ops.quant.formats.layout import LAYOUTS, QK_K, formats_taking
 from gatherlens.ops.quant.products.q8k_naive import q8k_reference, quantize_q8_k
 from gatherlens.ops.quant.formats.registry import FORMATS, dequantize_rows
 
-pytestmark = pytest.mark.skipif(not q8k.kernel_loaded(), reason="no C++ compiler or ninja")
+pytestmark = needs_native(q8k)
 QTYPES = q8k.Q8K_QTYPES  # the super-block formats of layout.py
 
 
