@@ -20,6 +20,7 @@ gguf = pytest.importorskip("gguf")
 from tiny_gguf import tiny_model, write_gguf  # noqa: E402
 
 from native_helpers import needs_native  # noqa: E402
+from lanes import sweep  # noqa: E402
 
 from gatherlens.models import load  # noqa: E402
 from gatherlens.models.runtime.stack import remove_stack, stack_active, stack_weights  # noqa: E402
@@ -69,7 +70,7 @@ def _same_cache(a: SparseKVCache, b: SparseKVCache) -> bool:
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
-@pytest.mark.parametrize("kv_dtype", ["float32", "float16", "int8"])
+@pytest.mark.parametrize("kv_dtype", sweep(["float32", "float16", "int8"], fast="float32"))
 @pytest.mark.parametrize("budget", [8, None], ids=["sparse", "dense"])
 def test_one_operator_step_is_the_lean_step(models, qtype, kv_dtype, budget):
     """The same tokens through both: the caches bit-equal after every step, the logits within the

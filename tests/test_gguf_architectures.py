@@ -33,6 +33,7 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 from tiny_gguf import TINY, tiny_model, write_gguf  # noqa: E402
+from lanes import sweep  # noqa: E402
 
 from gatherlens.errors import GatherValueError  # noqa: E402
 from gatherlens.models import load  # noqa: E402
@@ -126,8 +127,8 @@ def test_rows_are_gguf_and_transformers_names(arch):
 
 
 # -- each architecture, each type ---------------------------------------------------------------------
-@pytest.mark.parametrize("qtype", QTYPES)
-@pytest.mark.parametrize("arch", list(TINY))
+@pytest.mark.parametrize("qtype", sweep(QTYPES, fast="Q8_0"))
+@pytest.mark.parametrize("arch", sweep(list(TINY), fast="llama"))  # llama's Q8_0 fast, the sweep slow
 def test_float_and_quantized_models_match_transformers(files, arch, qtype):
     f = files(arch, qtype)
     ref = _logits(f.ref)  # (S, V)
@@ -174,7 +175,7 @@ def _products(ref, ours) -> list:
     return out
 
 
-@pytest.mark.parametrize("arch", list(TINY))
+@pytest.mark.parametrize("arch", sweep(list(TINY), fast="llama"))
 def test_generate_runs_dense_and_sparse(files, arch):
     """generate on the quantized model: dense decoding; sparse at a budget buying every page gives its
     tokens (its logits within the rounding bound: another order of sums can flip one x's rounding);
@@ -196,6 +197,7 @@ def test_generate_runs_dense_and_sparse(files, arch):
     assert all(torch.isfinite(x).all() for x in small.logits)
 
 
+@pytest.mark.slow  # a sweep over the MoE architectures (tests/test_quantized_moe.py keeps one fast)
 @pytest.mark.parametrize("arch", [a for a in ARCHS if ARCHS[a].moe])
 def test_moe_float_model_is_transformers(tmp_path, arch):
     """float_model of a MoE file: the stacked gate and up experts joined into HF's gate_up_proj (rows'
@@ -225,7 +227,7 @@ def test_gemma2_features_come_from_the_file(tmp_path):
                           .weight, atol=1e-6)  # the file's weight + 1, less 1
 
 
-@pytest.mark.parametrize("vectors", ["F16", "BF16"])
+@pytest.mark.parametrize("vectors", sweep(["F16", "BF16"], fast="BF16"))
 def test_norms_and_biases_in_any_plain_float_format_load(tmp_path, vectors):
     """A vector (norm, bias) in any format whose record names a value_dtype runs on the quantized path,
     its values widened exactly (they were F32 / F16 only: BF16 ones were refused)."""

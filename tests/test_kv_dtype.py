@@ -114,7 +114,8 @@ def test_a_page_filled_token_by_token_loses_less_than_one_step():
 # -- every backend equals the reference over the stored values; each dtype near float32 ------------
 
 def _backends():
-    return ["torch", "triton"] + (["native"] if fused_decode.kernel_loaded() else [])
+    return ["torch", pytest.param("triton", marks=pytest.mark.slow),  # a subprocess: Triton's interpreter
+            pytest.param("native", marks=needs_native(fused_decode))]
 
 
 def _case(kv):

@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lanes import sweep
+
 from gatherlens.models.gguf.quantized import PREFILL_ROWS, linear_from
 from gatherlens.ops.quant.products.matmul import pick_route
 from gatherlens.models.gguf.layers import QuantizedLinear
@@ -34,7 +36,11 @@ def linear_maker(route: str = "auto"):
     return linear_from if route == "auto" else other_route
 
 
-@pytest.fixture(scope="module", params=[(k, q) for k in KINDS for q in ("Q8_0", "F32")], ids=lambda p: "-".join(p))
+FILES = [(k, q) for k in KINDS for q in ("Q8_0", "F32")]
+
+
+@pytest.fixture(scope="module", params=sweep(FILES, fast=("qwen2moe", "Q8_0")),  # its shared expert too
+                ids=lambda p: "-".join(p))  # one file fast, the sweep slow
 def moe_file(request, tmp_path_factory):
     """(source model, path, gguf reader, {name: tensor}, transformers' float load of the file)."""
     kind, qtype = request.param

@@ -158,6 +158,7 @@ def _cells(svg: str) -> dict[str, list[str]]:
             if "gl-cell" in g.get("class", "")}
 
 
+@pytest.mark.slow  # the real model's tables
 @needs_model
 @pytest.mark.parametrize("name", ["quantized_gather", "quantized_gather_q4_1"])
 def test_picture_shows_the_records_numbers(figures, name):
@@ -175,6 +176,7 @@ def test_picture_shows_the_records_numbers(figures, name):
     assert ("m = " in svg) == (rec.qtype == "Q4_1")  # a min is drawn where the format has one
 
 
+@pytest.mark.slow  # the real model's tables
 @needs_model
 @pytest.mark.parametrize("lang", ["en", "zh"])
 @pytest.mark.parametrize("name", ["quantized_gather", "quantized_gather_q4_1"])

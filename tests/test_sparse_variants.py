@@ -314,6 +314,7 @@ def triton_results(tmp_path_factory):
     return interpreted_results(__file__, tmp_path_factory)
 
 
+@pytest.mark.slow  # a subprocess: Triton's interpreter
 @pytest.mark.parametrize("name", list(TRITON_CASES))
 def test_triton_matches_torch_path_and_reference(triton_results, name):
     case = TRITON_CASES[name]
