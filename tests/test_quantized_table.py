@@ -198,12 +198,11 @@ def test_each_kernel_runs_the_formats_whose_records_name_it():
 def test_an_unknown_format_is_an_error_naming_it_never_a_default():
     """Every per-format lookup fails closed: an unknown format (ggml's retired Q4_2), or a record without
     the fact asked for, is an error that names it; no lookup answers 0 or None."""
-    for lookup in (format_of, q8act.kernel_of, value_dtype,
+    for lookup in (format_of, q8act.kernel_of, value_dtype, lambda q: pick_route(q, "auto"),
                    lambda q: integer_gemm_faster(torch.zeros(2, 32), SimpleNamespace(qtype=q))):
         with pytest.raises(GatherValueError, match="'Q4_2'"):
             lookup("Q4_2")
     assert q8act.ready("Q4_2") == "no kernel of the q8act route takes Q4_2"
-    assert pick_route("Q4_2", "auto") == "bf16"  # only the dense routes take a format no record names
     with pytest.raises(GatherValueError, match="the record of Q4_0 has no integers; the formats with one: "
                                                "Q4_K, Q6_K, Q2_K, Q3_K, Q5_K, IQ4_XS"):
         format_of("Q4_0", needs="integers")

@@ -33,7 +33,7 @@ from gatherlens.ops.quant.products.int4 import GROUP, int4_matmul, pack_codes, p
 from gatherlens.ops.quant.formats.layout import formats_taking
 from gatherlens.ops.quant.products.q8act import q8act_matmul, ready as q8act_ready
 from gatherlens.ops.quant.products.x8 import pack_x8, x8_fits, x8_matmul
-from gatherlens.ops.quant.formats.registry import dequantize_rows
+from gatherlens.ops.quant.formats.registry import dequantize_rows, format_of
 from gatherlens.ops.quant.formats.sizes import QTYPES
 
 __all__ = ["Route", "ROUTES", "pick_route"]
@@ -134,7 +134,8 @@ ROUTES = {
 def pick_route(qtype: str, route: str, head: bool = False) -> str:
     """"auto": q8act for every format whose record names it when that format's kernel can run here
     (`q8act_ready(qtype)`), else int4 (bf16 for a head); a named route where it takes `qtype`; bf16
-    for any format no faster route takes."""
+    for any format no faster route takes. A format no record names is a GatherValueError naming it."""
+    format_of(qtype)
     if route == "auto":
         if q8act_ready(qtype) is None:  # a reason for any format the route does not take
             return "q8act"
