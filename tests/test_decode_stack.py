@@ -69,7 +69,7 @@ def _same_cache(a: SparseKVCache, b: SparseKVCache) -> bool:
                for x, y in zip(pa, pb))
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("qtype", sweep(["Q8_0", "Q4_0"], fast="Q4_0"))
 @pytest.mark.parametrize("kv_dtype", sweep(["float32", "float16", "int8"], fast="float32"))
 @pytest.mark.parametrize("budget", [8, None], ids=["sparse", "dense"])
 def test_one_operator_step_is_the_lean_step(models, qtype, kv_dtype, budget):

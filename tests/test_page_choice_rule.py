@@ -171,6 +171,7 @@ def triton_results(tmp_path_factory):
     return interpreted_results(__file__, tmp_path_factory)
 
 
+@pytest.mark.slow  # a subprocess: Triton's interpreter
 @pytest.mark.parametrize("name", CASES)
 def test_triton_picks_the_same_pages(name, triton_results):
     want, _, _ = expected(name)
