@@ -19,6 +19,9 @@ gguf = pytest.importorskip("gguf")
 
 from tiny_gguf import tiny_model, write_gguf  # noqa: E402
 
+from native_helpers import needs_native  # noqa: E402
+from lanes import sweep  # noqa: E402
+
 from gatherlens.models import load  # noqa: E402
 from gatherlens.models.runtime.stack import remove_stack, stack_active, stack_weights  # noqa: E402
 from gatherlens.models.runtime.decoding import (SparseKVCache, observe_sparse, use_dense_decoding,  # noqa: E402
@@ -26,7 +29,7 @@ from gatherlens.models.runtime.decoding import (SparseKVCache, observe_sparse, u
 from gatherlens.ops.layer import stack  # noqa: E402
 from gatherlens.ops.sparse.decode import choice_of_config  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not stack.kernel_loaded(), reason="the native operators did not build")
+pytestmark = needs_native(stack)
 PROMPT = torch.randint(0, 317, (1, 45), generator=torch.Generator().manual_seed(3))  # (1, 45): no control tokens
 STEPS = 6
 
@@ -66,8 +69,8 @@ def _same_cache(a: SparseKVCache, b: SparseKVCache) -> bool:
                for x, y in zip(pa, pb))
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
-@pytest.mark.parametrize("kv_dtype", ["float32", "float16", "int8"])
+@pytest.mark.parametrize("qtype", sweep(["Q8_0", "Q4_0"], fast="Q4_0"))
+@pytest.mark.parametrize("kv_dtype", sweep(["float32", "float16", "int8"], fast="float32"))
 @pytest.mark.parametrize("budget", [8, None], ids=["sparse", "dense"])
 def test_one_operator_step_is_the_lean_step(models, qtype, kv_dtype, budget):
     """The same tokens through both: the caches bit-equal after every step, the logits within the

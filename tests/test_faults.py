@@ -1703,7 +1703,7 @@ def test_unsupported_types_are_all_named_before_anything_slow(tmp_path, monkeypa
     from gguf import GGMLQuantizationType as T
 
     import gatherlens.models.gguf.quantized as quantized
-    from gatherlens.ops.quant.registry import FORMATS
+    from gatherlens.ops.quant.formats.registry import FORMATS
 
     path = _tiny_llama_gguf(tmp_path / "iq.gguf", {"blk.0.ffn_down": T.IQ2_XXS, "blk.1.ffn_down": T.IQ2_XXS,
                                                    "blk.0.attn_output": T.MXFP4})
@@ -1713,7 +1713,7 @@ def test_unsupported_types_are_all_named_before_anything_slow(tmp_path, monkeypa
     assert _error_lines(result)[0] == (
         f"Error: model file {str(path)!r} holds tensors quantized=True cannot run: MXFP4 (blk.0.attn_output.weight: "
         f"64 rows of 64 weights); IQ2_XXS (blk.0.ffn_down.weight: 64 rows of 256 weights, and 1 more); it runs "
-        f"matrices in {', '.join(FORMATS)} and vectors in F32, F16; try without --quantized (quantized=True): the "
+        f"matrices in {', '.join(FORMATS)} and vectors in F32, F16, BF16; try without --quantized (quantized=True): the "
         f"float32 path dequantizes them")
 
 

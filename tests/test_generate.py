@@ -230,6 +230,7 @@ def test_page_trace_record_and_picture():
     assert zh.startswith("<!DOCTYPE html>") and "稠密" in zh and "<svg" in zh
 
 
+@pytest.mark.slow  # a bench case: a fresh process per case
 def test_bench_generate_tiny_case_writes_json_and_plot(tiny, tmp_path):
     from gatherlens.bench.generate import command
 

@@ -13,6 +13,8 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from native_helpers import needs_native
+
 from gatherlens.errors import GatherTypeError, GatherValueError
 from gatherlens.ops.layer import fused, naive
 from gatherlens.ops.sparse import PagedKVCache, sparse_decode
@@ -26,8 +28,8 @@ NARROW = ("float16", "bfloat16", "int8")
 # max |sparse_decode(stored in kv_dtype) - sparse_decode(float32)| / max(1, max |out|) on randn keys
 # and values (D = 16..64, the same pages): what each storage costs (the tolerance these tests state)
 TOLERANCE = {"float16": 2e-3, "bfloat16": 1.5e-2, "int8": 4e-2}
-needs_kernel = pytest.mark.skipif(not fused_decode.kernel_loaded(), reason="no C++ compiler or ninja")
-needs_layer_kernel = pytest.mark.skipif(not fused.kernel_loaded(), reason="no C++ compiler or ninja")
+needs_kernel = needs_native(fused_decode)
+needs_layer_kernel = needs_native(fused)
 
 
 def filled(kv_dtype, B=1, Hkv=2, L=61, D=16, P=8, chunks=None, seed=0, growth=0.0, Dv=None):
@@ -112,7 +114,8 @@ def test_a_page_filled_token_by_token_loses_less_than_one_step():
 # -- every backend equals the reference over the stored values; each dtype near float32 ------------
 
 def _backends():
-    return ["torch", "triton"] + (["native"] if fused_decode.kernel_loaded() else [])
+    return ["torch", pytest.param("triton", marks=pytest.mark.slow),  # a subprocess: Triton's interpreter
+            pytest.param("native", marks=needs_native(fused_decode))]
 
 
 def _case(kv):

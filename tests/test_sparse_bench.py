@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from gatherlens.bench.decode import bytes_read, command, parse_context
 
 
+@pytest.mark.slow  # a bench case: a fresh process per case
 def test_bench_decode_tiny_case_writes_json(tmp_path):
     out = tmp_path / "decode.json"
     res = CliRunner().invoke(command, ["--context", "1K", "--budget", "64",

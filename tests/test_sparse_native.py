@@ -7,6 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from native_helpers import needs_native
+
 from gatherlens.errors import GatherValueError
 from gatherlens.ops.sparse import PagedKVCache, sparse_decode
 from gatherlens.ops.sparse import fused_decode
@@ -14,8 +16,7 @@ from gatherlens.ops.sparse.decode import sparse_decode_native
 from gatherlens.ops.sparse.geometry import page_count
 from gatherlens.ops.sparse.naive import sparse_attention_reference
 
-needs_kernel = pytest.mark.skipif(not fused_decode.kernel_loaded(), reason="no C++ compiler or ninja")
-pytestmark = needs_kernel
+pytestmark = needs_native(fused_decode)
 
 
 def make(B=1, Hkv=2, G=3, L=37, D=8, P=4, seed=0, chunks=None):

@@ -11,12 +11,9 @@ import torch
 def make_tiny_llama(folder: Path, layers: int = 2, heads: int = 4, kv_heads: int = 2) -> Path:
     """Write the model and tokenizer into `folder` (skips the test when MiniLM is not installed)."""
     transformers = pytest.importorskip("transformers")
-    from gatherlens.models.files.registry import resolve
+    from installed import installed
 
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(resolve("minilm").path, local_files_only=True)
-    except Exception as err:  # noqa: BLE001 - the tokenizer package is an optional install
-        pytest.skip(f"MiniLM's tokenizer is not installed ({err})")
+    tok = transformers.AutoTokenizer.from_pretrained(installed("minilm"), local_files_only=True)
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64,
                                    num_hidden_layers=layers, num_attention_heads=heads,

@@ -4,7 +4,7 @@
     gatherlens bench qlinear --gguf path/to/model.gguf --rows 1 --json qlinear.json
     gatherlens bench qlinear --gguf synthetic             # gguf's quantizer on normal data instead
     gatherlens bench qlinear --gguf synthetic --qtype Q5_0 --routes q8act,dequant --rows 32,256,1024
-                                                          # the prefill's crossover (linear.INTEGER_GEMM_ROWS)
+                                                          # the prefill's crossover (a record's gemm_rows)
 
 One process, side by side. Shapes: SmolLM2-135M's four Q4_1 linears (N x K: 576x576 for q/o,
 192x576 for k/v, 1536x576 for gate/up, 576x1536 for down), the fused q|k|v and gate|up, and the tied
@@ -29,9 +29,9 @@ import torch
 
 from gatherlens.bench import timing
 from gatherlens.bench.output import check_json_path, human_seconds, json_option, write_results
-from gatherlens.ops.quant.linear import LinearConfig, pack_linear, quantized_linear
-from gatherlens.ops.quant.linear_naive import naive_quantized_linear
-from gatherlens.ops.quant.sizes import SIZES
+from gatherlens.ops.quant.products.linear import LinearConfig, pack_linear, quantized_linear
+from gatherlens.ops.quant.products.linear_naive import naive_quantized_linear
+from gatherlens.ops.quant.formats.sizes import SIZES
 
 # name -> (tensors of layer 0 side by side along N, qtype when synthetic, N, K)
 SHAPES = {
@@ -224,7 +224,7 @@ def command(source, shapes, qtype, rows_text, routes, head_routes, copies, cold_
 
 
 def _options(shapes, rows_text, routes, head_routes, copies, repeats, threads):
-    from gatherlens.ops.quant.matmul import ROUTES
+    from gatherlens.ops.quant.products.matmul import ROUTES
 
     names = tuple(s for s in shapes.split(",") if s)
     unknown = [s for s in names if s not in SHAPES]

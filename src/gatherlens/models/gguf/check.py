@@ -9,7 +9,8 @@ The checks, in this order, all from the header (the reader's metadata and tensor
 1. the architecture: quantized=True runs the architectures of models/gguf/arch.py's table (`ARCHS`);
    any other is one error naming it and listing those. Then types: every tensor's ggml type is one
    the path runs. quantized=True: a matrix (or a stack of expert matrices) in a block format of
-   ops/quant's `FORMATS`, a vector in F32 or F16 (`FLOAT_TYPES`); the float path: those or any type
+   ops/quant's `FORMATS`, a vector in a plain float format (`FLOAT_TYPES`: the records with a
+   `value_dtype`, F32, F16, BF16); the float path: those or any type
    gguf's own `dequantize` takes. One error names every type it cannot run, by ggml's name, with its
    first tensor and that tensor's shape, and what would run instead.
 2. the architecture's tensors (its rows in models/gguf/arch.py: names, shapes in terms of the
@@ -43,13 +44,14 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gatherlens.errors import GatherLensWarning, GatherValueError
 from gatherlens.models.gguf.arch import ARCHS, NOT_APPLIED, Arch
 from gatherlens.models.gguf.config import file_arch, metadata_value, open_gguf
-from gatherlens.ops.quant.floats import VALUE_DTYPES
-from gatherlens.ops.quant.layout import LAYOUTS
-from gatherlens.ops.quant.registry import FORMATS
+from gatherlens.ops.quant.formats.floats import value_dtype
+from gatherlens.ops.quant.formats.layout import LAYOUTS
+from gatherlens.ops.quant.formats.registry import FORMATS
 
 __all__ = ["TensorInfo", "check_gguf", "open_reader", "open_checked", "tensor_infos", "FLOAT_TYPES", "NOT_APPLIED"]
 
-FLOAT_TYPES = ("F32", "F16")  # read as they are: the norms of both paths (and any matrix of the float path)
+# the plain float formats (their records name a value_dtype), read as they are: the norms of both paths
+FLOAT_TYPES = tuple(q for q, fmt in FORMATS.items() if fmt.value_dtype is not None)
 ARCH_INTS = ("block_count", "embedding_length", "attention.head_count", "context_length")
 # terms of a shape (models/gguf/arch.py's rows) -> the metadata integer each needs beyond ARCH_INTS
 TERM_KEYS = {"F": "feed_forward_length", "2F": "feed_forward_length", "X": "expert_count",
@@ -319,7 +321,7 @@ def _check_values(reader, infos: list[TensorInfo], path: Path) -> None:
     for info in infos:
         layout = LAYOUTS.get(info.type_name)
         count = int(np.prod(info.shape, dtype=np.int64))
-        if info.type_name in VALUE_DTYPES:
+        if layout is not None and layout.value_dtype is not None:
             _check_floats(reader, info, count, path)
         elif layout is not None:
             blocks = count // layout.weights
@@ -331,12 +333,12 @@ def _check_values(reader, infos: list[TensorInfo], path: Path) -> None:
 
 
 def _check_floats(reader, info: TensorInfo, count: int, path: Path) -> None:
-    """Every value of a plain float tensor finite, read in place as ops/quant/floats.py's VALUE_DTYPES."""
+    """Every value of a plain float tensor finite, read in place as its record's value_dtype."""
     raw = np.ndarray((count * LAYOUTS[info.type_name].block_bytes,), np.uint8, buffer=reader.data,
                      offset=info.offset)  # the tensor's bytes, in place
     with warnings.catch_warnings():  # a read-only map ("r"): torch warns of writes; this only reads
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        values = torch.from_numpy(raw).view(VALUE_DTYPES[info.type_name])  # (count,)
+        values = torch.from_numpy(raw).view(value_dtype(info.type_name))  # (count,)
     bad = ~torch.isfinite(values)  # (count,)
     if bool(bad.any()):
         at = int(bad.nonzero()[0])

@@ -16,7 +16,7 @@ model's own forward, with the lean step in its layers.
 
 It runs where every decoder layer is Llama-shaped (decode_step.supports_lean_step) and every product
 is a bias-free QuantizedLinear on the "q8act" route (its blocks multiplied as stored by a kernel of
-`q8act.KERNEL_OF`), the head too.
+`q8act.kernel_of`: the one its format's record names), the head too.
 """
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ from gatherlens.models.hf_adapter import class_named, decoder_layers, forward_re
 from gatherlens.models.attention.sparse import decode_attention
 from gatherlens.models.attention.cache import SparseKVCache
 from gatherlens.ops.layer import add_rms_norm_cast, rms_norm_cast, rope_append, silu_mul_cast
-from gatherlens.ops.quant.linear import linear_product
+from gatherlens.ops.quant.products.linear import linear_product
 from gatherlens.ops.sparse.cache import PagedKVCache
 
 __all__ = ["LEAN_LAYER_CLASSES", "install_lean_step", "remove_lean_step", "lean_layers", "supports_lean_step"]

@@ -19,8 +19,8 @@
 // then logits = rms_norm_cast(x, final_norm) Whead (an empty head_kernel: x itself, before the final
 // norm). `heads` is Hq, the query heads (q is Hq * D wide; k and v Hkv * D and Hkv * Dv, the cache's
 // KV heads and widths). A product is `kernels[i]` (an operator name:
-// "q8act_linear", "q8k_linear", "floatdot_linear"; ops/quant/q8act.py's KERNEL_OF says which runs a
-// format) on raws[i] (N, row_bytes) uint8 with ggml type qtypes[i]. Each layer has SLOTS = 7
+// "q8act_linear", "q8k_linear", "floatdot_linear"; a format's record names its own: `kernel` in
+// ops/quant/formats/layout.py) on raws[i] (N, row_bytes) uint8 with ggml type qtypes[i]. Each layer has SLOTS = 7
 // products in the order q, k, v, o, gate, up, down; where the model packed q|k|v (gate|up) as one
 // weight, slot q (gate) holds it and k, v (up) are empty ("" kernels). The cache storage of layer l
 // (keys, values, summaries, int8 scales: PagedKVCache.writable / scale_storage) is written at

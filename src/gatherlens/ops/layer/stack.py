@@ -8,7 +8,7 @@ Each layer: RMSNorm, the q|k|v products on the weight's blocks, RoPE with the pa
 sparse (or dense) decode over the pages, the o product, the residual and the second norm, SiLU-gated
 gate|up, the down product and the residual; then the final norm and the head. `stack_reference` is
 the same arithmetic as plain Python calling the same operators one by one (ops/layer, the q8act
-kernels of `q8act.KERNEL_OF`, sparse decode's one entrance `decode_pages`); `decode_stack` runs the
+kernels of `q8act.kernel_of`, sparse decode's one entrance `decode_pages`); `decode_stack` runs the
 loop inside one C++ operator (decode_stack.cpp), which calls those operators straight to their CPU
 kernels: no Python and no dispatch layers between them (~150 us a layer less at one token a step).
 The two are bit-equal (tested): the same kernels on the same tensors in the same order.
@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 from gatherlens.ops.native import load_library
-from gatherlens.ops.quant.layout import LAYOUTS
-from gatherlens.ops.quant.q8act import KERNEL_OF
-from gatherlens.ops.quant.x8 import X8_OP, x8_matmul
+from gatherlens.ops.quant.formats.layout import LAYOUTS
+from gatherlens.ops.quant.products.q8act import kernel_of
+from gatherlens.ops.quant.products.x8 import X8_OP, x8_matmul
 from gatherlens.ops.sparse.geometry import page_count
 from gatherlens.ops.sparse.page_choice import pages_to_read
 
@@ -40,8 +40,8 @@ SLOTS = ("q", "k", "v", "o", "gate", "up", "down")  # a layer's products, in the
 
 @dataclass(frozen=True)
 class Product:
-    """One weight as its GGUF blocks: raw (N, row_bytes) uint8 of `qtype` (a format of KERNEL_OF), as
-    stored or (panels) repacked in panels of 8 rows (ops/quant/x8.py)."""
+    """One weight as its GGUF blocks: raw (N, row_bytes) uint8 of `qtype` (a format of the q8act route), as
+    stored or (panels) repacked in panels of 8 rows (ops/quant/products/x8.py)."""
 
     raw: torch.Tensor
     qtype: str
@@ -49,12 +49,12 @@ class Product:
 
     @property
     def kernel(self) -> str:
-        return X8_OP if self.panels else KERNEL_OF[self.qtype].op  # the operator that multiplies it
+        return X8_OP if self.panels else kernel_of(self.qtype).op  # the operator that multiplies it
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.panels:
             return x8_matmul(x, self.raw, self.qtype)  # (M, N)
-        return KERNEL_OF[self.qtype].matmul(x, self.raw, self.qtype)  # (M, N)
+        return kernel_of(self.qtype).matmul(x, self.raw, self.qtype)  # (M, N)
 
 
 _EMPTY = Product(torch.empty(0, dtype=torch.uint8), "")  # a slot a packed product covers
@@ -111,7 +111,7 @@ def stack_fits(weights: StackWeights) -> str | None:
         return "its C++ operator (decode_stack.cpp) did not build"
     used = {p.qtype for layer in weights.products for p in layer if p is not None}
     used |= {weights.head.qtype} if weights.head is not None else set()
-    missing = sorted(q for q in used if not KERNEL_OF[q].loaded())
+    missing = sorted(q for q in used if not kernel_of(q).loaded())
     return f"the kernels of {', '.join(missing)} did not build" if missing else None
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gatherlens.ops.quant.registry import dequantize_rows
+from gatherlens.ops.quant.formats.registry import dequantize_rows
 
 __all__ = ["TILE_BYTES", "tiled_dequant_matmul"]
 

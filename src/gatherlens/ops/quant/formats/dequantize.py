@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.quant.fields import q4_0_parts, q4_1_parts, q5_0_parts, q5_1_parts, q8_0_parts
-from gatherlens.ops.quant.floats import float_values
-from gatherlens.ops.quant.iquants import book_values, iq4_nl_parts, iq4_xs_parts
-from gatherlens.ops.quant.kquants import q2_k_parts, q3_k_parts, q4_k_parts, q5_k_parts, q6_k_parts
+from gatherlens.ops.quant.formats.fields import q4_0_parts, q4_1_parts, q5_0_parts, q5_1_parts, q8_0_parts
+from gatherlens.ops.quant.formats.floats import float_values
+from gatherlens.ops.quant.formats.iquants import book_values, iq4_nl_parts, iq4_xs_parts
+from gatherlens.ops.quant.formats.kquants import q2_k_parts, q3_k_parts, q4_k_parts, q5_k_parts, q6_k_parts
 
 __all__ = ["dequantize_q8_0", "dequantize_q4_0", "dequantize_q4_1", "dequantize_q5_0", "dequantize_q5_1",
            "dequantize_q4_k", "dequantize_q6_k", "dequantize_f32", "dequantize_f16", "dequantize_bf16",

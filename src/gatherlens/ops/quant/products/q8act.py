@@ -4,8 +4,10 @@ quantized to 8 bits per block, the dot products in integers; and the plain float
     >>> if ready("Q4_1") is None:
     ...     y = q8act_matmul(x, raw, "Q4_1")        # x (M, K) float32, raw (N, row_bytes) -> (M, N)
 
-One table, `KERNEL_OF`, says which kernel runs a format (each takes its formats' type numbers, block
-bytes and field offsets from quant_formats.h, generated from layout.py):
+A format's record names the operator that runs it (`kernel`, layout.py); `KERNELS` holds each
+operator's kernel, `kernel_of(qtype)` the one of a format (each kernel takes its formats' type
+numbers, block bytes and field offsets, and its dispatch the list of its formats, from
+quant_formats.h, generated from layout.py):
 
 | formats                                        | kernel       | x rounded to              |
 |------------------------------------------------|--------------|---------------------------|
@@ -21,7 +23,7 @@ reference. The route takes the formats whose records name it (`Q8ACT_QTYPES`); `
 whether that format's kernel built, so a kernel that did not build sends only its formats elsewhere.
 No packed copy of the weight at all. x of several rows (a prefill) runs q8act.cpp's and q8k.cpp's
 blocked integer GEMM (each weight block decoded once per call, tiles of x in registers; q8_panels.h);
-`Kernel.blocked()` says which instructions it runs, and linear.INTEGER_GEMM_ROWS where it beats
+`Kernel.blocked()` says which instructions it runs, and the record's `gemm_rows` up to where it beats
 dequantizing for float32 GEMM.
 """
 from __future__ import annotations
@@ -33,19 +35,19 @@ from typing import Callable
 
 import torch
 
+from gatherlens.errors import GatherValueError
 from gatherlens.ops.native import load_library
-from gatherlens.ops.quant import floatdot, q8k
-from gatherlens.ops.quant.layout import LAYOUTS, QK, QK_K, formats_taking
-from gatherlens.ops.quant.q8act_naive import q8act_reference
-from gatherlens.ops.quant.q8k_naive import q8k_reference
+from gatherlens.ops.quant.formats.layout import KERNEL_OPS, LAYOUTS, QK, QK_K, formats_run_by, formats_taking
+from gatherlens.ops.quant.products import floatdot, q8k
+from gatherlens.ops.quant.products.q8act_naive import q8act_reference
+from gatherlens.ops.quant.products.q8k_naive import q8k_reference
 
-__all__ = ["Q8ACT_QTYPES", "BLOCK_QTYPES", "GGML_TYPE", "KERNEL_OF", "Kernel", "kernel_loaded", "ready",
+__all__ = ["Q8ACT_QTYPES", "BLOCK_QTYPES", "KERNELS", "kernel_of", "Kernel", "kernel_loaded", "ready",
            "q8act_matmul", "block_matmul", "KERNEL", "blocked_simd"]
 
 KERNEL = Path(__file__).with_name("q8act.cpp")
 Q8ACT_QTYPES = formats_taking("q8act")  # the formats whose records name this route
-BLOCK_QTYPES = tuple(q for q, layout in LAYOUTS.items() if layout.weights == QK)  # q8act.cpp's formats
-GGML_TYPE = {q: LAYOUTS[q].ggml_type for q in Q8ACT_QTYPES}  # ggml's type numbers, as the operators take them
+BLOCK_QTYPES = formats_run_by("q8act_linear")  # q8act.cpp's formats (the 32-weight blocks)
 
 
 def kernel_loaded() -> bool:
@@ -101,21 +103,30 @@ _SUPER = Kernel(q8k.KERNEL.name, q8k.kernel_loaded, q8k.q8k_matmul, q8k_referenc
                 q8k.blocked_simd)
 _FLOATS = Kernel(floatdot.KERNEL.name, floatdot.kernel_loaded, floatdot.float_matmul, floatdot.float_reference, 0,
                  "floatdot_linear", lambda: None)
-# the one table: format -> the kernel that multiplies it as stored
-KERNEL_OF = {**{q: _BLOCKS for q in BLOCK_QTYPES}, **{q: _SUPER for q in q8k.Q8K_QTYPES},
-             **{q: _FLOATS for q in floatdot.FLOAT_QTYPES}}
-assert set(Q8ACT_QTYPES) <= set(KERNEL_OF), "a format naming the q8act route needs a kernel in KERNEL_OF"
+# each operator's kernel, by the name a record's `kernel` gives (the formats name their operator)
+KERNELS = {kernel.op: kernel for kernel in (_BLOCKS, _SUPER, _FLOATS)}
+assert tuple(KERNELS) == KERNEL_OPS, "every operator a record may name needs its kernel here"
 assert all(LAYOUTS[q].weights == QK_K for q in q8k.Q8K_QTYPES), "q8k takes the 256-weight super-blocks"
+assert all(LAYOUTS[q].weights == QK for q in BLOCK_QTYPES), "q8act.cpp takes the 32-weight blocks"
+
+
+def kernel_of(qtype: str) -> Kernel:
+    """The kernel that multiplies `qtype` as stored (its record's `kernel`); a format the route does not
+    take, or an unknown one, is a GatherValueError naming it."""
+    op = LAYOUTS[qtype].kernel if qtype in LAYOUTS else ""
+    if not op:
+        raise GatherValueError(f"no kernel of the q8act route takes {qtype!r}; it takes {', '.join(Q8ACT_QTYPES)}")
+    return KERNELS[op]
 
 
 def ready(qtype: str) -> str | None:
     """None when the kernel of `qtype` built here, else why it cannot run (its formats fall back)."""
-    kernel = KERNEL_OF.get(qtype)
-    if kernel is None:
+    if qtype not in Q8ACT_QTYPES:
         return f"no kernel of the q8act route takes {qtype}"
+    kernel = kernel_of(qtype)
     return None if kernel.loaded() else f"its C++ operator ({kernel.source}) did not build (see the warning)"
 
 
 def q8act_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor:
-    """x (M, K) -> (M, N) float32 for the blocks raw (N, row_bytes) of `qtype`, by KERNEL_OF. Unchecked."""
-    return KERNEL_OF[qtype].matmul(x, raw, qtype)  # (M, N)
+    """x (M, K) -> (M, N) float32 for the blocks raw (N, row_bytes) of `qtype`, by its kernel. Unchecked."""
+    return kernel_of(qtype).matmul(x, raw, qtype)  # (M, N)

@@ -1,4 +1,4 @@
-// GENERATED from gatherlens/ops/quant/layout.py (LAYOUTS) by `write_c_header()`: do not edit
+// GENERATED from gatherlens/ops/quant/formats/layout.py (LAYOUTS) by `write_c_header()`: do not edit
 // (tests/test_quantized_table.py checks it equals what the table writes).
 // One struct per GGUF block format, as ggml-common.h lays it out: ggml's type number, the
 // weights and bytes of a block, weights per scale, bits per code, the code offset, each
@@ -160,5 +160,24 @@ struct IQ4_XS {
   static constexpr bool has_d = true, has_qs = true, has_scales_h = true, has_scales_l = true;
   static constexpr bool has_m = false, has_qh = false, has_dmin = false, has_scales = false, has_ql = false, has_v = false, has_hmask = false;
 };
+
+}  // namespace gatherlens_quant
+
+// Per operator, the formats it takes (the records' `kernel`; `panels` for q8x8_linear), as an
+// X-macro for its dispatch, and as words for its error:
+//   #define CASE(F) case gatherlens_quant::F::type: return linear<gatherlens_quant::F>(x, raw);
+//   switch (qtype) { GATHERLENS_Q8ACT_LINEAR_FORMATS(CASE) }
+//   TORCH_CHECK(false, "qtype must be ", gatherlens_quant::q8act_linear_formats, ", got ", qtype);
+#define GATHERLENS_Q8ACT_LINEAR_FORMATS(X) X(Q8_0) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(IQ4_NL)
+#define GATHERLENS_Q8K_LINEAR_FORMATS(X) X(Q4_K) X(Q6_K) X(Q2_K) X(Q3_K) X(Q5_K) X(IQ4_XS)
+#define GATHERLENS_FLOATDOT_LINEAR_FORMATS(X) X(F32) X(F16) X(BF16)
+#define GATHERLENS_Q8X8_LINEAR_FORMATS(X) X(Q8_0) X(Q4_0) X(Q4_1) X(IQ4_NL)
+
+namespace gatherlens_quant {
+
+inline constexpr char q8act_linear_formats[] = "8 (Q8_0), 2 (Q4_0), 3 (Q4_1), 6 (Q5_0), 7 (Q5_1) or 20 (IQ4_NL)";
+inline constexpr char q8k_linear_formats[] = "12 (Q4_K), 14 (Q6_K), 10 (Q2_K), 11 (Q3_K), 13 (Q5_K) or 23 (IQ4_XS)";
+inline constexpr char floatdot_linear_formats[] = "0 (F32), 1 (F16) or 30 (BF16)";
+inline constexpr char q8x8_linear_formats[] = "8 (Q8_0), 2 (Q4_0), 3 (Q4_1) or 20 (IQ4_NL)";
 
 }  // namespace gatherlens_quant

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.quant.registry import FORMATS
+from gatherlens.ops.quant.formats.registry import FORMATS
 
 __all__ = ["quantize_activations", "q8act_reference"]
 

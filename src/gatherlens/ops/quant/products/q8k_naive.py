@@ -7,18 +7,16 @@
                             (less the code offset: Q3_K q - 4, Q6_K q - 32; IQ4_XS: book[q])
     y = sum over blocks of  d dx sum_s sc_s sum_{i in s} q_i qx_i  -  dmin dx sum_s mn_s sum_{i in s} qx_i
 
-The integer fields come from the formats' own unpackers (kquants.py, iquants.py: `*_parts`, by
-sub-block), so this shares nothing with q8k.cpp. Q3_K's and IQ4_XS's 6-bit scales are stored with
-32 added (ggml: sc - 32).
+The integer fields are each format's record's `integers` (formats/integers.py, through the formats'
+own unpackers), so this shares nothing with q8k.cpp.
 """
 from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.quant.iquants import iq4_xs_parts
-from gatherlens.ops.quant.kquants import q2_k_parts, q3_k_parts, q4_k_parts, q5_k_parts, q6_k_parts
-from gatherlens.ops.quant.layout import LAYOUTS, QK_K
-from gatherlens.ops.quant.q8act_naive import quantize_activations
+from gatherlens.ops.quant.formats.layout import QK_K
+from gatherlens.ops.quant.formats.registry import format_of
+from gatherlens.ops.quant.products.q8act_naive import quantize_activations
 
 __all__ = ["quantize_q8_k", "integer_terms", "q8k_reference"]
 
@@ -28,41 +26,10 @@ def quantize_q8_k(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_activations(x, QK_K)  # (M, nb, 256), (M, nb): the one rounding rule
 
 
-def _affine(q, d, dmin, scales, mins):
-    """Q2_K, Q4_K, Q5_K: w = d sc q - dmin mn."""
-    return q, d, scales, dmin, mins
-
-
-def _q3_k(raw: torch.Tensor):
-    q, scales, d = q3_k_parts(raw)  # (N, nb, 16, 16) codes 0..7, (N, nb, 16) 0..63, (N, nb, 1)
-    return q.double() - LAYOUTS["Q3_K"].code_offset, d, scales.double() - 32, None, None
-
-
-def _q6_k(raw: torch.Tensor):
-    q, scales, d = q6_k_parts(raw)  # (N, nb, 16, 16) int8 already less 32, (N, nb, 16) int8, (N, nb, 1)
-    return q, d, scales, None, None
-
-
-def _iq4_xs(raw: torch.Tensor):
-    q, d, scales = iq4_xs_parts(raw)  # (N, nb, 8, 32) codes 0..15, (N, nb, 1), (N, nb, 8) 0..63
-    book = torch.tensor(LAYOUTS["IQ4_XS"].codebook, dtype=torch.float64)  # (16,)
-    return book[q.long()], d, scales.double() - 32, None, None
-
-
-TERMS = {
-    "Q2_K": lambda raw: _affine(*q2_k_parts(raw)),
-    "Q3_K": _q3_k,
-    "Q4_K": lambda raw: _affine(*q4_k_parts(raw)),
-    "Q5_K": lambda raw: _affine(*q5_k_parts(raw)),
-    "Q6_K": _q6_k,
-    "IQ4_XS": _iq4_xs,
-}
-
-
 def integer_terms(raw: torch.Tensor, qtype: str):
     """Rows of super-blocks (N, nb * block_bytes) -> float64 (codes (N, nb, S, n) as the dot uses them,
     d (N, nb), sc (N, nb, S), dmin (N, nb), mn (N, nb, S)); dmin and mn are zeros where the format has none."""
-    q, d, sc, dmin, mn = TERMS[qtype](raw)
+    q, d, sc, dmin, mn = format_of(qtype, needs="integers").integers(raw)
     d = d.double().reshape(q.shape[0], q.shape[1])  # (N, nb)
     dmin = torch.zeros_like(d) if dmin is None else dmin.double().reshape(d.shape)  # (N, nb)
     mn = torch.zeros_like(sc, dtype=torch.float64) if mn is None else mn  # (N, nb, S)

@@ -5,7 +5,7 @@
     >>> q.shape, sc.shape                                       # codes in element order; 8 sub-blocks
     (torch.Size([2, 256]), torch.Size([2, 1, 8]))
 
-`*_parts` give the fields by sub-block (what formats.py computes with), `*_fields` per row; each
+`*_parts` give the fields by sub-block (what dequantize.py computes with), `*_fields` per row; each
 field is read by name at the offset its record in layout.py gives.
 
 Layouts (ggml's `ggml-common.h`, `dequantize_row_q4_K` / `_q6_K` in `ggml-quants.c`):
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.quant.fields import as_blocks, field_bytes, half_field
+from gatherlens.ops.quant.formats.fields import as_blocks, field_bytes, half_field
 
 __all__ = ["q4_k_parts", "q6_k_parts", "q2_k_parts", "q3_k_parts", "q5_k_parts", "q4_k_fields", "q6_k_fields",
            "q2_k_fields", "q3_k_fields", "q5_k_fields", "k_scale_min", "q3_k_scales"]

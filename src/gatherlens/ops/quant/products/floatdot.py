@@ -8,7 +8,7 @@ never into a float copy of the weight.
 The sums are float32 fused multiply-adds over the exact weights (x is not rounded): the result is
 `F.linear(x, w)` on the weight as float32 up to the order of float32 sums (`float_reference`, the
 plain path with the same signature, widens the weight for each call and sums in float64). The "q8act" route of
-matmul.py calls it for these formats (q8act.py's one kernel table); its decode speed was measured
+matmul.py calls it for these formats (their records name it: q8act.py's `kernel_of`); its decode speed was measured
 against torch's own `F.linear` on the stored half / bfloat16 tensor (x converted), which it beats
 by far on this CPU (tests/test_quantized_floatdot.py, docstring).
 """
@@ -20,14 +20,13 @@ import torch
 import torch.nn.functional as F
 
 from gatherlens.ops.native import load_library
-from gatherlens.ops.quant.floats import float_values
-from gatherlens.ops.quant.layout import LAYOUTS
+from gatherlens.ops.quant.formats.floats import float_values
+from gatherlens.ops.quant.formats.layout import LAYOUTS, formats_run_by
 
-__all__ = ["FLOAT_QTYPES", "GGML_TYPE", "kernel_loaded", "float_matmul", "float_reference", "KERNEL"]
+__all__ = ["FLOAT_QTYPES", "kernel_loaded", "float_matmul", "float_reference", "KERNEL"]
 
 KERNEL = Path(__file__).with_name("floatdot.cpp")
-FLOAT_QTYPES = tuple(name for name, layout in LAYOUTS.items() if layout.weights == 1)  # one value a "block"
-GGML_TYPE = {q: LAYOUTS[q].ggml_type for q in FLOAT_QTYPES}  # ggml's type numbers, as the operator takes them
+FLOAT_QTYPES = formats_run_by("floatdot_linear")  # the plain floats: one value a "block"
 
 
 def kernel_loaded() -> bool:
@@ -47,7 +46,7 @@ def float_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor
     """x (M, K) -> (M, N) float32 for values raw (N, K * bytes) uint8 of `qtype` (FLOAT_QTYPES). Unchecked."""
     if x.dtype != torch.float32 or not x.is_contiguous():
         x = x.float().contiguous()  # (M, K)
-    return torch.ops.gatherlens.floatdot_linear(x, raw, GGML_TYPE[qtype])  # (M, N)
+    return torch.ops.gatherlens.floatdot_linear(x, raw, LAYOUTS[qtype].ggml_type)  # (M, N)
 
 
 def float_reference(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gatherlens.ops.quant.linear import QuantizedWeight
-from gatherlens.ops.quant.registry import dequantize_rows
+from gatherlens.ops.quant.products.linear import QuantizedWeight
+from gatherlens.ops.quant.formats.registry import dequantize_rows
 
 __all__ = ["naive_quantized_linear"]
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.quant.fields import as_blocks, field_bytes, half_field, nibbles
-from gatherlens.ops.quant.layout import LAYOUTS
+from gatherlens.ops.quant.formats.fields import as_blocks, field_bytes, half_field, nibbles
+from gatherlens.ops.quant.formats.layout import LAYOUTS
 
 __all__ = ["iq4_nl_parts", "iq4_xs_parts", "iq4_nl_fields", "iq4_xs_fields", "book_values"]
 

@@ -11,31 +11,30 @@ The routes are in matmul.py (their table says what each keeps exact). `naive_qua
 route (blocks -> float32 for this call only, bit-equal to the reference; tiled.py): on a 2-core AVX2
 machine the int4 kernel is ~2x slower than float32 GEMM from ~128 rows on, while at one row it is the
 fastest. A q8act weight whose kernel multiplies several rows of x as a blocked integer GEMM (q8act.cpp,
-q8k.cpp) keeps to it where that is faster (`INTEGER_GEMM_ROWS`, measured), x rounded to 8 bits as in
-decode.
+q8k.cpp) keeps to it where that is faster (its record's `gemm_rows`, measured), x rounded to 8 bits as
+in decode.
 
 Fused projections (q|k|v, gate|up) are one weight: blocks are rows, so `torch.cat` the raw rows and
 split the output.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from gatherlens.errors import GatherTypeError, GatherValueError
-from gatherlens.ops.quant.checks import check_blocks, check_qtype
+from gatherlens.ops.quant.formats.checks import check_blocks, check_qtype
 from gatherlens.ops.backends import Impl, Operator
-from gatherlens.ops.quant import q8act as _q8act
-from gatherlens.ops.quant.matmul import ROUTES
-from gatherlens.ops.quant.registry import dequantize_rows
-from gatherlens.ops.quant.sizes import SIZES
-from gatherlens.ops.quant.tiled import tiled_dequant_matmul
-from gatherlens.ops.quant.x8 import PANEL
+from gatherlens.ops.quant.products import q8act as _q8act
+from gatherlens.ops.quant.products.matmul import ROUTES
+from gatherlens.ops.quant.formats.registry import dequantize_rows, format_of
+from gatherlens.ops.quant.formats.sizes import SIZES
+from gatherlens.ops.quant.products.tiled import tiled_dequant_matmul
+from gatherlens.ops.quant.products.x8 import PANEL
 
 __all__ = ["LinearConfig", "QuantizedWeight", "pack_linear", "quantized_linear", "split_linear", "LINEAR_ROUTES",
-           "linear_product", "LINEAR_PRODUCT", "q8act_ready", "INTEGER_GEMM_ROWS", "integer_gemm_faster"]
+           "linear_product", "LINEAR_PRODUCT", "q8act_ready", "integer_gemm_faster"]
 
 LINEAR_ROUTES = tuple(ROUTES)  # the route names, in matmul.py's order
 
@@ -48,7 +47,7 @@ class LinearConfig:
 
     route: one of ROUTES ("int4": PyTorch's CPU int4 kernel on the codes as stored, bf16 arithmetic).
     prefill_rows: x with at least this many rows takes the "dequant" route (unless a q8act weight's
-        integer GEMM is faster there: INTEGER_GEMM_ROWS); None: never.
+        integer GEMM is faster there: the format record's gemm_rows); None: never.
     """
 
     route: str = "int4"
@@ -181,30 +180,20 @@ def linear_product(x: torch.Tensor, weight: QuantizedWeight, backend: str = "aut
 
 
 def q8act_ready(qtype: str | None = None) -> str | None:
-    """None when the q8act route can run `qtype` here (the kernel of its format built: q8act.py's
-    KERNEL_OF), else why not; without a qtype, None when any of the route's kernels built."""
+    """None when the q8act route can run `qtype` here (the kernel its record names built: q8act.py's
+    `kernel_of`), else why not; without a qtype, None when any of the route's kernels built."""
     if qtype is not None:
         return _q8act.ready(qtype)
     reasons = [_q8act.ready(q) for q in _q8act.Q8ACT_QTYPES]
     return None if None in reasons else "; ".join(dict.fromkeys(reasons)) or "no format takes the q8act route"
 
 
-# The prefill's crossover, measured: for a q8act weight of these formats, its kernel's blocked integer
-# GEMM (q8act.cpp, q8k.cpp: x rounded to 8 bits) beats dequantizing to float32 + float32 GEMM (the
-# "prefill" row) up to this many rows of x (`gatherlens bench qlinear --gguf synthetic --qtype Q --routes
-# q8act,dequant`: SmolLM2's shapes, the K-quants its 1536-wide down projection; M = 32 .. 1024; AMD
-# Zen 3, AVX2, one thread: the 4- and 5-bit formats and the K-quants 1.2-10x, at least even at every M;
-# Q8_0's signed bytes cost the AVX2 loop twice the work: 1.1-3x up to 256 rows, 0.8-1.15x beyond, where
-# the exact float product is kept; two threads on the shared machine: the integer GEMM ahead at every
-# M). The plain floats (no blocked loop) and a build without AVX2 (the loop's scalar twin) never take it.
-INTEGER_GEMM_ROWS = {**dict.fromkeys(("Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"), math.inf), "Q8_0": 256,
-                     **dict.fromkeys(("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"), math.inf)}
-
-
 def integer_gemm_faster(x, weight) -> bool:
-    """True where the q8act kernel's blocked integer GEMM is faster than the "prefill" row for x (M, K)."""
-    return (x.shape[0] <= INTEGER_GEMM_ROWS.get(weight.qtype, 0) and _q8act_fits(x, weight) is None
-            and _q8act.KERNEL_OF[weight.qtype].blocked() not in (None, "scalar"))
+    """True where the q8act kernel's blocked integer GEMM is faster than the "prefill" row for x (M, K):
+    up to the format record's `gemm_rows` (the prefill's crossover, measured: formats/layout.py), on a
+    build whose blocked loop is vectorised (its scalar twin never is)."""
+    return (x.shape[0] <= format_of(weight.qtype).gemm_rows and _q8act_fits(x, weight) is None
+            and _q8act.kernel_of(weight.qtype).blocked() not in (None, "scalar"))
 
 
 def _prefill_fits(x, weight) -> str | None:
@@ -229,7 +218,7 @@ def _packed_fits(x, weight) -> str | None:
 
 
 # where a quantized product runs: a prefill dequantizes (float32 GEMM, bit-equal to the reference)
-# unless the weight's q8act kernel multiplies those rows faster (INTEGER_GEMM_ROWS); a q8act weight
+# unless the weight's q8act kernel multiplies those rows faster (the record's gemm_rows); a q8act weight
 # takes its C++ operator where it built; a packed route its own kernel; else dequant
 LINEAR_PRODUCT = Operator("quantized_linear", [
     Impl("prefill", _prefill_fits, tiled_dequant_matmul),  # dequant's product, a large weight in tiles (tiled.py)

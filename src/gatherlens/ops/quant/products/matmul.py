@@ -15,7 +15,11 @@
 | int4_requant | any            | int4 g32, re-quantized      | lossy: min/max per 32 weights           |
 
 routes "int4": the formats whose record (layout.py) names that kernel in its `routes`
-(`formats_taking("int4")`, likewise "q8act"; q8act.py's `KERNEL_OF` says which kernel runs each).
+(`formats_taking("int4")`, likewise "q8act"; the record's `kernel` says which kernel runs each).
+`pick_route(qtype, route)` is the one choice of a weight's route, made once at load (models/gguf):
+
+    >>> pick_route("Q4_K", "auto")      # "q8act" where q8k.cpp built here, else "int4"
+    'q8act'
 """
 from __future__ import annotations
 
@@ -25,14 +29,14 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from gatherlens.ops.quant.int4 import GROUP, int4_matmul, pack_codes, pack_int4
-from gatherlens.ops.quant.layout import formats_taking
-from gatherlens.ops.quant.q8act import q8act_matmul, ready as q8act_ready
-from gatherlens.ops.quant.x8 import pack_x8, x8_fits, x8_matmul
-from gatherlens.ops.quant.registry import dequantize_rows
-from gatherlens.ops.quant.sizes import QTYPES
+from gatherlens.ops.quant.products.int4 import GROUP, int4_matmul, pack_codes, pack_int4
+from gatherlens.ops.quant.formats.layout import formats_taking
+from gatherlens.ops.quant.products.q8act import q8act_matmul, ready as q8act_ready
+from gatherlens.ops.quant.products.x8 import pack_x8, x8_fits, x8_matmul
+from gatherlens.ops.quant.formats.registry import dequantize_rows, format_of
+from gatherlens.ops.quant.formats.sizes import QTYPES
 
-__all__ = ["Route", "ROUTES"]
+__all__ = ["Route", "ROUTES", "pick_route"]
 
 
 @dataclass(frozen=True)
@@ -125,3 +129,16 @@ ROUTES = {
     "int8_row": Route(_int8_row_pack, _int8_row_mm, cpu_only=True),
     "int4_requant": Route(_int4_requant_pack, _int4_mm, cpu_only=True),
 }
+
+
+def pick_route(qtype: str, route: str, head: bool = False) -> str:
+    """"auto": q8act for every format whose record names it when that format's kernel can run here
+    (`q8act_ready(qtype)`), else int4 (bf16 for a head); a named route where it takes `qtype`; bf16
+    for any format no faster route takes. A format no record names is a GatherValueError naming it."""
+    format_of(qtype)
+    if route == "auto":
+        if q8act_ready(qtype) is None:  # a reason for any format the route does not take
+            return "q8act"
+        route = "bf16" if head else "int4"
+    takes = ROUTES[route].qtypes if route in ROUTES else None  # from the format records (formats/layout.py)
+    return route if takes is None or qtype in takes else "bf16"

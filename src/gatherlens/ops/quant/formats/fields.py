@@ -8,7 +8,7 @@
 Rows of blocks are (R, nb * block_bytes) uint8, as GGUFReader maps them. `*_fields` give every field
 per row in element order, so `q[r, 32 * b + j]` is element j of block b of row r; `*_parts` give the
 same fields per block, (R, nb, 32) codes and (R, nb, 1) scales, as views where the bytes allow (what
-formats.py computes with). The layouts (ggml's `ggml-common.h`, little-endian, scales IEEE half):
+dequantize.py computes with). The layouts (ggml's `ggml-common.h`, little-endian, scales IEEE half):
 
 - Q8_0, 34 bytes: `d` (fp16), `qs[32]` (int8).                              w = qs * d
 - Q4_0, 18 bytes: `d`, `qs[16]`: low nibbles are elements 0-15, high 16-31.  w = (q - 8) * d
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.quant.layout import LAYOUTS
+from gatherlens.ops.quant.formats.layout import LAYOUTS
 
 __all__ = ["as_blocks", "half_at", "field_bytes", "half_field", "nibbles", "high_bits", "q8_0_parts", "q4_0_parts",
            "q4_1_parts", "q5_0_parts", "q5_1_parts", "q4_0_fields", "q4_1_fields", "q5_0_fields", "q5_1_fields",

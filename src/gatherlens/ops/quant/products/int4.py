@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.quant.layout import formats_taking
-from gatherlens.ops.quant.registry import FORMATS
+from gatherlens.ops.quant.formats.layout import formats_taking
+from gatherlens.ops.quant.formats.registry import FORMATS
 
 __all__ = ["INT4_QTYPES", "GROUP", "affine_groups", "pack_codes", "pack_int4", "int4_matmul"]
 

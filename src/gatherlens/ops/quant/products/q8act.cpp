@@ -15,8 +15,8 @@
 //        looked up with one byte shuffle):  d * dx * sum_i v_i qx_i, |v| times x with v's sign.
 // Q5's fifth bit of weight j is bit j of the little-endian uint32 qh. qtype: ggml's type number of a
 // format above; each format's type number, block bytes, field offsets, code offset and codebook come
-// from quant_formats.h (generated from ops/quant/layout.py's records). The error is x's 8-bit rounding
-// (up to dx / 2 per value), as in llama.cpp; ops/quant/q8act_naive.py computes the same sums in float64.
+// from quant_formats.h (generated from ops/quant/formats/layout.py's records). The error is x's 8-bit rounding
+// (up to dx / 2 per value), as in llama.cpp; ops/quant/products/q8act_naive.py computes the same sums in float64.
 // One row of x (decode) runs row_dot per weight row, weight rows split over torch's threads; x of
 // GEMM_ROWS rows or more runs the blocked integer GEMM below ("x of several rows": each weight block
 // decoded once per call into a panel of 8 weight rows, met by tiles of 4 rows of x in registers; with
@@ -52,16 +52,9 @@
 
 #include "gatherlens/common.h"
 #include "q8_panels.h"
-#include "quant_formats.h"
+#include "../formats/quant_formats.h"
 
 namespace {
-
-using gatherlens_quant::IQ4_NL;
-using gatherlens_quant::Q4_0;
-using gatherlens_quant::Q4_1;
-using gatherlens_quant::Q5_0;
-using gatherlens_quant::Q5_1;
-using gatherlens_quant::Q8_0;
 
 constexpr int64_t QK = 32;  // x's blocks (llama.cpp's Q8_1): one per weight block of these formats
 
@@ -438,14 +431,11 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& raw) {
 // their 8 fp16 scales d, then (formats with a min) their 8 fp16 mins m, then the codes laid out for 8
 // int32 lanes, lane j for row j: 4-bit codes (Q4_0, Q4_1, IQ4_NL) in 4 chunks of 32 bytes, chunk c
 // holding bytes 4c .. 4c+3 of each row's 16 (low nibbles: weights 4c .. 4c+3, high: 16+4c .. 16+4c+3);
-// Q8_0's int8 values in 8 steps of 32 bytes (step s: weights 4s .. 4s+3 of each row). ops/quant/x8.py
+// Q8_0's int8 values in 8 steps of 32 bytes (step s: weights 4s .. 4s+3 of each row). ops/quant/products/x8.py
 // packs raw into it (`pack_x8`: a byte shuffle, N a multiple of 8). One row of x meets a panel in
 // registers: x's 4 codes of a step broadcast to every lane, one maddubs gives 4 products a lane, and
 // the block's 8 sums scale by 8 d at once: about a third of row_dot's instructions a weight block.
 // The sums are row_dot's (the same integers; the float sums over blocks run in another order).
-template <class F>
-constexpr bool has_x8 = F::bits == 4 || F::bits == 8;  // Q4_0, Q4_1, IQ4_NL, Q8_0
-
 template <class F>
 constexpr int64_t X8_SCALES = (F::has_m ? 2 : 1) * PANEL * 2;  // bytes of the panel block's fp16 d (and m)
 
@@ -549,7 +539,7 @@ at::Tensor linear_x8(const at::Tensor& x, const at::Tensor& packed) {
   TORCH_CHECK(K % QK == 0 && N % PANEL == 0, "q8x8_linear: K must be a multiple of 32 and N of 8, got ", K, ", ", N);
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
                   packed.size(1) == nb * F::bytes, "q8x8_linear: packed must be (N, ", nb * F::bytes,
-              ") uint8, contiguous (ops/quant/x8.py's pack_x8)");
+              ") uint8, contiguous (ops/quant/products/x8.py's pack_x8)");
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
   const Act a = quantize_rows(x.data_ptr<float>(), M, K);
@@ -575,30 +565,26 @@ at::Tensor linear_x8(const at::Tensor& x, const at::Tensor& packed) {
 
 at::Tensor q8x8_linear_cpu(const at::Tensor& x, const at::Tensor& packed, int64_t qtype) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be (M, K) float32 contiguous");
-  switch (qtype) {
-    case Q8_0::type: return linear_x8<Q8_0>(x, packed);
-    case Q4_0::type: return linear_x8<Q4_0>(x, packed);
-    case Q4_1::type: return linear_x8<Q4_1>(x, packed);
-    case IQ4_NL::type: return linear_x8<IQ4_NL>(x, packed);
+#define GATHERLENS_CASE(F) \
+  case gatherlens_quant::F::type: return linear_x8<gatherlens_quant::F>(x, packed);
+  switch (qtype) {  // the formats whose records have panels (quant_formats.h)
+    GATHERLENS_Q8X8_LINEAR_FORMATS(GATHERLENS_CASE)
     default: break;
   }
-  TORCH_CHECK(false, "q8x8_linear: qtype must be ", Q8_0::type, " (Q8_0), ", Q4_0::type, " (Q4_0), ", Q4_1::type,
-              " (Q4_1) or ", IQ4_NL::type, " (IQ4_NL), got ", qtype);
+#undef GATHERLENS_CASE
+  TORCH_CHECK(false, "q8x8_linear: qtype must be ", gatherlens_quant::q8x8_linear_formats, ", got ", qtype);
 }
 
 at::Tensor q8act_linear_cpu(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be (M, K) float32 contiguous");
-  switch (qtype) {
-    case Q8_0::type: return linear<Q8_0>(x, raw);
-    case Q4_0::type: return linear<Q4_0>(x, raw);
-    case Q4_1::type: return linear<Q4_1>(x, raw);
-    case Q5_0::type: return linear<Q5_0>(x, raw);
-    case Q5_1::type: return linear<Q5_1>(x, raw);
-    case IQ4_NL::type: return linear<IQ4_NL>(x, raw);
+#define GATHERLENS_CASE(F) \
+  case gatherlens_quant::F::type: return linear<gatherlens_quant::F>(x, raw);
+  switch (qtype) {  // the formats whose records name this kernel (quant_formats.h)
+    GATHERLENS_Q8ACT_LINEAR_FORMATS(GATHERLENS_CASE)
     default: break;
   }
-  TORCH_CHECK(false, "qtype must be ", Q8_0::type, " (Q8_0), ", Q4_0::type, " (Q4_0), ", Q4_1::type, " (Q4_1), ",
-              Q5_0::type, " (Q5_0), ", Q5_1::type, " (Q5_1) or ", IQ4_NL::type, " (IQ4_NL), got ", qtype);
+#undef GATHERLENS_CASE
+  TORCH_CHECK(false, "qtype must be ", gatherlens_quant::q8act_linear_formats, ", got ", qtype);
 }
 
 int64_t q8act_simd() {  // the blocked loop this build runs: 0 the scalar twin, 1 AVX2, 2 AVX2 with VNNI

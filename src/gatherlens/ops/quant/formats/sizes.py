@@ -6,19 +6,18 @@
     612
 
 Derived from the records of layout.py (the one home of these numbers; gguf's `GGML_QUANT_SIZES`
-agrees, tested); LAYOUT names the bytes of a block in order, (field, bytes), for the picture.
+agrees, tested).
 K-quants are super-blocks of 256 weights, so their rows must be a multiple of 256 wide.
 """
 from __future__ import annotations
 
 from gatherlens.errors import GatherValueError
-from gatherlens.ops.quant.layout import LAYOUTS, QK_K, SCALE_KINDS
+from gatherlens.ops.quant.formats.layout import LAYOUTS, QK_K, SCALE_KINDS
 
-__all__ = ["SIZES", "LAYOUT", "SCALE_FIELDS", "QTYPES", "QK_K", "row_bytes"]
+__all__ = ["SIZES", "SCALE_FIELDS", "QTYPES", "QK_K", "row_bytes"]
 
 QTYPES = tuple(LAYOUTS)
 SIZES = {q: (layout.weights, layout.block_bytes) for q, layout in LAYOUTS.items()}
-LAYOUT = {q: tuple((f.name, f.size) for f in layout.fields) for q, layout in LAYOUTS.items()}
 # the fields that scale and shift codes (d, m, dmin, scales); the rest are codes
 SCALE_FIELDS = tuple(dict.fromkeys(f.name for layout in LAYOUTS.values() for f in layout.fields
                                    if f.kind in SCALE_KINDS))

@@ -12,8 +12,8 @@
 // to its output, every sum over s and i in int32; codes stored with an offset (Q3_K: q - 4, Q6_K:
 // q - 32) are multiplied unsigned and the offset taken back through bsums; IQ4_XS's codes are its
 // codebook's int8 values. qtype: ggml's type number; each format's type number, block bytes, field
-// offsets and codebook come from quant_formats.h (generated from ops/quant/layout.py's records).
-// The error is x's rounding (up to dx / 2 per value), as in llama.cpp; ops/quant/q8k_naive.py
+// offsets and codebook come from quant_formats.h (generated from ops/quant/formats/layout.py's records).
+// The error is x's rounding (up to dx / 2 per value), as in llama.cpp; ops/quant/products/q8k_naive.py
 // computes the same sums in float64. AVX2 where the CPU has it (defining GATHERLENS_Q8K_PLAIN
 // builds the plain loops beside it instead). One row of x (decode) runs row_dot per weight row, weight
 // rows split over torch's threads; x of GEMM_ROWS rows or more runs the blocked integer GEMM below
@@ -39,7 +39,7 @@
 
 #include "gatherlens/common.h"
 #include "q8_panels.h"
-#include "quant_formats.h"
+#include "../formats/quant_formats.h"
 
 namespace {
 
@@ -640,17 +640,14 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& raw) {
 
 at::Tensor q8k_linear_cpu(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be (M, K) float32 contiguous");
-  switch (qtype) {
-    case Q2_K::type: return linear<Q2_K>(x, raw);
-    case Q3_K::type: return linear<Q3_K>(x, raw);
-    case Q4_K::type: return linear<Q4_K>(x, raw);
-    case Q5_K::type: return linear<Q5_K>(x, raw);
-    case Q6_K::type: return linear<Q6_K>(x, raw);
-    case IQ4_XS::type: return linear<IQ4_XS>(x, raw);
+#define GATHERLENS_CASE(F) \
+  case gatherlens_quant::F::type: return linear<gatherlens_quant::F>(x, raw);
+  switch (qtype) {  // the formats whose records name this kernel (quant_formats.h)
+    GATHERLENS_Q8K_LINEAR_FORMATS(GATHERLENS_CASE)
     default: break;
   }
-  TORCH_CHECK(false, "qtype must be ", Q2_K::type, " (Q2_K), ", Q3_K::type, " (Q3_K), ", Q4_K::type, " (Q4_K), ",
-              Q5_K::type, " (Q5_K), ", Q6_K::type, " (Q6_K) or ", IQ4_XS::type, " (IQ4_XS), got ", qtype);
+#undef GATHERLENS_CASE
+  TORCH_CHECK(false, "qtype must be ", gatherlens_quant::q8k_linear_formats, ", got ", qtype);
 }
 
 int64_t q8k_simd() {  // the blocked loop this build runs: 0 the scalar twin, 1 AVX2

@@ -17,7 +17,7 @@ import struct
 
 import torch
 
-from gatherlens.ops.quant.layout import LAYOUTS
+from gatherlens.ops.quant.formats.layout import LAYOUTS
 
 __all__ = ["naive_rows", "f32", "naive_block_q8_0", "naive_block_q4_0", "naive_block_q4_1", "naive_block_q5_0",
            "naive_block_q5_1", "naive_block_q4_k", "naive_block_q6_k", "naive_block_f32", "naive_block_f16",

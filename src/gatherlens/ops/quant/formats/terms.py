@@ -21,18 +21,15 @@ from dataclasses import dataclass
 
 import torch
 
-from gatherlens.ops.quant.fields import q4_0_fields, q4_1_fields, q5_0_fields, q5_1_fields, q8_0_fields
-from gatherlens.ops.quant.floats import float_values
-from gatherlens.ops.quant.iquants import book_values, iq4_nl_fields, iq4_xs_fields
-from gatherlens.ops.quant.kquants import q2_k_fields, q3_k_fields, q4_k_fields, q5_k_fields, q6_k_fields
-from gatherlens.ops.quant.layout import LAYOUTS
+from gatherlens.ops.quant.formats.fields import q4_0_fields, q4_1_fields, q5_0_fields, q5_1_fields, q8_0_fields
+from gatherlens.ops.quant.formats.floats import float_values
+from gatherlens.ops.quant.formats.iquants import book_values, iq4_nl_fields, iq4_xs_fields
+from gatherlens.ops.quant.formats.kquants import q2_k_fields, q3_k_fields, q4_k_fields, q5_k_fields, q6_k_fields
+from gatherlens.ops.quant.formats.layout import LAYOUTS
 
-__all__ = ["BlockTerms", "groups", "GROUP", "BITS", "q8_0_terms", "q4_0_terms", "q4_1_terms", "q5_0_terms",
+__all__ = ["BlockTerms", "groups", "q8_0_terms", "q4_0_terms", "q4_1_terms", "q5_0_terms",
            "q5_1_terms", "q4_k_terms", "q6_k_terms", "f32_terms", "f16_terms", "bf16_terms", "q2_k_terms",
            "q3_k_terms", "q5_k_terms", "iq4_nl_terms", "iq4_xs_terms"]
-
-GROUP = {q: layout.group for q, layout in LAYOUTS.items()}  # weights per scale
-BITS = {q: layout.bits for q, layout in LAYOUTS.items()}  # bits of one code
 
 
 @dataclass(frozen=True)
@@ -172,7 +169,7 @@ def _k_min_terms(qtype: str, fields: tuple, row: torch.Tensor, block: int) -> Bl
     q, d, dmin, scales, mins = fields  # (1, nb*256), (1, nb) x2, (1, nb, S) x2
     sup, sub, n = _sub_block(qtype, block)
     sc, m = scales[0, sup, sub], mins[0, sup, sub]
-    scale = float(d[0, sup].float() * sc.float())  # float32 d·sc, as formats.py rounds it
+    scale = float(d[0, sup].float() * sc.float())  # float32 d·sc, as dequantize.py rounds it
     shift = -float(dmin[0, sup].float() * m.float())  # -(dmin·m): negation is exact
     halves = {"d": _half(d[0, sup]), "dmin": _half(dmin[0, sup])}
     return BlockTerms(qtype, block, n * block, q[0, n * block:n * block + n].long(), 0, scale, shift, halves,

@@ -17,21 +17,22 @@ one fp16 load and one conversion. The bytes are the blocks' own, moved (the same
         (a byte holds weight 4c+i in its low nibble and 16+4c+i in its high one, as stored)
     codes, Q8_0: 8 steps of 32 bytes, step s = int8 values 4s .. 4s+3 of each row
 
-`X8_QTYPES` are the formats with a panel layout (5-bit formats keep row_dot: their fifth bits would
-need spreading per lane). The product's integer sums equal row_dot's; its float sums over blocks run
+`X8_QTYPES` are the formats whose records have `panels` (the 4- and 8-bit 32-weight blocks; 5-bit
+formats keep row_dot: their fifth bits would need spreading per lane). The product's integer sums equal row_dot's; its float sums over blocks run
 in another order (float32 rounding). `unpack_x8` is the exact inverse (the tests hold them so).
 """
 from __future__ import annotations
 
 import torch
 
-from gatherlens.ops.quant.layout import LAYOUTS, QK
+from gatherlens.ops.quant.formats.layout import LAYOUTS, PANEL_OP, QK, formats_run_by
 
 __all__ = ["X8_QTYPES", "PANEL", "X8_OP", "pack_x8", "unpack_x8", "x8_fits", "x8_matmul"]
 
 PANEL = 8  # weight rows a panel (one per int32 lane of a 256-bit register)
-X8_OP = "q8x8_linear"  # its operator, torch.ops.gatherlens.<X8_OP>(x, packed, ggml type), in q8act.cpp
-X8_QTYPES = tuple(q for q, lay in LAYOUTS.items() if lay.weights == QK and lay.bits in (4, 8))
+X8_OP = PANEL_OP  # its operator, torch.ops.gatherlens.<X8_OP>(x, packed, ggml type), in q8act.cpp
+X8_QTYPES = formats_run_by(PANEL_OP)  # the records with panels
+assert all(LAYOUTS[q].weights == QK and LAYOUTS[q].bits in (4, 8) for q in X8_QTYPES), "panels: 4/8-bit blocks of 32"
 
 
 def x8_fits(raw: torch.Tensor, qtype: str) -> bool:

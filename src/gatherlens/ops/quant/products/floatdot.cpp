@@ -8,7 +8,7 @@
 // float32 sums in another order than a GEMM's). Made for decode (M of 1 to a few): each row of W is
 // read once for up to 4 rows of x (4 accumulator chains a row of x, 32 weights a step); correct for any
 // M. qtype: ggml's type number of F32, F16 or BF16; their type numbers and value sizes come from
-// quant_formats.h (generated from ops/quant/layout.py's records). Rows of W are split over torch's
+// quant_formats.h (generated from ops/quant/formats/layout.py's records). Rows of W are split over torch's
 // threads. Every AVX2 path has its scalar twin. Built by gatherlens/ops/native.py; fake kernel in
 // floatdot.py.
 #include <cstdint>
@@ -26,12 +26,11 @@
 #endif
 
 #include "gatherlens/common.h"
-#include "quant_formats.h"
+#include "../formats/quant_formats.h"
 
 namespace {
 
 using gatherlens_quant::BF16;
-using gatherlens_quant::F16;
 using gatherlens_quant::F32;
 
 template <class F>
@@ -128,14 +127,14 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& raw) {
 
 at::Tensor floatdot_linear_cpu(const at::Tensor& x, const at::Tensor& raw, int64_t qtype) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be (M, K) float32 contiguous");
-  switch (qtype) {
-    case F32::type: return linear<F32>(x, raw);
-    case F16::type: return linear<F16>(x, raw);
-    case BF16::type: return linear<BF16>(x, raw);
+#define GATHERLENS_CASE(F) \
+  case gatherlens_quant::F::type: return linear<gatherlens_quant::F>(x, raw);
+  switch (qtype) {  // the formats whose records name this kernel (quant_formats.h)
+    GATHERLENS_FLOATDOT_LINEAR_FORMATS(GATHERLENS_CASE)
     default: break;
   }
-  TORCH_CHECK(false, "qtype must be ", F32::type, " (F32), ", F16::type, " (F16) or ", BF16::type, " (BF16), got ",
-              qtype);
+#undef GATHERLENS_CASE
+  TORCH_CHECK(false, "qtype must be ", gatherlens_quant::floatdot_linear_formats, ", got ", qtype);
 }
 
 }  // namespace

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from gatherlens.errors import GatherTypeError, GatherValueError
-from gatherlens.ops.quant.sizes import QTYPES, SIZES
+from gatherlens.ops.quant.formats.sizes import QTYPES, SIZES
 
 __all__ = ["check_qtype", "check_blocks", "check_no_grad", "QUANT_METHODS", "check_method"]
 

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from gatherlens.errors import GatherValueError
-from gatherlens.ops.quant.checks import check_blocks, check_method, check_no_grad, check_qtype
-from gatherlens.ops.quant.registry import dequantize_rows, naive_dequantize_rows
-from gatherlens.ops.quant.sizes import SIZES
+from gatherlens.ops.quant.formats.checks import check_blocks, check_method, check_no_grad, check_qtype
+from gatherlens.ops.quant.formats.registry import dequantize_rows, naive_dequantize_rows
+from gatherlens.ops.quant.formats.sizes import SIZES
 
 __all__ = ["QuantizedTable"]
 

@@ -21,14 +21,13 @@ from pathlib import Path
 import torch
 
 from gatherlens.ops.native import load_library
-from gatherlens.ops.quant.layout import LAYOUTS, QK_K
+from gatherlens.ops.quant.formats.layout import LAYOUTS, formats_run_by
 
-__all__ = ["Q8K_QTYPES", "GGML_TYPE", "kernel_loaded", "q8k_matmul", "KERNEL", "blocked_simd"]
+__all__ = ["Q8K_QTYPES", "kernel_loaded", "q8k_matmul", "KERNEL", "blocked_simd"]
 
 KERNEL = Path(__file__).with_name("q8k.cpp")
-# the super-block formats (codes in blocks of 256 with sub-block scales), in LAYOUTS' order
-Q8K_QTYPES = tuple(q for q, layout in LAYOUTS.items() if layout.weights == QK_K)
-GGML_TYPE = {q: LAYOUTS[q].ggml_type for q in Q8K_QTYPES}  # ggml's type numbers, as the operator takes them
+# the super-block formats (codes in blocks of 256 with sub-block scales): the records naming this kernel
+Q8K_QTYPES = formats_run_by("q8k_linear")
 
 
 def kernel_loaded() -> bool:
@@ -55,4 +54,4 @@ def q8k_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor:
     """x (M, K) -> (M, N) float32 for blocks raw (N, row_bytes) of `qtype` (Q8K_QTYPES). Unchecked."""
     if x.dtype != torch.float32 or not x.is_contiguous():
         x = x.float().contiguous()  # (M, K)
-    return torch.ops.gatherlens.q8k_linear(x, raw, GGML_TYPE[qtype])  # (M, N)
+    return torch.ops.gatherlens.q8k_linear(x, raw, LAYOUTS[qtype].ggml_type)  # (M, N)
