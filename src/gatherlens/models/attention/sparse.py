@@ -17,7 +17,7 @@ gather, no copy. A local layer (sliding window, chunked) reads its window densel
 (`sparse_window.window_decode`); observers see only the global layers' steps. Soft-capping and
 sinks (the layer's `AttentionVariant`, `features.attention_variant`) reach every path. Prefill
 (more than one query token) is dense, as in Quest: SDPA, or top-k attention at k = every key where SDPA lacks soft-capping or
-sinks. The lean decode step (`models/runtime/step.py`) calls `decode_attention` too, so observers
+sinks. The planned decode step (`models/runtime/step.py`) calls `decode_attention` too, so observers
 see both paths alike.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from gatherlens.models.attention.prefill import sparse_prefill_call
 from gatherlens.models.attention.window import WindowKV, window_decode
 from gatherlens.ops.sparse.cache import STORAGE, PagedKVCache
 from gatherlens.ops.sparse.config import SparseConfig
-from gatherlens.ops.sparse.decode import choice_of_config, decode_pages, sparse_decode
+from gatherlens.ops.sparse.decode import decode_pages, sparse_decode
 
 __all__ = ["SPARSE_ATTN_NAME", "CONFIG_ATTR", "SparseSettings", "SparseCall", "sparse_settings", "decode_attention",
            "observed",
@@ -101,7 +101,7 @@ def decode_attention(module, query: torch.Tensor, paged: PagedKVCache | WindowKV
         # the op's one entrance, unchecked (this adapter made the query and the cache); dense in place
         # when the budget buys every page
         q = query if query.dtype == paged.dtype else query.to(paged.dtype)  # (B, Hq, 1, D)
-        out = decode_pages(q, paged, budget, choice_of_config(config), scale, variant, key_mask)[2]
+        out = decode_pages(q, paged, budget, config.choice, scale, variant, key_mask)[2]
         return out if out.dtype == query.dtype else out.to(query.dtype)  # (B, Hq, 1, Dv)
     out, lse, sel = sparse_decode(query, paged, budget, return_lse=True, return_selection=True, scale=scale,
                                   key_mask=key_mask, config=config, variant=variant)
