@@ -58,22 +58,33 @@ class Impl:
     dtypes: tuple | None = None
 
     def refusal(self, facts: tuple) -> str | None:
-        """None when the row declares what these facts need, else why not. facts: (the variant's fields in
-        use (a frozenset), the main input's dtype or None), as the operator's `facts(*args)` reads them."""
-        used, dtype = facts
+        """None when the row declares what these facts need, else why not. facts: (the variant (an object
+        with `used`, the frozenset of its fields in use) or that frozenset itself, the main input's dtype or
+        None), as the operator's `facts(*args)` reads them."""
+        variant, dtype = facts
+        used = variant if isinstance(variant, frozenset) else variant.used
         if used and self.variant is not EVERY_VARIANT and not used <= self.variant:
             have = ", ".join(sorted(self.variant)) or "none"
-            return (f"the attention variant sets {', '.join(sorted(used - self.variant))}, which this row does "
-                    f"not apply (it applies: {have})")
+            extra = ", ".join(_setting(variant, name) for name in sorted(used - self.variant))
+            return f"the attention variant sets {extra}, which this row does not apply (it applies: {have})"
         if self.dtypes is not None and dtype is not None and dtype not in self.dtypes:
             return f"the input is {dtype} (this row runs {', '.join(map(str, self.dtypes))})"
         return None
 
 
+def _setting(variant, name: str) -> str:
+    """"softcap = 2.0", "sinks (a (8,) tensor)", or the name alone (a frozenset of names)."""
+    if isinstance(variant, frozenset):
+        return name
+    value = getattr(variant, name)
+    shape = getattr(value, "shape", None)
+    return f"{name} (a {tuple(shape)} tensor)" if shape is not None else f"{name} = {value!r}"
+
+
 class Operator:
     """An operator's backend table: `op(*args, backend="auto")` runs the first row that fits.
 
-    facts(*args) -> (the variant's fields in use, the main input's dtype): what each row's declaration
+    facts(*args) -> (the variant, the main input's dtype): what each row's declaration
     (`Impl.variant`, `Impl.dtypes`) is checked against before its `fits`; with it, every row must
     declare its variant fields (fail closed). None: an operator whose rows declare nothing.
     """

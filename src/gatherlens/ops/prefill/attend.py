@@ -50,7 +50,7 @@ def _any(*args) -> None:
 
 def _facts(q, k, v, blocks, block_size, scale=None, variant=None) -> tuple:
     """What BLOCK_PREFILL's rows declare against: the variant's fields in use, the query's dtype."""
-    return (variant.used if variant is not None else frozenset()), q.dtype
+    return (variant if variant is not None else frozenset()), q.dtype
 
 
 # attention over the kept blocks: the C++ operator where it fits, else the torch path (every call its

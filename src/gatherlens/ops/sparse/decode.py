@@ -165,7 +165,7 @@ _TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def _facts(q, cache, budget, choice, scale, variant, key_mask, want) -> tuple:
     """What the rows' declarations are checked against: the variant's fields in use, the query's dtype."""
-    return variant.used, q.dtype
+    return variant, q.dtype
 
 
 def _triton_fits(q, cache, budget, choice, scale, variant, key_mask, want) -> str | None:
