@@ -14,8 +14,13 @@ In the style of torchao's dispatch tables and vLLM's backend `validate_configura
 (a name, `fits(*args) -> None or the reason it cannot run these arguments`, `run(*args)`, and
 optionally `ready() -> None or why it cannot run here at all` (did not build, does not import), and
 `asked(*args)`, the fits rule when a caller names the row (default: `fits`; Triton's CPU interpreter
-runs only when asked for). Rows are tried in order (fastest first); the last row of an operator takes
-everything (the plain path), so "auto" always finds one. `select` both decides and records (calls per
+runs only when asked for). Capabilities fail closed, as vLLM's backends declare theirs: in an operator
+built with `facts=` (its arguments -> the AttentionVariant and the main input's dtype), each row declares
+`variant=` (the variant fields it applies; `EVERY_VARIANT` for a row that hands the variant to a table
+that checks it) and optionally `dtypes=`, and a call whose variant sets a field a row does not list is
+refused by that row before its `fits` (a field added to AttentionVariant reaches no kernel that lacks
+it). Rows are tried in order (fastest first); the last row of an operator takes everything its
+declaration allows (the plain path), so "auto" finds one for every supported call. `select` both decides and records (calls per
 row, and the last reason each skipped row gave), so `gatherlens bench generate --profile` and
 `explain` can say which implementation ran and why the others did not (`ran()`, `describe()`). This
 module is the only place that decides where a native operator runs; callers build one `Operator`
