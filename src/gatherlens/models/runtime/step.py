@@ -9,8 +9,8 @@ Every forward of the model goes through `DECODE_STEP` (ops/backends.py), whose r
 
 - **stack**: `gatherlens::decode_stack` (ops/layer/stack.py), every layer, the final norm and the head in
   one C++ operator. Declares: Llama's layer (no LayerShape field beyond it), no attention-variant field
-  (no soft-capping, sinks or window), a rotary module whose angles do not depend on the call, every
-  product a bias-free q8act weight (`stack_refusal`); per call: one token, batch 1, no padding, no
+  (no soft-capping, sinks or window), a rotary module whose angles do not depend on the call, gate|up
+  packed as one weight, every product a bias-free q8act weight (`stack_refusal`); per call: one token, batch 1, no padding, no
   observer or kept selection (they want each layer's PageSelection), every layer paged and read in float32.
 - **planned**: the planned loop (`planned_run`, `planned_layer`): the same operators called one by one
   from Python on the same plan, the C++ stack's reference (bit-equal, tested). Declares: Llama's layer
@@ -31,6 +31,7 @@ from __future__ import annotations
 import weakref
 
 import torch
+import torch.nn.functional as F
 
 from gatherlens.errors import GatherValueError
 from gatherlens.models.attention.cache import SparseKVCache
@@ -139,6 +140,9 @@ def _stack_declaration(plan: DecodePlan) -> str | None:
     if any((l.heads, l.kv_heads, l.head_dim, l.scaling, l.qkv_sizes) != (first.heads, first.kv_heads,
            first.head_dim, first.scaling, first.qkv_sizes) for l in plan.layers):
         return "its layers differ in heads, head size or scale (the operator takes one of each)"
+    if any(len(layer.gate_up) != 1 for layer in plan.layers):
+        return ("gate and up are two weights (mixed formats; the planned loop, the operator's reference, "
+                "gates them as transformers does, not as the operator's one SiLU-gating call)")
     if plan.rope_type not in _STATIC_ROPE:
         return f"rope_type {plan.rope_type!r} (the operator reads angles made {ANGLES} positions at a time)"
     return stack_refusal(plan)
@@ -284,6 +288,9 @@ def planned_layer(layer: LayerPlan, x: torch.Tensor, cos: torch.Tensor, sin: tor
 
         h = rms_norm(x);  q, k, v = h Wq, h Wk, h Wv;  rope_append (RoPE(q, k), k and v into the page)
         out = decode_attention;  x, h = x + out Wo, rms_norm(x + out Wo);  x = x + silu_mul(h Wg|u) Wd
+
+    The same operators as the C++ stack, in the same order (bit-equal); gate and up as two weights (a float
+    model's, which the stack does not run) are gated as transformers gates them, F.silu(g) * u.
     """
     B, act = x.shape[0], layer.act or x.dtype  # act: what the products take (bf16 for int4 blocks)
     h = rms_norm_cast(x, layer.norms[0], layer.eps[0], act)  # (B, d)
@@ -296,8 +303,11 @@ def planned_layer(layer: LayerPlan, x: torch.Tensor, cos: torch.Tensor, sin: tor
                            layer.variant)  # (B, Hq, 1, Dv)
     y = layer.o(_as(out.reshape(B, -1), act))  # (B, d)
     s, h = add_rms_norm_cast(x, y, layer.norms[1], layer.eps[1], act)  # (B, d) x2: x + attention, its norm
-    gu = layer.gate_up[0](h) if len(layer.gate_up) == 1 else torch.cat([p(h) for p in layer.gate_up], dim=-1)
-    y = layer.down(silu_mul_cast(gu, act))  # (B, d); gu (B, 2I)
+    if len(layer.gate_up) == 1:  # gate|up one weight: SiLU-gating as one operator, as the C++ stack does
+        a = silu_mul_cast(layer.gate_up[0](h), act)  # (B, I)
+    else:  # two weights (a float model's): transformers' arithmetic (the stack refuses this layout)
+        a = (F.silu(layer.gate_up[0](h)) * layer.gate_up[1](h)).to(act)  # (B, I)
+    y = layer.down(a)  # (B, d)
     return _as(s, x.dtype) + y  # (B, d)
 
 
