@@ -31,7 +31,7 @@ import contextlib
 
 from gatherlens.errors import GatherTypeError, GatherValueError
 from gatherlens.models.attention.topk import restore_attention, switch_attention
-from gatherlens.models.runtime.step import install_step, installed_plan, remove_step
+from gatherlens.models.runtime.step import install_step, installed_plan, remove_step, step_plan
 from gatherlens.models.attention.features import layer_kinds
 from gatherlens.models.hf_adapter import attn_implementation, default_cache, restore_default_cache, unwrap
 from gatherlens.models.attention.sparse import (
@@ -98,13 +98,14 @@ def use_sparse_decoding(model, config: SparseConfig | None = None, *, step: str 
     if getattr(model.config, "is_encoder_decoder", False):
         raise GatherValueError(f"{type(model).__name__} is an encoder-decoder; sparse decoding needs a decoder-only LM")
     layer_kinds(model.config)  # any layer type it cannot run: one clear error now, not at the first step
+    plan = step_plan(model, step)  # the decode plan, read once (a `step` that cannot run: an error, nothing switched)
     register_sparse()
     switch_attention(model, SPARSE_ATTN_NAME, remember="gatherlens_sparse_previous", what="sparse decoding")
     for m in model.modules():  # the attention modules (by layer_idx) and the model itself (its cache's page size)
         if hasattr(m, "layer_idx") or hasattr(m, "config"):
             setattr(m, CONFIG_ATTR, config)
     default_cache(model, _sparse_cache_for)
-    install_step(model, step)  # the plan, and the decode-step table as the model's forward
+    install_step(model, plan)  # the decode-step table over the plan as the model's forward
     return model
 
 

@@ -47,7 +47,7 @@ from gatherlens.ops.sparse.cache import PagedKVCache
 from gatherlens.ops.sparse.decode import SPARSE_DECODE
 from gatherlens.ops.sparse.fused_decode import native_cache_fits
 
-__all__ = ["DECODE_STEP", "STEPS", "install_step", "remove_step", "installed_plan", "step_declarations", "planned_run",
+__all__ = ["DECODE_STEP", "STEPS", "install_step", "step_plan", "remove_step", "installed_plan", "step_declarations", "planned_run",
            "planned_layer"]
 
 _PLAN = "gatherlens_decode_plan"  # the model's DecodePlan, in its __dict__ while installed
@@ -63,20 +63,27 @@ _KNOWN = frozenset({"input_ids", "attention_mask", "position_ids", "cache", "pas
 
 
 # -- the one installer ---------------------------------------------------------------------------------
-def install_step(model, step: str = AUTO, transposed: bool = True) -> DecodePlan:
-    """Make the model's forward DECODE_STEP over its plan (built now, once); returns the plan. step: the
-    fastest row its steps may take ("auto", "stack", "planned", "hf"); a row named that cannot run this
-    model is an error naming why. transposed: see plan_model."""
+def install_step(model, step: str | DecodePlan = AUTO, transposed: bool = True) -> DecodePlan:
+    """Make the model's forward DECODE_STEP over its plan (`step_plan(model, step, transposed)`, or the
+    plan given); returns the plan."""
+    plan = step if isinstance(step, DecodePlan) else step_plan(model, step, transposed)
+    remove_step(model)
+    model.__dict__[_PLAN] = plan
+    replace_forward(model, step_forward)
+    return plan
+
+
+def step_plan(model, step: str = AUTO, transposed: bool = True) -> DecodePlan:
+    """The model's plan (plan_model: built now, once), checked against `step`, the fastest row its steps
+    may take ("auto", "stack", "planned", "hf"): a row named that cannot run this model is an error naming
+    why (before anything is switched). transposed: see plan_model."""
     if step not in (AUTO, *STEPS):
         raise GatherValueError(f"step = {step!r} must be one of {(AUTO, *STEPS)}")
-    remove_step(model)
     plan = plan_model(model, step, transposed)
     if step in _COMPUTES:
         why = _declared(plan, step)
         if why is not None:
             raise GatherValueError(f"step = {step!r} cannot run {type(model).__name__}: {why}")
-    model.__dict__[_PLAN] = plan
-    replace_forward(model, step_forward)
     return plan
 
 
@@ -200,7 +207,6 @@ def _stack_fits(plan: DecodePlan, model, args: tuple, kwargs: dict) -> str | Non
     positions = kwargs.get("position_ids")
     if positions is not None and int(positions[0, -1]) != view.caches[0].length:
         return "position_ids other than the cache's length"
-    plan.state["view"] = view  # for _stack_run
     return None
 
 
@@ -226,7 +232,8 @@ def _view(plan: DecodePlan, cache) -> StackCaches | str:
 # -- the rows' runs -------------------------------------------------------------------------------------
 def _stack_run(plan: DecodePlan, model, args: tuple, kwargs: dict):
     """The whole step on the C++ operator: embedding and angles from the model's modules, then decode_stack."""
-    ids, view, config = args[0] if args else kwargs["input_ids"], plan.state["view"], sparse_settings(model)
+    ids, config = args[0] if args else kwargs["input_ids"], sparse_settings(model)
+    view = _view(plan, _cache_of(kwargs))  # the one fits made and kept (current: no new view)
     position = view.caches[0].length
     x = plan.embed(ids)  # (1, 1, d)
     cos, sin = _angles(plan, x, position)  # (1, D) x2
