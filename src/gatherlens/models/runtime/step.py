@@ -178,8 +178,11 @@ def _one_token(plan: DecodePlan, model, args: tuple, kwargs: dict) -> str | None
     cache = _cache_of(kwargs)
     if not isinstance(cache, SparseKVCache) or len(cache.layers) != len(plan.layers):
         return f"the cache is a {type(cache).__name__} (the plan rows run over the model's SparseKVCache)"
-    if not all(isinstance(getattr(layer, "paged", None), PagedKVCache) for layer in cache.layers):
-        return "a layer of the cache holds no pages yet (or a window ring)"
+    seen = plan.state.get("paged")
+    if seen is None or seen() is not cache:  # a layer once paged stays paged: asked once per cache
+        if not all(isinstance(getattr(layer, "paged", None), PagedKVCache) for layer in cache.layers):
+            return "a layer of the cache holds no pages yet (or a window ring)"
+        plan.state["paged"] = weakref.ref(cache)
     return None
 
 
@@ -207,6 +210,7 @@ def _stack_fits(plan: DecodePlan, model, args: tuple, kwargs: dict) -> str | Non
     positions = kwargs.get("position_ids")
     if positions is not None and int(positions[0, -1]) != view.caches[0].length:
         return "position_ids other than the cache's length"
+    plan.state["fitted"] = (kwargs, view)  # this call's view, for its run (another call's run makes its own)
     return None
 
 
@@ -233,7 +237,8 @@ def _view(plan: DecodePlan, cache) -> StackCaches | str:
 def _stack_run(plan: DecodePlan, model, args: tuple, kwargs: dict):
     """The whole step on the C++ operator: embedding and angles from the model's modules, then decode_stack."""
     ids, config = args[0] if args else kwargs["input_ids"], sparse_settings(model)
-    view = _view(plan, _cache_of(kwargs))  # the one fits made and kept (current: no new view)
+    fitted, view = plan.state.pop("fitted", (None, None))  # not kept: it holds the call's cache
+    view = view if fitted is kwargs else _view(plan, _cache_of(kwargs))  # the view this call's fits made
     position = view.caches[0].length
     x = plan.embed(ids)  # (1, 1, d)
     cos, sin = _angles(plan, x, position)  # (1, D) x2
