@@ -142,17 +142,21 @@ def _declaration(plan: DecodePlan, row: str) -> str | None:
 
 
 def _stack_declaration(plan: DecodePlan) -> str | None:
-    """What the C++ stack adds to the planned loop's declaration: one geometry, static angles, q8act blocks."""
+    """What the C++ stack adds to the planned loop's declaration: q8act blocks, one geometry, gate|up as one
+    weight, static angles."""
+    why = stack_refusal(plan)
+    if why is not None:
+        return why
     first = plan.layers[0]
     if any((l.heads, l.kv_heads, l.head_dim, l.scaling, l.qkv_sizes) != (first.heads, first.kv_heads,
            first.head_dim, first.scaling, first.qkv_sizes) for l in plan.layers):
         return "its layers differ in heads, head size or scale (the operator takes one of each)"
     if any(len(layer.gate_up) != 1 for layer in plan.layers):
-        return ("gate and up are two weights (mixed formats; the planned loop, the operator's reference, "
-                "gates them as transformers does, not as the operator's one SiLU-gating call)")
+        return ("gate and up are two weights (the planned loop, the operator's reference, gates two weights as "
+                "transformers does, not with the operator's one SiLU-gating call)")
     if plan.rope_type not in _STATIC_ROPE:
         return f"rope_type {plan.rope_type!r} (the operator reads angles made {ANGLES} positions at a time)"
-    return stack_refusal(plan)
+    return None
 
 
 # -- the calls each row takes ---------------------------------------------------------------------------
