@@ -37,7 +37,7 @@ from lanes import sweep  # noqa: E402
 
 from gatherlens.errors import GatherValueError  # noqa: E402
 from gatherlens.models import load  # noqa: E402
-from gatherlens.models.runtime.step import lean_layers  # noqa: E402
+from gatherlens.models.runtime.step import step_declarations  # noqa: E402
 from gatherlens.models.attention.features import attention_variant  # noqa: E402
 from gatherlens.models.gguf.arch import ARCHS, EXPERTS, NORM  # noqa: E402
 from gatherlens.models.gguf.check import check_gguf  # noqa: E402
@@ -51,7 +51,9 @@ from gatherlens.ops.quant.products.q8act_naive import quantize_activations  # no
 QTYPES = ("F32", "Q8_0", "Q4_0")
 BOUND = 0.05      # the quantized model's logits: within 5% of the largest reference logit (module doc)
 PRODUCT = 1e-5    # each product against transformers' on the same (rounded) input, relative to its largest output
-LEAN = {"llama", "mistral", "qwen2"}  # Llama-shaped layers: the lean decode step runs them
+# the planned decode step runs Llama's layers (and Qwen2's biases); the tiny Mistral's layers are
+# sliding-window ones (a ring, not pages): transformers' forward runs them
+PLANNED = {"llama", "qwen2"}
 IDS = torch.randint(0, 317, (1, 20), generator=torch.Generator().manual_seed(1))  # (1, 20): no control tokens
 MEASURED: dict = {}  # (arch, qtype) -> max |logit difference| of the quantized model (scripts/gguf_differences.py)
 
@@ -179,14 +181,14 @@ def _products(ref, ours) -> list:
 def test_generate_runs_dense_and_sparse(files, arch):
     """generate on the quantized model: dense decoding; sparse at a budget buying every page gives its
     tokens (its logits within the rounding bound: another order of sums can flip one x's rounding);
-    a small budget runs. The lean decode step takes only Llama-shaped layers."""
+    a small budget runs. The planned decode step takes only the layers it declares."""
     model = files(arch, "Q8_0").lm.model
     kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
     with torch.no_grad():
         use_dense_decoding(model)
         dense = model.generate(IDS, **kw)
         use_sparse_decoding(model, budget=1024, page_size=4, dense_layers=0, kv_dtype=None)  # float32 pages
-        assert lean_layers(model) == (2 if arch in LEAN else 0)
+        assert (step_declarations(model)["planned"] is None) == (arch in PLANNED)
         full = model.generate(IDS, **kw)
         use_sparse_decoding(model, budget=8, page_size=4, dense_layers=0, recent=0)
         small = model.generate(IDS, **kw)

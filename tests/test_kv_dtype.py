@@ -183,12 +183,13 @@ def test_each_storage_dtype_is_within_its_tolerance_of_float32(kv):
 @pytest.mark.parametrize("kv", NARROW)
 def test_auto_takes_the_native_row_for_narrow_pages(kv):
     from gatherlens.ops.attention.variants import PLAIN
+    from gatherlens.ops.sparse.config import PageChoice
     from gatherlens.ops.sparse.decode import SPARSE_DECODE
 
     _, _, cache = filled(kv, L=90)
     q = torch.randn(1, 4, 1, 16)
-    how = {"share_selection": True, "group_score": "max", "recent": 0, "choose": "bound"}
-    assert dict(SPARSE_DECODE.why(q, cache, 16, how, 0.25, PLAIN, None, False))["native"] is None
+    choice = PageChoice(share_selection=True, group_score="max", recent=0, choose="bound")
+    assert dict(SPARSE_DECODE.why(q, cache, 16, choice, 0.25, PLAIN, None, False))["native"] is None
 
 
 @needs_kernel

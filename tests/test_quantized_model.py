@@ -137,8 +137,9 @@ def test_decode_route_agrees_with_float(models):
 
 
 @pytest.mark.slow
-def test_sparse_decoding_runs_the_quantized_lean_step(models):
-    from gatherlens.models.runtime.decoding import lean_layers, use_dense_decoding, use_sparse_decoding
+def test_sparse_decoding_runs_the_quantized_stack(models):
+    from gatherlens.models.runtime.decoding import use_dense_decoding, use_sparse_decoding
+    from gatherlens.models.runtime.step import step_declarations
 
     _, quant = models
     ids = quant.encode("The capital of France is Paris. The capital of Germany is")
@@ -146,11 +147,11 @@ def test_sparse_decoding_runs_the_quantized_lean_step(models):
         plain = quant.model.generate(ids, max_new_tokens=12, do_sample=False)
         use_sparse_decoding(quant.model, budget=None)
         try:
-            assert lean_layers(quant.model) == quant.config.num_hidden_layers
-            lean = quant.model.generate(ids, max_new_tokens=12, do_sample=False)
+            assert step_declarations(quant.model) == {"stack": None, "planned": None, "hf": None}
+            stacked = quant.model.generate(ids, max_new_tokens=12, do_sample=False)
         finally:
             use_dense_decoding(quant.model)
-    assert torch.equal(plain, lean)
+    assert torch.equal(plain, stacked)
 
 
 @pytest.mark.slow

@@ -76,7 +76,7 @@ def test_full_budget_is_dense_attention(case, softcap, sinks, backend):
     call = lambda: sparse_decode(q, cache, budget=L, return_lse=True, softcap=softcap, sinks=s,  # noqa: E731
                                  backend=backend)
     if backend == "native" and softcap is not None:
-        with pytest.raises(GatherValueError, match="backend = 'native' cannot run this sparse_decode call: softcap is not"):
+        with pytest.raises(GatherValueError, match="backend = 'native' cannot run this sparse_decode call: the attention variant sets softcap"):
             call()
         return
     out, lse = call()
@@ -240,8 +240,8 @@ def bad_calls():
         ("sinks ints", lambda: call(sinks=torch.zeros(4, dtype=torch.int32)), GatherTypeError, "sinks has dtype"),
         ("sinks float", lambda: call(sinks=0.5), GatherTypeError, "sinks must be a torch.Tensor"),
         ("native softcap", lambda: call(softcap=2.0, backend="native"), GatherValueError,
-         "backend = 'native' cannot run this sparse_decode call: softcap is not supported by the C++ operator "
-         "(got softcap = 2.0); use backend='torch' or 'auto'"),
+         "backend = 'native' cannot run this sparse_decode call: the attention variant sets softcap = 2.0, which "
+         "this row does not apply (it applies: sinks); use backend='torch' or 'auto'"),
         ("query width", lambda: sparse_decode(q[..., :5], cache, budget=8), GatherValueError,
          "head_dim = 8 (the keys' width; values are value_dim = 5)"),
         ("append values width", lambda: cache.append(k[:, :, :2], k[:, :, :2]), GatherValueError,

@@ -22,8 +22,8 @@ median round is reported):
   then on), on the quantized model where there is one, after its real prefill of the same prompt
   tokens, in a fresh process of its own (bench/generate_cli.py; off with --no-cli)
 - with --ablation, paged/hf-layers and sparse-1024/hf-layers: the same over transformers' own
-  decoder layers and output projection (lean=False), to show what the lean decode step wins; and
-  sparse-1024/hf-head: the lean layers with transformers' output projection (what decode_head wins)
+  decoder layers and output projection (step="hf"), to show what the planned decode step wins; and
+  sparse-1024/hf-head: the planned step with F.linear's output projection (what the transposed head wins)
 
 How the caches are filled: a short prefix of real text (256 tokens) is prefilled once; each
 layer's keys and values are tiled to the context length and written into the DynamicCache and
@@ -67,8 +67,8 @@ class Method:
     name: str
     kind: str               # "hf" or "paged"
     budget: int | None = None
-    lean: bool = True
-    head: bool = True       # the lean head (models/runtime/head.py) with the lean step
+    lean: bool = True       # the decode-step table's fastest row (False: step="hf", transformers' layers)
+    head: bool = True       # the head's transposed copy (models/runtime/head.py) in the planned step
 
 
 @dataclass
@@ -212,15 +212,15 @@ def fill_caches(lm, L: int, tokens: int, hf_too: bool = True):
 
 
 def _switch(model, m: Method) -> None:
-    from gatherlens.models.runtime.head import remove_lean_head
+    from gatherlens.models.runtime.step import install_step
     from gatherlens.models.runtime.decoding import use_dense_decoding, use_sparse_decoding
 
     if m.kind == "hf":
         use_dense_decoding(model)
     else:
-        use_sparse_decoding(model, budget=m.budget, lean=m.lean)
+        use_sparse_decoding(model, budget=m.budget, step="auto" if m.lean else "hf")
         if not m.head:
-            remove_lean_head(model)
+            install_step(model, transposed=False)
 
 
 def _generate(model, m: Method, ids, hf_cache, paged_cache, tokens: int, L: int) -> tuple[float, float]:
@@ -456,7 +456,7 @@ def _report(console, rows: list[Row], json_path: Path, plot_path: Path, meta: di
                     "its tokens/s over tokens x rounds decode steps; cli/pages with --pages' page trace",
                 fill=f"a {PREFIX}-token prefix of real text prefilled once, each layer's K/V tiled to the context",
                 hf="transformers' DynamicCache + SDPA (the default)",
-                paged="gatherlens' paged cache, dense attention in place with GQA folded, lean decode step",
+                paged="gatherlens' paged cache, dense attention in place with GQA folded, planned decode step",
                 quantized="gatherlens.load(model, quantized=True): the model run from its GGUF blocks",
                 llama="llama-cpp-python on the same GGUF and threads: the same prompt tokens prefilled, median "
                       "of 32 greedy llm.sample(temp=0) + llm.eval([tok]) steps, run alone after our cases",

@@ -24,7 +24,7 @@ from gatherlens.commands.params import (
 
 @click.command("eval-prefill")
 @text_source_options('"smollm2" or a local Hugging Face Llama-family folder / .gguf file.')
-@quantized_option
+@quantized_option()
 @click.option("--context", default=8192, show_default=True, type=Int(64), help="Tokens of the scored context.")
 @click.option("--scored", default=512, show_default=True, type=Int(1), help="Last tokens of the context scored.")
 @click.option("--greedy", default=32, show_default=True, type=Int(0), help="Greedy tokens compared after it.")

@@ -26,7 +26,7 @@ import time
 
 import click
 
-from gatherlens.commands.params import Int, load_kwargs, quantized_option
+from gatherlens.commands.params import Int, load_kwargs, quantized_option, sparse_prefill_option
 from gatherlens.i18n import LANGS
 from gatherlens.ops.prefill.config import TOY
 from gatherlens.report.defaults import DEFAULT_TEXT
@@ -58,7 +58,7 @@ def _command_line(text, model, quantized, top_k, layer, head, query, lang, out, 
 @click.option("--model", "model", default="smollm2", show_default=True,
               help="smollm2 (SmolLM2-135M, causal LM), minilm (all-MiniLM-L6-v2, BERT encoder), or "
                    "a path to a local Hugging Face model folder or .gguf file.")
-@quantized_option
+@quantized_option("The report then draws the embedding gather from the quantized table.")
 @click.option("--top-k", "top_k", type=Int(1), default=4, show_default=True,
               help="Keys each query gathers in every attention layer.")
 @click.option("--layer", type=Int(), default=None,
@@ -74,9 +74,8 @@ def _command_line(text, model, quantized, top_k, layer, head, query, lang, out, 
               show_default=True, help="Folder for index.html, story.json and the SVG figures.")
 @click.option("--force", is_flag=True,
               help="Write into a folder that already holds files (replaces only report files).")
-@click.option("--sparse-prefill", "sparse_prefill", is_flag=True,
-              help="Also prefill TEXT block-sparsely: the page gains a map of the key blocks each query block "
-                   "gathered, for any layer and head (prefill-map.svg in --out: --layer's and --head's).")
+@sparse_prefill_option("The page gains a map of the key blocks each query block gathered, for any layer and head "
+                       "(prefill-map.svg in --out: --layer's and --head's).")
 def explain(text, model, quantized, top_k, layer, head, query, lang, out, force, sparse_prefill=False):
     """Explain every gather a real model runs on TEXT.
 

@@ -23,7 +23,8 @@ from pathlib import Path
 import click
 
 from gatherlens.commands.params import (
-    Int, kv_dtype_option, load_kwargs, output_file, quantized_option, signals_as_ctrl_c, threads_option,
+    Int, kv_dtype_option, load_kwargs, output_file, quantized_option, signals_as_ctrl_c, sparse_prefill_option,
+    threads_option,
 )
 from gatherlens.drawable import picture_suffixes
 from gatherlens.i18n import LANGS
@@ -47,14 +48,12 @@ def _prompt_text(prompt: str | None, file: str | None) -> str:
 @click.option("--file", "file", type=click.Path(dir_okay=False), default=None, help="Read the prompt from a UTF-8 text file.")
 @click.option("--model", "model_name", default="smollm2", show_default=True,
               help='"smollm2" or a local Llama-family folder / .gguf file.')
-@quantized_option
+@quantized_option()
 @click.option("--budget", type=Int(1), default=None,
               help=f"Tokens each decode step reads per KV head (default: {DEFAULT.budget}).")
 @click.option("--dense", is_flag=True, help="Decode densely (transformers' default path) instead.")
 @kv_dtype_option
-@click.option("--sparse-prefill", "sparse_prefill", is_flag=True,
-              help="Prefill block-sparsely: each block of the prompt attends to the key blocks it needs "
-                   "(gatherlens.ops.prefill's default rule); the cache still keeps every key.")
+@sparse_prefill_option()
 @click.option("--max-new-tokens", default=64, show_default=True, type=Int(1), help="Tokens to generate.")
 @click.option("--pages", "pages", default=None, help="Write the pages x steps picture to FILE.svg or FILE.html.")
 @click.option("--lang", type=click.Choice(LANGS), default="en", show_default=True, help="Language of the picture.")

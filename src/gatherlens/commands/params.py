@@ -1,5 +1,6 @@
 """What the commands share: the int type of every option (`Int`, gatherlens.params' one rule),
-lists of ints, --threads, output files never overwritten without --force, the --model/--corpus/--text options, --quantized and its check, a progress bar
+lists of ints, --threads, output files never overwritten without --force, the --model/--corpus/--text options,
+--quantized and its check, --sparse-prefill, --kv-dtype (each shared option declared once, here), a progress bar
 and the results table.
 
     >>> positive_ints("8,32,8", "-k/--top-k", "k")
@@ -101,11 +102,24 @@ def text_source_options(model_help: str):
     return apply
 
 
-def quantized_option(command):
-    """--quantized: run a GGUF model from its blocks (`load(name, quantized=True)`); float32 stays the default."""
+def quantized_option(shows: str = ""):
+    """--quantized, declared once: run a GGUF model from its blocks (`load(name, quantized=True)`); float32
+    stays the default. shows: what the command then shows differently (one sentence of its help).
+
+        >>> @quantized_option()                      # on a command; its value arrives as `quantized`
+    """
     return click.option("--quantized", is_flag=True,
                         help="Run a GGUF model (smollm2 or a .gguf file) from its quantized blocks instead of "
-                             "the float32 copy (default: float32).")(command)
+                             "the float32 copy (default: float32)." + (f" {shows}" if shows else ""))
+
+
+def sparse_prefill_option(shows: str = ""):
+    """--sparse-prefill, declared once: prefill block-sparsely (models/attention/prefill.py, the default rule
+    of gatherlens.ops.prefill). shows: what the command then shows (one sentence of its help)."""
+    return click.option("--sparse-prefill", "sparse_prefill", is_flag=True,
+                        help="Prefill block-sparsely: each block of the prompt attends to the key blocks it needs "
+                             "(gatherlens.ops.prefill's default rule); the cache still keeps every key."
+                             + (f" {shows}" if shows else ""))
 
 
 def kv_dtype_option(command):

@@ -17,7 +17,7 @@ import os
 
 import click
 
-from gatherlens.commands.params import Int
+from gatherlens.commands.params import Int, quantized_option, sparse_prefill_option
 from gatherlens.i18n import LANGS
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -34,12 +34,9 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
               help="Language of the page.")
 @click.option("--max-new-tokens", "max_new", type=Int(1, 512), default=64,
               show_default=True, help="Most tokens one generation may produce.")
-@click.option("--quantized", is_flag=True,
-              help="Run the model from its GGUF blocks (smollm2 or a .gguf PATH); the embedding section "
-                   "then draws the quantized row gather.")
-@click.option("--sparse-prefill", "sparse_prefill", is_flag=True,
-              help="Open the page with its sparse-prefill map on: each text is also prefilled block-sparsely and "
-                   "a section shows the key blocks each query block gathered (a checkbox on the page switches it).")
+@quantized_option("The embedding section then draws the quantized row gather.")
+@sparse_prefill_option("The page opens with its sparse-prefill map on: a section shows the key blocks each query "
+                       "block gathered (a checkbox on the page switches it).")
 def serve(model, host, port, lang, max_new, quantized, sparse_prefill=False):
     """Serve the live explorer: type text, see every gather; generate with sparse decoding."""
     # Before torch loads OpenMP: idle threads sleep instead of spinning (see commands/explain.py).

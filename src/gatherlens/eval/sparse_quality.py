@@ -270,7 +270,7 @@ def evaluate_sparse_quality(model, ids: torch.Tensor, budgets=(256, 512, 1024, 2
     prefix, targets = ids[:, :S - N], ids[:, S - N:]  # (1, S-N), (1, N)
     rows: list[SparseQualityRow] = []
     try:
-        use_sparse_decoding(model, None, page_size)  # dense prefill into a paged cache
+        use_sparse_decoding(model, budget=None, page_size=page_size)  # dense prefill into a paged cache
         cache0, logits0 = prefill(model, prefix, page_size)
         dense_nll = None
         for setup in [SparseSetup(None, page_size=page_size, label="dense"), *setups]:

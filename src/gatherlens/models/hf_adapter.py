@@ -4,7 +4,7 @@
     >>> attn_implementation(model)                          # 'sdpa'
     >>> register_attention("gatherlens_topk", topk_attention_forward)    # with SDPA's mask function
     >>> default_cache(model, lambda m: SparseKVCache(config=m.config))  # generate's cache when none is given
-    >>> replace_forward(layer, lean_forward)                # this layer only; restore_forward(layer) undoes it
+    >>> replace_forward(model, step_forward)                # this model only; restore_forward(model) undoes it
 
 Written against transformers 5.x. Public extension points where they exist: `AttentionInterface`
 and `AttentionMaskInterface` (registration, and SDPA's functions looked up by name),
@@ -18,6 +18,7 @@ So a new transformers release is checked against this file alone.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import types
 
@@ -156,12 +157,20 @@ def restore_default_cache(model) -> None:
 
 # -- per-instance forwards ------------------------------------------------------------------------
 def replace_forward(module, forward) -> None:
-    """Run `forward(module, ...)` instead of the module's class forward, for this instance only.
+    """Run `forward(module, ...)` instead of the module's class forward, for this instance only; the
+    replacement shows the class forward's signature.
 
     relies on: `nn.Module.__call__` (and transformers' GradientCheckpointingLayer) calling
-    `self.forward`, looked up on the instance first.
+    `self.forward`, looked up on the instance first; and `generate` reading `inspect.signature(
+    self.forward)` (it passes `position_ids`, made from the attention mask, only to a forward whose
+    signature names them: a left-padded batch needs them).
     """
-    module.forward = types.MethodType(forward, module)
+    def replaced(*args, **kwargs):
+        return forward(module, *args, **kwargs)
+
+    replaced.__signature__ = inspect.signature(types.MethodType(type(module).forward, module))
+    replaced.__doc__ = forward.__doc__
+    module.forward = replaced
 
 
 def restore_forward(module) -> None:

@@ -18,7 +18,7 @@ the embedding's blocks (q8act; else a bf16 copy); the norms the file's float vec
 mixture-of-experts blocks models/gguf/moe.py's `fill_moe`. `ROUTE` / `HEAD_ROUTE` name another
 route ("int4" keeps x in bf16: +0.06% perplexity against q8act's +0.3%, slower). q|k|v and gate|up
 are packed fused where a layer has them in one format (`PACKED`: `qkv_proj`, `gate_up_proj`, used
-by the lean decode step) and the separate projections share their packed rows; Phi-3's are fused in
+by the decode plan) and the separate projections share their packed rows; Phi-3's are fused in
 the file and in its HF class already. Rows the table marks `permute` (Llama's attn_q / attn_k) are
 stored permuted for llama.cpp's RoPE; the same row permutation as transformers' `reverse_permute`
 undoes it (blocks run along K, so moving whole rows is exact).
@@ -52,7 +52,7 @@ ROUTE = "auto"  # the linears: "q8act" where it builds (llama.cpp's integer dot 
 HEAD_ROUTE = "auto"  # the tied Q8_0 head: "q8act" where it builds, else bf16 (faster than two int4 planes)
 
 
-# projections packed as one weight where a layer has them all in one format (the lean decode step's
+# projections packed as one weight where a layer has them all in one format (the decode plan's
 # fused products): (parent module, the fused module's name, its parts in order)
 PACKED = (("self_attn", "qkv_proj", ("q_proj", "k_proj", "v_proj")), ("mlp", "gate_up_proj", ("gate_proj", "up_proj")))
 _LAYER = "model.layers.{i}."  # the prefix of every block row's HF name (models/gguf/arch.py)

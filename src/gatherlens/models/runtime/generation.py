@@ -19,7 +19,7 @@ between two steps when its client goes away. Closing the generator (or an except
 included) puts the model back to dense decoding. Greedy (argmax), like
 `generate(do_sample=False)`; it stops after max_new_tokens or after the model's end-of-sequence
 token. budget=None decodes densely (SDPA over a DynamicCache); otherwise
-`use_sparse_decoding(model, budget, **sparse)` over a SparseKVCache. The text comes from the
+`use_sparse_decoding(model, budget=budget, **sparse)` over a SparseKVCache. The text comes from the
 one incremental detokenizer (detokenize.py).
 
 The tokens themselves come from `greedy_tokens(model, cache, ids)`, the loop's core: forward,
@@ -137,7 +137,7 @@ def _start(model, budget: int | None, sparse: dict) -> tuple[object, int]:
     if budget is None:
         use_dense_decoding(model)
         return DynamicCache(config=model.config), sparse.get("page_size", DEFAULT.page_size)
-    use_sparse_decoding(model, budget, **sparse)
+    use_sparse_decoding(model, budget=budget, **sparse)
     settings = sparse_settings(model)  # what the model now decodes with: pages made so at the prefill
     return SparseKVCache(config=model.config, page_size=settings.page_size, kv_dtype=settings.kv_dtype), \
         settings.page_size

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -122,7 +122,7 @@ def check_variant(variant: AttentionVariant, *, heads: int, like: torch.Tensor) 
     check_sinks(variant.sinks, heads=heads, like=like)
     if variant.softcap is None or type(variant.softcap) is float:
         return variant
-    return AttentionVariant(softcap, variant.sinks, variant.window)
+    return replace(variant, softcap=softcap)  # every other field kept (a subclass's too)
 
 
 def check_topk_args(query, key, value, top_k, *, is_causal, attn_mask, scale, enable_gqa,

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from gatherlens.errors import GatherTypeError, GatherValueError
 
-__all__ = ["SparseConfig", "DEFAULT", "OP", "QUEST", "SHARDED", "TOY", "DIST_DEMO", "PRESETS", "GROUP_SCORES", "CHOOSERS",
+__all__ = ["SparseConfig", "PageChoice", "SETTINGS", "DEFAULT", "OP", "QUEST", "SHARDED", "TOY", "DIST_DEMO", "PRESETS", "GROUP_SCORES", "CHOOSERS",
            "KV_DTYPES", "check_budget", "check_choice", "check_page_size", "check_kv_dtype"]
 
 GROUP_SCORES = ("max", "sum")   # how a KV group's page bounds combine (shared choice)
@@ -83,6 +83,38 @@ def check_kv_dtype(kv_dtype) -> str | None:
     return kv_dtype
 
 
+@dataclass(frozen=True)
+class PageChoice:
+    """The page-choice rule of one decode step, as every row of sparse decode reads it (owned by a
+    SparseConfig: `config.choice`, made once; `sparse_decode`'s keywords build one without a config).
+
+        >>> SparseConfig(512).choice
+        PageChoice(share_selection=False, group_score='max', recent=128, choose='bound')
+        >>> PageChoice(share_selection=True, recent=0).kwargs()   # select_pages' keywords
+        {'share_selection': True, 'group_score': 'max', 'recent': 0, 'choose': 'bound'}
+
+    share_selection: one choice per KV group (True) or per query head. group_score: "max" or "sum" of a
+    group's page bounds. recent: the newest tokens always read (the window itself, not None). choose:
+    "bound" (Quest) or "oracle" (true attention mass). A rule that decides more per step (issue 38's
+    budget="auto": pages per KV head by attention mass) is a field here, read where the pages are chosen.
+    """
+
+    share_selection: bool = True
+    group_score: str = "max"
+    recent: int = 0
+    choose: str = "bound"
+
+    def __post_init__(self):
+        if not isinstance(self.share_selection, bool):
+            raise GatherTypeError(f"share_selection must be a bool, got {self.share_selection!r}")
+        check_choice(self.recent, self.choose, self.group_score)
+
+    def kwargs(self) -> dict:
+        """The rule as keywords (select_pages, PageSelection)."""
+        return {"share_selection": self.share_selection, "group_score": self.group_score, "recent": self.recent,
+                "choose": self.choose}
+
+
 def check_page_size(page_size) -> int:
     """`page_size` itself if it is an int >= 1 (tokens per page), else a clear error."""
     _check_count("page_size", page_size, 1, "tokens per page")
@@ -112,6 +144,8 @@ class SparseConfig:
         a third, with one scale per page). Page summaries stay exact for the stored values.
         Measured on Austen (`gatherlens eval-sparse --kv-dtype`): float16 and bfloat16 within 0.5%
         perplexity of float32 pages, int8 about 1% at budget 512.
+    choice: the page-choice rule these settings make (`PageChoice`: share_selection, group_score,
+        recent_window(), choose), made once at construction; what every decode step reads.
     """
 
     budget: int | None = 1024
@@ -124,9 +158,12 @@ class SparseConfig:
     dense_share: float = 1 / 3
     dense_layers: int = 2
     kv_dtype: str | None = "float16"
+    choice: PageChoice = dataclasses.field(init=False, repr=False, compare=False)  # made from the above, once
 
     def __post_init__(self):
         _check(self)
+        object.__setattr__(self, "choice", PageChoice(self.share_selection, self.group_score, self.recent_window(),
+                                                      self.choose))
 
     def recent_window(self) -> int:
         """The recent window a step reads: `recent`, or for None a quarter of the budget (0 when dense).
@@ -153,7 +190,11 @@ class SparseConfig:
         return self.budget
 
     def replace(self, **changes) -> "SparseConfig":
-        """A copy with `changes` (checked like any other)."""
+        """A copy with `changes` (checked like any other; a name that is not a setting is refused by name)."""
+        unknown = sorted(set(changes) - set(SETTINGS))
+        if unknown:
+            raise GatherTypeError(f"{', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} not "
+                                  f"a SparseConfig setting; the settings are {', '.join(SETTINGS)}")
         return dataclasses.replace(self, **changes)
 
 
@@ -171,6 +212,8 @@ def _check(c: SparseConfig) -> None:
     _check_count("dense_layers", c.dense_layers, 0, "leading layers kept dense")
     check_kv_dtype(c.kv_dtype)
 
+
+SETTINGS = tuple(f.name for f in dataclasses.fields(SparseConfig) if f.init)  # what a caller may set
 
 DEFAULT = SparseConfig()
 # sparse_decode's own keyword defaults (one call, no model): one choice per KV group, no window,

@@ -175,7 +175,7 @@ def quantized_linear(x: torch.Tensor, weight: QuantizedWeight, backend: str = "a
 def linear_product(x: torch.Tensor, weight: QuantizedWeight, backend: str = "auto") -> torch.Tensor:
     """x (M, K) -> (M, N) in x's dtype, unchecked: the one entrance that picks where a quantized
     product runs (LINEAR_PRODUCT's rows) and runs it; `quantized_linear` calls it after its checks,
-    the lean decode step (models/runtime/step.py) directly."""
+    the planned decode step (models/runtime/step.py) directly."""
     return LINEAR_PRODUCT(x, weight, backend=backend)
 
 
