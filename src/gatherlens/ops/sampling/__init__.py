@@ -10,12 +10,18 @@ top-p, min-p, temperature, the draw; temperature 0 is greedy. config.py holds th
 `SamplingConfig` (its checks in checks.py; presets GREEDY, LLAMA_CPP, OPENAI); naive.py the plain
 float64 reference; fast.py the vectorized sampler (same signature, tested against it);
 record.py the `SampleRecord` of what a draw kept; sampler.py the per-sequence `Sampler`.
+Names load on first use (PEP 562): `config` imports without torch.
 """
-from gatherlens.ops.sampling.config import GREEDY, LLAMA_CPP, OPENAI, SamplingConfig
-from gatherlens.ops.sampling.fast import sample
-from gatherlens.ops.sampling.naive import naive_sample
-from gatherlens.ops.sampling.record import STAGES, Cut, SampleRecord
-from gatherlens.ops.sampling.sampler import Sampler
+from __future__ import annotations
+
+from gatherlens.lazy import lazy_exports
+
+_EXPORTS = {
+    "SamplingConfig": "config", "GREEDY": "config", "LLAMA_CPP": "config", "OPENAI": "config", "sample": "fast",
+    "naive_sample": "naive", "SampleRecord": "record", "Cut": "record", "STAGES": "record", "Sampler": "sampler",
+}
 
 __all__ = ["SamplingConfig", "GREEDY", "LLAMA_CPP", "OPENAI", "sample", "naive_sample", "SampleRecord", "Cut",
            "STAGES", "Sampler"]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
