@@ -486,59 +486,8 @@ void decode_x8(const uint8_t* pb, int64_t rows, int64_t nb, Panel& p) {
 }
 
 #ifdef Q8ACT_SIMD
-template <class F>  // lane j: sum_i code(j, i) qx_i over one panel block (int32)
-inline __m256i x8_sums(const uint8_t* codes, const int8_t* qx) {
-  using gatherlens_q8::x_step;
-  const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (signed_codes<F>) {
-    __m256i sum = _mm256_setzero_si256();
-    for (int s = 0; s < STEPS; ++s) {
-      __m256i v;
-      if constexpr (F::bits == 8) {
-        v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + s * PANEL * STEP));
-      } else {
-        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (s % 4) * PANEL * STEP));
-        const __m256i q = _mm256_and_si256(s < 4 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
-        v = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(F::book))), q);
-      }
-      const __m256i xs = x_step(qx + STEP * s);
-      sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(xs, v)), ones));
-    }
-    return sum;
-  } else {
-    __m256i pairs = _mm256_setzero_si256();  // 4-bit codes: 8 steps stay within int16 (8 * 2 * 15 * 127)
-    for (int c = 0; c < 4; ++c) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + c * PANEL * STEP));
-      const __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
-      pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(lo, x_step(qx + STEP * c)));
-      pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(hi, x_step(qx + STEP * (c + 4))));
-    }
-    return _mm256_madd_epi16(pairs, ones);
-  }
-}
-
-template <class F>  // out[0:8] = the panel's 8 rows against x's row r
-void x8_row(const uint8_t* pb, int64_t nb, const Act& a, int64_t r, int64_t K, float* out) {
-  const int8_t* qx = a.q.data() + r * K;
-  const float* dx = a.d.data() + r * nb;
-  const float* sx = a.s.data() + r * nb;
-  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, mins = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = pb + b * PANEL * F::bytes;
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
-    const __m256i sum = x8_sums<F>(blk + X8_SCALES<F>, qx + b * QK);
-    acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(dx[b])), acc[b & 1]);
-    if constexpr (F::has_m)
-      mins = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 * PANEL))),
-                             _mm256_set1_ps(sx[b]), mins);
-    else if constexpr (!signed_codes<F>)
-      mins = _mm256_fmadd_ps(d, _mm256_set1_ps(-static_cast<float>(F::code_offset) * sx[b]), mins);
-  }
-  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), mins));
-}
-
-template <class F, int R>  // x8_sums for R rows of x (row r at qx + r * K): each step's codes unpacked once for all
+template <class F, int R>  // lane j of sums[r]: sum_i code(j, i) qx_i over one panel block (int32) for R rows of
+                           // x (row r at qx + r * K): each step's codes unpacked once for all of them
 inline void x8_sums_rows(const uint8_t* codes, const int8_t* qx, int64_t K, __m256i* sums) {
   using gatherlens_q8::x_step;
   const __m256i ones = _mm256_set1_epi16(1);
@@ -571,6 +520,33 @@ inline void x8_sums_rows(const uint8_t* codes, const int8_t* qx, int64_t K, __m2
     }
     for (int r = 0; r < R; ++r) sums[r] = _mm256_madd_epi16(pairs[r], ones);
   }
+}
+
+template <class F>  // lane j: sum_i code(j, i) qx_i over one panel block (int32), one row of x
+inline __m256i x8_sums(const uint8_t* codes, const int8_t* qx) {
+  __m256i sum;
+  x8_sums_rows<F, 1>(codes, qx, 0, &sum);
+  return sum;
+}
+
+template <class F>  // out[0:8] = the panel's 8 rows against x's row r
+void x8_row(const uint8_t* pb, int64_t nb, const Act& a, int64_t r, int64_t K, float* out) {
+  const int8_t* qx = a.q.data() + r * K;
+  const float* dx = a.d.data() + r * nb;
+  const float* sx = a.s.data() + r * nb;
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, mins = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = pb + b * PANEL * F::bytes;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+    const __m256i sum = x8_sums<F>(blk + X8_SCALES<F>, qx + b * QK);
+    acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(dx[b])), acc[b & 1]);
+    if constexpr (F::has_m)
+      mins = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 * PANEL))),
+                             _mm256_set1_ps(sx[b]), mins);
+    else if constexpr (!signed_codes<F>)
+      mins = _mm256_fmadd_ps(d, _mm256_set1_ps(-static_cast<float>(F::code_offset) * sx[b]), mins);
+  }
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), mins));
 }
 
 template <class F, int R>  // x8_row for rows r0 .. r0 + R - 1 of x: the panel read once; each row's sums and
