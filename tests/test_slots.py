@@ -80,23 +80,27 @@ def _solo(lm, prompt, n, sampling=None):
                                       stop=()))[-1].new_ids)
 
 
-def test_slots_generate_what_each_generation_alone_does(lm):
-    """Four prompts of different lengths (one past a prefill chunk), greedy and seeded, two of them sharing a
-    kept prefix: each slot's tokens equal its own generation's."""
+def test_slots_generate_what_each_generation_alone_does(lm, monkeypatch):
+    """Four prompts of different lengths (two past a prefill chunk), greedy and seeded, one sharing a kept
+    prefix, one a kept prompt whole: each slot's tokens equal its own generation's (chunks of 16 there too)."""
+    from gatherlens.models.runtime import generation
+
+    monkeypatch.setattr(generation, "PREFILL_CHUNK", 16)   # the solo runs' chunks: the slots' grid
     g = torch.Generator().manual_seed(1)
     prompts = [tuple(torch.randint(3, 300, (n,), generator=g).tolist()) for n in (6, 40, 23, 70)]
     samplings = [None, SamplingConfig(temperature=0.9, top_k=20, seed=5), None, SamplingConfig(temperature=1.3, seed=9)]
-    runner = SlotRunner(lm, PrefixCache(64 << 20), chunk=16)
+    runner = SlotRunner(lm, PrefixCache(64 << 20, grid=16))
     runner.install()
     try:
         base = tuple(torch.randint(3, 300, (40,), generator=g).tolist())
-        first = runner.admit(Ask(base, 6, None, frozenset()))
-        while not first.done:
-            runner.advance([first])
-        runner.release(first)                                        # kept: base + 5 tokens
-        prompts[2] = base[:30] + prompts[2]                          # shares 30 tokens with it
+        for prompt in (base, prompts[3]):
+            first = runner.admit(Ask(prompt, 6, None, frozenset()))
+            while not first.done:
+                runner.advance([first])
+            runner.release(first)                                    # kept: its whole chunks, and its logits
+        prompts[2] = base[:36] + prompts[2]                          # shares 36 tokens with base: reuses 32
         slots = [runner.admit(Ask(p, 10, s, frozenset())) for p, s in zip(prompts, samplings)]
-        assert slots[2].reused == 30 and slots[0].reused == 0
+        assert [s.reused for s in slots] == [0, 0, 32, 70]          # prompts[3] again: whole, with its logits
         while not all(s.done for s in slots):
             runner.advance([s for s in slots if not s.done])
         assert runner.steps["batched"] > 0 and runner.steps["prefill_chunks"] > len(prompts)

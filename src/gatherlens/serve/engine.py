@@ -196,7 +196,7 @@ def _runner_of(settings: ServeSettings):
         key = id(lm.model)
         if key not in made or made[key][0] is not lm:
             made.clear()   # the model was loaded again (its file changed): the old caches are stale
-            made[key] = (lm, SlotRunner(lm, PrefixCache(settings.prefix_cache_bytes)))
+            made[key] = (lm, SlotRunner(lm, PrefixCache(settings.prefix_cache_bytes, grid=settings.prefill_chunk)))
         return made[key][1]
 
     get.current = lambda: next((runner for _, runner in made.values()), None)

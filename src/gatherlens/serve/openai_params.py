@@ -138,8 +138,10 @@ def _common(body, required: str) -> dict:
                     "functions": (None, []), "tool_choice": (None, "none", "auto"), "echo": (None, False),
                     "suffix": (None, ""), "best_of": (None, 1)})
     options = body.get("stream_options")
-    if options is not None and (not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool)):
-        raise _bad("stream_options", f"stream_options must be {{\"include_usage\": true|false}}, got {shorten(options)}")
+    if options is not None and (not isinstance(options, dict)
+                                or not isinstance(options.get("include_usage", False), bool)):
+        raise _bad("stream_options",
+                   f"stream_options must be {{\"include_usage\": true|false}}, got {shorten(options)}")
     stream = body.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
         raise _bad("stream", f"stream must be true or false, got {shorten(stream)}")

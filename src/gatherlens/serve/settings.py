@@ -50,6 +50,9 @@ class ServeSettings:
     api_max_tokens: int = 4096      # most tokens one API request may generate (max_tokens' default, capped by
                                     # the room the model's positions leave)
     prefix_cache_bytes: int = 512 << 20  # kept KV caches of finished requests, for prefix reuse (LRU)
+    prefill_chunk: int = 128        # prompt tokens a slot prefills per turn (between two decode steps of the
+                                    # others); also the grid reuse cuts at (models/runtime/prefix.py): a 1,500-token
+                                    # chat's next turn runs ~170 tokens again (its last chunk, the answer, the question)
     max_body_bytes: int = 4 << 20   # longest API request body; longer gets 413
 
     @property

@@ -14,6 +14,8 @@ or dense as the model is switched). Per layer:
     for each slot i: rope_append(q_i, k_i, v_i, cos_i, sin_i, pages_i); out_i = decode_attention(q_i, pages_i)
     x, h = x + out Wo, rms_norm(.)  (N rows);  x = x + silu(h Wg) * (h Wu) Wd  (N rows)
 
+Each slot's rows go through the same operators as the one-slot step (`decode_stack`, the lean step): the
+products' few-row path is bit-equal to one row at a time, so a slot's logits equal its solo step's.
 It needs the model switched to sparse decoding (`use_sparse_decoding`: the attention modules carry the
 config) and every cache prefilled (its pages made). A model whose decoder layers are not Llama-shaped
 (`supports_lean_step`) gets no plan: its slots step one at a time through the model's forward.
@@ -53,6 +55,8 @@ def batch_plan(model) -> BatchPlan | None:
     parts = [getattr(inner, name, None) for name in ("embed_tokens", "rotary_emb", "norm")]
     head = getattr(model, "lm_head", None)
     if not layers or any(p is None for p in parts) or head is None or not all(map(supports_lean_step, layers)):
+        return None
+    if not hasattr(parts[2], "variance_epsilon"):   # the final norm is a plain RMSNorm, as the layers' are
         return None
     return BatchPlan(parts[0], parts[1], tuple(layers), parts[2], head)
 
@@ -116,4 +120,5 @@ def batched_step(model, plan: BatchPlan, tokens: list[int], caches: list[SparseK
     x = x.reshape(N, -1)  # (N, d)
     for layer in plan.layers:
         x = _layer(layer, x, cos, sin, [c.paged(layer.self_attn.layer_idx) for c in caches])
-    return plan.head(plan.norm(x))  # (N, V)
+    h = rms_norm_cast(x, plan.norm.weight, plan.norm.variance_epsilon, _act(plan.head, x.dtype))  # (N, d)
+    return plan.head(h)  # (N, V)

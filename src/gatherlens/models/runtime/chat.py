@@ -1,7 +1,8 @@
 """Chat templates: a model's own conversation format, rendered as transformers' `apply_chat_template` renders it.
 
     >>> template = chat_template_of(lm)                        # the GGUF's tokenizer.chat_template (or the HF one)
-    >>> template.render([{"role": "user", "content": "Hi"}])   # '<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n'
+    >>> template.render([{"role": "user", "content": "Hi"}])
+    '<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n'
     >>> ids = chat_prompt(lm, messages)                        # (1, S) ids of that text, no tokenizer BOS/EOS added
     >>> template.stop_ids                                      # {2}: <|im_end|>, the template's end of a turn, + EOS
 
@@ -30,8 +31,8 @@ from gatherlens.errors import GatherTypeError, GatherValueError, shorten
 
 __all__ = ["ChatTemplate", "chat_template_of", "chat_prompt", "check_messages"]
 
-_PROBE = "gatherlens-probe-7f3a"
-_REASONING = ("reasoning_content", "thinking", "reasoning")   # a message's reasoning, by the names it comes under   # an assistant message's text, to find what the template writes after it
+_PROBE = "gatherlens-probe-7f3a"   # an assistant message's text, to find what the template writes after it
+_REASONING = ("reasoning_content", "thinking", "reasoning")   # a message's reasoning, by the names it comes under
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
@@ -188,7 +189,8 @@ def _stop_ids(tokenizer, template: ChatTemplate, eos: set[int]) -> frozenset:
     if after:
         ids = tokenizer(after, add_special_tokens=False)["input_ids"]
         special = set(getattr(tokenizer, "all_special_ids", ()) or ())
-        special |= {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if getattr(t, "special", False)}
+        added = getattr(tokenizer, "added_tokens_decoder", {})
+        special |= {i for i, t in added.items() if getattr(t, "special", False)}
         if ids and ids[0] in special:
             stops.add(int(ids[0]))
     return frozenset(stops)

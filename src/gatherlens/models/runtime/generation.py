@@ -228,7 +228,8 @@ def generation_steps(lm, ids: torch.Tensor, budget: int | None = DEFAULT.budget,
     EOS, `stop_ids`; a chat passes its template's `stop_ids`). cache: a SparseKVCache (made with these
     settings) that already holds the first `cache.get_seq_length()` tokens of ids (prefix reuse,
     models/runtime/prefix.py): only the rest is prefilled, and the cache is left holding the prompt
-    and every new token but the last. sparse: more use_sparse_decoding settings (page_size, ...). The loop runs in torch.inference_mode (only while the
+    and every new token but the last. sparse: more use_sparse_decoding settings (page_size, ...). The loop runs
+    in torch.inference_mode (only while the
     generator runs: a consumer's code between two events does not), as the bench's `generate` does.
     """
     require_causal(lm)

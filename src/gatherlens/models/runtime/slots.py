@@ -1,6 +1,6 @@
 """Several generations on one model at once: slots that prefill in chunks and decode together.
 
-    >>> runner = SlotRunner(lm, PrefixCache(512 << 20))
+    >>> runner = SlotRunner(lm, PrefixCache(512 << 20, grid=128))    # prefill chunks of 128 (the grid)
     >>> runner.install()                                   # the model switched to sparse decoding (DEFAULT)
     >>> a, b = runner.admit(Ask(ids_a, 64, sampling_a)), runner.admit(Ask(ids_b, 64, sampling_b))
     >>> while not (a.done and b.done):
@@ -12,13 +12,16 @@
 What a server's engine runs in its worker thread (serve/engine.py), one call at a time. A slot takes,
 when admitted, the kept cache sharing the longest prefix with its prompt (models/runtime/prefix.py), so
 only the rest of the prompt runs. Each `advance` gives every slot one turn: a slot still prefilling runs
-its next chunk of `chunk` prompt tokens (PREFILL_CHUNK; its first token comes from the last chunk), and
+its next chunk of `chunk` prompt tokens (the prefix store's grid; its first token comes from the last
+chunk; chunks start at multiples of it, so a reused prefix ends where a from-scratch run's chunk does), and
 every decoding slot feeds its last token in one step: one slot through the model's own forward (the
 one-operator step where it runs), several through `batched_step` (models/runtime/batch.py: each weight
 read once for all of them), one at a time where the model has no batch plan. Each slot chooses its
 tokens with its own sampler (ops/sampling, its own seeded generator), detokenizes with its own
 Detokenizer, and is done at a stop id or after max_new_tokens; `release` keeps its cache (the tokens it
-holds) for the next request that shares them.
+holds) for the next request that shares them, with the logits after its prompt: the same prompt again starts
+from those very numbers (and every decode step is bit-equal batched or alone: models/runtime/batch.py), so a
+repeated greedy request gives the same answer, alone or beside others.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from gatherlens.models.files.watch import check_unchanged
 from gatherlens.models.runtime.batch import batch_plan, batched_step
 from gatherlens.models.runtime.decoding import SparseKVCache, use_dense_decoding, use_sparse_decoding
 from gatherlens.models.runtime.detokenize import CONTEXT_TOKENS, Detokenizer
-from gatherlens.models.runtime.generation import PREFILL_CHUNK, chooser, stop_ids
+from gatherlens.models.runtime.generation import chooser, stop_ids
 from gatherlens.models.runtime.prefix import PrefixCache, holds_exactly
 from gatherlens.ops.sparse.config import DEFAULT, SparseConfig
 
@@ -67,6 +70,7 @@ class Slot:
     reason: str | None = None        # "stop" or "length" once done
     started: float = field(default_factory=time.perf_counter)
     first_token: float | None = None  # perf_counter() when the first token was chosen
+    logits: torch.Tensor | None = None  # the logits (V,) after the prompt: kept (prefix reuse), or from its prefill
 
     @property
     def done(self) -> bool:
@@ -85,9 +89,13 @@ class SlotRunner:
     """Slots on one loaded model (see the module doc); not thread-safe: one call at a time."""
 
     def __init__(self, lm, prefix: PrefixCache | None = None, config: SparseConfig = DEFAULT,
-                 chunk: int = PREFILL_CHUNK):
-        self.lm, self.model, self.config, self.chunk = lm, lm.model, config, chunk
-        self.prefix = prefix if prefix is not None else PrefixCache(0)
+                 chunk: int | None = None):
+        self.lm, self.model, self.config = lm, lm.model, config
+        self.prefix = prefix if prefix is not None else PrefixCache(0, grid=chunk)
+        self.chunk = self.prefix.grid if chunk is None else chunk
+        if self.prefix.grid != self.chunk:
+            raise GatherValueError(f"the prefix store's grid ({self.prefix.grid}) must be the prefill chunk "
+                                   f"({self.chunk}): reuse cuts at whole chunks")
         self.plan = batch_plan(self.model)
         self.eos = frozenset(stop_ids(lm))
         self.numbers = itertools.count()
@@ -107,32 +115,34 @@ class SlotRunner:
         if not ids or (limit is not None and len(ids) + ask.max_new_tokens > limit):
             raise GatherValueError(f"a prompt of {len(ids)} tokens and {ask.max_new_tokens} new tokens do not fit "
                                    f"the model's {limit} positions")
-        cache, reused = self.prefix.take(ids)
+        cache, reused, logits = self.prefix.take_with_logits(ids)
         if cache is None:
             cache = SparseKVCache(config=self.model.config, page_size=self.config.page_size,
                                   kv_dtype=self.config.kv_dtype)
         cache.reserve(len(ids) + ask.max_new_tokens)
         detok = Detokenizer(self.lm.tokenizer, context=ids[-CONTEXT_TOKENS:])
         return Slot(next(self.numbers), ask, cache, reused, reused, chooser(ask.sampling, ids), detok,
-                    ask.stop if ask.stop is not None else self.eos)
+                    ask.stop if ask.stop is not None else self.eos, logits=logits)
 
     def release(self, slot: Slot) -> None:
         """The slot's cache back into the prefix store (when every layer holds the same tokens)."""
         held = slot.tokens()
         if held and holds_exactly(slot.cache, len(held)):
-            self.prefix.put(held, slot.cache)
+            prompt = len(slot.ask.ids)
+            self.prefix.put(held, slot.cache, prompt, slot.logits, solid=prompt - prompt % self.chunk)
 
     @torch.inference_mode()
     def advance(self, slots: list[Slot]) -> list[tuple[Slot, int, str]]:
         """One turn of every slot not done: a prefill chunk, or one decode step (all decoding slots together).
         Returns (slot, token id, its text) for every token chosen."""
         check_unchanged(self.model)
-        out, prefilling = [], [s for s in slots if s.prefilling and not s.done]
-        for slot in prefilling:
-            logits = self._prefill_chunk(slot)
+        out, starting = [], [s for s in slots if not s.new and not s.done]
+        for slot in starting:   # a kept prompt's logits, else the next chunk of its prompt
+            logits = slot.logits if not slot.prefilling else self._prefill_chunk(slot)
             if logits is not None:
+                slot.logits = logits
                 out.append(self._take(slot, logits))
-        decoding = [s for s in slots if s.new and not s.done and s not in prefilling]  # (by identity: eq=False)
+        decoding = [s for s in slots if s.new and not s.done and s not in starting]  # (by identity: eq=False)
         if decoding:
             for slot, logits in zip(decoding, self._decode(decoding)):
                 out.append(self._take(slot, logits))
@@ -146,7 +156,7 @@ class SlotRunner:
         result = self.model(input_ids=ids, cache=slot.cache, use_cache=True, logits_to_keep=1)
         slot.ran += ids.shape[1]
         self.steps["prefill_chunks"] += 1
-        return result.logits[0, -1] if last else None  # (V,)
+        return result.logits[0, -1].clone() if last else None  # (V,)
 
     def _decode(self, slots: list[Slot]) -> list[torch.Tensor]:
         """Each slot's next logits (V,) after its last token: together where the model has a batch plan."""

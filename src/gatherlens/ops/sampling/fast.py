@@ -4,14 +4,14 @@
     >>> sample(logits, SamplingConfig(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05), history=ids, generator=g)
     1042
 
-What makes it fast: the penalties touch only the window's distinct ids (`torch.unique`); top-k
-is `torch.topk` (no sort of the vocabulary) with its ties resolved as the reference does (lower
-id first); without top-k a best-first prefix of PREFIX ids is tried first, 16 times wider until
-top-p, min-p and the draw are decided inside it (a peaked distribution never sorts the whole
-vocabulary; a record, which lists every candidate, does). The cuts compare in the logits' own precision; the kept candidates' softmax and the
-draw's cumulative sum run in float64, as the reference's. The uniform is one float64
-`torch.rand` from the generator, as in naive.py, so a seed gives the same token in both (up to
-float32 rounding of the penalties at a boundary).
+What makes it fast: the penalties touch only the window's distinct ids (`torch.unique`); top-k is
+`torch.topk` (no sort of the vocabulary) with its ties resolved as the reference does (lower id first);
+without top-k a best-first prefix of PREFIX ids is tried first, 16 times wider until top-p, min-p and the
+draw are decided inside it (a peaked distribution never sorts the whole vocabulary; a record, which lists
+every candidate, does). The cuts compare in the logits' own precision; the kept candidates' softmax and
+the draw's cumulative sum run in float64, as the reference's. The uniform is one float64 `torch.rand`
+from the generator, as in naive.py, so a seed gives the same token in both (up to float32 rounding of
+the penalties at a boundary).
 """
 from __future__ import annotations
 
