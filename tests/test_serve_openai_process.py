@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from chat_helpers import write_chat_model
+from gatherlens.bench.serve_client import free_port, server_process
 
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
@@ -27,35 +25,16 @@ pytestmark = pytest.mark.slow
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serving(*args: str, timeout: float = 300):
-    """A `gatherlens serve ... --port P` process; yields its base URL once /v1/models answers; stopped after."""
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "gatherlens", "serve", *args, "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout
-    try:
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "the server did not start"
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/v1/models", timeout=5).status_code in (200, 401):
-                    break
-            time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    """A `gatherlens serve ... --port P` process (bench/serve_client.server_process: up once /v1/models answers);
+    yields its base URL; stopped after."""
+    port = free_port()
+    path = os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])
+    argv = [sys.executable, "-m", "gatherlens", "serve", *args, "--port", str(port)]
+    with server_process(argv, threads=int(os.environ.get("OMP_NUM_THREADS", "2")), port=port, timeout=timeout,
+                        env={"PYTHONPATH": path}):
+        yield f"http://127.0.0.1:{port}"
 
 
 def _parallel(client, model, chats, **kw) -> list[str]:

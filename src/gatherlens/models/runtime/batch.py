@@ -28,10 +28,13 @@ import torch
 import torch.nn.functional as F
 
 from gatherlens.models.attention.cache import SparseKVCache
-from gatherlens.models.attention.sparse import decode_attention
+from gatherlens.models.attention.features import attention_variant, global_rank
+from gatherlens.models.attention.sparse import decode_attention, observed, sparse_settings
 from gatherlens.models.hf_adapter import decoder_layers
 from gatherlens.models.runtime.step import supports_lean_step
 from gatherlens.ops.layer import add_rms_norm_cast, rms_norm_cast, rope_append, silu_mul_cast
+from gatherlens.ops.sparse.cache import PagedKVCache
+from gatherlens.ops.sparse.decode import choice_of_config, decode_pages
 
 __all__ = ["BatchPlan", "batch_plan", "batched_step"]
 
@@ -83,13 +86,26 @@ def _mlp(mlp, h: torch.Tensor, act: torch.dtype) -> torch.Tensor:
     return mlp.down_proj(gated)  # (N, d)
 
 
+def _attention(attn, q: torch.Tensor, paged) -> torch.Tensor:
+    """One slot's attention, q (1, Hq, 1, D) -> (1, Hq, 1, Dv): sparse decode's one entrance (`decode_pages`) with
+    the layer's budget for this slot's length, as the one-slot operator calls it; `decode_attention` (its
+    checks, its observers) where a selection is kept or observed, or the layer is not paged."""
+    config = sparse_settings(attn)
+    if config is None or config.keep_selection or observed() or not isinstance(paged, PagedKVCache):
+        return decode_attention(attn, q, paged, None, attn.scaling)
+    variant = attention_variant(attn, where="gatherlens_sparse attention")  # made once, kept on the module
+    budget = config.budget_for(paged.length, global_rank(attn))
+    return decode_pages(q, paged, budget, choice_of_config(config), attn.scaling, variant)[2]
+
+
 def _attend(attn, q, k, v, cos, sin, pages: list, dtype: torch.dtype) -> torch.Tensor:
     """Each slot's RoPE, append and attention over its own pages: q (N, Hq*D) -> out (N, Hq*Dv)."""
     outs = []
     for i, paged in enumerate(pages):
         qi = rope_append(q[i:i + 1], k[i:i + 1], v[i:i + 1], cos[i:i + 1], sin[i:i + 1], paged)  # (1, Hq, D)
-        qi = qi.unsqueeze(2) if qi.dtype == dtype else qi.unsqueeze(2).to(dtype)  # (1, Hq, 1, D)
-        outs.append(decode_attention(attn, qi, paged, None, attn.scaling))  # (1, Hq, 1, Dv)
+        qi = qi.unsqueeze(2) if qi.dtype == paged.dtype else qi.unsqueeze(2).to(paged.dtype)  # (1, Hq, 1, D)
+        out = _attention(attn, qi, paged)  # (1, Hq, 1, Dv)
+        outs.append(out if out.dtype == dtype else out.to(dtype))
     return torch.cat(outs).reshape(len(pages), -1)  # (N, Hq*Dv)
 
 
