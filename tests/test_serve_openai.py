@@ -225,3 +225,26 @@ def test_the_explorer_still_works_beside_the_api(url):
     events = httpx.get(f"{url}/api/generate", params={"text": "the cat sat", "max_new": 4}, timeout=120).text
     assert "event: done" in events
     assert httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def test_the_model_route_and_unknown_routes_answer_in_openai_shape(url, client):
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
+    r = httpx.get(f"{url}/v1/chat/completions")
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(f"{url}/v1/embeddings", json={})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url"
+    assert httpx.get(f"{url}/nothing-here").status_code == 404      # the explorer's side as before
+
+
+def test_an_unexpected_failure_ends_the_request_not_the_server(path, monkeypatch):
+    from gatherlens.models.runtime.slots import SlotRunner
+
+    with running_server(_app(path)) as base:
+        body = {"model": MODEL, "messages": CHAT, "max_tokens": 4}
+        monkeypatch.setattr(SlotRunner, "advance", lambda self, slots: 1 / 0)
+        r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 500 and "ZeroDivisionError" in r.json()["error"]["message"]
+        monkeypatch.undo()
+        assert httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).status_code == 200

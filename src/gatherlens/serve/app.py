@@ -30,6 +30,7 @@ import traceback
 import anyio
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
@@ -42,7 +43,7 @@ from gatherlens.serve.attention_api import attention_body, run_k_param
 from gatherlens.serve.heads import heads_body
 from gatherlens.serve.engine import Engine
 from gatherlens.serve.limits import RequestLimits, protocol_class
-from gatherlens.serve.openai_api import chat_completions, completions, error_response, models
+from gatherlens.serve.openai_api import chat_completions, completions, error_response, model, models
 from gatherlens.serve.openai_params import APIError
 from gatherlens.serve.params import explain_params, generate_params
 from gatherlens.memory import release_memory
@@ -182,6 +183,15 @@ def _answer(request: Request, message: str, status: int) -> Response:
     return HTMLResponse(body, status_code=status, headers=_headers(API_POLICY))
 
 
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own answers (404 no such route, 405 a method it does not take): the OpenAI API's in its
+    error shape, the rest as Starlette gives them."""
+    if request.url.path.startswith("/v1/"):
+        return error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                       code="unknown_url" if exc.status_code == 404 else None))
+    return Response(exc.detail, status_code=exc.status_code, headers=exc.headers)
+
+
 async def _bad_input(request: Request, exc: GatherLensError) -> Response:
     return _answer(request, str(exc), 400)
 
@@ -225,10 +235,12 @@ def create_app(settings: ServeSettings | None = None, loader=None, warm: bool = 
     return Starlette(
         routes=[Route("/", page), Route("/api/explain", explain), Route("/api/generate", generate),
                 Route("/api/heads", heads), Route("/api/attention", attention), Route("/api/health", health),
-                Route("/v1/models", models), Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+                Route("/v1/models", models), Route("/v1/models/{model:path}", model),
+                Route("/v1/chat/completions", chat_completions, methods=["POST"]),
                 Route("/v1/completions", completions, methods=["POST"])],
         middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts),
                     Middleware(RequestLimits, settings=settings, headers=_headers(API_POLICY), paths=MODEL_PATHS)],
-        exception_handlers={ModelFileChanged: _model_changed, GatherLensError: _bad_input, Exception: _failure},
+        exception_handlers={ModelFileChanged: _model_changed, GatherLensError: _bad_input, Exception: _failure,
+                            HTTPException: _http_error},
         lifespan=lifespan,
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import math
+import traceback
 
 import anyio
 
@@ -104,6 +105,9 @@ class Engine:
                 async with self.pool.using(self.settings.model) as lm:
                     await self._burst(lm)
             except GatherLensError as e:   # the model could not be used (its file changed): these jobs fail
+                self._fail_all(e)
+            except Exception as e:  # noqa: BLE001 - an unexpected failure ends these jobs, never the engine
+                traceback.print_exception(type(e), e, e.__traceback__)
                 self._fail_all(e)
 
     async def _burst(self, lm) -> None:

@@ -1,6 +1,6 @@
 """OpenAI-compatible endpoints on `gatherlens serve`: GET /v1/models, POST /v1/chat/completions, POST /v1/completions.
 
-    >>> from openai import OpenAI
+    >>> from openai import OpenAI                 # GET /v1/models/{model} too
     >>> client = OpenAI(base_url="http://127.0.0.1:8765/v1", api_key="unused")
     >>> client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}]).choices[0]
     >>> for chunk in client.chat.completions.create(model="smollm2", messages=..., stream=True): ...
@@ -33,7 +33,7 @@ from gatherlens.serve.engine import Busy
 from gatherlens.serve.openai_params import APIError, Body, chat_body, completion_body
 from gatherlens.serve.stop_text import StopText
 
-__all__ = ["models", "chat_completions", "completions", "error_response", "model_id", "FINGERPRINT"]
+__all__ = ["models", "model", "chat_completions", "completions", "error_response", "model_id", "FINGERPRINT"]
 
 FINGERPRINT = "fp_gatherlens"
 
@@ -88,6 +88,18 @@ async def models(request: Request) -> Response:
     settings = request.app.state.pool.settings
     return JSONResponse({"object": "list", "data": [{"id": model_id(settings.model), "object": "model",
                                                      "created": request.app.state.started, "owned_by": "gatherlens"}]})
+
+
+async def model(request: Request) -> Response:
+    """GET /v1/models/{model}: the served model, or 404."""
+    try:
+        _authorize(request)
+        _check_model(request, request.path_params["model"])
+    except APIError as e:
+        return error_response(e)
+    settings = request.app.state.pool.settings
+    return JSONResponse({"id": model_id(settings.model), "object": "model", "created": request.app.state.started,
+                         "owned_by": "gatherlens"})
 
 
 async def _served_model(request: Request):
@@ -151,11 +163,15 @@ async def _start(request: Request, kind: str):
 
 
 def _failure(error: Exception) -> APIError:
+    """The API error of a job the engine ended: 503 for a model file that changed, 400 for a request the model
+    refuses, 500 (one line; the traceback on the server's stderr) for anything else."""
     from gatherlens.models.files.watch import ModelFileChanged
 
     if isinstance(error, ModelFileChanged):
         return APIError(503, str(error), kind="server_error", code="model_unavailable")
-    return APIError(400, str(error))
+    if isinstance(error, GatherLensError):
+        return APIError(400, str(error))
+    return APIError(500, f"internal error ({type(error).__name__}); the server keeps running", kind="server_error")
 
 
 class _Answer:
@@ -208,15 +224,21 @@ async def _whole(request: Request, kind: str, body: Body, job, prompt: int) -> R
         job.cancel()
         scope.cancel()
 
+    failure = None
     async with anyio.create_task_group() as group:
         group.start_soon(watch, group.cancel_scope)
-        async with job.events() as events:
-            async for event in events:
-                text.append(answer.take(event))
-                if answer.reason is not None:
-                    break
+        try:
+            async with job.events() as events:
+                async for event in events:
+                    text.append(answer.take(event))
+                    if answer.reason is not None:
+                        break
+        except APIError as e:   # the job ended in an error: answered below, outside the task group
+            failure = e
         group.cancel_scope.cancel()
     job.cancel()   # a stop string ended it early: the slot goes now
+    if failure is not None:
+        raise failure
     if answer.reason is None:
         return Response(status_code=499)   # the client is gone; nobody reads this
     head = {**_head(kind), "model": body.model, "system_fingerprint": FINGERPRINT}
