@@ -733,6 +733,43 @@ STRINGS: dict[str, dict[str, str]] = {
                "先反量化整张表则要读 {size}、写 {float_size}。"),
     },
     "qg_hint": {"en": "Hover a cell for its byte, code or value.", "zh": "把鼠标悬停在格子上，查看字节、编码或数值。"},
+    # -- issue 39: every layer as it really attends, the model map, new gathers, sampling, phones ----------
+    "layer_full": {"en": "global", "zh": "全局"},
+    "layer_sliding": {"en": "sliding", "zh": "滑动窗口"},
+    "layer_chunked": {"en": "chunked", "zh": "分块"},
+    "layer_window": {"en": "{kind} {window}", "zh": "{kind} {window}"},
+    "scores_window_legend": {"en": "Tan: earlier keys outside this {kind} layer's window of {window} (the brown "
+                                   "line is its edge).",
+                             "zh": "浅棕色：这个{kind}层的 {window} 个 token 窗口之外的更早的键（棕线是窗口边缘）。"},
+    "lim_offline_long": {"en": "Limits: this text has {n} tokens. Past {offline} tokens an offline page keeps, for every "
+                               "layer and head, the query rows {r0}–{r1} around the drawn query (8-bit codes, each "
+                               "score at most {err} off): {size} of data here. gatherlens serve fetches any other row "
+                               "(up to {live} tokens); explain --query moves this window.",
+                         "zh": "限制：这段文本有 {n} 个 token。超过 {offline} 个 token 时，离线页面为每一层、每一个头保存所画"
+                               "查询周围的第 {r0}–{r1} 个查询行（8 位编码，每个分数最多偏差 {err}）：这里的数据共 {size}。"
+                               "gatherlens serve 可以取回其他任何行（最多 {live} 个 token）；explain --query 可以移动这个窗口。"},
+    "gal_kind_full": {"en": "G", "zh": "全"},
+    "gal_kind_sliding": {"en": "S", "zh": "滑"},
+    "gal_kind_chunked": {"en": "C", "zh": "块"},
+    "gal_kinds": {"en": "Above each layer: G = global (every earlier key), S512 = sliding window of 512 keys, "
+                        "C = chunked.",
+                  "zh": "每层上方：全 = 全局（所有更早的键），滑512 = 512 个键的滑动窗口，块 = 分块。"},
+    "gal_thumb_label": {"en": "layer {layer}, head {head}: {tag}, keeps {kept}",
+                        "zh": "第 {layer} 层，头 {head}：{tag}，保留 {kept}"},
+    "ex_steps_ring": {"en": "Layer {layer} is {kind}: it keeps its last {window} tokens in a ring and reads all of "
+                            "them at every step (orange), so it chooses no pages; only global layers choose.",
+                      "zh": "第 {layer} 层是{kind}：它把最近的 {window} 个 token 存在一个环里，每一步全部读取（橙色），"
+                            "所以不选页；只有全局层选页。"},
+    "st_ring": {"en": "step {step} → {tok} · layer {layer} ({kind}): no page choice; its ring of tokens {ranges} "
+                      "is read whole, as dense attention reads it.",
+                "zh": "第 {step} 步 → {tok} · 第 {layer} 层（{kind}）：不选页；它的环（第 {ranges} 个 token）被整体读取，"
+                      "与稠密注意力一样。"},
+    "ex_step_status": {"en": "step {step}: {tok}", "zh": "第 {step} 步：{tok}"},
+    "kc_ring_label": {"en": "ring: {n} keys", "zh": "环：{n} 个键"},
+    "kc_ring_line": {"en": "{kind} layer, window {window}: sparse decoding chooses no pages here; its ring holds "
+                           "keys {a}–{b} ({tokens} keys) and reads them all, as dense attention does (error 0)",
+                     "zh": "{kind}层，窗口 {window}：稀疏解码在这里不选页；它的环保存键 {a}–{b}（{tokens} 个键），"
+                           "全部读取，与稠密注意力相同（误差 0）"},
 }
 
 

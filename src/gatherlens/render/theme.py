@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["FONTS", "MONO", "PALETTE", "UNPICKED", "BLANK", "MASKED", "PICKED", "TONES", "BLOCK_KEPT",
+__all__ = ["FONTS", "MONO", "PALETTE", "UNPICKED", "BLANK", "MASKED", "PICKED", "OUTSIDE", "BAND", "TONES", "BLOCK_KEPT",
            "BLOCK_SKIPPED", "BLOCK_OUTSIDE", "colour", "weight_colour", "text_width", "wrap", "fmt_value", "short", "human_bytes"]
 
 FONTS = {
@@ -28,6 +28,8 @@ UNPICKED = "#f2f2f2"     # a source cell no output copied
 BLANK = "#ffffff"
 MASKED = "#e4e4e4"       # a score a query may not look at
 PICKED = "#d62728"       # the outline of what top-k kept
+OUTSIDE = "#f4e2c4"      # an earlier key a local layer's window hides (sliding / chunked)
+BAND = "#b35806"         # the edge of a local layer's window in the score grid
 TONES = {                # text boxes: tone -> (fill, stroke)
     "error": ("#fdecea", "#d62728"),
     "warn": ("#fff4e5", "#ff7f0e"),

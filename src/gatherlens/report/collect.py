@@ -27,15 +27,15 @@ import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.params import head_index, layer_index, query_index
-from gatherlens.report.defaults import DEFAULT_TEXT, MAX_PICKS, MAX_TOKENS
-from gatherlens.report.explore import explore_calls
+from gatherlens.report.defaults import DEFAULT_TEXT, LIVE_MAX_TOKENS, MAX_PICKS, MAX_TOKENS
+from gatherlens.report.explore import explore_run
 from gatherlens.report.prefill import prefill_maps
 from gatherlens.report.run_tensors import run_tensors
 from gatherlens.report.scores import call_scale, layer_scores
 from gatherlens.trace.story_records import HeadMap
 
 __all__ = ["Story", "EmbeddingStep", "HeadMap", "AttentionView", "Prediction", "collect",
-           "DEFAULT_TEXT", "MAX_TOKENS", "shown_token", "token_texts"]
+           "DEFAULT_TEXT", "MAX_TOKENS", "shown_token", "token_texts", "too_long"]
 
 
 @dataclass
@@ -159,15 +159,15 @@ def token_texts(tokenizer, ids: list[int]) -> list[str]:
 # -- the run ---------------------------------------------------------------------------------
 def collect(lm, text: str, *, top_k: int | None = 4, layer: int | None = None, head: int = 0,
             query: int = -1, say: Callable[[str], None] | None = None,
-            max_tokens: int = MAX_TOKENS, prefill=None) -> Story:
+            max_tokens: int = LIVE_MAX_TOKENS, prefill=None) -> Story:
     """Run `lm` (a gatherlens.models.LoadedModel) once on `text` and gather the story.
 
     top_k: keys each query keeps in every layer; None keeps every allowed key (top-k off: the
     run is dense attention, drawn as a selection of all keys). layer: the attention layer
     drawn in detail (default: the middle one); head: its query head; query: the query
     position whose value gather is drawn (default: the last token). max_tokens: the longest text
-    (MAX_TOKENS, the offline page's; `gatherlens serve` passes LIVE_MAX_TOKENS); past MAX_TOKENS
-    `story.explore` is None (no full grids: the live page reads `story.tensors`). prefill: a
+    (LIVE_MAX_TOKENS, the offline and the live page's); past MAX_TOKENS `story.explore` is None (no
+    full grids: the live page reads `story.tensors`, the offline page a window of rows). prefill: a
     PrefillConfig (ops/prefill/config.py) to also prefill the text block-sparsely once and keep every
     layer's block map (`story.prefill`, report/prefill.py); None: no sparse prefill.
     """
@@ -192,11 +192,12 @@ def collect(lm, text: str, *, top_k: int | None = 4, layer: int | None = None, h
     prediction = None
     if run.dense_out is not None:
         prediction = _prediction(run.out.logits, run.dense_out.logits, lm, display)
+    tensors = run_tensors(run.calls, top_k, dense_run)
     return _story(lm, text, ids, tokens, n_layers or len(run.calls), run, heads, top_k,
                   embeddings=_embeddings(run.trace, lm.model, ids, display),
                   attention=_attention(call, path, layer, head % Hq, heads, query, top_k, display),
-                  prediction=prediction, dense_run=dense_run, tensors=run_tensors(run.calls, top_k, dense_run),
-                  explore=explore_calls(run.calls, top_k, dense_run) if ids.shape[1] <= MAX_TOKENS else None,
+                  prediction=prediction, dense_run=dense_run, tensors=tensors,
+                  explore=explore_run(tensors, [p for p, _ in run.calls]) if ids.shape[1] <= MAX_TOKENS else None,
                   prefill=_prefill(lm, ids, prefill, say))
 
 
@@ -206,6 +207,13 @@ def _prefill(lm, ids, config, say):
         return None
     say("prefilling block-sparsely: the key blocks each query block gathers")
     return prefill_maps(lm, ids, config)
+
+
+def too_long(S: int, max_tokens: int = LIVE_MAX_TOKENS) -> str:
+    """The one refusal of a text past the explorer's limit (explain, serve): the range, and what runs longer."""
+    return (f"text has {S} tokens; the explorer (gatherlens explain and serve) holds every layer's queries and "
+            f"keys of one run, so keep it within [1, {max_tokens}] tokens (shorten the text); "
+            f"gatherlens generate runs longer texts")
 
 
 def _check_picks(S: int, top_k: int | None) -> None:
@@ -218,14 +226,11 @@ def _check_picks(S: int, top_k: int | None) -> None:
                                f"{MAX_PICKS:,}: use k in [1, {most}] (top-k on) for a text this long")
 
 
-def _positions(model, S: int, layer: int | None, query: int, max_tokens: int = MAX_TOKENS) -> tuple[int, int, int]:
+def _positions(model, S: int, layer: int | None, query: int,
+               max_tokens: int = LIVE_MAX_TOKENS) -> tuple[int, int, int]:
     """(number of layers, layer, query), negatives counted from the end; clear range errors."""
     if S > max_tokens:
-        where = ("the report draws a {S} x {S} score grid" if max_tokens <= MAX_TOKENS
-                 else "the live page holds every layer's queries and keys").format(S=S)
-        raise GatherValueError(
-            f"text has {S} tokens; {where}, so keep it within "
-            f"[1, {max_tokens}] tokens (shorten the text)")
+        raise GatherValueError(too_long(S, max_tokens))
     n_layers = _num_layers(model)
     if layer is None:
         layer = n_layers // 2 if n_layers else 0

@@ -180,7 +180,7 @@ def _scores(story, lang: str) -> Section:
     att = story.attention
     title = text("scores_title", lang, k=Slot("k", att.top_k))
     grid = _drawn_figure("04-scores", plain(title),
-                         lambda: scores_svg(score_grid(att, story.shown_tokens), lang), "scores")
+                         lambda: scores_svg(score_grid(att, story.shown_tokens, story.tensors), lang), "scores")
     pick = _drawn_figure("05-score-gather", "scores.gather", lambda: att.score_record.to_svg(
         lang=lang, limits=Limits(rows=12, cols=10, slices=3)), "gather")
     causal = bool(torch.equal(att.allowed, torch.ones_like(att.allowed).tril()))

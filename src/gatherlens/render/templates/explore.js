@@ -21,28 +21,34 @@
     if (e === 31) { return f ? NaN : sign * Infinity; }
     return sign * (1 + f / 1024) * Math.pow(2, e - 15);
   }
+  // the page's own data (report/explore.py): every layer's own masks, 8-bit score codes of the stored rows
   function Model(x) {
-    var allowed = bytes(x.allowed), n = 0, i;
-    this.x = x; this.cell = new Int32Array(x.Q * x.L);
-    for (i = 0; i < allowed.length; i++) { this.cell[i] = allowed[i] ? n++ : -1; }
-    this.cells = n;
+    var R = x.rows[1] - x.rows[0], self = this, off = 0;
+    this.x = x; this.r0 = x.rows[0]; this.R = R;
+    this.masks = x.masks.map(function (m) {
+      var a = bytes(m), idx = new Int32Array(R * x.L), n = 0;
+      for (var i = 0; i < a.length; i++) { idx[i] = a[i] ? n++ : -1; }
+      return {idx: idx, cells: n};
+    });
+    this.base = x.mask_of.map(function (m) { var b = off; off += x.heads * self.masks[m].cells; return b; });
     this.codes = bytes(x.scores);
     this.lo = new DataView(bytes(x.score_lo).buffer); this.hi = new DataView(bytes(x.score_hi).buffer);
     this.picksView = new DataView(bytes(x.picks).buffer);
     this.valuesView = new DataView(bytes(x.values).buffer);
   }
   Model.prototype.row = function (l, h, i) {
-    var x = this.x, out = new Float64Array(x.L), base = (l * x.heads + h) * this.cells, r = ((l * x.heads + h) * x.Q + i) * 4;
-    var lo = this.lo.getFloat32(r, true), span = this.hi.getFloat32(r, true) - lo;
+    var x = this.x, r = i - this.r0, m = this.masks[x.mask_of[l]], out = new Float64Array(x.L);
+    var base = this.base[l] + h * m.cells, at = ((l * x.heads + h) * this.R + r) * 4;
+    var lo = this.lo.getFloat32(at, true), span = this.hi.getFloat32(at, true) - lo;
     for (var j = 0; j < x.L; j++) {
-      var c = this.cell[i * x.L + j];
+      var c = m.idx[r * x.L + j];
       out[j] = c < 0 ? -Infinity : lo + this.codes[base + c] * span / 255;   // report/explore.py: dequantize_rows
     }
     return out;
   };
-  Model.prototype.has = function () { return true; };
-  Model.prototype.rowSpan = function () { return [0, this.x.Q]; };
-  Model.prototype.keySpan = function () { return [0, this.x.L]; };
+  Model.prototype.has = function (l, h, i) { return i >= this.x.rows[0] && i < this.x.rows[1]; };
+  Model.prototype.rowSpan = function () { return this.x.rows; };
+  Model.prototype.keySpan = function () { return this.x.keys; };
   // a long text (report/window.py): the full score rows of a window of queries, fetched per choice
   function Remote(x) { this.x = x; this.remote = true; this.set(x.window); }
   Remote.prototype.set = function (w) { this.w = w; this.sc = new DataView(bytes(w.scores).buffer); };
@@ -65,7 +71,7 @@
     return r ? r[c] : NaN;
   };
   Model.prototype.picks = function (l, h, i) {
-    var x = this.x, ks = x.k_stored, base = ((l * x.heads + h) * x.Q + i) * ks, out = [];
+    var x = this.x, ks = x.k_stored, base = ((l * x.heads + h) * this.R + i - this.r0) * ks, out = [];
     for (var m = 0; m < ks; m++) {
       var j = this.picksView.getInt16((base + m) * 2, true);
       if (j >= 0) { out.push(j); }
@@ -193,6 +199,12 @@
 
   // -- the view ------------------------------------------------------------------------------------
   function tokens() { return D.tokens; }
+  // how a layer attends (report/run_tensors.py: its kind and window): "global", "sliding 512"
+  function kindOf(l) { return (D.explore.kinds || [])[l] || {kind: "full", window: null}; }
+  function kindText(l) {
+    var k = kindOf(l), name = S["layer_" + k.kind] || k.kind;
+    return k.window ? fill(S.layer_window, {kind: name, window: k.window}) : name;
+  }
   function qoff() { return tokens().length - D.explore.Q; }
   function keyLabel(j) { return tokens()[tokens().length - D.explore.L + j]; }
   function view() {
@@ -223,15 +235,16 @@
     for (i = 0; i < Q; i++) { qlab.push((off + r0 + i) + " " + short(tokens()[off + r0 + i], 12)); }
     for (j = 0; j < L; j++) { klab.push((c0 + j) + " " + short(keyLabel(c0 + j), 12)); }
     var g = grid(qlab, klab, L);
-    var title = fill(S.ex_scores_title, {layer: st.layer, head: st.head, k: st.k});
-    var legend = fill(S.scores_legend, {k: st.k}) + (M.remote ? " · " + fill(S.ex_window, {r0: off + r0,
+    var title = fill(S.ex_scores_title, {layer: st.layer, head: st.head, k: st.k}) + " · " + kindText(st.layer);
+    var kind = kindOf(st.layer), legend = fill(S.scores_legend, {k: st.k}) + (rs[1] - rs[0] < x.Q || L < x.L ? " · " + fill(S.ex_window, {r0: off + r0,
                       r1: off + rs[1] - 1, c0: c0, c1: ks[1] - 1, L: x.L}) : "");
+    if (kind.window) { legend += " " + fill(S.scores_window_legend, {window: kind.window, kind: S["layer_" + kind.kind]}); }
     var width = Math.max(g.x0 + L * g.cw + MARGIN, textWidth(title, 13) + 2 * MARGIN,
                          textWidth(legend, 11) + 2 * MARGIN);
     var svg = root(width, g.y0 + Q * g.ch + 44, title, "gl-scores");
     var f = {g: g, r0: r0, c0: c0, Q: Q, L: L, off: off, mid: Math.floor(g.ch / 2) + Math.floor(g.font / 3)};
     var rows = [], outlines = [];
-    label(svg, MARGIN, MARGIN + 26, "queries ↓ · keys →", {"font-size": 10, fill: "#555555"});
+    label(svg, MARGIN, MARGIN + 26, S.scores_axes, {"font-size": 10, fill: "#555555"});
     for (j = 0; j < L; j++) {
       var cx = g.x0 + j * g.cw + Math.floor(g.cw / 2) + (g.angle === -45 ? 0 : Math.floor(g.font / 3));
       label(svg, cx, g.y0 - 6, klab[j], {"font-size": g.font,
@@ -243,25 +256,40 @@
                                  height: g.ch - 2, fill: "none", stroke: T.picked, "stroke-width": 2.5,
                                  "pointer-events": "none"}));
     });
+    if (kind.window) { windowEdge(svg, f, rows); }
     svg.appendChild(E("rect", {x: g.x0, y: g.y0, width: L * g.cw, height: Q * g.ch, fill: "none",
                                stroke: "#999999", "stroke-width": 1}));
     label(svg, MARGIN, g.y0 + (v.qrow - r0) * g.ch + f.mid, "▶", {"font-size": 12, fill: T.picked, "font-weight": "bold"});
     label(svg, MARGIN, g.y0 + Q * g.ch + 22, legend, {fill: "#555555"});
     bindScores(svg, place("scores", svg), f, rows);
   }
+  // a local layer's window edge: a step line left of each row's first allowed key (report_figures.py: _band)
+  function windowEdge(svg, f, rows) {
+    var g = f.g, d = [];
+    rows.forEach(function (r, i) {
+      var first = -1;
+      for (var j = 0; j < f.L && first < 0; j++) { if (r.row[f.c0 + j] > -Infinity) { first = j; } }
+      if (first > 0) { d.push("M" + (g.x0 + first * g.cw) + "," + (g.y0 + i * g.ch) + " V" + (g.y0 + (i + 1) * g.ch)); }
+    });
+    if (d.length) {
+      svg.appendChild(E("path", {"class": "gl-window-edge", d: d.join(" "), fill: "none", stroke: T.band,
+                                 "stroke-width": 3, "pointer-events": "none"}));
+    }
+  }
   // one query row of the score grid: its label and cells (the kept ones' corners go to outlines)
   function scoreRow(svg, v, f, i, qlab, outlines) {
     var g = f.g, ri = f.r0 + i, row = ri === v.qrow ? v.row : M.row(st.layer, st.head, ri);
     var dense = ri === v.qrow ? v.dense : softmax(Array.from(row));
-    var kept = {}, j;
+    var kept = {}, j, local = !!kindOf(st.layer).window;
     (ri === v.qrow ? v.picked : select(st.layer, st.head, ri, st.k, row)).forEach(function (k) { kept[k] = 1; });
     label(svg, g.x0 - 6, g.y0 + i * g.ch + f.mid, qlab, {"font-size": g.font, "text-anchor": "end",
           "font-weight": ri === v.qrow ? "bold" : "normal"});
     for (j = 0; j < f.L; j++) {
       var kj = f.c0 + j, ok = row[kj] > -Infinity, xx = g.x0 + j * g.cw, yy = g.y0 + i * g.ch;
-      var gg = E("g", {"class": "gl-score" + (kept[kj] ? " gl-kept" : "")});
+      var hidden = !ok && local && tokens().length - D.explore.L + kj <= f.off + ri;   // before the query: the window hid it
+      var gg = E("g", {"class": "gl-score" + (kept[kj] ? " gl-kept" : "") + (hidden ? " gl-outside" : "")});
       gg.appendChild(E("rect", {x: xx, y: yy, width: g.cw, height: g.ch,
-                                fill: ok ? weightColour(dense[kj]) : T.masked, stroke: "#ffffff", "stroke-width": 1}));
+                                fill: ok ? weightColour(dense[kj]) : (hidden ? T.outside : T.masked), stroke: "#ffffff", "stroke-width": 1}));
       if (g.numbers && ok) {
         gg.appendChild(E("text", {x: xx + Math.floor(g.cw / 2), y: yy + Math.floor(g.ch / 2) + 4,
                                   "font-size": 10, "text-anchor": "middle",
@@ -309,8 +337,8 @@
     var x1 = left, x2 = left + kShow * cw + 60, y0 = MARGIN + 62;
     var width = Math.max(x2 + kShow * cw + MARGIN + 70, textWidth(title, 13) + 2 * MARGIN);
     var svg = root(width, y0 + rows.length * ch + 40, title, "gl-gather");
-    label(svg, x1, y0 - 26, "topk_idx · index", {"font-weight": "bold", "font-size": 12});
-    label(svg, x2, y0 - 26, "picked · output", {"font-weight": "bold", "font-size": 12});
+    label(svg, x1, y0 - 26, "topk_idx · " + S.panel_index, {"font-weight": "bold", "font-size": 12});
+    label(svg, x2, y0 - 26, "picked · " + S.panel_output, {"font-weight": "bold", "font-size": 12});
     for (var m = 0; m < kShow; m++) {
       label(svg, x1 + m * cw + cw / 2, y0 - 6, String(m), {"font-size": 10, "text-anchor": "middle"});
       label(svg, x2 + m * cw + cw / 2, y0 - 6, String(m), {"font-size": 10, "text-anchor": "middle"});
@@ -358,7 +386,7 @@
       cols.forEach(function (col, c) { label(svg, colX(x0, c) + cw / 2, y0 - 6, String(col), {"font-size": 10, "text-anchor": "middle"}); });
       if (gap) { label(svg, x0 + (C - 1) * cw + cw / 2, y0 - 6, "…", {"text-anchor": "middle"}); }
     }
-    label(svg, left, y0 - 26, "V · source", {"font-weight": "bold", "font-size": 12});
+    label(svg, left, y0 - 26, "V · " + S.panel_source, {"font-weight": "bold", "font-size": 12});
     header(left);
     src.forEach(function (j, r) {
       label(svg, left - 8, rowsY[r] + ch / 2 + 4, j + " " + short(keyLabel(j), 12), {"text-anchor": "end"});
@@ -367,9 +395,9 @@
              fmtValue(M.value(st.layer, v.kvh, j, c)), undefined, "gl-c gl-src");
       });
     });
-    label(svg, x2, y0 - 26, "topk_idx · index", {"font-weight": "bold", "font-size": 12});
+    label(svg, x2, y0 - 26, "topk_idx · " + S.panel_index, {"font-weight": "bold", "font-size": 12});
     shown.forEach(function (j, m) { cell(svg, x2 + m * cw, y0, cw, ch, colour(j), String(j), undefined, "gl-c gl-idx"); });
-    label(svg, x3, y0 - 26, "out · output", {"font-weight": "bold", "font-size": 12});
+    label(svg, x3, y0 - 26, "out · " + S.panel_output, {"font-weight": "bold", "font-size": 12});
     header(x3);
     var wx = colX(x3, C - 1) + cw + 6;
     label(svg, wx + cw / 2, y0 - 6, S.ex_weight, {"font-size": 10, "text-anchor": "middle", "font-weight": "bold"});
@@ -578,11 +606,16 @@
   function bindGallery() {
     document.querySelectorAll(".gl-thumb").forEach(function (g) {
       var l = parseInt(g.getAttribute("data-layer"), 10), h = parseInt(g.getAttribute("data-head"), 10);
-      g.addEventListener("mouseenter", function () { galleryInfo(g, l, h); });
-      g.addEventListener("click", function () {
+      function open() {
         st.layer = l; st.head = h; syncControls(); update(); galleryInfo(g, l, h);
         var f = controls();
         if (f && f.scrollIntoView) { f.scrollIntoView({block: "start"}); }
+      }
+      g.addEventListener("mouseenter", function () { galleryInfo(g, l, h); });
+      g.addEventListener("focus", function () { galleryInfo(g, l, h); });
+      g.addEventListener("click", open);
+      g.addEventListener("keydown", function (ev) {
+        if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); open(); }
       });
     });
   }
@@ -765,7 +798,7 @@
       var s = JSON.parse(ev.data);
       steps.push(s);
       document.getElementById("gl-gen-text").textContent += s.token;
-      status("gl-gen-status", "step " + s.step + ": " + JSON.stringify(s.token));
+      status("gl-gen-status", fill(S.ex_step_status, {step: s.step, tok: JSON.stringify(s.token)}));
       drawSteps();
     });
     source.addEventListener("done", function (ev) {
@@ -789,17 +822,21 @@
     for (var p = 0; p < pages; p++) {
       if (pages <= 40 || p % 5 === 0) { label(svg, left + p * cw + cw / 2, y0 - 4, String(p), {"font-size": 9, "text-anchor": "middle"}); }
     }
+    var ring = stepRing(layer);
     labs.forEach(function (s, r) {
       label(svg, left - 6, y0 + r * ch + ch / 2 + 4, s, {"text-anchor": "end", "font-family": T.mono, "font-size": 10});
-      var have = r === 0 ? genInfo.pages : steps[r - 1].pages_total, share = {};
-      if (r > 0) {
+      var have = r === 0 ? genInfo.pages : steps[r - 1].pages_total, share = {}, inRing = {};
+      if (r > 0 && ring) {                         // a local layer: its ring, read whole, no page chosen
+        ringPages(steps[r - 1].length, ring, P).forEach(function (q) { inRing[q] = 1; });
+      } else if (r > 0) {
         var heads = steps[r - 1].layers[layer] || [];
         heads.forEach(function (ids) { ids.forEach(function (id) { share[id] = (share[id] || 0) + 1 / heads.length; }); });
       }
       for (var q = 0; q < pages; q++) {
-        var w = r === 0 ? (q < have ? 1 : 0) : (share[q] || 0);
-        svg.appendChild(E("rect", {x: left + q * cw, y: y0 + r * ch, width: cw, height: ch, "class": w > 0 ? "gl-page gl-read" : "gl-page",
-                                   fill: q < have ? (w > 0 ? weightColour(w) : T.unpicked) : "#ffffff",
+        var w = r === 0 ? (q < have ? 1 : 0) : (share[q] || 0), rq = !!inRing[q];
+        svg.appendChild(E("rect", {x: left + q * cw, y: y0 + r * ch, width: cw, height: ch,
+                                   "class": rq ? "gl-page gl-read gl-ring" : (w > 0 ? "gl-page gl-read" : "gl-page"),
+                                   fill: q < have ? (rq ? T.ring : (w > 0 ? weightColour(w) : T.unpicked)) : "#ffffff",
                                    stroke: "#ffffff", "stroke-width": 1}));
       }
     });
@@ -812,7 +849,18 @@
       if (r >= 0 && r < labs.length) { picked = r; drawSteps(); }
     });
     box.replaceChildren(svg);
+    box.scrollLeft = box.scrollWidth;              // the newest pages in view
+    var note = document.getElementById("gl-ring-note");
+    if (note) { note.textContent = ring ? fill(S.ex_steps_ring, {layer: layer, kind: kindText(layer), window: ring}) : ""; }
     showStep();
+  }
+  // the window of layer l when it is local (its ring), else 0
+  function stepRing(l) { var k = (genInfo.kinds || [])[l]; return k && k.kind !== "full" && k.window ? k.window : 0; }
+  // the pages a ring of `window` tokens covers in a cache of n tokens (pages of P)
+  function ringPages(n, window, P) {
+    var out = [];
+    for (var p = Math.floor(Math.max(0, n - window) / P); p * P < n; p++) { out.push(p); }
+    return out;
   }
 
   // -- live: a clicked generation step: the tokens its pages hold, their dense weight, the dense choice --
@@ -848,11 +896,12 @@
     } else {
       var s = steps[picked - 1], layer = Math.min(st.layer, genInfo.layers - 1), heads = s.layers[layer] || [];
       var g = heads.length ? D.explore.heads / heads.length : 1, ids = heads.length ? heads[Math.floor(st.head / g)] : [];
-      var rs = heads.length ? ranges(ids, genInfo.page_size, n) : [[0, n]], mass = s.mass ? s.mass[layer][st.head] : 1;
-      lines.push(fill(S.st_detail, {step: s.step, tok: JSON.stringify(s.token), layer: layer, head: st.head,
-                                    kvh: Math.floor(st.head / g), n: heads.length ? ids.length : s.pages_total,
-                                    ranges: rs.map(function (r) { return r[1] - r[0] > 1 ? r[0] + "–" + (r[1] - 1) : String(r[0]); }).join(", "),
-                                    mass: pyfmt(mass, ".1%")}));
+      var ring = stepRing(layer), rs = heads.length ? ranges(ids, genInfo.page_size, n) : [[ring ? Math.max(0, n - ring) : 0, n]];
+      var mass = s.mass ? s.mass[layer][st.head] : 1, spans = rs.map(function (r) { return r[1] - r[0] > 1 ? r[0] + "–" + (r[1] - 1) : String(r[0]); }).join(", ");
+      lines.push(ring ? fill(S.st_ring, {step: s.step, tok: JSON.stringify(s.token), layer: layer, kind: kindText(layer), ranges: spans}) :
+        fill(S.st_detail, {step: s.step, tok: JSON.stringify(s.token), layer: layer, head: st.head,
+                           kvh: Math.floor(st.head / g), n: heads.length ? ids.length : s.pages_total,
+                           ranges: spans, mass: pyfmt(mass, ".1%")}));
       stepTokens(n, function (j) { return rs.some(function (r) { return j >= r[0] && j < r[1]; }); });
     }
     var d = denseSteps && denseSteps[picked];
