@@ -287,7 +287,8 @@
     for (j = 0; j < f.L; j++) {
       var kj = f.c0 + j, ok = row[kj] > -Infinity, xx = g.x0 + j * g.cw, yy = g.y0 + i * g.ch;
       var hidden = !ok && local && tokens().length - D.explore.L + kj <= f.off + ri;   // before the query: the window hid it
-      var gg = E("g", {"class": "gl-score" + (kept[kj] ? " gl-kept" : "") + (hidden ? " gl-outside" : "")});
+      var gg = E("g", {"class": "gl-score" + (kept[kj] ? " gl-kept" : "") + (hidden ? " gl-outside" : ""),
+                       "data-q": f.off + ri, "data-k": kj, "data-ok": ok ? 1 : 0});
       gg.appendChild(E("rect", {x: xx, y: yy, width: g.cw, height: g.ch,
                                 fill: ok ? weightColour(dense[kj]) : (hidden ? T.outside : T.masked), stroke: "#ffffff", "stroke-width": 1}));
       if (g.numbers && ok) {
