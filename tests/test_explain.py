@@ -285,6 +285,11 @@ def test_cli_empty_text_fails_before_loading(tmp_path):
     assert res.exit_code == 2 and "TEXT is empty" in res.output  # not the model error: no load
 
 
+def test_cli_text_past_the_limit_fails_before_loading_and_names_generate(tmp_path):
+    res = CliRunner().invoke(explain, ["word " * 4000, "--model", "no-such-model", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2 and "20,000 characters" in res.output and "gatherlens generate" in res.output
+
+
 def test_byte_tokens_are_shown_as_bytes_not_replacement_chars():
     from gatherlens.report.collect import token_texts
 

@@ -764,6 +764,17 @@ STRINGS: dict[str, dict[str, str]] = {
                       "is read whole, as dense attention reads it.",
                 "zh": "第 {step} 步 → {tok} · 第 {layer} 层（{kind}）：不选页；它的环（第 {ranges} 个 token）被整体读取，"
                       "与稠密注意力一样。"},
+    "info_no_source": {"en": "(no source)", "zh": "（没有来源）"},
+    "info_weight": {"en": "; weight {w:.3f}", "zh": "；权重 {w:.3f}"},
+    "note_batch_head": {"en": "batch {batch}, head {head}", "zh": "批 {batch}，头 {head}"},
+    "note_value_gather": {"en": "layer {layer}, KV head {kv}, query {query} {tok}",
+                          "zh": "第 {layer} 层，键/值头 {kv}，查询 {query} {tok}"},
+    "note_last_row": {"en": "the row of the last position", "zh": "最后一个位置的那一行"},
+    "col_of": {"en": "{run}: {col}", "zh": "{run}：{col}"},
+    "ex_k_all": {"en": "This query may see only {n} keys, so top-{k} keeps them all: pick a later query, a "
+                       "smaller k or a longer text to see a choice.",
+                 "zh": "这个查询只能看到 {n} 个键，所以 top-{k} 全部保留：选一个更靠后的查询、更小的 k 或更长的文本，"
+                       "才能看到取舍。"},
     "ex_step_status": {"en": "step {step}: {tok}", "zh": "第 {step} 步：{tok}"},
     "kc_ring_label": {"en": "ring: {n} keys", "zh": "环：{n} 个键"},
     "kc_ring_line": {"en": "{kind} layer, window {window}: sparse decoding chooses no pages here; its ring holds "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from gatherlens.i18n import check_lang, text
 from gatherlens.render.templates import render_template
-from gatherlens.render.theme import (BAND, FONTS, MASKED, MONO, OUTSIDE, PICKED, colour, fmt_value, short,
+from gatherlens.render.theme import (BAND, FONTS, MASKED, MONO, OUTSIDE, PICKED, fmt_value, palette, short,
                                      text_width, weight_colour)
 from gatherlens.trace.story_records import HeadMap, ScoreGrid
 
@@ -155,14 +155,15 @@ def heads_svg(heads: HeadMap, head: int = 0, lang: str = "en") -> str:
     Hq, Hkv, g = heads.q_heads, heads.kv_heads, heads.group
     x0 = MARGIN + label_w
     qy, kvy = MARGIN + 8, MARGIN + 8 + box_h + 70
+    fills = palette(Hkv)                                             # one colour per KV group, never repeated
     qboxes = [dict(x=x0 + h * (box_w + gap), y=qy, w=box_w, h=box_h, text=f"q{h}",
-                   fill=colour(h // g), chosen=h == head) for h in range(Hq)]
+                   fill=fills[h // g], chosen=h == head) for h in range(Hq)]
     kvboxes, links = [], []
     for k in range(Hkv):
         members = qboxes[k * g:(k + 1) * g]
         cx = (members[0]["x"] + members[-1]["x"] + box_w) // 2
         kvboxes.append(dict(x=cx - box_w // 2, y=kvy, w=box_w, h=box_h, text=f"kv{k}",
-                            fill=colour(k), chosen=k == heads.kv_of(head)))
+                            fill=fills[k], chosen=k == heads.kv_of(head)))
         for m, q in zip(range(k * g, (k + 1) * g), members):
             links.append(dict(x1=q["x"] + box_w // 2, y1=qy + box_h, x2=cx, y2=kvy,
                               chosen=m == head))

@@ -407,11 +407,11 @@ def _attention(call, path, layer, head, heads: HeadMap, query, top_k, display) -
     picked = indices[qrow][indices[qrow] >= 0]                               # (k',)
     qname = display[query] if query < len(display) else str(query)
     value_record = record_index_select(
-        v, 0, picked, name="V", index_name="topk_idx",
-        call=f"V.index_select(0, topk_idx)  # layer {layer}, KV head {kv}, query {query} {qname!r}",
+        v, 0, picked, name="V", index_name="topk_idx", call="V.index_select(0, topk_idx)",
         source_row_labels=labels, output_row_labels=[labels[i] for i in picked.tolist()] if labels else None,
         source_axes=("L", "Dv"), index_axes=("k",), output_axes=("k", "Dv"),
-        meta={"weights": weights[qrow][: picked.numel()].unsqueeze(-1).expand(-1, v.shape[-1])},
+        meta={"weights": weights[qrow][: picked.numel()].unsqueeze(-1).expand(-1, v.shape[-1]),
+              "note": ("note_value_gather", {"layer": layer, "kv": kv, "query": query, "tok": repr(qname)})},
     )
     w = weights[qrow][: picked.numel()]                                      # (k',)
     output = (w.unsqueeze(-1) * value_record.output).sum(0)                  # (Dv,)
@@ -433,7 +433,7 @@ def _prediction(logits, dense_logits, lm, display) -> Prediction:
     toks = [shown_token(lm.tokenizer.decode([i])) for i in ids]
     rec = record_gather(
         row, 1, top.indices, name="logits", index_name="top5",
-        call="logits[:, -1].gather(-1, top5)  # the row of the last position",
+        call="logits[:, -1].gather(-1, top5)", meta={"note": ("note_last_row", {})},
         source_col_labels={i: s for i, s in zip(ids, toks)}, source_row_labels=[display[-1]],
         output_row_labels=[display[-1]], source_axes=("1", "V"), index_axes=("1", "5"),
         output_axes=("1", "5"),

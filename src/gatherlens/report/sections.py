@@ -270,8 +270,8 @@ def _prediction(story, lang: str) -> Section:
              f"{b[2]:.2f}", f"{b[3]:.1%}"] for r, (a, b) in enumerate(zip(p.top, p.dense_top))]
     token, logit, prob = (text(k, lang) for k in ("col_token", "col_logit", "col_prob"))
     topk, dense = text("topk_run", lang, k=story.top_k), text("dense_run", lang)
-    head = [text("col_rank", lang), f"{topk}: {token}", logit, prob, f"{dense}: {token}", logit,
-            prob]
+    head = [text("col_rank", lang), text("col_of", lang, run=topk, col=token), logit, prob,
+            text("col_of", lang, run=dense, col=token), logit, prob]
     return Section("prediction", title, [body], figures=[fig], table=dict(head=head, rows=rows))
 
 

@@ -127,10 +127,19 @@
     if (isNaN(v)) { return ""; }
     if (!isFinite(v)) { return v > 0 ? "∞" : "-∞"; }
     if (v === Math.trunc(v) && Math.abs(v) < 1e6) { return String(v); }
-    var a = Math.abs(v);
-    if (a >= 1e6 || a < 1e-3) { return expo(v.toExponential(0)); }
+    var a = Math.abs(v), s;
+    if (a >= 1e6 || a < 1e-3) { return v.toExponential(0).replace("e+", "e"); }   // '8e-4': theme.fmt_value's rule
+    if (a < 0.01) { return v.toFixed(3).replace(/0+$/, ""); }
     if (a >= 100) { return v.toFixed(0); }
-    return stripZeros(v.toFixed(a >= 10 ? 1 : 2));
+    s = stripZeros(v.toFixed(a >= 10 ? 1 : 2));
+    return s === "-0" ? "0" : s;
+  }
+  // a score as precise as the page holds it: the offline page's 8-bit codes are score_err off at most, so
+  // no digit finer than that is printed (3 decimals for the exact float32 rows a server sends)
+  function fmtScore(v) {
+    var err = M.remote ? 0 : D.explore.score_err || 0;
+    var digits = err > 0 ? Math.max(0, Math.min(3, Math.floor(-Math.log10(err)))) : 3, s = v.toFixed(digits);
+    return /^-0\.?0*$/.test(s) ? s.slice(1) : s;
   }
   function textWidth(s, size) {
     var w = 0;
@@ -148,7 +157,30 @@
       return ("0" + Math.round(a + (hi[i] - a) * w).toString(16)).slice(-2);
     }).join("");
   }
-  function colour(key) { return T.palette[key % T.palette.length]; }
+  // one distinct colour per key of a figure (render/theme.py: palette, figure_colours, the same rule)
+  function hslHex(h, s, l) {
+    var a = s * Math.min(l, 1 - l);
+    return "#" + [0, 8, 4].map(function (n) {
+      var k = (n + h * 12) % 12, v = Math.round(255 * (l - a * Math.max(-1, Math.min(k - 3, 9 - k, 1))));
+      return ("0" + v.toString(16)).slice(-2);
+    }).join("");
+  }
+  function palette(n) {
+    if (n <= T.palette.length) { return T.palette.slice(0, n); }
+    var out = [], L = [0.80, 0.70, 0.88], G = 0.6180339887498949;
+    for (var i = 0; i < n; i++) {
+      var c = hslHex((i * G) % 1, 0.62, L[i % 3]), nudge = 0;
+      while (out.indexOf(c) >= 0) { nudge++; c = hslHex((i * G + nudge * 0.37 / n) % 1, 0.62, L[(i + nudge) % 3]); }
+      out.push(c);
+    }
+    return out;
+  }
+  function figureColours(keys) {
+    var ks = Array.from(new Set(keys.filter(function (k) { return k !== null && k >= 0; }))).sort(function (a, b) { return a - b; });
+    var cs = ks.length && ks[ks.length - 1] >= T.palette.length ? palette(ks.length) : null, map = {};
+    ks.forEach(function (k, r) { map[k] = cs ? cs[r] : T.palette[k]; });
+    return function (k) { return map[k] || "#ffffff"; };
+  }
 
   // -- SVG ----------------------------------------------------------------------------------------
   function E(tag, attrs, text) {
@@ -314,7 +346,7 @@
       if (!p) { info(box, ""); return; }
       var r = rows[p[0]], kj = c0 + p[1], qi = off + r0 + p[0], ok = r.row[kj] > -Infinity;
       info(box, fill(S.ex_scores_info, {q: qi, qt: tokens()[qi], j: kj, kt: keyLabel(kj),
-                     s: ok ? r.row[kj].toFixed(3) : S.ex_not_allowed, w: r.dense[kj].toFixed(3)})
+                     s: ok ? fmtScore(r.row[kj]) : S.ex_not_allowed, w: r.dense[kj].toFixed(3)})
                 + (r.kept[kj] ? " " + S.ex_kept : ""));
     });
     svg.addEventListener("click", function (ev) {
@@ -344,8 +376,10 @@
       label(svg, x1 + m * cw + cw / 2, y0 - 6, String(m), {"font-size": 10, "text-anchor": "middle"});
       label(svg, x2 + m * cw + cw / 2, y0 - 6, String(m), {"font-size": 10, "text-anchor": "middle"});
     }
+    var picks = rows.map(function (i) { var row = M.row(st.layer, st.head, i); return [row, select(st.layer, st.head, i, st.k, row)]; });
+    var colour = figureColours([].concat.apply([], picks.map(function (p) { return p[1].slice(0, kShow); })));
     rows.forEach(function (i, r) {
-      var row = M.row(st.layer, st.head, i), picked = select(st.layer, st.head, i, st.k, row), y = y0 + r * ch;
+      var row = picks[r][0], picked = picks[r][1], y = y0 + r * ch;
       label(svg, left - 8, y + ch / 2 + 4, lab[r], {"text-anchor": "end", "font-weight": i === v.qrow ? "bold" : "normal"});
       for (var m = 0; m < kShow; m++) {
         var j = m < picked.length ? picked[m] : -1;
@@ -370,15 +404,16 @@
   }
   function drawValues(v) {
     var x = D.explore, cols = x.value_cols, C = cols.length, gap = x.dv > C ? 1 : 0, cw = 44, ch = 24;
-    var shown = v.picked.slice(0, 12), src = sourceRows(x.L, v.picked), isPicked = {};
+    var shown = v.picked.slice(0, 12), src = sourceRows(x.L, v.picked), isPicked = {}, colour = figureColours(src.concat(shown));
     v.picked.forEach(function (j) { isPicked[j] = 1; });
     var qt = tokens()[st.query];
     var title = fill(S.ex_value_title, {layer: st.layer, head: st.head, kvh: v.kvh, q: st.query, tok: qt});
     var labs = src.concat(shown).map(function (j) { return j + " " + short(keyLabel(j), 12); });
     var left = MARGIN + Math.max.apply(null, labs.map(function (s) { return textWidth(s, 11); })) + 10;
     var panelW = (C + gap) * cw, x2 = left + panelW + 40, x3 = x2 + Math.min(v.picked.length, 12) * cw + 40 + left - MARGIN;
-    var y0 = MARGIN + 62, rowsY = [], y = y0, prev = -1;
-    src.forEach(function (j) { if (prev >= 0 && j > prev + 1) { y += 14; } rowsY.push(y); y += ch; prev = j; });
+    var y0 = MARGIN + 62, rowsY = [], gaps = [], y = y0, prev = -1;
+    src.forEach(function (j) { if (prev >= 0 && j > prev + 1) { gaps.push(y); y += 14; } rowsY.push(y); y += ch; prev = j; });
+    if (src.length && src[src.length - 1] < x.L - 1) { gaps.push(y); y += 14; }   // rows after the last one shown
     var height = Math.max(y, y0 + (shown.length + 1) * ch + 10) + 40;
     var width = Math.max(x3 + (C + gap + 1) * cw + MARGIN, textWidth(title, 13) + 2 * MARGIN);
     var svg = root(width, height, title, "gl-values");
@@ -388,6 +423,9 @@
       if (gap) { label(svg, x0 + (C - 1) * cw + cw / 2, y0 - 6, "…", {"text-anchor": "middle"}); }
     }
     label(svg, left, y0 - 26, "V · " + S.panel_source, {"font-weight": "bold", "font-size": 12});
+    gaps.forEach(function (gy) {                  // elided rows are marked, never silently skipped
+      label(svg, left + (C + gap) * cw / 2, gy + 11, "⋮", {"font-size": 12, "text-anchor": "middle", fill: "#555555", "class": "gl-elided"});
+    });
     header(left);
     src.forEach(function (j, r) {
       label(svg, left - 8, rowsY[r] + ch / 2 + 4, j + " " + short(keyLabel(j), 12), {"text-anchor": "end"});
@@ -430,7 +468,7 @@
     var title = fill(S.ex_heads_title, {q: Hq, kv: Hkv, layer: st.layer, head: st.head, kvh: v.kvh});
     var width = Math.max(x0 + Hq * bw + (Hq - 1) * gap + MARGIN, textWidth(title, 13) + 2 * MARGIN);
     var svg = root(width, kvy + bh + MARGIN, title, "gl-heads");
-    var boxes = [];
+    var boxes = [], fills = palette(Hkv);
     for (var kv = 0; kv < Hkv; kv++) {
       var first = x0 + kv * g * (bw + gap), last = x0 + ((kv + 1) * g - 1) * (bw + gap);
       var cx = Math.floor((first + last + bw) / 2);
@@ -438,9 +476,9 @@
         var chosen = m === st.head;
         svg.appendChild(E("line", {x1: x0 + m * (bw + gap) + bw / 2, y1: qy + bh, x2: cx, y2: kvy,
                                    stroke: chosen ? T.picked : "#888888", "stroke-width": chosen ? 2.5 : 1.2}));
-        boxes.push([x0 + m * (bw + gap), qy, "q" + m, colour(kv), chosen]);
+        boxes.push([x0 + m * (bw + gap), qy, "q" + m, fills[kv], chosen]);
       }
-      boxes.push([cx - bw / 2, kvy, "kv" + kv, colour(kv), kv === v.kvh]);
+      boxes.push([cx - bw / 2, kvy, "kv" + kv, fills[kv], kv === v.kvh]);
     }
     label(svg, MARGIN, qy + bh / 2 + 4, S.heads_q, {fill: "#555555"});
     label(svg, MARGIN, kvy + bh / 2 + 4, S.heads_kv, {fill: "#555555"});
@@ -462,7 +500,7 @@
     body.replaceChildren();
     v.picked.forEach(function (j, m) {
       var tr = document.createElement("tr");
-      [String(j), keyLabel(j), v.row[j].toFixed(3), v.weights[m].toFixed(3), v.dense[j].toFixed(3)].forEach(function (s, c) {
+      [String(j), keyLabel(j), fmtScore(v.row[j]), v.weights[m].toFixed(3), v.dense[j].toFixed(3)].forEach(function (s, c) {
         var td = document.createElement("td");
         td.textContent = s;
         if (c !== 1) { td.className = "num"; }
@@ -488,7 +526,8 @@
     var note = document.getElementById("gl-knote"), x = D.explore;
     if (note) {
       var key = x.dense_run ? "ex_k_dense" : (st.k === x.run_k ? "ex_k_run" : "ex_k_moved");
-      note.textContent = fill(S[key], {k: st.k, run: x.run_k});
+      note.textContent = fill(S[key], {k: st.k, run: x.run_k}) +
+        (v.picked.length >= allowed ? " " + fill(S.ex_k_all, {k: st.k, n: allowed}) : "");   // no choice to see
       note.className = "gl-knote" + (key === "ex_k_run" ? "" : " moved");
     }
   }
@@ -766,7 +805,7 @@
     if (!f) { return; }
     f.addEventListener("submit", function (ev) { ev.preventDefault(); });
     f.elements.text.addEventListener("input", function () { schedule(350, {query: -1}); });
-    f.elements.model.addEventListener("change", function () { schedule(0, {query: -1, reset: true}); });
+    f.elements.model.addEventListener("change", function () { clearGeneration(); schedule(0, {query: -1, reset: true}); });
     f.elements.topk.addEventListener("change", function () { schedule(0, {}); });
     f.elements.prefill.addEventListener("change", function () { schedule(0, {}); });
     var g = document.getElementById("gl-gen");
@@ -780,6 +819,16 @@
     var g = document.getElementById("gl-gen");
     g.elements.generate.disabled = false; g.elements.stop.disabled = true;
     if (message !== undefined) { status("gl-gen-status", message); }
+  }
+  // another model: the last generation was another model's, so it goes (its steps, text, clicked step)
+  function clearGeneration() {
+    stop();
+    steps = []; genInfo = null; denseSteps = null; picked = null;
+    var box = document.querySelector('.gl-draw[data-draw="steps"]'), t = document.getElementById("gl-gen-text");
+    if (box) { box.replaceChildren(); }
+    if (t) { t.textContent = ""; }
+    status("gl-gen-status", S.ex_no_steps);
+    showStep();
   }
   function generate() {
     stop();
