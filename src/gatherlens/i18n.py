@@ -775,6 +775,7 @@ STRINGS: dict[str, dict[str, str]] = {
                        "smaller k or a longer text to see a choice.",
                  "zh": "这个查询只能看到 {n} 个键，所以 top-{k} 全部保留：选一个更靠后的查询、更小的 k 或更长的文本，"
                        "才能看到取舍。"},
+    "live_lang": {"en": "language", "zh": "语言"},
     "ex_step_status": {"en": "step {step}: {tok}", "zh": "第 {step} 步：{tok}"},
     "kc_ring_label": {"en": "ring: {n} keys", "zh": "环：{n} 个键"},
     "kc_ring_line": {"en": "{kind} layer, window {window}: sparse decoding chooses no pages here; its ring holds "

@@ -218,6 +218,12 @@
     Object.keys(attrs || {}).forEach(function (k) { a[k] = attrs[k]; });
     parent.appendChild(E("text", a, s));
   }
+  // a pointer's place in the SVG's own units: a figure scaled to a phone's width keeps its hit boxes
+  function point(svg, ev) {
+    var r = svg.getBoundingClientRect(), vb = svg.viewBox && svg.viewBox.baseVal;
+    var sx = vb && vb.width && r.width ? vb.width / r.width : 1, sy = vb && vb.height && r.height ? vb.height / r.height : 1;
+    return {x: (ev.clientX - r.left) * sx, y: (ev.clientY - r.top) * sy};
+  }
   function place(name, svg) {
     var box = document.querySelector('.gl-draw[data-draw="' + name + '"]');
     if (!box) { return null; }
@@ -337,21 +343,24 @@
   function bindScores(svg, box, f, rows) {
     var g = f.g, off = f.off, r0 = f.r0, c0 = f.c0;
     function at(ev) {
-      var r = svg.getBoundingClientRect();
-      var a = Math.floor((ev.clientY - r.top - g.y0) / g.ch), b = Math.floor((ev.clientX - r.left - g.x0) / g.cw);
+      var pt = point(svg, ev);
+      var a = Math.floor((pt.y - g.y0) / g.ch), b = Math.floor((pt.x - g.x0) / g.cw);
       return (a >= 0 && a < f.Q && b >= 0 && b < f.L) ? [a, b] : null;
     }
-    svg.addEventListener("mousemove", function (ev) {
+    function tell(ev) {
       var p = at(ev);
       if (!p) { info(box, ""); return; }
       var r = rows[p[0]], kj = c0 + p[1], qi = off + r0 + p[0], ok = r.row[kj] > -Infinity;
       info(box, fill(S.ex_scores_info, {q: qi, qt: tokens()[qi], j: kj, kt: keyLabel(kj),
                      s: ok ? fmtScore(r.row[kj]) : S.ex_not_allowed, w: r.dense[kj].toFixed(3)})
                 + (r.kept[kj] ? " " + S.ex_kept : ""));
-    });
-    svg.addEventListener("click", function (ev) {
-      var p = at(ev);
-      if (p) { st.query = off + r0 + p[0]; syncControls(); update(); }
+    }
+    svg.addEventListener("mousemove", tell);
+    svg.addEventListener("click", function (ev) {          // a click (a tap): that query, and the cell's line
+      var p = at(ev), line;
+      if (!p) { return; }
+      tell(ev); line = box.parentNode.querySelector(".gl-figinfo").textContent;
+      st.query = off + r0 + p[0]; syncControls(); update(); info(box, line);
     });
   }
 
@@ -626,13 +635,15 @@
   // hover a block: its query and key tokens, and whether it was gathered
   function bindPrefill(svg, box, f) {
     var x = P.x, states = [S.ex_prefill_outside, S.ex_prefill_skipped, S.ex_prefill_kept];
-    svg.addEventListener("mousemove", function (ev) {
-      var r = svg.getBoundingClientRect();
-      var i = Math.floor((ev.clientY - r.top - f.y0) / f.cw), j = Math.floor((ev.clientX - r.left - f.x0) / f.cw);
+    function tell(ev) {
+      var pt = point(svg, ev);
+      var i = Math.floor((pt.y - f.y0) / f.cw), j = Math.floor((pt.x - f.x0) / f.cw);
       if (i < 0 || i >= x.nq || j < 0 || j >= x.nk) { info(box, ""); return; }
       info(box, fill(S.ex_prefill_info, {i: i, qa: x.q_spans[i][0], qb: x.q_spans[i][1], j: j, ka: x.k_spans[j][0],
                                          kb: x.k_spans[j][1], state: states[P.state(st.layer, f.g, i, j)]}));
-    });
+    }
+    svg.addEventListener("mousemove", tell);
+    svg.addEventListener("click", tell);           // a tap on a phone
   }
   function prefillSlots(n, g) {
     var values = {pf_group: g, pf_kept: n ? n[0] : 0, pf_allowed: n ? n[1] : 0, pf_share: n && n[1] ? n[0] / n[1] : 0};
@@ -808,6 +819,11 @@
     f.elements.model.addEventListener("change", function () { clearGeneration(); schedule(0, {query: -1, reset: true}); });
     f.elements.topk.addEventListener("change", function () { schedule(0, {}); });
     f.elements.prefill.addEventListener("change", function () { schedule(0, {}); });
+    f.elements.lang.addEventListener("change", function () {   // the whole page in the other language
+      var p = params({});
+      p.set("lang", f.elements.lang.value);
+      window.location.assign("/?" + p.toString());
+    });
     var g = document.getElementById("gl-gen");
     g.addEventListener("submit", function (ev) { ev.preventDefault(); generate(); });
     g.elements.stop.addEventListener("click", function () { stop(S.ex_stopped); });
@@ -895,7 +911,7 @@
                                  height: ch, fill: "none", stroke: T.picked, "stroke-width": 2, "pointer-events": "none"}));
     }
     svg.addEventListener("click", function (ev) {
-      var r = Math.floor((ev.clientY - svg.getBoundingClientRect().top - y0) / ch);
+      var r = Math.floor((point(svg, ev).y - y0) / ch);
       if (r >= 0 && r < labs.length) { picked = r; drawSteps(); }
     });
     box.replaceChildren(svg);
