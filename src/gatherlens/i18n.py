@@ -754,8 +754,7 @@ STRINGS: dict[str, dict[str, str]] = {
     "gal_kinds": {"en": "Above each layer: G = global (every earlier key), S512 = sliding window of 512 keys, "
                         "C = chunked.",
                   "zh": "每层上方：全 = 全局（所有更早的键），滑512 = 512 个键的滑动窗口，块 = 分块。"},
-    "gal_thumb_label": {"en": "layer {layer}, head {head}: {tag}, keeps {kept}",
-                        "zh": "第 {layer} 层，头 {head}：{tag}，保留 {kept}"},
+    "gal_thumb_label": {"en": "L{layer} H{head} {tag} {kept}", "zh": "第{layer}层 头{head} {tag} {kept}"},
     "ex_steps_ring": {"en": "Layer {layer} is {kind}: it keeps its last {window} tokens in a ring and reads all of "
                             "them at every step (orange), so it chooses no pages; only global layers choose.",
                       "zh": "第 {layer} 层是{kind}：它把最近的 {window} 个 token 存在一个环里，每一步全部读取（橙色），"
@@ -776,6 +775,92 @@ STRINGS: dict[str, dict[str, str]] = {
                  "zh": "这个查询只能看到 {n} 个键，所以 top-{k} 全部保留：选一个更靠后的查询、更小的 k 或更长的文本，"
                        "才能看到取舍。"},
     "live_lang": {"en": "language", "zh": "语言"},
+    "map_title": {"en": "Where am I: {model}, and every gather it runs (click a tag)",
+                  "zh": "我在哪儿：{model} 和它运行的每一次 gather（点一个标签）"},
+    "map_ids": {"en": "ids", "zh": "id"},
+    "map_embed": {"en": "embedding", "zh": "嵌入"},
+    "map_attention": {"en": "attention", "zh": "注意力"},
+    "map_mlp": {"en": "MLP", "zh": "MLP"},
+    "map_mlp_moe": {"en": "MoE MLP", "zh": "MoE MLP"},
+    "map_norm": {"en": "norm", "zh": "归一化"},
+    "map_head": {"en": "LM head", "zh": "输出头"},
+    "map_next_token": {"en": "next token", "zh": "下一个 token"},
+    "map_layers": {"en": "× {n} layers", "zh": "× {n} 层"},
+    "map_layers_mixed": {"en": "× {n} layers: {local} {kind} {window}, {full} global",
+                         "zh": "× {n} 层：{local} 层{kind} {window}，{full} 层全局"},
+    "map_embedding": {"en": "W[ids]: a row per token", "zh": "W[ids]：每个 token 一行"},
+    "map_scale": {"en": "rows × √d (Gemma)", "zh": "行 × √d（Gemma）"},
+    "map_position": {"en": "position rows", "zh": "位置表的行"},
+    "map_rope": {"en": "cos/sin rows by position", "zh": "按位置取 cos/sin 行"},
+    "map_topk": {"en": "top-k keys per query", "zh": "每个查询取 top-k 个键"},
+    "map_pages": {"en": "sparse pages (decode)", "zh": "稀疏页（解码）"},
+    "map_prefill": {"en": "sparse prefill (blocks)", "zh": "稀疏预填充（块）"},
+    "map_moe": {"en": "top-k experts per token", "zh": "每个 token 取 top-k 个专家"},
+    "map_next": {"en": "top of the last logits row", "zh": "最后一行 logits 的前几名"},
+    "map_off": {"en": "(off here)", "zh": "（本页未开）"},
+    "map_own": {"en": "the model's own gather (it was trained with it)", "zh": "模型自己的 gather（训练时就有）"},
+    "map_ours": {"en": "gatherlens' change: not how the model was trained (it approximates dense attention)",
+                 "zh": "gatherlens 的改动：不是模型训练时的做法（它近似稠密注意力）"},
+    "map_section": {"en": "The model at a glance", "zh": "模型全貌"},
+    "map_body": {"en": "Every picture below is one of these gathers, from one run of {model} on your text. The "
+                       "blue ones are the model's own: it was trained with them and runs them as they are. The "
+                       "orange ones are gatherlens' change: top-k attention keeps only the k best keys of each "
+                       "query, sparse decoding reads a budget of pages of the KV cache, sparse prefill keeps some "
+                       "key blocks of the prompt. The model was trained with every key; these approximate it, and "
+                       "the page shows how close they come.",
+                 "zh": "下面每张图都是其中一次 gather，来自 {model} 在你的文本上的一次运行。蓝色的是模型自己的："
+                       "训练时就有，照原样运行。橙色的是 gatherlens 的改动：top-k 注意力让每个查询只保留得分最高的 k 个键，"
+                       "稀疏解码只读 KV 缓存中预算以内的页，稀疏预填充只保留提示的部分键块。模型训练时用的是所有键；"
+                       "这些改动只是近似，本页会显示近似得有多好。"},
+    "moe_section": {"en": "Mixture of experts: each token gathers its experts", "zh": "混合专家：每个 token gather 它的专家"},
+    "moe_body": {"en": "{model} is a mixture of experts: in each of its {layers} MoE layers a router scores the {E} "
+                       "experts for every token, and each token runs only its top {k}, their outputs summed with the "
+                       "router's weights. Choosing experts is a gather whose rows are whole matrices: index = "
+                       "topk(softmax(router(x))), then experts[index[t]] for token t, as W[ids] picks rows of the "
+                       "embedding table. Read per expert, the same choice gathers each expert's tokens into one batch, "
+                       "which is how the block runs it. Layer {layer} as this run routed it:",
+                 "zh": "{model} 是混合专家模型：在它的 {layers} 个 MoE 层里，路由器为每个 token 给 {E} 个专家打分，"
+                       "每个 token 只运行得分最高的 {k} 个专家，它们的输出按路由器的权重相加。选专家是一次 gather，"
+                       "只是每一行是一整个矩阵：index = topk(softmax(router(x)))，然后 token t 取 experts[index[t]]，"
+                       "就像 W[ids] 取嵌入表的行。按专家来读，同一个选择把每个专家的 token gather 成一批，MoE 块就是这样运行的。"
+                       "下面是这次运行中第 {layer} 层的路由："},
+    "moe_title": {"en": "router · layer {layer} ({layers} MoE layers): each token gathers its top-{k} of {E} experts",
+                  "zh": "路由器 · 第 {layer} 层（共 {layers} 个 MoE 层）：每个 token 从 {E} 个专家中 gather 前 {k} 个"},
+    "moe_axes": {"en": "tokens ↓ · experts →  (shade: router probability; red outline: picked, with its weight)",
+                 "zh": "token ↓ · 专家 →（深浅：路由概率；红框：被选中，框内是权重）"},
+    "moe_cell": {"en": "token {t} {tok} → expert {e}: probability {p:.3f}", "zh": "token {t} {tok} → 专家 {e}：概率 {p:.3f}"},
+    "moe_cell_picked": {"en": "(picked; weight {w:.3f})", "zh": "（被选中；权重 {w:.3f}）"},
+    "moe_more": {"en": "⋮ {n} more tokens", "zh": "⋮ 另有 {n} 个 token"},
+    "moe_per_expert": {"en": "each expert gathers the tokens that picked it", "zh": "每个专家 gather 选中它的 token"},
+    "moe_expert": {"en": "expert {e}", "zh": "专家 {e}"},
+    "moe_expert_info": {"en": "expert {e}: {n} tokens, one batch through its matrices",
+                        "zh": "专家 {e}：{n} 个 token，作为一批通过它的矩阵"},
+    "scale_section": {"en": "Gemma: the gathered rows, scaled", "zh": "Gemma：gather 出的行再乘一个系数"},
+    "scale_body": {"en": "{model} multiplies every row it gathers by √d = {scale:.6g} (held in the weights' dtype) "
+                         "before the first layer; the table itself is stored unscaled. The gather is the same W[ids]; "
+                         "what the layers receive is the scaled rows.",
+                   "zh": "{model} 在进入第一层之前把 gather 出的每一行乘以 √d = {scale:.6g}（用权重的数据类型保存）；"
+                         "表本身存的是未缩放的值。gather 还是同样的 W[ids]；各层收到的是缩放后的行。"},
+    "scale_title": {"en": "embed_tokens(ids) = W[ids] × {scale} (√{d})", "zh": "embed_tokens(ids) = W[ids] × {scale}（√{d}）"},
+    "scale_equal": {"en": "All {n} rows, all {d} columns: the module's output equals W[ids] × scale exactly (checked).",
+                    "zh": "全部 {n} 行、全部 {d} 列：模块的输出与 W[ids] × 系数完全相等（已核对）。"},
+    "scale_differs": {"en": "The module's output differs from W[ids] × scale (checked on all {n} rows of {d} columns).",
+                      "zh": "模块的输出与 W[ids] × 系数不同（在全部 {n} 行、{d} 列上核对）。"},
+    "rope_section": {"en": "RoPE: cos/sin rows gathered by position", "zh": "RoPE：按位置 gather cos/sin 行"},
+    "rope_body": {"en": "{model} encodes positions by rotating queries and keys with the cos and sin of position × "
+                        "frequency. transformers computes them from position_ids at every call; vLLM and llama.cpp keep "
+                        "a table with one row per position and gather the rows of position_ids. Here that table is "
+                        "built with the model's own rotary module for positions 0–{last} ({D} values a row{kind}) and "
+                        "its rows gathered: {verdict} The sin table is gathered the same way.",
+                  "zh": "{model} 用 位置 × 频率 的 cos 和 sin 旋转查询和键来编码位置。transformers 每次调用时从 position_ids "
+                        "算出它们；vLLM 和 llama.cpp 则保存一张每个位置一行的表，按 position_ids gather 出对应的行。这里用模型"
+                        "自己的旋转模块为位置 0–{last} 建出这张表（每行 {D} 个值{kind}），再 gather 出各行：{verdict}"
+                        "sin 表也是同样 gather 的。"},
+    "rope_equal": {"en": "the gathered rows are the ones the model computed, bit for bit.",
+                   "zh": "gather 出的行与模型自己算出的逐位相同。"},
+    "rope_differs": {"en": "they differ from the ones the model computed.", "zh": "它们与模型自己算出的不同。"},
+    "rope_kind": {"en": "; the frequencies of its {kind} layers", "zh": "；用的是{kind}层的频率"},
+    "note_rope": {"en": "one row per position", "zh": "每个位置一行"},
     "ex_step_status": {"en": "step {step}: {tok}", "zh": "第 {step} 步：{tok}"},
     "kc_ring_label": {"en": "ring: {n} keys", "zh": "环：{n} 个键"},
     "kc_ring_line": {"en": "{kind} layer, window {window}: sparse decoding chooses no pages here; its ring holds "

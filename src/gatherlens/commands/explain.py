@@ -101,13 +101,7 @@ def explain(text, model, quantized, top_k, layer, head, query, lang, out, force,
     from gatherlens.report.records import explain_summary
 
     err = Console(stderr=True, log_path=False)
-    if not text.strip():
-        raise click.BadParameter("TEXT is empty; give a sentence, or leave it out for the default",
-                                 param_hint="TEXT")
-    if len(text) > MAX_CHARS:                      # refused before the model loads (the token limit comes after)
-        raise click.BadParameter(f"TEXT has {len(text):,} characters; the explorer takes up to {MAX_CHARS:,} "
-                                 f"(and {LIVE_MAX_TOKENS:,} tokens): shorten it, or run it with gatherlens generate",
-                                 param_hint="TEXT")
+    _check_text(text)
     try:
         check_out_dir(out, force)  # fail before the model loads, not after
         load_kw = load_kwargs(model, quantized)
@@ -146,6 +140,17 @@ def explain(text, model, quantized, top_k, layer, head, query, lang, out, force,
     print_summary(explain_summary(story), paths, console, lang)
     for line in _closing_lines(ran if show_backends else "", story, time.perf_counter() - t0):
         err.log(line)
+
+
+def _check_text(text: str) -> None:
+    """An empty TEXT, or one past MAX_CHARS, refused before the model loads (the token limit comes after)."""
+    if not text.strip():
+        raise click.BadParameter("TEXT is empty; give a sentence, or leave it out for the default",
+                                 param_hint="TEXT")
+    if len(text) > MAX_CHARS:
+        raise click.BadParameter(f"TEXT has {len(text):,} characters; the explorer takes up to {MAX_CHARS:,} "
+                                 f"(and {LIVE_MAX_TOKENS:,} tokens): shorten it, or run it with gatherlens generate",
+                                 param_hint="TEXT")
 
 
 def _closing_lines(ran: str, story, seconds: float) -> list[str]:

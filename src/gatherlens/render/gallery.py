@@ -52,7 +52,7 @@ def _tiles(g: HeadGallery, x0: int, y0: int, lang: str) -> list[dict]:
                  x=x0 + t.layer * PITCH_X, y=y0 + t.head * PITCH_Y,
                  view=f"{t.layer * gk} {t.head * gq} {gk} {gq}",
                  label=text(f"gal_short_{t.tag}", lang), kept=f"{t.kept:.0%}",
-                 aria=text("gal_thumb_label", lang, layer=t.layer, head=t.head, tag=text(f"gal_tag_{t.tag}", lang),
+                 aria=text("gal_thumb_label", lang, layer=t.layer, head=t.head, tag=text(f"gal_short_{t.tag}", lang),
                            kept=f"{t.kept:.0%}"))
             for t in g.tiles]
 

@@ -58,7 +58,7 @@ def build_report(story: Story, lang: str = "en", command: str = "", live: dict |
     live: the settings of `gatherlens serve`'s page (models, limits); None for the offline page.
     """
     check_lang(lang)
-    parts = sections(story, lang)
+    parts = sections(story, lang, live=live is not None)
     figures = [f for s in parts for f in s.all_figures]
     html, policy = _page(story, parts, figures, lang, command, live)
     return Report(html=html, figures=figures, data=story_data(story), csp=policy)

@@ -113,6 +113,9 @@ class Story:
     quantized: bool = False               # the model ran from its GGUF blocks (load(quantized=True))
     tensors: object = None                # RunTensors: every layer's q, k, v and picks (report.run_tensors)
     prefill: object = None                # PrefillMaps: a sparse prefill's block maps (report.prefill), or None
+    rope_record: object = None            # GatherRecord: RoPE's cos rows gathered by position_ids, or None
+    embed_scale: object = None            # ScaleRecord: Gemma's W[ids] x sqrt(d), or None
+    moe: object = None                    # MoeRouting: one MoE layer's routing, or None for a dense model
 
     @property
     def shown_tokens(self) -> list[str]:
@@ -193,12 +196,22 @@ def collect(lm, text: str, *, top_k: int | None = 4, layer: int | None = None, h
     if run.dense_out is not None:
         prediction = _prediction(run.out.logits, run.dense_out.logits, lm, display)
     tensors = run_tensors(run.calls, top_k, dense_run)
+    embeddings = _embeddings(run.trace, lm.model, ids, display)
     return _story(lm, text, ids, tokens, n_layers or len(run.calls), run, heads, top_k,
-                  embeddings=_embeddings(run.trace, lm.model, ids, display),
+                  embeddings=embeddings, **_model_gathers(lm.model, run.seen, embeddings, display, layer),
                   attention=_attention(call, path, layer, head % Hq, heads, query, top_k, display),
                   prediction=prediction, dense_run=dense_run, tensors=tensors,
                   explore=explore_run(tensors, [p for p, _ in run.calls]) if ids.shape[1] <= MAX_TOKENS else None,
                   prefill=_prefill(lm, ids, prefill, say))
+
+
+def _model_gathers(model, seen, embeddings: list, display: list[str], layer: int) -> dict:
+    """The Story's rope_record, embed_scale and moe from the run's hooks (report/model_gathers.py)."""
+    from gatherlens.report.model_gathers import moe_routing, rope_record, scale_record
+
+    word = next((e for e in embeddings if e.kind == "word"), None)
+    return {"rope_record": rope_record(model, seen, display), "embed_scale": scale_record(model, seen, word, display),
+            "moe": moe_routing(seen, layer, display)}
 
 
 def _prefill(lm, ids, config, say):
@@ -245,12 +258,14 @@ class _Run:
     out: object            # its model output
     dense_out: object      # the dense forward's output (causal LMs only), else None
     seconds: float         # time of the traced forward
+    seen: object = None    # report.model_gathers.Seen: the rotary call, the routers, the embedding's output
 
 
 def _run(lm, enc, top_k: int, say) -> _Run:
     """One forward with top-k attention under trace(); a second, dense one for the prediction."""
     from gatherlens.models import observe_attention, use_dense_attention, use_topk_attention
     from gatherlens.models.attention.topk import attention_restored
+    from gatherlens.report.model_gathers import observe_model_gathers
     from gatherlens.trace.tracer import trace
 
     model = lm.model
@@ -269,7 +284,7 @@ def _run(lm, enc, top_k: int, say) -> _Run:
     t0 = time.perf_counter()
     with attention_restored(model):  # the model's attention afterwards is the one it had
         use_topk_attention(model, top_k=top_k)
-        with torch.no_grad(), observe_attention(keep), trace() as t:
+        with torch.no_grad(), observe_attention(keep), trace() as t, observe_model_gathers(model) as seen:
             out = model(**inputs)
         seconds = time.perf_counter() - t0
         dense_out = None
@@ -280,7 +295,7 @@ def _run(lm, enc, top_k: int, say) -> _Run:
             use_dense_attention(model)     # what top-k replaced
             with torch.no_grad():
                 dense_out = model(**inputs)
-    return _Run(calls=calls, trace=t, out=out, dense_out=dense_out, seconds=seconds)
+    return _Run(calls=calls, trace=t, out=out, dense_out=dense_out, seconds=seconds, seen=seen)
 
 
 def _chosen_call(calls: list, layer: int, model):

@@ -1,7 +1,7 @@
 """The sections of the `explain` report, one function each: words, figures and a table per step.
 
     >>> [s.id for s in sections(story, lang="en")]
-    ['tokens', 'embedding', 'gallery', 'heads', 'scores', 'values', 'prediction', 'gathers']
+    ['map', 'tokens', 'embedding', 'gallery', 'heads', 'scores', 'values', 'prediction', 'gathers']
 
 Figures of gathers come from selection records through `gatherlens.render` (the record's SVG,
 and on the page its hover fragment: point at an output cell to see where it came from); the
@@ -24,12 +24,15 @@ from gatherlens.render.gallery import gallery_svg
 from gatherlens.render.html import svg_fragment
 from gatherlens.render.keep_compare import keep_comparison_svg
 from gatherlens.render.layout import Limits
+from gatherlens.render.model_gathers import moe_svg, scale_svg
+from gatherlens.render.model_map import model_map_svg
 from gatherlens.render.prefill_map import prefill_map_svg
 from gatherlens.render.report_figures import heads_svg, scores_svg
 from gatherlens.render.theme import human_bytes
 from gatherlens.report.heads import RULES, head_gallery
 from gatherlens.report.records import drawn_query, score_grid
 from gatherlens.report.keep_compare import keep_comparison
+from gatherlens.report.model_map import model_map
 from gatherlens.ops.sparse.config import TOY
 
 __all__ = ["Figure", "Section", "sections"]
@@ -81,11 +84,20 @@ def _drawn_figure(name: str, title: str, picture: Callable[[], str], draw: str) 
     return Figure(name, title, picture, inline=Markup(""), draw=draw)
 
 
-def sections(story, lang: str = "en") -> list[Section]:
-    """Every section of the report of `story` (a gatherlens.report.collect.Story), in order."""
-    return [_tokens(story, lang), *_embeddings(story, lang), _gallery(story, lang),
-            _heads(story, lang), _scores(story, lang), _values(story, lang), *_prefill(story, lang),
-            _prediction(story, lang), _gathers(story, lang)]
+def sections(story, lang: str = "en", live: bool = False) -> list[Section]:
+    """Every section of the report of `story` (a gatherlens.report.collect.Story), in order; live: the
+    served page's (its map sends sparse pages to Generate)."""
+    return [_map(story, lang, live), _tokens(story, lang), *_embeddings(story, lang), *_scale(story, lang),
+            *_rope(story, lang), _gallery(story, lang), _heads(story, lang), _scores(story, lang),
+            _values(story, lang), *_prefill(story, lang), *_moe(story, lang), _prediction(story, lang),
+            _gathers(story, lang)]
+
+
+# 0. the model at a glance: every gather on its stage, the model's own apart from gatherlens' change
+def _map(story, lang: str, live: bool) -> Section:
+    svg = model_map_svg(model_map(story, live=live), lang)
+    fig = Figure("00-model-map", text("map_section", lang), svg, inline=Markup(svg))
+    return Section("map", text("map_section", lang), [text("map_body", lang, model=story.model_name)], figures=[fig])
 
 
 # 1. text -> tokens -> ids
@@ -147,6 +159,44 @@ def _other_lookups(story, others: list, lang: str) -> Section:
                                    Limits(rows=10, cols=6, slices=3)))
     return Section("lookups", text("emb_extra_title", lang),
                    [text("emb_extra_body", lang, model=story.model_name)], figures=figs)
+
+
+# gathers the model runs itself (report/model_gathers.py): Gemma's scaled rows, RoPE's rows, MoE routing
+def _drawn_section(sid: str, name: str, title: str, svg: str, body: str) -> list[Section]:
+    """[one section of one figure whose cells light up on hover or tap (the fragment script)]."""
+    fig = Figure(name, title, svg, inline=Markup(svg_fragment(svg)))
+    return [Section(sid, title, [body], figures=[fig])]
+
+
+def _scale(story, lang: str) -> list[Section]:
+    rec = getattr(story, "embed_scale", None)
+    if rec is None:
+        return []
+    return _drawn_section("embedding-scale", "02-embedding-scale", text("scale_section", lang), scale_svg(rec, lang),
+                          text("scale_body", lang, model=story.model_name, scale=rec.scale))
+
+
+def _rope(story, lang: str) -> list[Section]:
+    rec = getattr(story, "rope_record", None)
+    if rec is None:
+        return []
+    fig = _record_figure("02-rope", text("rope_section", lang), rec, lang, Limits(rows=12, cols=8, slices=1))
+    kind = rec.meta.get("layer_type", "")
+    kind = text("rope_kind", lang, kind=text(f"layer_{LAYER_TYPE_KIND.get(kind, 'full')}", lang)) if kind else ""
+    body = text("rope_body", lang, model=story.model_name, last=rec.source.shape[0] - 1, D=rec.source.shape[1],
+                kind=kind, verdict=text("rope_equal" if rec.meta.get("equal") else "rope_differs", lang))
+    return [Section("rope", text("rope_section", lang), [body], figures=[fig])]
+
+
+def _moe(story, lang: str) -> list[Section]:
+    r = getattr(story, "moe", None)
+    if r is None:
+        return []
+    body = text("moe_body", lang, model=story.model_name, layers=r.layers, E=r.experts, k=r.top_k, layer=r.layer)
+    return _drawn_section("moe", "07-moe-routing", text("moe_section", lang), moe_svg(r, lang), body)
+
+
+LAYER_TYPE_KIND = {"sliding_attention": "sliding", "chunked_attention": "chunked", "full_attention": "full"}
 
 
 # every layer and head at a glance: the head gallery (its rules: report/heads.py)

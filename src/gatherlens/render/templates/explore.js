@@ -778,7 +778,7 @@
       s.textContent = old.textContent;
       old.replaceWith(s);
     });
-    load(document); bind(); update();
+    load(document); bind(); bindMap(); update();
     var again = active && controls() && controls().elements[active];
     if (again && again.focus) { again.focus(); }
   }
@@ -979,10 +979,35 @@
     lines.forEach(function (t) { var p = document.createElement("p"); p.textContent = t; el.appendChild(p); });
   }
 
+  // -- the model map (render/model_map.py): the tag of the section in view is marked ----------------------
+  function markMap(id) {
+    document.querySelectorAll(".gl-map-gather").forEach(function (g) {
+      var on = g.getAttribute("data-target") === id || (id === "values" && g.getAttribute("data-target") === "fig-06-compare");
+      g.classList.toggle("gl-here", on);
+    });
+  }
+  // the section in view: the last one whose top passed a third of the screen (the last one at the page's end)
+  function hereNow() {
+    var all = Array.from(document.querySelectorAll("main section[id]")), here = null;
+    var end = window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 2;
+    all.forEach(function (s) { if (s.getBoundingClientRect().top <= window.innerHeight / 3) { here = s.id; } });
+    if (end && all.length) { here = all[all.length - 1].id; }
+    if (here) { markMap(here); document.body.setAttribute("data-here", here); }
+  }
+  var mapBound = false, mapFrame = 0;
+  function bindMap() {
+    if (mapBound || !document.querySelector(".gl-map-gather")) { hereNow(); return; }
+    mapBound = true;
+    window.addEventListener("scroll", function () {
+      if (!mapFrame) { mapFrame = requestAnimationFrame(function () { mapFrame = 0; hereNow(); }); }
+    }, {passive: true});
+    hereNow();
+  }
+
   // -- start -----------------------------------------------------------------------------------------
   function start() {
     if (!document.getElementById("gl-data")) { return; }
-    load(document); bind(); bindLive(); syncControls(); update();
+    load(document); bind(); bindLive(); bindMap(); syncControls(); update();
   }
   if (document.readyState === "loading") { document.addEventListener("DOMContentLoaded", start); } else { start(); }
 })();
