@@ -41,11 +41,18 @@ HYBRID_WINDOW = 8    # the sliding window of make_tiny_hybrid's local layers
 HYBRID_TYPES = ("sliding_attention", "full_attention", "sliding_attention")
 
 
+# a plain chat template (roles and contents, one a line); its turn ends at [SEP], the tokenizer's EOS
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
 def make_tiny_hybrid(folder: Path, window: int = HYBRID_WINDOW) -> Path:
     """A tiny random Gemma 3 (sliding, global, sliding layers with a `window`-token window; one KV
-    head; the embedding scaled by sqrt(d)) with MiniLM's tokenizer, written into `folder`."""
+    head; the embedding scaled by sqrt(d)) with MiniLM's tokenizer and a plain chat template (CHAT_TEMPLATE),
+    written into `folder`."""
     transformers = pytest.importorskip("transformers")
     tok = _minilm_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
     torch.manual_seed(0)
     cfg = transformers.Gemma3TextConfig(
         vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=len(HYBRID_TYPES),

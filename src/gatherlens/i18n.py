@@ -868,6 +868,62 @@ STRINGS: dict[str, dict[str, str]] = {
     "rope_differs": {"en": "they differ from the ones the model computed.", "zh": "它们与模型自己算出的不同。"},
     "rope_kind": {"en": "; the frequencies of its {kind} layers", "zh": "；用的是{kind}层的频率"},
     "note_rope": {"en": "one row per position", "zh": "每个位置一行"},
+    "smp_title": {"en": "sampling · V = {V} logits → ÷ T = {t} → cuts → {n} candidates → the draw",
+                  "zh": "采样 · V = {V} 个 logits → ÷ T = {t} → 截断 → {n} 个候选 → 抽取"},
+    "smp_logit": {"en": "logit", "zh": "logit"},
+    "smp_pt": {"en": "p at T={t}", "zh": "T={t} 时的 p"},
+    "smp_cut": {"en": "{stage}: {n}", "zh": "{stage}：{n}"},
+    "smp_p": {"en": "renorm. ({n})", "zh": "重新归一（{n}）"},
+    "smp_cum": {"en": "cumulative", "zh": "累计"},
+    "smp_kept": {"en": "{stage} keeps it", "zh": "{stage} 保留它"},
+    "smp_dropped": {"en": "{stage} cuts it", "zh": "{stage} 把它截掉"},
+    "smp_draw": {"en": "the draw: u = {u}; the first candidate whose cumulative probability passes u is {id} {tok}",
+                 "zh": "抽取：u = {u}；累计概率第一个超过 u 的候选是 {id} {tok}"},
+    "smp_greedy": {"en": "temperature 0 (greedy): the highest logit, {id} {tok}, with no draw",
+                   "zh": "温度 0（贪心）：取最高的 logit，{id} {tok}，不抽取"},
+    "smp_next": {"en": "its id gathers the next step's input: W[{id}], a row of the embedding table",
+                 "zh": "它的 id gather 出下一步的输入：W[{id}]，嵌入表的一行"},
+    "smp_section": {"en": "Sampling: the last gather", "zh": "采样：最后一次 gather"},
+    "smp_body": {"en": "Choosing the next token is a gather over the vocabulary. The logits of the last position are "
+                       "divided by the temperature; top-k keeps the k highest, top-p the fewest best whose probability "
+                       "reaches p, min-p those at least min-p times as likely as the best; the kept logits are "
+                       "gathered (logits.index_select(0, kept)), renormalized, and one is drawn with a seeded "
+                       "uniform number. The chosen id then gathers the next row of the embedding table. This is "
+                       "the sampler generate and chat run (llama.cpp's chain), drawn from its own record.",
+                 "zh": "选下一个 token 是在词表上做一次 gather。最后一个位置的 logits 先除以温度；top-k 保留最高的 k 个，"
+                       "top-p 保留概率累计达到 p 的最少几个，min-p 保留概率不低于最高者 min-p 倍的那些；被保留的 logits 被 gather 出来"
+                       "（logits.index_select(0, kept)），重新归一，再用一个带种子的均匀随机数抽出一个。选中的 id 接着 gather 出"
+                       "嵌入表的下一行。这就是 generate 和 chat 用的采样器（llama.cpp 的链），图直接来自它自己的记录。"},
+    "smp_offline": {"en": "This page shows one draw with llama-server's defaults (temperature 0.8, top-k 40, top-p 0.95, "
+                          "min-p 0.05, seed 0); in gatherlens serve the sliders redraw it.",
+                    "zh": "本页显示用 llama-server 默认设置的一次抽取（温度 0.8，top-k 40，top-p 0.95，min-p 0.05，种子 0）；"
+                          "在 gatherlens serve 中可以用滑块重画。"},
+    "smp_temperature": {"en": "temperature", "zh": "温度"},
+    "smp_seed": {"en": "seed", "zh": "种子"},
+    "chat_title": {"en": "Chat: every token drawn, every page read", "zh": "聊天：每个 token 怎么抽出、读了哪些页"},
+    "chat_body": {"en": "Your messages go through the model's own chat template; the reply is sampled with the settings "
+                        "of the sampling section above and decoded with sparse pages. Click a token of the reply to "
+                        "see the candidates it was drawn from and the pages it read (the layer chosen above).",
+                  "zh": "你的消息经过模型自己的聊天模板；回复用上面“采样”一节的设置抽取，并用稀疏页解码。点回复中的一个 token，"
+                        "就能看到它是从哪些候选中抽出的，以及它读了哪些页（按上面选的层）。"},
+    "chat_send": {"en": "Send", "zh": "发送"},
+    "chat_reset": {"en": "New chat", "zh": "新对话"},
+    "chat_placeholder": {"en": "Say something…", "zh": "说点什么…"},
+    "chat_none": {"en": "This model has no chat template, so the page offers no chat: Generate above continues text.",
+                  "zh": "这个模型没有聊天模板，所以本页不提供聊天：上面的“生成”可以续写文本。"},
+    "chat_tok": {"en": "token {i} {tok}: drawn from {kept} candidates{u}", "zh": "第 {i} 个 token {tok}：从 {kept} 个候选中抽出{u}"},
+    "chat_u": {"en": " (u = {u})", "zh": "（u = {u}）"},
+    "chat_greedy": {"en": " (greedy: no draw)", "zh": "（贪心：不抽取）"},
+    "chat_pages": {"en": "layer {layer}, KV head {kvh}: pages {pages} of {total} (pages of {P} tokens)",
+                   "zh": "第 {layer} 层，键/值头 {kvh}：读了第 {pages} 页，共 {total} 页（每页 {P} 个 token）"},
+    "chat_prefill": {"en": "the reply's first token comes from the prompt's step: the dense prefill reads every token",
+                     "zh": "回复的第一个 token 来自提示那一步：稠密预填充读取每一个 token"},
+    "chat_ring": {"en": "layer {layer} ({kind}): no page choice, its ring is read whole",
+                  "zh": "第 {layer} 层（{kind}）：不选页，整个环都被读取"},
+    "chat_dense": {"en": "layer {layer}: read every page (dense)", "zh": "第 {layer} 层：读取每一页（稠密）"},
+    "chat_kept": {"en": "kept", "zh": "保留"},
+    "chat_cut": {"en": "cut", "zh": "截掉"},
+    "chat_chosen": {"en": "chosen", "zh": "选中"},
     "ex_step_status": {"en": "step {step}: {tok}", "zh": "第 {step} 步：{tok}"},
     "kc_ring_label": {"en": "ring: {n} keys", "zh": "环：{n} 个键"},
     "kc_ring_line": {"en": "{kind} layer, window {window}: sparse decoding chooses no pages here; its ring holds "

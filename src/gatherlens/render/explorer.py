@@ -47,7 +47,9 @@ JS_STRINGS += ("ex_window", "st_detail", "st_dense", "st_same", "st_diff", "st_d
                "st_prefill")                         # a long text's window; a clicked generation step
 JS_STRINGS += ("layer_full", "layer_sliding", "layer_chunked", "layer_window", "scores_window_legend",
                "scores_axes", "panel_source", "panel_index", "panel_output", "ex_step_status",
-               "ex_steps_ring", "st_ring", "ex_k_all")   # issue 39: each layer's kind; no English
+               "ex_steps_ring", "st_ring", "ex_k_all")
+JS_STRINGS += ("chat_tok", "chat_u", "chat_greedy", "chat_pages", "chat_prefill", "chat_ring", "chat_dense", "chat_kept",
+               "chat_cut", "chat_chosen", "col_token", "col_id", "col_logit", "col_prob")   # the live page's chat   # issue 39: each layer's kind; no English
 JS_STRINGS += ("ex_prefill_title", "ex_prefill_info", "ex_prefill_kept", "ex_prefill_skipped", "ex_prefill_outside",
                "ex_prefill_dense", "prefill_map_axes")   # a sparse prefill's block map (report/prefill.py)
 

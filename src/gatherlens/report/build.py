@@ -103,7 +103,9 @@ def _words(lang: str) -> dict:
     """The page's own labels (controls, live panel) from the string table."""
     keys = ("ex_controls", "ex_layer", "ex_head", "ex_query", "ex_k", "live_title", "live_text",
             "live_model", "live_topk", "live_generate", "live_tokens", "live_stop",
-            "live_steps_title", "live_steps_body", "ex_no_steps", "st_click", "live_prefill", "live_lang")
+            "live_steps_title", "live_steps_body", "ex_no_steps", "st_click", "live_prefill", "live_lang",
+            "smp_temperature", "smp_seed", "chat_title", "chat_body", "chat_send", "chat_placeholder", "chat_reset",
+            "chat_none")
     return {k: text(k, lang) for k in keys}
 
 

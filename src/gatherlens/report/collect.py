@@ -17,6 +17,7 @@ prediction top-k attention is compared against. Nothing here draws or writes fil
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 import time
@@ -116,6 +117,7 @@ class Story:
     rope_record: object = None            # GatherRecord: RoPE's cos rows gathered by position_ids, or None
     embed_scale: object = None            # ScaleRecord: Gemma's W[ids] x sqrt(d), or None
     moe: object = None                    # MoeRouting: one MoE layer's routing, or None for a dense model
+    tokenizer: object = None              # the model's tokenizer (the sampling picture names its candidates)
 
     @property
     def shown_tokens(self) -> list[str]:
@@ -195,7 +197,8 @@ def collect(lm, text: str, *, top_k: int | None = 4, layer: int | None = None, h
     prediction = None
     if run.dense_out is not None:
         prediction = _prediction(run.out.logits, run.dense_out.logits, lm, display)
-    tensors = run_tensors(run.calls, top_k, dense_run)
+    tensors = dataclasses.replace(run_tensors(run.calls, top_k, dense_run), ids=tuple(ids[0].tolist()),
+                                  logits=_last_logits(run.out) if lm.is_causal else None)
     embeddings = _embeddings(run.trace, lm.model, ids, display)
     return _story(lm, text, ids, tokens, n_layers or len(run.calls), run, heads, top_k,
                   embeddings=embeddings, **_model_gathers(lm.model, run.seen, embeddings, display, layer),
@@ -203,6 +206,12 @@ def collect(lm, text: str, *, top_k: int | None = 4, layer: int | None = None, h
                   prediction=prediction, dense_run=dense_run, tensors=tensors,
                   explore=explore_run(tensors, [p for p, _ in run.calls]) if ids.shape[1] <= MAX_TOKENS else None,
                   prefill=_prefill(lm, ids, prefill, say))
+
+
+def _last_logits(out):
+    """(V,) float32: the last position's logits of a causal LM's output (None for an encoder)."""
+    logits = getattr(out, "logits", None)
+    return None if logits is None or logits.dim() != 3 else logits[0, -1].detach().float().cpu()
 
 
 def _model_gathers(model, seen, embeddings: list, display: list[str], layer: int) -> dict:
@@ -323,7 +332,7 @@ def _story(lm, text: str, ids, tokens: list[str], layers: int, run: _Run, heads:
         gathers=rows, events=len(run.trace.events), bytes_read=sum(r["bytes_read"] for r in rows),
         top_k=top_k, tied=_tied(model), rope=any("rope" in str(k) for k in cfg.to_dict()),
         seconds={"load": float(getattr(lm, "seconds", 0.0)), "forward": run.seconds},
-        quantized=bool(getattr(lm, "info", {}).get("quantized")), **steps,
+        quantized=bool(getattr(lm, "info", {}).get("quantized")), tokenizer=lm.tokenizer, **steps,
     )
 
 

@@ -46,6 +46,8 @@ class RunTensors:
     run_k: int
     causal: bool
     dense_run: bool = False
+    logits: torch.Tensor | None = None   # (V,) float32: the last position's logits (what the sampler draws from)
+    ids: tuple[int, ...] = ()            # the text's token ids (the sampler's penalty history)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -56,8 +58,8 @@ class RunTensors:
     @property
     def nbytes(self) -> int:
         """Bytes held (what a server's cache of runs counts)."""
-        return sum(t.numel() * t.element_size() for t in (self.query, self.key, self.value, self.picks,
-                                                          self.masks))
+        held = (self.query, self.key, self.value, self.picks, self.masks) + ((self.logits,) if self.logits is not None else ())
+        return sum(t.numel() * t.element_size() for t in held)
 
     def allowed(self, layer: int) -> torch.Tensor:
         """(Q, L) bool: the keys each query of `layer` may attend to (that layer's own mask)."""

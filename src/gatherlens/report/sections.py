@@ -26,6 +26,7 @@ from gatherlens.render.keep_compare import keep_comparison_svg
 from gatherlens.render.layout import Limits
 from gatherlens.render.model_gathers import moe_svg, scale_svg
 from gatherlens.render.model_map import model_map_svg
+from gatherlens.render.sampling import sampling_svg
 from gatherlens.render.prefill_map import prefill_map_svg
 from gatherlens.render.report_figures import heads_svg, scores_svg
 from gatherlens.render.theme import human_bytes
@@ -33,6 +34,7 @@ from gatherlens.report.heads import RULES, head_gallery
 from gatherlens.report.records import drawn_query, score_grid
 from gatherlens.report.keep_compare import keep_comparison
 from gatherlens.report.model_map import model_map
+from gatherlens.report.sampling import OFFLINE, sample_view, shown_ids
 from gatherlens.ops.sparse.config import TOY
 
 __all__ = ["Figure", "Section", "sections"]
@@ -90,7 +92,7 @@ def sections(story, lang: str = "en", live: bool = False) -> list[Section]:
     return [_map(story, lang, live), _tokens(story, lang), *_embeddings(story, lang), *_scale(story, lang),
             *_rope(story, lang), _gallery(story, lang), _heads(story, lang), _scores(story, lang),
             _values(story, lang), *_prefill(story, lang), *_moe(story, lang), _prediction(story, lang),
-            _gathers(story, lang)]
+            *_sampling(story, lang, live), _gathers(story, lang)]
 
 
 # 0. the model at a glance: every gather on its stage, the model's own apart from gatherlens' change
@@ -323,6 +325,18 @@ def _prediction(story, lang: str) -> Section:
     head = [text("col_rank", lang), text("col_of", lang, run=topk, col=token), logit, prob,
             text("col_of", lang, run=dense, col=token), logit, prob]
     return Section("prediction", title, [body], figures=[fig], table=dict(head=head, rows=rows))
+
+
+# 6b. sampling: the sampler's cut and draw over the last logits row (report/sampling.py, render/sampling.py)
+def _sampling(story, lang: str, live: bool) -> list[Section]:
+    run = story.tensors
+    if run is None or run.logits is None or story.tokenizer is None:
+        return []
+    rec, words = sample_view(run, OFFLINE, story.tokenizer)
+    svg = sampling_svg(rec, words, lang, shown_ids(rec))
+    fig = Figure("08-sampling", text("smp_section", lang), svg, inline=Markup(svg))
+    body = [text("smp_body", lang)] + ([] if live else [text("smp_offline", lang)])
+    return [Section("sampling", text("smp_section", lang), body, figures=[fig])]
 
 
 # 7. every gather of the forward pass

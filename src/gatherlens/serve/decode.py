@@ -29,7 +29,7 @@ from gatherlens.models.runtime.decoding import observe_sparse
 from gatherlens.report.collect import shown_token, token_texts
 from gatherlens.serve.step_detail import StepMass, dense_choices
 
-__all__ = ["decode_steps", "layer_kinds_data"]
+__all__ = ["decode_steps", "chat_steps", "layer_kinds_data"]
 
 
 def _prompt(lm, text: str, max_tokens: int) -> torch.Tensor:
@@ -110,3 +110,45 @@ def _event(lm, text: str, ids, start: GenerationStart, event: GenerationStep, ma
     if mass is not None:
         data["mass"] = mass.take(start.layers)
     return "step", data
+
+
+def chat_steps(lm, messages, sampling, max_new: int, budget: int, page_size: int,
+               max_tokens: int = 4096) -> Iterator[tuple[str, dict]]:
+    """The live page's chat: ("start", {...}), ("step", {...}) per new token, ("done", {...}).
+
+    The conversation (a list of {"role", "content"}) becomes the prompt through the model's own chat template
+    (models/runtime/chat.py; a clear error when it has none), and the reply stops at the template's
+    end-of-turn token. Each token is sampled with `sampling` (ops/sampling's SamplingConfig) through the one
+    generation loop; its step carries what generate's does (the pages each layer read) and `candidates`:
+    the best five by logit from the sampler's own record (report/sampling.candidates: kept or cut, the
+    renormalized p, the chosen one), with `kept` (how many candidates the cuts left) and `uniform` (the draw).
+    """
+    from gatherlens.models.runtime.chat import chat_prompt, chat_template_of, check_messages
+    from gatherlens.report.sampling import candidates, shown_ids
+
+    template = chat_template_of(lm)
+    ids = chat_prompt(lm, check_messages(messages), template)                 # (1, S)
+    if ids.shape[1] > max_tokens:
+        raise GatherValueError(f"the conversation has {ids.shape[1]} tokens; the limit is {max_tokens} (reset it)")
+    config, records = TOY.replace(budget=budget, page_size=page_size), []
+    events = generation_steps(lm, ids, config.budget, max_new, pages=True, config=config, sampling=sampling,
+                              stop=template.stop_ids, on_sample=records.append)
+    start = None
+    try:
+        for event in events:
+            if isinstance(event, GenerationStart):
+                start = event
+            elif isinstance(event, GenerationEnd):
+                yield "done", {"text": event.text, "reason": event.reason, "tokens": len(event.new_ids)}
+            else:
+                rec = records.pop()                # this token's choice; the list holds one at most
+                records.clear()
+                words = {i: shown_token(lm.tokenizer.decode([i])) for i in shown_ids(rec, 5)}
+                data = _step_data(event, start.page_size)
+                data.update(candidates=candidates(rec, words), kept=int(rec.kept.numel()),
+                            uniform=rec.uniform, prompt_tokens=start.prompt_tokens)
+                if event.index == 0:
+                    data.update(kinds=layer_kinds_data(lm.model), budget=start.budget, page_size=start.page_size)
+                yield ("start" if event.index == 0 else "step"), data
+    finally:
+        events.close()  # back to dense decoding

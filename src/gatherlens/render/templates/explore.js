@@ -711,7 +711,7 @@
   }
   function bind() {
     var f = controls();
-    bindGallery();
+    bindGallery(); bindSampling();
     if (!f) { return; }
     f.addEventListener("submit", function (ev) { ev.preventDefault(); });
     f.addEventListener("input", onControl);
@@ -845,6 +845,8 @@
     if (t) { t.textContent = ""; }
     status("gl-gen-status", S.ex_no_steps);
     showStep();
+    if (chatSource) { chatSource.close(); chatSource = null; }
+    chatLog = []; chatPick = null; drawChat(); showChatStep();
   }
   function generate() {
     stop();
@@ -979,6 +981,128 @@
     lines.forEach(function (t) { var p = document.createElement("p"); p.textContent = t; el.appendChild(p); });
   }
 
+  // -- live: the sampling sliders (GET /api/sample redraws render/sampling.py's figure) -------------------
+  var sampling = null, sseq = 0;
+  function samplingParams(p) {
+    var f = document.getElementById("gl-sampling");
+    if (!f) { return p; }
+    ["temperature", "top_k", "top_p", "min_p", "seed"].forEach(function (n) { p.set(n, f.elements[n].value); });
+    return p;
+  }
+  function bindSampling() {
+    var f = document.getElementById("gl-sampling");
+    if (!f || !D.live) { return; }
+    f.addEventListener("submit", function (ev) { ev.preventDefault(); });
+    f.addEventListener("input", function () {
+      ["temperature", "top_k", "top_p", "min_p"].forEach(function (n) { f.elements[n + "_out"].value = f.elements[n].value; });
+      if (sampling) { clearTimeout(sampling); }
+      sampling = setTimeout(function () { sampling = null; fetchSample(); }, 150);
+    });
+  }
+  function fetchSample() {
+    var mine = ++sseq, p = samplingParams(params({}));
+    p.set("text", D.text); p.set("model", D.live.model); p.set("topk", D.live.topk ? "1" : "0");
+    p.set("k", String(D.explore.run_k));                                    // the kept run: its k
+    getJSON("/api/sample", p, function () { return mine === sseq; }, function (body) {
+      var fig = document.getElementById("fig-08-sampling"), old = fig && fig.querySelector("svg");
+      if (!old) { return; }
+      var doc = new DOMParser().parseFromString(body.svg, "image/svg+xml");
+      old.replaceWith(document.importNode(doc.documentElement, true));
+      fig.setAttribute("data-token", String(body.token));
+    });
+  }
+
+  // -- live: the chat (GET /api/chat: each token with its candidates and the pages it read) ---------------
+  var chatLog = [], chatSource = null, chatPick = null;
+  function chatStatus(s, bad) { status("gl-chat-status", s, bad); }
+  function bindChat() {
+    var f = document.getElementById("gl-chat");
+    if (!f) { return; }
+    f.addEventListener("submit", function (ev) { ev.preventDefault(); sendChat(); });
+    f.elements.reset.addEventListener("click", function () {
+      if (chatSource) { chatSource.close(); chatSource = null; }
+      chatLog = []; chatPick = null; drawChat(); showChatStep(); chatStatus("");
+    });
+  }
+  function sendChat() {
+    var f = document.getElementById("gl-chat"), text = f.elements.message.value.trim();
+    if (!text || chatSource) { return; }
+    chatLog.push({role: "user", content: text, steps: []});
+    var reply = {role: "assistant", content: "", steps: []}, p = samplingParams(new URLSearchParams());
+    p.set("messages", JSON.stringify(chatLog.map(function (m) { return {role: m.role, content: m.content}; })));
+    chatLog.push(reply);
+    f.elements.message.value = ""; drawChat(); chatStatus(S.ex_busy);
+    p.set("model", live().elements.model.value); p.set("lang", D.lang);
+    p.set("max_new", document.getElementById("gl-gen").elements.max_new.value);
+    chatSource = new EventSource("/api/chat?" + p.toString());
+    function token(ev) { var s = JSON.parse(ev.data); reply.content += s.token; reply.steps.push(s); drawChat(); }
+    chatSource.addEventListener("start", token);
+    chatSource.addEventListener("step", token);
+    chatSource.addEventListener("done", function () { chatSource.close(); chatSource = null; chatStatus(""); });
+    chatSource.addEventListener("failure", function (ev) {
+      chatSource.close(); chatSource = null; chatStatus(fill(S.ex_error, {message: JSON.parse(ev.data).error}), true);
+    });
+    chatSource.onerror = function () { if (chatSource) { chatSource.close(); chatSource = null; chatStatus(S.ex_stopped); } };
+  }
+  function drawChat() {
+    var box = document.getElementById("gl-chat-log");
+    if (!box) { return; }
+    box.replaceChildren();
+    chatLog.forEach(function (m, n) {
+      var div = document.createElement("div");
+      div.className = "gl-chat-msg " + m.role;
+      if (m.role === "user") { div.textContent = m.content; }
+      m.steps.forEach(function (s, i) {
+        var span = document.createElement("span");
+        span.className = "gl-chat-tok" + (chatPick && chatPick[0] === n && chatPick[1] === i ? " gl-on" : "");
+        span.textContent = s.token; span.setAttribute("data-i", String(i)); span.tabIndex = 0;
+        span.addEventListener("click", function () { chatPick = [n, i]; drawChat(); showChatStep(); });
+        div.appendChild(span);
+      });
+      box.appendChild(div);
+    });
+  }
+  // the clicked token: its candidates (the sampler's record) and the pages the chosen layer read
+  function showChatStep() {
+    var el = document.getElementById("gl-chat-detail");
+    if (!el) { return; }
+    el.replaceChildren();
+    if (!chatPick) { return; }
+    var s = chatLog[chatPick[0]].steps[chatPick[1]], p = document.createElement("p");
+    p.textContent = fill(S.chat_tok, {i: chatPick[1], tok: JSON.stringify(s.token), kept: s.kept,
+                                      u: s.uniform === null ? S.chat_greedy : fill(S.chat_u, {u: s.uniform.toFixed(4)})});
+    el.appendChild(p); el.appendChild(candidateTable(s.candidates));
+    var q = document.createElement("p");
+    q.className = "gl-chat-pages"; q.textContent = chatPages(s); el.appendChild(q);
+  }
+  function candidateTable(cands) {
+    var t = document.createElement("table"), head = document.createElement("tr");
+    t.className = "data gl-chat-cands";
+    [S.col_id, S.col_token, S.col_logit, S.col_prob, ""].forEach(function (h) { var th = document.createElement("th"); th.textContent = h; head.appendChild(th); });
+    t.appendChild(head);
+    cands.forEach(function (c) {
+      var tr = document.createElement("tr");
+      [String(c.id), c.text, c.logit.toFixed(2), c.kept ? c.p.toFixed(3) : "–",
+       c.chosen ? S.chat_chosen : (c.kept ? S.chat_kept : S.chat_cut)].forEach(function (v) {
+        var td = document.createElement("td"); td.textContent = v; tr.appendChild(td);
+      });
+      if (c.chosen) { tr.className = "gl-chosen"; }
+      t.appendChild(tr);
+    });
+    return t;
+  }
+  function chatPages(s) {
+    var steps0 = chatLog[chatPick[0]].steps[0], kinds = (steps0 && steps0.kinds) || [];
+    var layer = Math.min(st.layer, Math.max(kinds.length, (s.layers || []).length, 1) - 1), k = kinds[layer];
+    if (s.step === 0) { return S.chat_prefill; }
+    if (k && k.kind !== "full") { return fill(S.chat_ring, {layer: layer, kind: fill(S.layer_window, {kind: S["layer_" + k.kind], window: k.window})}); }
+    var heads = (s.layers || [])[layer] || [];
+    if (!heads.length) { return fill(S.chat_dense, {layer: layer}); }
+    var g = Math.max(1, Math.floor(D.explore.heads / heads.length)), kvh = Math.min(Math.floor(st.head / g), heads.length - 1);
+    return fill(S.chat_pages, {layer: layer, kvh: kvh, pages: heads[kvh].join(", "), total: s.pages_total,
+                               P: steps0.page_size});
+  }
+
   // -- the model map (render/model_map.py): the tag of the section in view is marked ----------------------
   function markMap(id) {
     document.querySelectorAll(".gl-map-gather").forEach(function (g) {
@@ -1007,7 +1131,7 @@
   // -- start -----------------------------------------------------------------------------------------
   function start() {
     if (!document.getElementById("gl-data")) { return; }
-    load(document); bind(); bindLive(); bindMap(); syncControls(); update();
+    load(document); bind(); bindLive(); bindMap(); bindChat(); syncControls(); update();
   }
   if (document.readyState === "loading") { document.addEventListener("DOMContentLoaded", start); } else { start(); }
 })();
