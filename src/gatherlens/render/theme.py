@@ -62,11 +62,18 @@ def palette(n: int) -> list[str]:
     if n <= len(PALETTE):
         return list(PALETTE[:n])
     out: list[str] = []
+    seen: set[str] = set()
     for i in range(n):
-        c, nudge = _hsl_hex((i * GOLDEN) % 1.0, 0.62, LIGHTNESS[i % 3]), 0
-        while c in out:                                        # rounding met an earlier one: nudge the hue
-            nudge += 1
+        c = _hsl_hex((i * GOLDEN) % 1.0, 0.62, LIGHTNESS[i % 3])
+        for nudge in range(1, 8):                              # rounding met an earlier one: nudge the hue
+            if c not in seen:
+                break
             c = _hsl_hex((i * GOLDEN + nudge * 0.37 / n) % 1.0, 0.62, LIGHTNESS[(i + nudge) % 3])
+        j = i
+        while c in seen:                                       # past ~1,000 light hues: a distinct light RGB
+            c = "#" + "".join(f"{128 + (j >> s) % 128:02x}" for s in (0, 7, 14))
+            j += 1                                             # the next code: the codes of 0..2^21 differ
+        seen.add(c)
         out.append(c)
     return out
 

@@ -167,11 +167,15 @@
   }
   function palette(n) {
     if (n <= T.palette.length) { return T.palette.slice(0, n); }
-    var out = [], L = [0.80, 0.70, 0.88], G = 0.6180339887498949;
+    var out = [], seen = {}, L = [0.80, 0.70, 0.88], G = 0.6180339887498949;
     for (var i = 0; i < n; i++) {
-      var c = hslHex((i * G) % 1, 0.62, L[i % 3]), nudge = 0;
-      while (out.indexOf(c) >= 0) { nudge++; c = hslHex((i * G + nudge * 0.37 / n) % 1, 0.62, L[(i + nudge) % 3]); }
-      out.push(c);
+      var c = hslHex((i * G) % 1, 0.62, L[i % 3]), j = i;
+      for (var nudge = 1; nudge < 8 && seen[c]; nudge++) { c = hslHex((i * G + nudge * 0.37 / n) % 1, 0.62, L[(i + nudge) % 3]); }
+      while (seen[c]) {                  // past ~1,000 light hues: a distinct light RGB (theme.palette's rule)
+        c = "#" + [0, 7, 14].map(function (s) { return (128 + Math.floor(j / Math.pow(2, s)) % 128).toString(16); }).join("");
+        j += 1;
+      }
+      seen[c] = 1; out.push(c);
     }
     return out;
   }
