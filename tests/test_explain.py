@@ -130,7 +130,7 @@ def test_report_writes_page_and_one_parseable_svg_per_figure(story, tmp_path):
     names = sorted(p.name for p in paths)
     assert names == sorted(["00-model-map.svg", "01-embedding.svg", "02-rope.svg", "02-heads-gallery.svg", "03-heads.svg",
                             "04-scores.svg", "05-score-gather.svg", "06-value-gather.svg", "06-compare.svg",
-                            "07-next-token.svg", "story.json", "index.html"])
+                            "07-next-token.svg", "08-sampling.svg", "story.json", "index.html"])
     for p in paths:
         if p.suffix == ".svg":
             root = ET.fromstring(p.read_text(encoding="utf-8"))

@@ -48,7 +48,7 @@ def test_smollm2_default_report(smollm2_report):
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(["00-model-map.svg", "01-embedding.svg", "02-rope.svg", "02-heads-gallery.svg", "03-heads.svg",
                             "04-scores.svg", "05-score-gather.svg", "06-value-gather.svg", "06-compare.svg",
-                            "07-next-token.svg", "story.json", "index.html"])
+                            "07-next-token.svg", "08-sampling.svg", "story.json", "index.html"])
     data = json.loads((out / "story.json").read_text(encoding="utf-8"))
     assert data["text"] == DEFAULT_TEXT and data["model_class"] == "LlamaForCausalLM"
     assert data["heads"]["query"] == 9 and data["heads"]["kv"] == 3
