@@ -1110,22 +1110,30 @@
   // -- the model map (render/model_map.py): the tag of the section in view is marked ----------------------
   function markMap(id) {
     document.querySelectorAll(".gl-map-gather").forEach(function (g) {
-      var on = g.getAttribute("data-target") === id || (id === "values" && g.getAttribute("data-target") === "fig-06-compare");
-      g.classList.toggle("gl-here", on);
+      var t = document.getElementById(g.getAttribute("data-target") || ""), sec = t && t.closest("section");
+      g.classList.toggle("gl-here", !!t && (t.id === id || (!!sec && sec.id === id)));
     });
   }
-  // the section in view: the last one whose top passed a third of the screen (the last one at the page's end)
+  // the section in view: the one a clicked tag went to while it is on screen; else the last one whose top
+  // passed a third of the screen (the last one at the page's end)
   function hereNow() {
     var all = Array.from(document.querySelectorAll("main section[id]")), here = null;
-    var end = window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 2;
-    all.forEach(function (s) { if (s.getBoundingClientRect().top <= window.innerHeight / 3) { here = s.id; } });
-    if (end && all.length) { here = all[all.length - 1].id; }
+    var hashed = location.hash && document.getElementById(location.hash.slice(1)), r = hashed && hashed.getBoundingClientRect();
+    if (r && r.bottom > 0 && r.top < window.innerHeight) {
+      here = (hashed.closest("section") || hashed).id;
+    } else {
+      all.forEach(function (s) { if (s.getBoundingClientRect().top <= window.innerHeight / 3) { here = s.id; } });
+      if (window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 2 && all.length) {
+        here = all[all.length - 1].id;
+      }
+    }
     if (here) { markMap(here); document.body.setAttribute("data-here", here); }
   }
   var mapBound = false, mapFrame = 0;
   function bindMap() {
     if (mapBound || !document.querySelector(".gl-map-gather")) { hereNow(); return; }
     mapBound = true;
+    window.addEventListener("hashchange", hereNow);
     window.addEventListener("scroll", function () {
       if (!mapFrame) { mapFrame = requestAnimationFrame(function () { mapFrame = 0; hereNow(); }); }
     }, {passive: true});
