@@ -70,3 +70,23 @@ def test_a_figure_never_repeats_a_colour():
     fills = {c.data_src.split("-")[1]: c.fill for sl in out.slices if sl for c in sl.cells.values()}
     assert len(set(fills.values())) == len(fills) == 12
     assert len(set(palette(500))) == 500 and len(set(figure_colours(range(0, 9000, 7)).values())) == len(range(0, 9000, 7))
+
+
+def test_the_page_script_draws_with_the_same_palette():
+    """explore.js's palette(n) is theme.palette(n), colour for colour (node runs the script's own functions)."""
+    import json
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import pytest
+
+    from gatherlens.render.theme import PALETTE, palette
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    for n in (5, 40, 1500):
+        out = subprocess.run([node, str(Path(__file__).with_name("palette_js.js")), json.dumps(list(PALETTE)), str(n)],
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+        assert json.loads(out) == palette(n)
