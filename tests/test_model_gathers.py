@@ -108,3 +108,21 @@ def test_the_map_places_each_gather_and_marks_gatherlens_changes(stories):
                                                   "#prediction"}
         assert ours in svg and svg.count('class="gl-map-gather gl-off gl-ours"') == 1      # prefill: off here
     assert "× 3 layers: 2 sliding 8, 1 global" in model_map_svg(model_map(stories["gemma3"]), "en")
+
+
+def test_moe_routing_of_a_gguf_run_from_its_blocks(tmp_path):
+    """Any MoE GGUF: a tiny Qwen3-MoE written to GGUF (Q8_0) and run from its blocks routes through
+    models/gguf/moe.py's ExpertRouter, which the same hook records."""
+    pytest.importorskip("gguf")
+    from tiny_gguf import tiny_model, write_gguf
+
+    from gatherlens.models import load
+    from gatherlens.report.model_map import model_map
+
+    path = write_gguf(tiny_model("qwen3moe"), "qwen3moe", "Q8_0", tmp_path / "tiny-Q8_0.gguf")
+    lm = load(str(path), quantized=True)
+    s = collect(lm, "the cat sat on the mat", top_k=2)
+    r = s.moe
+    assert r is not None and r.layers == 2 and r.experts == 4 and r.top_k == 2
+    assert torch.equal(r.index, r.probs.topk(2, dim=-1).indices)
+    assert "moe" in {g.key for g in model_map(s).gathers}
