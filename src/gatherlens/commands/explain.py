@@ -10,7 +10,8 @@ Runs the model once under `gatherlens.trace()` with top-k attention on, prints a
 terminal (gatherlens.render.summary: tokens and ids, the embedding gather, one query's top-k
 keys, the next-token prediction, the table of every gather) and writes a self-contained HTML report with one SVG per
 figure to --out (default ./gatherlens-report). The page is explorable offline: pick any layer, head
-and query and move k (`gatherlens serve` is the same page, live). A folder that already holds files is refused
+and query and move k (`gatherlens serve` is the same page, live); texts up to 2,048 tokens (past 128 the page
+keeps the 16 query rows around --query). A folder that already holds files is refused
 unless --force; --force replaces only the report's own files (index.html, story.json, NN-*.svg,
 prefill-map.svg). --quantized runs a GGUF model from its blocks (float32 stays the default); the report
 then draws the embedding gather from the quantized table. --sparse-prefill also prefills the text
@@ -29,7 +30,7 @@ import click
 from gatherlens.commands.params import Int, load_kwargs, quantized_option, sparse_prefill_option
 from gatherlens.i18n import LANGS
 from gatherlens.ops.prefill.config import TOY
-from gatherlens.report.defaults import DEFAULT_TEXT
+from gatherlens.report.defaults import DEFAULT_TEXT, LIVE_MAX_TOKENS, MAX_CHARS
 
 
 def _command_line(text, model, quantized, top_k, layer, head, query, lang, out, sparse_prefill=False) -> str:
@@ -76,7 +77,11 @@ def _command_line(text, model, quantized, top_k, layer, head, query, lang, out, 
               help="Write into a folder that already holds files (replaces only report files).")
 @sparse_prefill_option("The page gains a map of the key blocks each query block gathered, for any layer and head "
                        "(prefill-map.svg in --out: --layer's and --head's).")
-def explain(text, model, quantized, top_k, layer, head, query, lang, out, force, sparse_prefill=False):
+@click.option("--backends", "show_backends", is_flag=True,
+              help="Also print which implementation of each native operator ran, and why the others did not "
+                   "(for developers).")
+def explain(text, model, quantized, top_k, layer, head, query, lang, out, force, sparse_prefill=False,
+            show_backends=False):
     """Explain every gather a real model runs on TEXT.
 
     TEXT defaults to "The cat sat on the mat because it was". Writes --out/index.html (one
@@ -95,9 +100,7 @@ def explain(text, model, quantized, top_k, layer, head, query, lang, out, force,
     from gatherlens.report.records import explain_summary
 
     err = Console(stderr=True, log_path=False)
-    if not text.strip():
-        raise click.BadParameter("TEXT is empty; give a sentence, or leave it out for the default",
-                                 param_hint="TEXT")
+    _check_text(text)
     try:
         check_out_dir(out, force)  # fail before the model loads, not after
         load_kw = load_kwargs(model, quantized)
@@ -134,12 +137,24 @@ def explain(text, model, quantized, top_k, layer, head, query, lang, out, force,
     if not console.is_terminal:
         console.width = max(console.width, 110)
     print_summary(explain_summary(story), paths, console, lang)
-    for line in _closing_lines(ran, story, time.perf_counter() - t0):
+    for line in _closing_lines(ran if show_backends else "", story, time.perf_counter() - t0):
         err.log(line)
 
 
+def _check_text(text: str) -> None:
+    """An empty TEXT, or one past MAX_CHARS, refused before the model loads (the token limit comes after)."""
+    if not text.strip():
+        raise click.BadParameter("TEXT is empty; give a sentence, or leave it out for the default",
+                                 param_hint="TEXT")
+    if len(text) > MAX_CHARS:
+        raise click.BadParameter(f"TEXT has {len(text):,} characters; the explorer takes up to {MAX_CHARS:,} "
+                                 f"(and {LIVE_MAX_TOKENS:,} tokens): shorten it, or run it with gatherlens generate",
+                                 param_hint="TEXT")
+
+
 def _closing_lines(ran: str, story, seconds: float) -> list[str]:
-    """What the command says after the summary: which backends ran, what --sparse-prefill kept, the time."""
+    """What the command says after the summary: which backends ran (with --backends), what --sparse-prefill
+    kept, the time."""
     lines = [f"backend {line}" for line in ran.splitlines()]
     return lines + ([_prefill_line(story)] if story.prefill is not None else []) + [f"done in {seconds:.1f} s"]
 

@@ -30,6 +30,7 @@ __all__ = [
     "restore_default_cache",
     "replace_forward", "restore_forward", "forward_replaced", "decoder_layers", "class_named", "is_causal_lm",
     "quiet_gguf_progress", "hand_over", "handed_over", "causal_lm_output",
+    "rotary_module", "moe_routers", "embedding_scale",
 ]
 
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # class (architecture) names of causal LMs
@@ -270,3 +271,41 @@ def handed_over(key):
     obj, keys = step
     same = keys is key or (keys.shape == key.shape and keys.data_ptr() == key.data_ptr())
     return obj if same else None
+
+
+# -- gathers a model runs itself (the explorer draws them: report/model_gathers.py) ------------------
+def rotary_module(model):
+    """The module that makes RoPE's (cos, sin) from position_ids, or None (no RoPE).
+
+    relies on: transformers' decoders keeping one `rotary_emb` module, called as
+    `rotary_emb(x, position_ids[, layer_type]) -> (cos, sin)`, each (B, S, D) (Gemma 3 passes its layer type).
+    """
+    return next((m for n, m in unwrap(model).named_modules() if n.rsplit(".", 1)[-1] == "rotary_emb"), None)
+
+
+def moe_routers(model) -> list:
+    """[(layer index, router module)] of a mixture-of-experts model, in layer order ([] for a dense one).
+
+    relies on: transformers' MoE blocks (Mixtral, Qwen2/3-MoE, ...; and models/gguf/moe.py's ExpertRouter)
+    holding their router as child `gate` beside `experts`, called as `gate(x) -> (logits (T, E), weights
+    (T, k), index (T, k))`, inside decoder layer `layers.<i>`.
+    """
+    out = []
+    for name, m in unwrap(model).named_modules():
+        gate = getattr(m, "gate", None)
+        if hasattr(m, "experts") and gate is not None and hasattr(gate, "top_k"):
+            parts = name.split(".")
+            layer = next((int(b) for a, b in zip(parts, parts[1:]) if a == "layers" and b.isdigit()), len(out))
+            out.append((layer, gate))
+    return out
+
+
+def embedding_scale(module) -> float | None:
+    """The factor a model multiplies its gathered embedding rows by (Gemma: sqrt(d)), or None.
+
+    relies on: Gemma's `ScaledWordEmbedding` keeping it as the buffer or float `embed_scale`.
+    """
+    scale = getattr(module, "embed_scale", None)
+    if scale is None:
+        return None
+    return float(scale)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from gatherlens.ops.prefill.config import TOY as PREFILL_TOY, PrefillConfig
 from gatherlens.ops.sparse.config import TOY, SparseConfig
-from gatherlens.report.defaults import DEFAULT_TEXT, LIVE_MAX_TOKENS
+from gatherlens.report.defaults import DEFAULT_TEXT, LIVE_MAX_TOKENS, MAX_CHARS
 
 __all__ = ["ServeSettings", "KNOWN", "LOCAL_HOSTS"]
 
@@ -29,7 +29,7 @@ class ServeSettings:
     lang: str = "en"
     text: str = DEFAULT_TEXT        # the text the page opens with
     top_k: int = 4                  # the k the page opens with
-    max_chars: int = 16000          # longest text accepted, in characters (2,048 tokens of prose fit)
+    max_chars: int = MAX_CHARS      # longest text accepted, in characters (2,048 tokens of prose fit)
     max_tokens: int = LIVE_MAX_TOKENS  # longest text accepted, in tokens (report.defaults: the live page's)
     max_k: int = 4096
     max_new_tokens: int = 64        # most tokens one generation may produce

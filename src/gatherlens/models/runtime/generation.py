@@ -154,12 +154,23 @@ def _start(model, budget: int | None, sparse: dict, cache=None) -> tuple[object,
         settings.page_size
 
 
-def chooser(sampling: SamplingConfig | None, prompt: list[int]) -> Callable[[torch.Tensor], int] | None:
+def chooser(sampling: SamplingConfig | None, prompt: list[int],
+            on_sample: Callable | None = None) -> Callable[[torch.Tensor], int] | None:
     """How the next token is chosen from the logits (V,): None (argmax, greedy) for no config or plain
-    greedy; else a `Sampler` (ops/sampling: penalties, cuts, a seeded draw) that keeps the history."""
-    if sampling is None or (sampling.greedy and not sampling.penalized):
+    greedy; else a `Sampler` (ops/sampling: penalties, cuts, a seeded draw) that keeps the history.
+    on_sample(SampleRecord) sees every choice (the explorer's chat draws the candidates of each token);
+    with it, greedy runs through a Sampler too (the same argmax, recorded)."""
+    if on_sample is None and (sampling is None or (sampling.greedy and not sampling.penalized)):
         return None
-    return Sampler(sampling, prompt=prompt)
+    sampler = Sampler(sampling or SamplingConfig(), prompt=prompt)
+    if on_sample is None:
+        return sampler
+
+    def choose(logits: torch.Tensor) -> int:
+        token, rec = sampler(logits, record=True)
+        on_sample(rec)
+        return token
+    return choose
 
 
 @torch.no_grad()
@@ -218,7 +229,7 @@ def _next(tokens: Iterator[int], picked: list | None, model) -> int:
 @torch.inference_mode()  # its own cache: no autograd or version counters on any op (~7% of a step at 512)
 def generation_steps(lm, ids: torch.Tensor, budget: int | None = DEFAULT.budget, max_new_tokens: int = 64, *,
                      pages: bool = False, sampling: SamplingConfig | None = None, stop: Iterable[int] | None = None,
-                     cache: SparseKVCache | None = None, **sparse
+                     cache: SparseKVCache | None = None, on_sample: Callable | None = None, **sparse
                      ) -> Iterator[GenerationStart | GenerationStep | GenerationEnd]:
     """GenerationStart, a GenerationStep per new token after ids (1, S), GenerationEnd (see the module doc).
 
@@ -228,8 +239,8 @@ def generation_steps(lm, ids: torch.Tensor, budget: int | None = DEFAULT.budget,
     EOS, `stop_ids`; a chat passes its template's `stop_ids`). cache: a SparseKVCache (made with these
     settings) that already holds the first `cache.get_seq_length()` tokens of ids (prefix reuse,
     models/runtime/prefix.py): only the rest is prefilled, and the cache is left holding the prompt
-    and every new token but the last. sparse: more use_sparse_decoding settings (page_size, ...). The loop runs
-    in torch.inference_mode (only while the
+    and every new token but the last. on_sample(SampleRecord): sees each token's choice (chooser). sparse: more
+    use_sparse_decoding settings (page_size, ...). The loop runs in torch.inference_mode (only while the
     generator runs: a consumer's code between two events does not), as the bench's `generate` does.
     """
     require_causal(lm)
@@ -248,7 +259,7 @@ def generation_steps(lm, ids: torch.Tensor, budget: int | None = DEFAULT.budget,
                                    f"token left to run)")
         if isinstance(cache, SparseKVCache):  # room for every token at the prefill: no decode step regrows it
             cache.reserve(S + max_new_tokens)
-        tokens = next_tokens(model, cache, ids[:, kept:], chooser(sampling, ids[0].tolist()))  # the prompt's rest
+        tokens = next_tokens(model, cache, ids[:, kept:], chooser(sampling, ids[0].tolist(), on_sample))  # the rest
         yield GenerationStart(S, budget, page_size, model.config.num_hidden_layers, kept)
         while len(new) < max_new_tokens and not (new and new[-1] in stop):
             t0, picked = time.perf_counter(), ([] if pages and new else None)  # the prefill reads every page
