@@ -186,3 +186,36 @@ def smollm2_path() -> Path:
         return resolve("smollm2").path
     except GatherValueError as e:   # the model package is not installed
         pytest.skip(str(e))
+
+
+# -- a real full disk and a real file-size limit, in a child process ----------------------------
+def small_disk_available() -> bool:
+    """Whether this machine lets a process mount a tmpfs of its own (a private mount namespace)."""
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                           capture_output=True, timeout=60)
+    return probe.returncode == 0
+
+
+def on_small_disk(script: str, size_kb: int, mount: Path, *args: str, timeout: float = 600, **env) -> dict:
+    """Run `script` (python -c, with `args`) with a tmpfs of `size_kb` KiB mounted at `mount` in a private
+    mount namespace (the mount dies with the process; nothing outside sees it); its last stdout line,
+    JSON. The script finds the mount in $SMALL_DISK and checks what is left on it before it exits."""
+    if not small_disk_available():
+        pytest.skip("no private tmpfs here (unshare -m and mount need CAP_SYS_ADMIN)")
+    mount.mkdir(parents=True, exist_ok=True)
+    shell = f'mount -t tmpfs -o size={size_kb}k tmpfs "$SMALL_DISK" && exec "$SMALL_PYTHON" -c "$SMALL_SCRIPT" "$@"'
+    full = {**os.environ, **env, "SMALL_DISK": str(mount), "SMALL_PYTHON": sys.executable, "SMALL_SCRIPT": script}
+    out = subprocess.run(["unshare", "-m", "bash", "-c", shell, "bash", *args], capture_output=True, text=True,
+                         timeout=timeout, env=full)
+    assert out.returncode == 0 and out.stdout.strip(), (out.returncode, out.stdout[-3000:], out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def with_file_limit(limit_bytes: int):
+    """A preexec_fn for subprocess: files this process writes stop at `limit_bytes` (`ulimit -f`); a
+    write past it fails with EFBIG (File too large): Python ignores SIGXFSZ."""
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))

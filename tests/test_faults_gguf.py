@@ -75,6 +75,9 @@ def _tiny_llama_gguf(path: Path, kinds: dict | None = None, extra: dict | None =
                        "attention.head_count": 4, "attention.head_count_kv": 2, "rope.dimension_count": 16}.items():
         writer.add_uint32(f"llama.{key}", value)
     writer.add_uint32("llama.vocab_size", 96)
+    writer.add_float32("llama.rope.freq_base", 10000.0)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_eos_token_id(95)
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list([f"t{i}" for i in range(96)])
     shapes = {"token_embd": (96, 64), "output_norm": (64,)}
@@ -159,6 +162,20 @@ TINY_FAULTS = {
     "C: vocab_size against the token list": (
         _gguf_meta("llama.vocab_size", 100),
         r"has bad metadata: llama.vocab_size 100 but tokenizer.ggml.tokens holds 96 tokens$"),
+    "D: rope.freq_base NaN": (
+        _gguf_meta("llama.rope.freq_base", float("nan")),
+        r"has bad metadata: llama.rope.freq_base is nan; it must be a finite number above 0 \(RoPE's base frequency\)"),
+    "D: rope.freq_base 0": (
+        _gguf_meta("llama.rope.freq_base", 0.0), r"llama.rope.freq_base is 0.0; it must be a finite number above 0"),
+    "D: layer_norm_rms_epsilon -1": (
+        _gguf_meta("llama.attention.layer_norm_rms_epsilon", -1.0),
+        r"llama.attention.layer_norm_rms_epsilon is -1.0; it must be a number in \(0, 1\) \(the epsilon RMSNorm"),
+    "D: layer_norm_rms_epsilon inf": (
+        _gguf_meta("llama.attention.layer_norm_rms_epsilon", float("inf")),
+        r"llama.attention.layer_norm_rms_epsilon is inf; it must be a number in \(0, 1\)"),
+    "D: an end-of-sequence id past the vocabulary": (
+        _gguf_meta("tokenizer.ggml.eos_token_id", 96),
+        r"has bad metadata: tokenizer.ggml.eos_token_id is 96; it must be a whole number in \[0, 96\) \(a token id\)"),
     "a type number ggml does not have (gguf's reader fails)": (
         _gguf_type("blk.0.attn_v.weight", 99),
         r"holds tensors quantized=True cannot run: type 99 \(blk.0.attn_v.weight: 32 rows of 64 weights\); it runs "
@@ -205,6 +222,11 @@ SMOLLM2_FAULTS = {
         _gguf_meta("llama.attention.head_count", 8),
         r"blk.0.attn_output.weight is 576 rows of 576 weights; embedding_length 576 and head_count 8 x head_dim 64 "
         r"expect 576 rows of 512 weights \(59 more tensors disagree with it\)$"),
+    "D: rope.freq_base NaN": (
+        _gguf_meta("llama.rope.freq_base", float("nan")), r"has bad metadata: llama.rope.freq_base is nan; it must"),
+    "D: layer_norm_rms_epsilon -1": (
+        _gguf_meta("llama.attention.layer_norm_rms_epsilon", -1.0),
+        r"has bad metadata: llama.attention.layer_norm_rms_epsilon is -1.0; it must be a number in \(0, 1\)"),
     "C: block_count 29": (
         _gguf_meta("llama.block_count", 29),
         r"it holds blk.29.attn_norm.weight and 8 more that nothing reads \(a llama model of block_count 29 reads "
@@ -278,7 +300,9 @@ def test_unsupported_types_are_all_named_before_anything_slow(tmp_path, monkeypa
 
 @pytest.mark.parametrize("case,quantized", [
     ("A: NaN scale in the embedding row of 'The'", True), ("A: NaN scale in the embedding row of 'The'", False),
-    ("B: attn_q 512 rows", True), ("C: head_count 8", True), ("C: block_count 29", False)])
+    ("B: attn_q 512 rows", True), ("C: head_count 8", True), ("C: block_count 29", False),
+    ("D: rope.freq_base NaN", True), ("D: rope.freq_base NaN", False), ("D: layer_norm_rms_epsilon -1", True),
+    ("D: layer_norm_rms_epsilon -1", False)])
 def test_generate_on_a_damaged_gguf_is_one_error_line_and_writes_nothing(root, tmp_path, case, quantized):
     """Must hold: what the user sees from `generate` (and `serve`, which loads the same way) on the
     shipped file damaged: exit 1, one `Error:` line naming the file and the fault, no traceback, no
@@ -355,3 +379,84 @@ def test_a_damaged_gguf_block_is_one_error_without_a_numpy_warning(root, gguf, m
         result = run("generate", "hi", "--model", str(gguf), "--max-new-tokens", "2")
     assert result.exit_code == 1 and "RuntimeWarning" not in result.output + capfd.readouterr().err
     assert error_lines(result)[0].startswith(f"Error: model file {str(gguf)!r} converts to damaged weights"), result.output
+
+
+@pytest.mark.parametrize("key,value,said", [
+    ("gemma2.attention.sliding_window", 0, r"gemma2.attention.sliding_window is 0; it must be a whole number above 0 "
+                                           r"\(tokens a local layer attends to\)"),
+    ("gemma2.final_logit_softcapping", float("nan"), r"gemma2.final_logit_softcapping is nan; it must be a finite "
+                                                     r"number above 0"),
+    ("gemma2.attn_logit_softcapping", -50.0, r"gemma2.attn_logit_softcapping is -50.0"),
+])
+def test_a_gemma_file_with_a_bad_window_or_cap_is_one_error(tmp_path, key, value, said):
+    """Must hold: a sliding window of 0 or a NaN / negative soft cap in a Gemma 2 file is one error
+    naming the key, its value, what it is and the range, for both paths, before anything loads
+    (before issue 40: a window of 0 was an internal error deep in the cache; a NaN cap ran)."""
+    from tiny_gguf import tiny_model, write_gguf
+
+    from gatherlens.models.gguf.check import open_checked
+
+    path = write_gguf(tiny_model("gemma2"), "gemma2", "Q8_0", tmp_path / "g.gguf")
+    open_checked(path, quantized=True)
+    bad = _patched_gguf(path, tmp_path / "bad.gguf", _gguf_meta(key, value))
+    for quantized in (True, False):
+        with pytest.raises(GatherValueError, match=said):
+            open_checked(bad, quantized=quantized)
+
+
+def test_explain_on_a_gguf_with_a_nan_base_frequency_writes_no_report(root, tmp_path):
+    """Must hold: `explain` on the shipped file with rope.freq_base NaN is one `Error:` line, exit 1, no
+    report folder (before issue 40: rc 0, garbage text, and a report written from it)."""
+    patch, said = SMOLLM2_FAULTS["D: rope.freq_base NaN"]
+    path = _patched_gguf(smollm2_path(), tmp_path / "damaged.gguf", patch)
+    result = run("explain", "The cat sat", "--model", str(path), "--out", str(tmp_path / "report"))
+    assert result.exit_code == 1 and error_lines(result) == [
+        f"Error: model file {str(path)!r} has bad metadata: llama.rope.freq_base is nan; it must be a finite number "
+        f"above 0 (RoPE's base frequency); reinstall the package that ships it, or use another file"], result.output
+    assert not (tmp_path / "report").exists()
+
+
+
+def _sentencepiece_tokenizer(writer) -> None:
+    """Gemma's kind of tokenizer (tokenizer.ggml.model "llama": sentencepiece, scores, no merges): the 256
+    byte tokens, 61 pieces, then <bos>, <eos>, <pad> (CONTROL), in tiny_gguf's vocabulary size."""
+    from tiny_gguf import BOS, EOS, MERGES, PAD, VOCAB
+
+    pieces = [m.replace(" ", "").replace("Ġ", "▁") for m in MERGES]
+    tokens = [f"<0x{b:02X}>" for b in range(256)] + pieces + ["<bos>", "<eos>", "<pad>"]
+    assert len(tokens) == VOCAB and len(set(tokens)) == VOCAB
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * 256 + [-float(i) for i in range(len(pieces))] + [0.0] * 3)
+    writer.add_token_types([6] * 256 + [1] * len(pieces) + [3] * 3)
+    writer.add_bos_token_id(BOS)
+    writer.add_eos_token_id(EOS)
+    writer.add_pad_token_id(PAD)
+
+
+def test_a_sentencepiece_gguf_header_is_parsed_once_per_load(tmp_path, monkeypatch):
+    """Must hold: loading a file whose tokenizer transformers builds (sentencepiece, Gemma's kind)
+    parses its header once (gatherlens' reader), not three times (before issue 40 transformers read it
+    again for the config and again for the tokenizer: a 262K-token Gemma 3 header each time); the
+    tokenizer is the one transformers builds from the file."""
+    import tiny_gguf
+    import transformers.integrations.gguf.reader as hf_reader
+    from transformers import AutoTokenizer
+
+    from gatherlens.models.gguf import config as gguf_config
+    from gatherlens.models.gguf.tokenizer import load_gguf_tokenizer
+
+    monkeypatch.setattr(tiny_gguf, "tokenizer", _sentencepiece_tokenizer)
+    path = tiny_gguf.write_gguf(tiny_gguf.tiny_model("gemma3"), "gemma3", "Q8_0", tmp_path / "g.gguf")
+    reference = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name, local_files_only=True)
+    gguf_config.forget_kept()
+    reads = []
+    real_mapped, real_init = hf_reader._mapped, gguf_config._FastReader.__init__
+    monkeypatch.setattr(hf_reader, "_mapped", lambda p: reads.append(("transformers", p)) or real_mapped(p))
+    monkeypatch.setattr(gguf_config._FastReader, "__init__",
+                        lambda self, *a, **k: reads.append(("gatherlens", a[0])) or real_init(self, *a, **k))
+    tokenizer = load_gguf_tokenizer(path, gguf_config.open_gguf(path, mode="c"))
+    assert [who for who, _ in reads] == ["gatherlens"], reads
+    assert type(tokenizer) is type(reference)
+    for text in ("The cat sat on the mat", "  two  spaces", "<bos>x", "ünïcödé"):
+        assert tokenizer(text)["input_ids"] == reference(text)["input_ids"], text

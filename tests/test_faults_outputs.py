@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fault_helpers import WORKER, error_lines, no_load, read_only, run, wait_for  # noqa: E402
+from fault_helpers import WORKER, error_lines, no_load, on_small_disk, read_only, run, wait_for  # noqa: E402
 from fault_helpers import tiny_dir  # noqa: E402,F401,F811 - fixtures, found by name
 
 from gatherlens.errors import GatherValueError  # noqa: E402
@@ -52,45 +52,166 @@ def test_unwritable_outputs_fail_in_one_line_before_any_work(tmp_path, monkeypat
     assert list((tmp_path / "ro").iterdir()) == []
 
 
-def test_report_folder_removed_while_writing(tiny_dir, tmp_path, monkeypatch):
-    """Must hold: one error line naming the missing path; no temporary file anywhere; the
-    user's file beside the report folder untouched."""
-    out = tmp_path / "report"
+def test_the_folder_holding_a_report_removed_while_writing(tiny_dir, tmp_path, monkeypatch):
+    """Must hold: the folder the report goes into removed while the report is written (its files go
+    to a temporary folder beside it first): one error line naming the report's own path, no
+    temporary folder anywhere, the user's file beside it untouched.
+    (Before issue 40 the report's files were written in place; removing the report folder itself
+    now simply makes a new one, so the fault is removing the folder that holds it.)"""
+    from gatherlens import outputs
+
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "report"
     (tmp_path / "notes.txt").write_text("mine")
-    real_replace = os.replace
+    real = outputs.write_new
 
-    def replace(src, dst, *a, **k):
-        if Path(dst).parent == out and out.exists():
-            shutil.rmtree(out)  # another program (or the user) removes the folder mid-write
-        return real_replace(src, dst, *a, **k)
+    def write_new(path, data, shown=None):
+        if Path(path).name == "03-heads.svg":
+            shutil.rmtree(work)  # another program (or the user) removes the folder mid-write
+        return real(path, data, shown)
 
-    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr("gatherlens.report.build.write_new", write_new)
     result = run("explain", "The cat sat", "--model", str(tiny_dir), "--out", str(out))
-    assert result.exit_code == 1 and "No such file or directory" in result.output, result.output
-    assert len(result.output.strip().splitlines()[-1]) < 400
+    last = result.output.strip().splitlines()[-1]
+    assert result.exit_code == 1 and "No such file or directory" in last, result.output
+    assert str(out / "03-heads.svg") in last and "removed meanwhile" in last and len(last) < 400, last
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
-def test_disk_full_while_writing_a_report_keeps_the_users_files(tiny_dir, tmp_path, monkeypatch):
-    """Must hold: ENOSPC in the middle of writing the report (with --force) is one error line;
-    the user's own file in the folder is untouched and no temporary file is left."""
+class _FullDisk:
+    """`open` for gatherlens.outputs: the `n`-th file opened for writing fails its write with ENOSPC
+    (a full disk fails the write, which names no file), as a real full disk does."""
+
+    def __init__(self, n: int):
+        self.n, self.count = n, 0
+
+    def __call__(self, path, mode="r", *a, **k):
+        fh = open(path, mode, *a, **k)
+        if "x" in mode or "w" in mode:
+            self.count += 1
+            if self.count == self.n:
+                def write(data):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                fh.write = write
+        return fh
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
+def test_disk_full_while_writing_a_report_keeps_the_earlier_report(tiny_dir, tmp_path, monkeypatch, force):
+    """Must hold: ENOSPC while writing the report is one error line naming the file that did not
+    fit (its path in the report folder, not a temporary one); without --force no report folder is
+    left; with --force the earlier report is as it was, byte for byte, and the user's own file in
+    the folder too; no temporary folder or file is left anywhere.
+    (Before issue 40 the earlier report was deleted first: a full disk left half of each.)"""
+    from gatherlens import outputs
+
     out = tmp_path / "report"
-    out.mkdir()
-    (out / "notes.txt").write_text("mine")
-    real_replace, calls = os.replace, []
+    if force:
+        assert run("explain", "The dog ran", "--model", str(tiny_dir), "--out", str(out)).exit_code == 0
+        (out / "notes.txt").write_text("mine")
+    before = {p.name: p.read_bytes() for p in out.iterdir()} if force else {}
+    monkeypatch.setattr(outputs, "open", _FullDisk(3), raising=False)
+    result = run("explain", "The cat sat", "--model", str(tiny_dir), "--out", str(out), *(["--force"] * force))
+    last = result.output.strip().splitlines()[-1]
+    assert result.exit_code == 1 and last.startswith("Error: No space left on device: "), result.output
+    assert f"{str(out)}/0" in last and ".gatherlens-tmp" not in last, last
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["report"] if force else [])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before if force else not out.exists()
 
-    def replace(src, dst, *a, **k):
-        calls.append(dst)
-        if len(calls) == 3:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
-        return real_replace(src, dst, *a, **k)
 
-    monkeypatch.setattr(os, "replace", replace)
-    result = run("explain", "The cat sat", "--model", str(tiny_dir), "--out", str(out), "--force")
-    assert result.exit_code == 1 and "No space left on device" in result.output, result.output
-    assert (out / "notes.txt").read_text() == "mine"
-    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+STOPPED_EXPLAIN = """
+import os, sys, time, pathlib
+import gatherlens.outputs as outputs
+import gatherlens.report.build as build
+ready, real = pathlib.Path(sys.argv[1]), outputs.write_new
+def slow(path, data, shown=None):            # the real writer, slowed so that a signal lands mid-write
+    real(path, data, shown)
+    ready.touch()
+    time.sleep(0.5)
+build.write_new = slow
+from gatherlens.cli import main
+main(sys.argv[2:], prog_name="gatherlens")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGKILL"])
+def test_explain_stopped_while_writing_leaves_the_earlier_report_whole(tiny_dir, tmp_path, monkeypatch, signame,
+                                                                      force):
+    """Must hold: Ctrl-C (SIGINT), kill (SIGTERM) or kill -9 while `explain` writes its report leaves
+    no half report: without --force no report folder, with --force the earlier report byte for byte.
+    SIGINT / SIGTERM: one `Error: stopped (...)` line, exit 1, nothing else left. kill -9: only a hidden
+    temporary folder beside the report, which the next run's check removes; that run is not refused
+    as "not empty". (Before issue 40: a half-written report, and with --force the earlier one gone.)"""
+    import gatherlens.models
+    from gatherlens import outputs
+
+    out, ready = tmp_path / "report", tmp_path / "ready"
+    if force:
+        assert run("explain", "The dog ran", "--model", str(tiny_dir), "--out", str(out)).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()} if force else {}
+    child = subprocess.Popen([sys.executable, "-c", STOPPED_EXPLAIN, str(ready), "explain", "The cat sat",
+                              "--model", str(tiny_dir), "--out", str(out), *(["--force"] * force)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(ready, "the report's first file", timeout=300)
+        child.send_signal(getattr(signal, signame))
+        _, err = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert ({p.name: p.read_bytes() for p in out.iterdir()} == before) if force else not out.exists()
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name not in ("report", "ready"))
+    if signame != "SIGKILL":
+        assert child.returncode == 1 and "Traceback" not in err, err
+        assert error_lines(type("R", (), {"output": err})) == [
+            f"Error: stopped ({'Ctrl-C' if signame == 'SIGINT' else signame}) before the report was complete: "
+            f"nothing was written to {str(out)!r} (an earlier report there is as it was)"], err
+        assert left == [], left
+        return
+    assert len(left) == 1 and left[0].startswith(f".gatherlens-tmp-{child.pid}-"), left
+
+    def stop(*a, **k):
+        raise GatherValueError("stop")
+
+    monkeypatch.setattr(gatherlens.models, "load", stop)
+    monkeypatch.setattr(outputs, "_CLEANED", set())
+    result = run("explain", "The cat sat", "--model", str(tiny_dir), "--out", str(out), *(["--force"] * force))
+    assert error_lines(result) == ["Error: stop"], result.output           # not "not empty", not blocked
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "ready") == (["report"] if force else [])
+
+
+FULL_DISK_EXPLAIN = """
+import json, os, pathlib, shutil, subprocess, sys
+disk = pathlib.Path(os.environ["SMALL_DISK"])
+out, tiny, force = disk / "report", sys.argv[1], sys.argv[2] == "1"
+shutil.copytree(sys.argv[3], out) if force else None          # the earlier report, on the small disk
+(out / "notes.txt").write_text("mine") if force else None
+before = {p.name: p.read_bytes().hex() for p in out.iterdir()} if force else {}
+run = subprocess.run([sys.executable, "-m", "gatherlens", "explain", "The cat sat", "--model", tiny, "--out",
+                      str(out)] + ["--force"] * force, capture_output=True, text=True)
+after = {p.name: p.read_bytes().hex() for p in out.iterdir()} if out.exists() else None
+print(json.dumps({"rc": run.returncode, "err": run.stderr, "same": after == (before if force else None),
+                  "left": sorted(p.name for p in disk.iterdir())}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
+def test_a_real_full_disk_while_writing_a_report(tiny_dir, tmp_path, force):
+    """Must hold, on a real full disk (a 360 KiB tmpfs: the earlier report, about 280 KB, leaves no
+    room for a second): one `Error: No space left on device: '<report>/<file>'` line, exit 1; the
+    earlier report and the user's file byte for byte (--force) or no report folder; nothing else."""
+    earlier = tmp_path / "earlier"
+    assert run("explain", "The dog ran", "--model", str(tiny_dir), "--out", str(earlier)).exit_code == 0
+    size = 360 if force else 200
+    seen = on_small_disk(FULL_DISK_EXPLAIN, size, tmp_path / "disk", str(tiny_dir), str(int(force)), str(earlier))
+    lines = [line for line in seen["err"].splitlines() if line.startswith("Error:")]
+    assert seen["rc"] == 1 and len(lines) == 1 and "Traceback" not in seen["err"], seen["err"]
+    assert lines[0].startswith("Error: No space left on device: ") and "/report/" in lines[0], lines
+    assert seen["same"] and seen["left"] == (["report"] if force else []), seen
 
 
 # -- outputs written late: checked at the start, checked again as they are written --------------

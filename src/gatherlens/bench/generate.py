@@ -46,7 +46,9 @@ import click
 from gatherlens.bench.fresh import run_fresh
 from gatherlens.bench.generate_peers import gguf_of, llama_python, quantized_note, run_llamacpp
 from gatherlens.bench.llamacpp_case import rss_mb
-from gatherlens.bench.output import check_json_path, check_output, json_option, write_results
+from gatherlens.bench.output import (
+    check_causal_model, check_json_path, check_output, json_option, write_results,
+)
 from gatherlens.bench.plot import save_figure
 from gatherlens.errors import GatherValueError
 from gatherlens.ops.sparse.geometry import ceil_div
@@ -406,6 +408,7 @@ def command(model_name, contexts, budgets, tokens, rounds, threads, ablation, cl
     from gatherlens.bench.decode import parse_context
 
     budget_list = _check_options(budgets, tokens, rounds, threads)
+    check_causal_model(model_name, "bench generate")
     check_json_path(json_path, force)
     plot_path = check_output(plot_path or json_path.with_suffix(".png"), force, "--plot", (".png", ".svg"))
     if profile_path is not None:

@@ -33,7 +33,7 @@ import click
 
 from gatherlens.bench.fresh import run_fresh
 from gatherlens.bench.generate_peers import gguf_of, llama_python, quantized_note, run_llamacpp
-from gatherlens.bench.output import check_json_path, json_option, write_results
+from gatherlens.bench.output import check_causal_model, check_json_path, json_option, write_results
 from gatherlens.ops.sparse.geometry import ceil_div
 
 CONTEXTS = ("4K", "8K", "32K")
@@ -185,6 +185,7 @@ def command(model_name, contexts, rules, backends, threshold, block_size, use_fl
             llama_python_option, json_path, force):
     """Time to first token: dense prefill, sparse prefill and llama.cpp on the same ids (fresh process per case)."""
     Ls, names, where = _parse(contexts, rules, backends)
+    check_causal_model(model_name, "bench prefill")
     check_json_path(json_path, force)
     gguf = gguf_of(model_name)
     quantized = not use_float and gguf is not None and not quantized_note(gguf)

@@ -10,42 +10,13 @@ and the results table.
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 
 import click
 
 from gatherlens import outputs
 from gatherlens.errors import GatherValueError, shorten
-from gatherlens.params import check_int, parse_int
-
-
-class Int(click.ParamType):
-    """click's type of every int option and argument: `gatherlens.params.parse_int`'s rule (ASCII
-    digits, an optional "-") and its one wording, `Error: --threads = 999 is outside the valid
-    range [1, 16]`. `Int(1)` is [1, inf); `Int(1, 64)` is [1, 64]; `Int()` any int."""
-
-    name = "integer"
-
-    def __init__(self, lo: int | None = None, hi: int | None = None):
-        self.lo, self.hi = lo, hi
-
-    def convert(self, value, param, ctx):
-        name = max(param.opts, key=len) if param is not None and param.opts else "value"
-        try:
-            if isinstance(value, int) and not isinstance(value, bool):   # a default, or a caller's int
-                return check_int(value, name, self.lo, self.hi)
-            return parse_int(value, name, self.lo, self.hi)
-        except GatherValueError as e:
-            raise click.UsageError(str(e), ctx) from None
-
-
-def cpu_count() -> int:
-    """CPUs this process may run on (its affinity where the system tells it): --threads' ceiling."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+from gatherlens.params import Int, cpu_count, parse_int  # noqa: F401 - Int: every command's int type
 
 
 def threads_option(command):
@@ -134,6 +105,17 @@ def load_kwargs(model: str, quantized: bool) -> dict:
     except GatherValueError as e:
         raise click.BadParameter(str(e), param_hint="--quantized") from None
     return {"quantized": True}
+
+
+def require_causal(model: str, what: str) -> None:
+    """A one-line error, before anything loads, when `model` is not a causal LM (an encoder such as
+    minilm) and `what` (a command) needs one to generate or decode (`registry.check_causal`)."""
+    from gatherlens.models.files.registry import check_causal, resolve
+
+    try:
+        check_causal(resolve(model), what)
+    except GatherValueError as e:
+        raise click.ClickException(str(e)) from None
 
 
 STOP_SIGNALS = ("SIGTERM", "SIGHUP")   # stop a command like Ctrl-C does (what `kill` and a closed terminal send)

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gatherlens.errors import GatherValueError, shorten
+from gatherlens.models.hf_adapter import CAUSAL_LM_SUFFIXES
 
-__all__ = ["ModelSource", "KNOWN_MODELS", "resolve", "package_dir", "check_folder", "check_quantizable"]
+__all__ = ["ModelSource", "KNOWN_MODELS", "resolve", "package_dir", "check_folder", "check_quantizable", "check_causal"]
 
 # one of these holds the weights / the tokenizer of a Hugging Face folder
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -103,6 +104,33 @@ def check_quantizable(source: ModelSource, what: str = "quantized=True") -> Mode
         raise GatherValueError(f"{what} runs a model from its GGUF blocks, but model {source.name!r} is a "
                                f"Hugging Face folder ({source.path}), not a .gguf file; leave {what} out for it")
     return source
+
+
+def check_causal(source: ModelSource, what: str) -> ModelSource:
+    """`source` itself if it is a causal LM (a decoder that generates), else one clear error naming
+    `what` needs one, from its config.json alone: before any weight loads.
+
+        >>> check_causal(resolve("minilm"), "eval-sparse")
+        GatherValueError: model 'minilm' is an encoder (BertModel, by its config.json): it does not generate ...
+
+    A folder is causal when its config names a `...ForCausalLM` / `...LMHeadModel` architecture or
+    `is_decoder` (what `LoadedModel.is_causal` says after loading). Every GGUF architecture gatherlens
+    reads is a decoder (models/gguf/arch.py); any other is refused by the GGUF check before loading.
+    """
+    if source.kind == "gguf":
+        return source
+    try:
+        config = json.loads((source.path / "config.json").read_text(encoding="utf-8"))
+        archs = [str(a) for a in config.get("architectures") or []]
+    except (OSError, ValueError, AttributeError, TypeError) as e:
+        raise GatherValueError(f"model {source.name!r}: its config.json is unreadable ({e})") from None
+    if config.get("is_decoder") or any(a.endswith(CAUSAL_LM_SUFFIXES) for a in archs):
+        return source
+    kind = (f"an encoder ({', '.join(archs)}, by its config.json)" if archs else
+            f"not a causal LM (its config.json names no ...ForCausalLM architecture; model_type "
+            f"{config.get('model_type')!r})")
+    raise GatherValueError(f"model {source.name!r} is {kind}: it does not generate, so {what} cannot run it; "
+                           f"use a causal LM such as smollm2 (or a .gguf file)")
 
 
 def resolve(name_or_path: str | Path) -> ModelSource:
