@@ -157,7 +157,7 @@ def greedy_tokens(model, cache, ids: torch.Tensor) -> Iterator[int]:
     try:
         while True:
             threads.before_step()
-            token = int(last_logits(model, cache, ids).argmax())  # logits (V,)
+            token = int(last_logits(model, cache, ids, between=threads.follow).argmax())  # logits (V,)
             threads.after_step()
             yield token
             ids = torch.tensor([[token]], device=ids.device)  # (1, 1)
@@ -165,14 +165,17 @@ def greedy_tokens(model, cache, ids: torch.Tensor) -> Iterator[int]:
         threads.finish()
 
 
-def last_logits(model, cache, ids: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
+def last_logits(model, cache, ids: torch.Tensor, chunk: int | None = None, between=None) -> torch.Tensor:
     """The forward pass of ids (1, Q) into `cache`, a prompt longer than `chunk` (PREFILL_CHUNK) in
-    chunks of it (each attends the cache and itself, causally); the last position's logits (V,)."""
+    chunks of it (each attends the cache and itself, causally); the last position's logits (V,).
+    between(): called after each chunk but the last (the thread controller's look at the machine)."""
     chunk = chunk or PREFILL_CHUNK
     while ids.shape[1] > chunk:
         model(input_ids=ids[:, :chunk], cache=cache, use_cache=True, logits_to_keep=1)
         release_memory()  # the chunk's activations back to the system, not kept for the next (memory.py)
         ids = ids[:, chunk:]  # (1, Q - chunk)
+        if between is not None:
+            between()
     return model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]  # (V,)
 
 
