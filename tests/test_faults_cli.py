@@ -2,9 +2,11 @@
 `Error:` line, long inputs are shortened, stop signals during `generate` stop it like Ctrl-C."""
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -127,3 +129,44 @@ def test_sigterm_during_generate_stops_like_ctrl_c(tiny_dir, tmp_path, signame):
     assert f"stopped ({signame}) after" in err and "Traceback" not in err, err
     assert "wrote" in err and pages.read_text().startswith("<svg")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pages.svg", "ready"]
+
+
+PHASE_COMMANDS = {
+    "generate": ["generate", "The cat sat", "--max-new-tokens", "40", "--pages", "{tmp}/pages.svg"],
+    "explain": ["explain", "The cat sat", "--out", "{tmp}/report"],
+    "eval": ["eval", "-k", "2", "--tokens", "64", "--text", "{text}", "--out", "{tmp}/q.json"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.3, 1.5, 4.0, 8.0], ids=["importing", "loading", "running", "late"])
+@pytest.mark.parametrize("command", list(PHASE_COMMANDS))
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_at_any_phase_ends_cleanly(tiny_dir, tmp_path, command, delay, signame):
+    """Must hold (issue 40): SIGTERM or Ctrl-C at any phase of a command (importing, loading the model,
+    running, writing) ends it without a traceback and with at most one `Error:` line (or the summary of
+    a stopped `generate`), leaves no temporary file or folder, and any output it leaves is whole."""
+    text = tmp_path / "t.txt"
+    text.write_text("It is a truth universally acknowledged, that a single man in possession of a good fortune. " * 30)
+    work = tmp_path / "work"
+    work.mkdir()
+    args = [a.format(tmp=work, text=text) for a in PHASE_COMMANDS[command]] + ["--model", str(tiny_dir)]
+    child = subprocess.Popen([sys.executable, "-m", "gatherlens", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    child.send_signal(getattr(signal, signame))
+    try:
+        _, err = child.communicate(timeout=180)
+    finally:
+        child.kill()
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert len([line for line in err.splitlines() if line.startswith("Error:")]) <= 1, err
+    assert child.returncode in (0, 1, -signal.SIGTERM, -signal.SIGINT, 130), (child.returncode, err)
+    left = sorted(p.name for p in work.rglob("*"))
+    assert not [n for n in left if n.startswith(".gatherlens")], left
+    if (work / "pages.svg").exists():
+        assert (work / "pages.svg").read_text().rstrip().endswith("</svg>")
+    if (work / "report").exists():
+        assert {"index.html", "story.json"} <= {p.name for p in (work / "report").iterdir()}
+    if (work / "q.json").exists():
+        json.loads((work / "q.json").read_text())

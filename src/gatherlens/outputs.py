@@ -266,6 +266,7 @@ def writable_dir(path: str | os.PathLike, what: str) -> Path:
     GatherValueError: --out 'notes.txt/report' cannot be a folder: 'notes.txt' is a file
     """
     p = Path(path).expanduser()
+    _nowhere(p, what)
     blocker = _file_on_the_way(p)
     if blocker is not None:
         raise GatherValueError(f"{what} {str(p)!r} cannot be a folder: {str(blocker)!r} is a file")
@@ -279,8 +280,17 @@ def pictures_dir(path: str | os.PathLike, what: str, force: bool) -> Path:
     return output_dir(path, what, force=force)
 
 
+def _nowhere(p: Path, what: str) -> None:
+    """A symbolic link at `p` that leads nowhere (a loop, a missing target) is refused: writing through
+    it would fail late (a loop) or create a file the user did not name (a dangling link's target)."""
+    if p.is_symlink() and not p.exists():
+        raise GatherValueError(f"{what} {str(p)!r} is a symbolic link that leads nowhere (a loop, or a target that "
+                               f"does not exist); give a plain path")
+
+
 def _check_file_path(p: Path, what: str) -> None:
     """A file can go at `p`: it is not a folder, nothing on the way is a file, its folder exists."""
+    _nowhere(p, what)
     if p.is_dir():
         raise GatherValueError(f"{what} {str(p)!r} is a folder; give a file path")
     blocker = _file_on_the_way(p.parent)

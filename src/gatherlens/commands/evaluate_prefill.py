@@ -17,6 +17,7 @@ import time
 
 import click
 
+from gatherlens.params import Real
 from gatherlens.commands.params import (
     Int, load_kwargs, number, output_file, print_table, quantized_option, require_causal, text_source_options,
     threads_option,
@@ -35,7 +36,7 @@ from gatherlens.commands.params import (
               help="Also answer the passkey prompts with a dense prefill (the baseline row).")
 @click.option("--rules", default="antidiagonal,pooled", show_default=True,
               help="Comma-separated rules (presets of gatherlens.ops.prefill.config), one row each.")
-@click.option("--threshold", default=None, type=click.FloatRange(0, 1, min_open=True),
+@click.option("--threshold", default=None, type=Real(0, 1, min_open=True),
               help="Share of the estimated mass each query block keeps (default: the preset's).")
 @click.option("--budget", default=None, type=Int(1), help="Most key blocks per query block (default: none).")
 @click.option("--block-size", default=None, type=Int(1), help="Tokens per block (default: the preset's).")

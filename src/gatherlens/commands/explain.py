@@ -26,7 +26,7 @@ import time
 
 import click
 
-from gatherlens.commands.params import Int, load_kwargs, quantized_option, signals_as_ctrl_c
+from gatherlens.commands.params import Int, check_model, load_kwargs, quantized_option, signals_as_ctrl_c
 from gatherlens.i18n import LANGS
 from gatherlens.ops.prefill.config import TOY
 from gatherlens.report.defaults import DEFAULT_TEXT
@@ -101,6 +101,7 @@ def explain(text, model, quantized, top_k, layer, head, query, lang, out, force,
     try:
         check_out_dir(out, force)  # fail before the model loads, not after
         load_kw = load_kwargs(model, quantized)
+        check_model(model)
         writable_dir(out, "--out")
     except GatherLensError as e:
         raise click.ClickException(str(e)) from None

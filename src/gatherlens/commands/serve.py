@@ -17,7 +17,7 @@ import os
 
 import click
 
-from gatherlens.commands.params import Int
+from gatherlens.commands.params import Int, check_model
 from gatherlens.i18n import LANGS
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -47,6 +47,11 @@ def serve(model, host, port, lang, max_new, quantized, sparse_prefill=False):
     import uvicorn
 
     from gatherlens.serve import ServeSettings, create_app, http_protocol, prepared
+
+    if not host.strip():
+        raise click.BadParameter("the host is empty; give an address of this machine, like 127.0.0.1",
+                                 param_hint="--host")
+    check_model(model)
 
     if host not in LOOPBACK:
         click.echo(f"warning: listening on {host}: anyone who can reach this address can run the "

@@ -156,7 +156,11 @@ def resolve(name_or_path: str | Path) -> ModelSource:
         return ModelSource(name=known.name, kind=kind, path=path)
     path = Path(key).expanduser()
     if path.is_file() and path.suffix == ".gguf":
+        _check_magic(path)
         return ModelSource(name=path.stem, kind="gguf", path=path.resolve())
+    if path.is_symlink() and not path.exists():
+        raise GatherValueError(f"model path {str(path)!r} is a symbolic link that leads nowhere (a loop, or a "
+                               f"target that does not exist)")
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise GatherValueError(
@@ -169,6 +173,22 @@ def resolve(name_or_path: str | Path) -> ModelSource:
         f"model {shorten(key)} is neither a known name ({', '.join(sorted(KNOWN_MODELS))}) nor an "
         f"existing Hugging Face folder or .gguf file"
     )
+
+
+GGUF_MAGIC = b"GGUF"
+
+
+def _check_magic(path: Path) -> None:
+    """A .gguf path that is not a GGUF at all (empty, text, another format) is named at once, from its first 4
+    bytes, before any command starts its slow work; the contents are `gguf.check`'s."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise GatherValueError(f"model file {str(path)!r} cannot be read ({e.strerror or e})") from None
+    if head != GGUF_MAGIC:
+        what = "is empty" if not head else f"is not a GGUF file (it starts with {head!r}, not {GGUF_MAGIC!r})"
+        raise GatherValueError(f"model file {str(path)!r} {what}; give a .gguf model file")
 
 
 def check_folder(folder: Path) -> None:
