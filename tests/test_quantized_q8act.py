@@ -147,7 +147,7 @@ def test_prefill_rows_take_the_integer_gemm_where_it_is_faster_else_the_exact_ro
 
     w = pack_linear(blocks("Q8_0", 16, 64), "Q8_0", LinearConfig("q8act", 4))
     half = pack_linear(blocks("F16", 16, 64), "F16", LinearConfig("q8act", 4))
-    x = torch.randn(5, 64)  # (5, K): at least prefill_rows
+    x = torch.randn(12, 64)  # (12, K): at least prefill_rows, past q8act.cpp's FEW_ROWS (its blocked loop)
     blocked = q8act.KERNEL_OF["Q8_0"].blocked() != "scalar"
     assert LINEAR_PRODUCT.select(x, w).name == ("q8act" if blocked else "prefill")
     assert torch.equal(quantized_linear(x, w), q8act.q8act_matmul(x, w.raw, "Q8_0") if blocked
@@ -159,7 +159,7 @@ def test_prefill_rows_take_the_integer_gemm_where_it_is_faster_else_the_exact_ro
     expect = "q8act" if q8act.KERNEL_OF["Q4_K"].blocked() != "scalar" else "prefill"
     assert LINEAR_PRODUCT.select(wide, q4_k).name == expect
     assert LINEAR_PRODUCT.select(torch.randn(300, 64), w).name == "prefill"  # Q8_0: 256 rows at most
-    monkeypatch.setitem(linear.INTEGER_GEMM_ROWS, "Q8_0", 4)  # faster only up to 4 rows: x has 5
+    monkeypatch.setitem(linear.INTEGER_GEMM_ROWS, "Q8_0", 4)  # faster only up to 4 rows: x has 12
     assert LINEAR_PRODUCT.select(x, w).name == "prefill" and LINEAR_PRODUCT.select(x[:4], w).name == "q8act"
     assert torch.equal(quantized_linear(x, w), naive_quantized_linear(x, w))
     monkeypatch.setitem(linear.INTEGER_GEMM_ROWS, "Q8_0", float("inf"))
@@ -422,8 +422,9 @@ def test_formats_with_panels_keep_their_bytes_in_panels_of_8_rows(qtype):
        st.integers(1, 4), st.integers(0, 2 ** 16))
 @settings(max_examples=40, deadline=None)
 def test_panels_equal_the_reference_on_any_shape(qtype, panels, blocks_, M, seed):
-    """pack_x8 / unpack_x8 exact inverses; q8x8_linear (one row: the panel loop; several: the blocked GEMM
-    from panels) against the float64 reference, as q8act_linear on the blocks as stored."""
+    """pack_x8 / unpack_x8 exact inverses; q8x8_linear (one row: the panel loop; a few: the panel loop for each,
+    the codes unpacked once; more than q8act.cpp's FEW_ROWS: the blocked GEMM from panels) against the float64
+    reference, as q8act_linear on the blocks as stored."""
     K, N = QK * blocks_, 8 * panels
     raw = random_blocks(qtype, N, K, seed)
     packed = pack_x8(raw, qtype)
@@ -432,5 +433,8 @@ def test_panels_equal_the_reference_on_any_shape(qtype, panels, blocks_, M, seed
     y = x8_matmul(x, packed, qtype)
     slack = 1e-5 + 1e-6 * (x.double().abs() @ float_weight(raw, qtype).abs().t())  # float32 sums against float64
     assert ((y - q8act.KERNEL_OF[qtype].reference(x, raw, qtype)).double().abs() <= slack).all()
-    if M > 1:
-        assert torch.equal(y, q8act.q8act_matmul(x, raw, qtype))  # the blocked GEMM: the same panels, the same sums
+    if M > 1:  # a few rows (a server's slots): each row's outputs are its own one-row product's, bit for bit
+        assert torch.equal(y, torch.cat([x8_matmul(x[i:i + 1], packed, qtype) for i in range(M)]))
+    wide = torch.randn(12, K, generator=torch.Generator().manual_seed(seed))  # (12, K): past FEW_ROWS
+    assert torch.equal(x8_matmul(wide, packed, qtype), q8act.q8act_matmul(wide, raw, qtype))  # the blocked GEMM:
+    # the same panels, the same sums

@@ -24,7 +24,7 @@ class Fake:
         machine = MachineClock(read=self.read)
         machine.mark = (0.0, 0.0, 0.0)
         return ThreadControl(top, config, clock=lambda: self.t, cpu=lambda: self.cpu_s, machine=machine,
-                             set_threads=self.counts.append, **kw)
+                             set_threads=self.counts.append, get_threads=lambda: (self.counts or [top])[-1], **kw)
 
     def run(self, control: ThreadControl, steps: int, speed) -> None:
         """`steps` steps; speed(n) -> (wall seconds of a step on n threads, CPU / (n x wall))."""
@@ -95,7 +95,8 @@ def test_a_lost_trial_is_cut_short_and_the_next_waits_twice_as_long():
 def test_without_proc_stat_the_prefill_keeps_torchs_count_and_probes_go_ahead():
     fake = Fake(free=2.0)
     control = ThreadControl(2, ThreadConfig(policy="trial"), clock=lambda: fake.t, cpu=lambda: fake.cpu_s,
-                            machine=MachineClock(read=lambda: None), set_threads=fake.counts.append)
+                            machine=MachineClock(read=lambda: None), set_threads=fake.counts.append,
+                            get_threads=lambda: (fake.counts or [2])[-1])
     fake.run(control, 1, busy)
     assert fake.counts == []
     fake.run(control, 30, busy)

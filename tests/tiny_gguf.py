@@ -139,6 +139,11 @@ def _byte_spelling() -> list[str]:
     return [spelled[b] for b in range(256)]
 
 
+def byte_tokens() -> list[str]:
+    """The 256 byte tokens of the tiny byte-level BPE, in byte order (for tests writing their own vocabulary)."""
+    return _byte_spelling()
+
+
 MERGES = ["Ġ t", "h e", "Ġ a", "i n", "Ġt he", "e r", "o n", "Ġ s", "r e", "a t", "e n", "Ġ o", "Ġ w", "o r",
           "e d", "i s", "Ġ c", "a n", "Ġ b", "i t", "Ġ f", "Ġ p", "e s", "a r", "Ġ m", "l e", "Ġ d", "o u",
           "a l", "Ġ h", "in g", "Ġo f", "Ġa n", "Ġ in", "Ġan d", "Ġt o", "Ġ l", "i c", "Ġ n", "Ġ e", "s t",

@@ -44,6 +44,7 @@ COMMANDS = {
     "dist": "gatherlens.commands.dist:dist",
     "cache": "gatherlens.commands.cache:cache",
     "serve": "gatherlens.commands.serve:serve",
+    "chat": "gatherlens.commands.chat:chat",
 }
 
 HINTS = {

@@ -535,6 +535,13 @@ STRINGS: dict[str, dict[str, str]] = {
                "每页用其键的逐元素最小值和最大值给出 q.k 的上界打分，在预算内 gather 得分最高的页"
                "（第 0 页即注意力汇聚点、最后一页即最新的 token 总会保留），再在这些键上精确计算注意力。"),
     },
+    "caption_sampling": {
+        "en": ("Sampling is a gather over the vocabulary: the chain kept {n} of {V} token ids ({stages}), "
+               "gathered their logits, renormalized them at temperature {temperature} and drew {token} "
+               "(u = {uniform})."),
+        "zh": ("采样是在词表上的一次 gather：采样链从 {V} 个 token id 中保留 {n} 个（{stages}），"
+               "gather 它们的 logits，在温度 {temperature} 下重新归一化，抽中 {token}（u = {uniform}）。"),
+    },
     # -- the pages x steps picture of a generation (render/page_trace.py) ------------------------
     "page_trace_title": {
         "en": "Pages read by every layer at every decode step ({steps} steps, page {P} tokens, {budget})",

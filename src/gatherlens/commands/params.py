@@ -173,3 +173,49 @@ def print_table(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> 
     for row in rows:
         table.add_row(*row)
     Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+# -- sampling (ops/sampling.SamplingConfig): the options of generate and chat, declared once -------------
+# option -> (SamplingConfig field, click type, help)
+SAMPLING_OPTIONS = {
+    "--temperature": ("temperature", float, "0 picks the most likely token (greedy); higher spreads the draw"),
+    "--top-k": ("top_k", Int(0), "keep the k most likely tokens (0: off)"),
+    "--top-p": ("top_p", float, "keep the most likely tokens whose probabilities add up to p (1: off)"),
+    "--min-p": ("min_p", float, "keep tokens at least this share as likely as the best one (0: off)"),
+    "--repeat-penalty": ("repeat_penalty", float, "divide a repeated token's logit by this (1: off)"),
+    "--frequency-penalty": ("frequency_penalty", float, "minus this per earlier use of a token (0: off)"),
+    "--presence-penalty": ("presence_penalty", float, "minus this once for a token used before (0: off)"),
+    "--seed": ("seed", Int(), "the draw's seed: the same seed, the same text (default: a random one)"),
+}
+
+
+def sampling_options(base):
+    """Decorator: the SAMPLING_OPTIONS on a command, handed to it as one `sampling=` SamplingConfig: `base`
+    (a preset, such as ops.sampling.GREEDY) with the options given. Each option's range comes from the
+    config's own checks, as one `Error: --top-p = 1.5 is outside the valid range (0, 1] ...`."""
+    import functools
+
+    def apply(command):
+        @functools.wraps(command)
+        def run(*args, **kw):
+            given = {field: kw.pop(field) for field, _, _ in SAMPLING_OPTIONS.values()}
+            kw["sampling"] = sampling_config(base, given)
+            return command(*args, **kw)
+
+        for option, (field, kind, words) in reversed(SAMPLING_OPTIONS.items()):
+            run = click.option(option, field, type=kind, default=None,
+                               help=f"{words} (default: {getattr(base, field)}).")(run)
+        return run
+
+    return apply
+
+
+def sampling_config(base, given: dict):
+    """`base` with the options that were given (not None); a click error naming the option otherwise."""
+    changes = {field: value for field, value in given.items() if value is not None}
+    try:
+        return base.replace(**changes)
+    except GatherValueError as e:
+        field = str(e).split(" ", 1)[0]
+        option = next((o for o, (f, _, _) in SAMPLING_OPTIONS.items() if f == field), field)
+        raise click.UsageError(f"{option}{str(e)[len(field):]}") from None

@@ -9,6 +9,9 @@
     GET /api/attention    ?text=&model=&k=&topk=&layer=&head=&query=&lang=  -> one head's rows around
                           the query and the dense / top-k / sparse figure, from the kept run (serve/runs.py)
     GET /api/health       the loaded models and whether one is running
+    GET /v1/models, POST /v1/chat/completions, POST /v1/completions
+                          the OpenAI API (serve/openai_api.py): answers and errors in OpenAI's shapes, up to
+                          settings.slots generations decoding together (serve/engine.py), --api-key
 
 Every answer carries a Content-Security-Policy (the page may run only its own scripts and talk
 only to this server) and refuses other Host headers. A bad argument is a 400 with
@@ -21,11 +24,13 @@ from __future__ import annotations
 import contextlib
 import html
 import json
+import time
 import traceback
 
 import anyio
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
@@ -36,7 +41,10 @@ from gatherlens.errors import GatherLensError
 from gatherlens.models.files.watch import ModelFileChanged
 from gatherlens.serve.attention_api import attention_body, run_k_param
 from gatherlens.serve.heads import heads_body
+from gatherlens.serve.engine import Engine
 from gatherlens.serve.limits import RequestLimits, protocol_class
+from gatherlens.serve.openai_api import chat_completions, completions, error_response, model, models
+from gatherlens.serve.openai_params import APIError
 from gatherlens.serve.params import explain_params, generate_params
 from gatherlens.memory import release_memory
 from gatherlens.serve.pool import ModelPool
@@ -154,12 +162,18 @@ async def generate(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    return JSONResponse({**request.app.state.pool.status(), "runs": request.app.state.runs.status()},
+    state = request.app.state
+    return JSONResponse({**state.pool.status(), "runs": state.runs.status(),
+                         "api": {**state.engine.status(), "runner": state.engine.runner_status()}},
                         headers=_headers(API_POLICY))
 
 
 def _answer(request: Request, message: str, status: int) -> Response:
-    """An error as the asker reads it: the page (GET /) as a small HTML page, the API as JSON."""
+    """An error as the asker reads it: the page (GET /) as a small HTML page, the API as JSON (the OpenAI
+    API, /v1/*, in OpenAI's shape)."""
+    if request.url.path.startswith("/v1/"):
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        return error_response(APIError(status, message, kind=kind))
     if request.url.path != "/":
         return _error(message, status)
     title = {400: "bad request", 503: "model unavailable"}.get(status, "internal error")
@@ -167,6 +181,15 @@ def _answer(request: Request, message: str, status: int) -> Response:
             f'</head>\n<body><h1>gatherlens: {title} ({status})</h1>\n<p>{html.escape(message)}</p>\n'
             f'<p><a href="/">back to the default page</a></p></body></html>\n')
     return HTMLResponse(body, status_code=status, headers=_headers(API_POLICY))
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own answers (404 no such route, 405 a method it does not take): the OpenAI API's in its
+    error shape, the rest as Starlette gives them."""
+    if request.url.path.startswith("/v1/"):
+        return error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                       code="unknown_url" if exc.status_code == 404 else None))
+    return Response(exc.detail, status_code=exc.status_code, headers=exc.headers)
 
 
 async def _bad_input(request: Request, exc: GatherLensError) -> Response:
@@ -200,16 +223,24 @@ def create_app(settings: ServeSettings | None = None, loader=None, warm: bool = 
     async def lifespan(app):
         app.state.runs = runs = RunCache(settings.run_cache_bytes)
         app.state.pool = pool = ModelPool(settings, loader=loader, on_drop=runs.forget)
+        app.state.engine, app.state.templates, app.state.started = Engine(pool, settings), {}, int(time.time())
         if warm:
             async with pool.using(settings.model):
                 pass
-        yield
+        async with anyio.create_task_group() as group:   # the API's engine runs while the app does
+            group.start_soon(app.state.engine.run)
+            yield
+            group.cancel_scope.cancel()
 
     return Starlette(
         routes=[Route("/", page), Route("/api/explain", explain), Route("/api/generate", generate),
-                Route("/api/heads", heads), Route("/api/attention", attention), Route("/api/health", health)],
+                Route("/api/heads", heads), Route("/api/attention", attention), Route("/api/health", health),
+                Route("/v1/models", models), Route("/v1/models/{model:path}", model),
+                Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+                Route("/v1/completions", completions, methods=["POST"])],
         middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts),
                     Middleware(RequestLimits, settings=settings, headers=_headers(API_POLICY), paths=MODEL_PATHS)],
-        exception_handlers={ModelFileChanged: _model_changed, GatherLensError: _bad_input, Exception: _failure},
+        exception_handlers={ModelFileChanged: _model_changed, GatherLensError: _bad_input, Exception: _failure,
+                            HTTPException: _http_error},
         lifespan=lifespan,
     )

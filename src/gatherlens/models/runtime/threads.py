@@ -136,9 +136,10 @@ class ThreadControl:
 
     def __init__(self, top: int, config: ThreadConfig = DEFAULT_THREADS, *, on: bool = True,
                  clock=time.perf_counter, cpu=time.process_time, machine: MachineClock = MACHINE,
-                 set_threads=torch.set_num_threads):
+                 set_threads=torch.set_num_threads, get_threads=torch.get_num_threads):
         self.top, self.config, self.on = top, config, on and top > 1 and config.policy != "off"
         self.clock, self.cpu, self.machine, self.set_threads = clock, cpu, machine, set_threads
+        self.get_threads = get_threads
         self.n, self.step, self.wait, self.next_trial = top, 0, config.probe_every, 0
         self.times: list[float] = []        # this window's step times at n
         self.ratios: list[float] = []       # and their CPU / (n x wall)
@@ -156,6 +157,8 @@ class ThreadControl:
         "follow" / "one": every step's count from the cores the machine leaves free."""
         if not self.on:
             return
+        if self.get_threads() != self.n:   # a step on another thread (a server's worker pool): OpenMP's count is
+            self.set_threads(self.n)       # each thread's own, so this thread gets the controller's count too
         if self.config.policy != "trial":
             self.follow()
             self.t0, self.c0 = self.clock(), self.cpu()

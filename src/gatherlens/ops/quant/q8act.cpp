@@ -266,6 +266,10 @@ using gatherlens_q8::TILE;
 constexpr int STEPS = QK / STEP;  // a block's steps
 constexpr int64_t GEMM_ROWS = 2;  // x of 2 rows blocked costs 1.1-1.3x one row's time (a 49152-row head:
                                   // 2x), row by row 2x: measured, AVX2
+constexpr int64_t FEW_ROWS = 8;   // up to this many rows of x (a server's slots decoding together) meet each weight
+                                  // row as the one-row path does, every x row while the weight row is in cache:
+                                  // no panel decode (which costs ~0.3-0.6 ms a call on a 576-wide weight, more
+                                  // than the product itself at a few rows)
 
 struct Panel {                    // PANEL weight rows, decoded
   std::vector<int8_t> q;          // (nb, STEPS, PANEL, STEP) codes
@@ -421,13 +425,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& raw) {
   const uint8_t* w = raw.data_ptr<uint8_t>();
   const int64_t ws = raw.stride(0);
   float* out = y.data_ptr<float>();
-  if (M >= GEMM_ROWS) {
+  if (M > FEW_ROWS && M >= GEMM_ROWS) {
     blocked<F>(a, w, ws, M, N, K, out);
     return y;
   }
   gatherlens::parallel_chunks(N, 64, [&](int64_t n0, int64_t n1) {  // 64 weight rows a task at least
-    for (int64_t r = 0; r < M; ++r)
-      for (int64_t n = n0; n < n1; ++n) out[r * N + n] = row_dot<F>(w + n * ws, nb, a, r, K);
+    for (int64_t n = n0; n < n1; ++n)  // each weight row read once, for every row of x
+      for (int64_t r = 0; r < M; ++r) out[r * N + n] = row_dot<F>(w + n * ws, nb, a, r, K);
   });
   return y;
 }
@@ -482,12 +486,13 @@ void decode_x8(const uint8_t* pb, int64_t rows, int64_t nb, Panel& p) {
 }
 
 #ifdef Q8ACT_SIMD
-template <class F>  // lane j: sum_i code(j, i) qx_i over one panel block (int32)
-inline __m256i x8_sums(const uint8_t* codes, const int8_t* qx) {
+template <class F, int R>  // lane j of sums[r]: sum_i code(j, i) qx_i over one panel block (int32) for R rows of
+                           // x (row r at qx + r * K): each step's codes unpacked once for all of them
+inline void x8_sums_rows(const uint8_t* codes, const int8_t* qx, int64_t K, __m256i* sums) {
   using gatherlens_q8::x_step;
   const __m256i ones = _mm256_set1_epi16(1);
   if constexpr (signed_codes<F>) {
-    __m256i sum = _mm256_setzero_si256();
+    for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
     for (int s = 0; s < STEPS; ++s) {
       __m256i v;
       if constexpr (F::bits == 8) {
@@ -497,21 +502,31 @@ inline __m256i x8_sums(const uint8_t* codes, const int8_t* qx) {
         const __m256i q = _mm256_and_si256(s < 4 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
         v = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(F::book))), q);
       }
-      const __m256i xs = x_step(qx + STEP * s);
-      sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(xs, v)), ones));
+      const __m256i av = _mm256_sign_epi8(v, v);
+      for (int r = 0; r < R; ++r)
+        sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(x_step(qx + r * K + STEP * s), v)), ones));
     }
-    return sum;
   } else {
-    __m256i pairs = _mm256_setzero_si256();  // 4-bit codes: 8 steps stay within int16 (8 * 2 * 15 * 127)
+    __m256i pairs[R];
+    for (int r = 0; r < R; ++r) pairs[r] = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + c * PANEL * STEP));
       const __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
-      pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(lo, x_step(qx + STEP * c)));
-      pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(hi, x_step(qx + STEP * (c + 4))));
+      for (int r = 0; r < R; ++r) {
+        pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(lo, x_step(qx + r * K + STEP * c)));
+        pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(hi, x_step(qx + r * K + STEP * (c + 4))));
+      }
     }
-    return _mm256_madd_epi16(pairs, ones);
+    for (int r = 0; r < R; ++r) sums[r] = _mm256_madd_epi16(pairs[r], ones);
   }
+}
+
+template <class F>  // lane j: sum_i code(j, i) qx_i over one panel block (int32), one row of x
+inline __m256i x8_sums(const uint8_t* codes, const int8_t* qx) {
+  __m256i sum;
+  x8_sums_rows<F, 1>(codes, qx, 0, &sum);
+  return sum;
 }
 
 template <class F>  // out[0:8] = the panel's 8 rows against x's row r
@@ -533,6 +548,30 @@ void x8_row(const uint8_t* pb, int64_t nb, const Act& a, int64_t r, int64_t K, f
   }
   _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), mins));
 }
+
+template <class F, int R>  // x8_row for rows r0 .. r0 + R - 1 of x: the panel read once; each row's sums and
+void x8_rows(const uint8_t* pb, int64_t nb, const Act& a, int64_t r0, int64_t K, float* out, int64_t N) {
+  const int8_t* qx = a.q.data() + r0 * K;  // float steps as x8_row's, so each row's 8 outputs equal its
+  __m256 acc[R][2], mins[R];               // (bit for bit: same integers, same order)
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = mins[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = pb + b * PANEL * F::bytes;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+    __m256i sums[R];
+    x8_sums_rows<F, R>(blk + X8_SCALES<F>, qx + b * QK, K, sums);
+    for (int r = 0; r < R; ++r) {
+      const float dx = a.d[(r0 + r) * nb + b], sx = a.s[(r0 + r) * nb + b];
+      acc[r][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc[r][b & 1]);
+      if constexpr (F::has_m)
+        mins[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 * PANEL))),
+                                  _mm256_set1_ps(sx), mins[r]);
+      else if constexpr (!signed_codes<F>)
+        mins[r] = _mm256_fmadd_ps(d, _mm256_set1_ps(-static_cast<float>(F::code_offset) * sx), mins[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    _mm256_storeu_ps(out + (r0 + r) * N, _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), mins[r]));
+}
 #else
 template <class F>  // the scalar twin: the same panel, the same integer sums
 void x8_row(const uint8_t* pb, int64_t nb, const Act& a, int64_t r, int64_t K, float* out) {
@@ -540,6 +579,11 @@ void x8_row(const uint8_t* pb, int64_t nb, const Act& a, int64_t r, int64_t K, f
   decode_x8<F>(pb, PANEL, nb, p);
   const Rows x = gatherlens_q8::tile_rows(a.q.data(), a.d.data(), a.s.data(), r, 1, K, nb, nb);
   tile<F, 1>(p, nb, x, out);
+}
+
+template <class F, int R>  // the scalar twin: x8_row per row
+void x8_rows(const uint8_t* pb, int64_t nb, const Act& a, int64_t r0, int64_t K, float* out, int64_t N) {
+  for (int r = 0; r < R; ++r) x8_row<F>(pb, nb, a, r0 + r, K, out + (r0 + r) * N);
 }
 #endif
 
@@ -556,7 +600,7 @@ at::Tensor linear_x8(const at::Tensor& x, const at::Tensor& packed) {
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const int64_t panel_bytes = PANEL * nb * F::bytes;  // one panel: nb blocks of 8 rows
   float* out = y.data_ptr<float>();
-  if (M >= GEMM_ROWS) {
+  if (M > FEW_ROWS && M >= GEMM_ROWS) {
     gatherlens_q8::blocked_gemm(
         M, N, out,
         [&] { return Panel{std::vector<int8_t>(nb * QK * PANEL), std::vector<float>(nb * PANEL), std::vector<float>(nb * PANEL)}; },
@@ -568,7 +612,15 @@ at::Tensor linear_x8(const at::Tensor& x, const at::Tensor& packed) {
     return y;
   }
   gatherlens::parallel_chunks(N / PANEL, 4, [&](int64_t p0, int64_t p1) {  // 4 panels (32 rows) a task at least
-    for (int64_t pi = p0; pi < p1; ++pi) x8_row<F>(w + pi * panel_bytes, nb, a, 0, K, out + pi * PANEL);
+    for (int64_t pi = p0; pi < p1; ++pi)  // each panel read once, for every row of x (FEW_ROWS at most)
+      if (M == 1) {
+        x8_row<F>(w + pi * panel_bytes, nb, a, 0, K, out + pi * PANEL);
+      } else {
+        for (int64_t r0 = 0; r0 < M; r0 += TILE)  // up to TILE rows share each step's unpacked codes
+          gatherlens_q8::by_rows(static_cast<int>(std::min<int64_t>(TILE, M - r0)), [&]<int Rc>() {
+            x8_rows<F, Rc>(w + pi * panel_bytes, nb, a, r0, K, out + pi * PANEL, N);
+          });
+      }
   });
   return y;
 }

@@ -400,6 +400,8 @@ using gatherlens_q8::TILE;
 constexpr int STEPS = QK_K / STEP;  // a super-block's steps
 constexpr int PAIRS = SUMS / 2;     // pairs of x's 16-value sums a super-block
 constexpr int64_t GEMM_ROWS = 2;    // x with at least this many rows takes the blocked loop (as q8act.cpp)
+constexpr int64_t FEW_ROWS = 8;     // up to this many rows of x run row_dot, each weight row read once for all of
+                                    // them (as q8act.cpp: a panel decode costs more than a few rows' products)
 
 template <class F>
 constexpr int subs = static_cast<int>(QK_K / F::group);  // sub-blocks: 16 of 16 weights, or 8 of 32
@@ -627,13 +629,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& raw) {
   const uint8_t* w = raw.data_ptr<uint8_t>();
   const int64_t ws = raw.stride(0);
   float* out = y.data_ptr<float>();
-  if (M >= GEMM_ROWS) {
+  if (M > FEW_ROWS && M >= GEMM_ROWS) {
     blocked<F>(a, w, ws, M, N, K, out);
     return y;
   }
   gatherlens::parallel_chunks(N, 32, [&](int64_t n0, int64_t n1) {  // 32 weight rows a task at least
-    for (int64_t r = 0; r < M; ++r)
-      for (int64_t n = n0; n < n1; ++n) out[r * N + n] = row_dot<F>(w + n * ws, nb, a, r);
+    for (int64_t n = n0; n < n1; ++n)  // each weight row read once, for every row of x
+      for (int64_t r = 0; r < M; ++r) out[r * N + n] = row_dot<F>(w + n * ws, nb, a, r);
   });
   return y;
 }
