@@ -58,6 +58,8 @@ TEXT_OPTIONS = {
     "--llama-python": ["{tmp}/no-such-python", "{tmp}/a-folder"],
     "--shape": ["", "4,", "a,b", "-1,5", "0,5"], "--index": ["", "[[", "[[9,9]]", "[[-9]]"],
     "--values": ["", "[[1,2"], "--labels": ["a,b,c,d,e,f,g"],
+    "--system": [],                                   # any text is a system prompt
+    "--api-key": ["", "  "],
 }
 TEXT_ARGUMENTS = {"text": ["", " "], "prompt": ["", "   "], "files": TEXT_INPUTS}
 
@@ -93,7 +95,9 @@ def _values(param: click.Parameter, path: str) -> list[tuple[str, str]]:
     if isinstance(t, click.Choice):
         return [("unknown", "no-such-choice"), ("empty", "")]
     if isinstance(t, (click.FloatRange, click.types.FloatParamType)):
-        return [(v or "empty", v) for v in ("nan", "inf", "-1", "abc", "")]
+        low = getattr(t, "min", None)                # below a range's bottom, where it has one
+        outside = [str(low - 1)] if low is not None else []
+        return [(v or "empty", v) for v in ("nan", "inf", "abc", "", *outside)]
     table = TEXT_OPTIONS.get(name) or TEXT_OPTIONS.get(max(param.opts, key=len)) if isinstance(param, click.Option) \
         else TEXT_ARGUMENTS.get(param.name)
     if table is None:
