@@ -54,7 +54,7 @@ def test_llama_python_is_skipped_with_a_note_or_refused(monkeypatch):
     with pytest.raises(click.BadParameter, match="cannot import llama_cpp"):
         llama_python(sys.executable)  # gatherlens' own venv: no llama_cpp, never installed there
     monkeypatch.setenv(ENV, "/nonexistent/python")
-    with pytest.raises(click.BadParameter, match="cannot be run"):
+    with pytest.raises(click.BadParameter, match="does not exist"):
         llama_python(None)
 
 

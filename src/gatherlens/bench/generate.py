@@ -43,13 +43,17 @@ from pathlib import Path
 
 import click
 
+
 from gatherlens.bench.fresh import run_fresh
 from gatherlens.bench.generate_peers import gguf_of, llama_python, quantized_note, run_llamacpp
 from gatherlens.bench.llamacpp_case import rss_mb
-from gatherlens.bench.output import check_json_path, check_output, json_option, write_results
+from gatherlens.bench.output import (
+    check_causal_model, check_json_path, check_output, json_option, write_results,
+)
 from gatherlens.bench.plot import save_figure
 from gatherlens.errors import GatherValueError
 from gatherlens.ops.sparse.geometry import ceil_div
+from gatherlens.params import Int, cpu_count, positive_ints
 
 CONTEXTS = ("2K", "4K", "8K", "16K", "32K")
 BUDGETS = (512, 1024, 2048)
@@ -316,13 +320,7 @@ def _check_options(budgets: str, tokens: int, rounds: int, threads: int) -> list
     for name, value in (("--tokens", tokens), ("--rounds", rounds), ("--threads", threads)):
         if value < 1:
             raise click.BadParameter(f"must be >= 1, got {value}", param_hint=name)
-    try:
-        out = sorted({int(b) for b in budgets.split(",") if b.strip()})
-    except ValueError:
-        raise click.BadParameter(f"{budgets!r} is not a list of ints like 512,1024", param_hint="--budgets") from None
-    if not out or out[0] < 1:
-        raise click.BadParameter(f"{budgets!r}: each budget must be a positive int", param_hint="--budgets")
-    return out
+    return positive_ints(budgets, "--budgets", "budget", hi=1 << 30)
 
 
 @dataclass(frozen=True)
@@ -381,9 +379,11 @@ def make_plan(model_name, budget_list, ablation, profile, llama_python_option, b
 @click.option("--context", "contexts", multiple=True, help="cache length, repeatable: 2K, 8K, 32768 "
               "(default 2K 4K 8K 16K 32K)")
 @click.option("--budgets", default="512,1024,2048", show_default=True, help="sparse budgets, comma-separated")
-@click.option("--tokens", default=8, show_default=True, help="tokens generated per timed run")
-@click.option("--rounds", default=3, show_default=True, help="timed runs per method (the median is reported)")
-@click.option("--threads", default=2, show_default=True, help="torch threads in each case (and llama.cpp's)")
+@click.option("--tokens", type=Int(1), default=8, show_default=True, help="tokens generated per timed run")
+@click.option("--rounds", type=Int(1), default=3, show_default=True,
+              help="timed runs per method (the median is reported)")
+@click.option("--threads", type=Int(1, cpu_count()), default=2, show_default=True,
+              help="torch threads in each case (and llama.cpp's)")
 @click.option("--ablation", is_flag=True, help="also time HF's own decoder layers over the paged cache")
 @click.option("--cli/--no-cli", "cli", default=True, show_default=True,
               help="also time the loop `gatherlens generate` runs (a real prefill of the prompt, its own process)")
@@ -406,6 +406,7 @@ def command(model_name, contexts, budgets, tokens, rounds, threads, ablation, cl
     from gatherlens.bench.decode import parse_context
 
     budget_list = _check_options(budgets, tokens, rounds, threads)
+    check_causal_model(model_name, "bench generate")
     check_json_path(json_path, force)
     plot_path = check_output(plot_path or json_path.with_suffix(".png"), force, "--plot", (".png", ".svg"))
     if profile_path is not None:

@@ -30,6 +30,7 @@ import click
 from gatherlens.bench.generate_peers import gguf_of, llama_python
 from gatherlens.bench.output import check_json_path, write_results
 from gatherlens.bench.serve_client import chat_stream, free_port, server_process
+from gatherlens.params import Int
 
 QUESTIONS = ("What is a gather in a Transformer?", "Name three colours and one fruit.",
              "Explain what a cache is, briefly.", "Write a short sentence about the sea.")
@@ -138,11 +139,11 @@ def _print(rows: list[Row]) -> None:
 
 @click.command("serve")
 @click.option("--model", default="smollm2", show_default=True, help="A GGUF model (a name or a .gguf path).")
-@click.option("--threads", default=2, show_default=True, type=click.IntRange(1, 256), help="Threads of each server.")
-@click.option("--slots", default=4, show_default=True, type=click.IntRange(1, 64), help="gatherlens serve --slots.")
-@click.option("--rounds", default=3, show_default=True, type=click.IntRange(1, 100), help="Rounds (medians).")
-@click.option("--tokens", default=64, show_default=True, type=click.IntRange(1, 4096), help="Tokens a stream asks for.")
-@click.option("--chars", default=6000, show_default=True, type=click.IntRange(100, 10**6),
+@click.option("--threads", default=2, show_default=True, type=Int(1, 256), help="Threads of each server.")
+@click.option("--slots", default=4, show_default=True, type=Int(1, 64), help="gatherlens serve --slots.")
+@click.option("--rounds", default=3, show_default=True, type=Int(1, 100), help="Rounds (medians).")
+@click.option("--tokens", default=64, show_default=True, type=Int(1, 4096), help="Tokens a stream asks for.")
+@click.option("--chars", default=6000, show_default=True, type=Int(100, 10**6),
               help="Characters of the prefix-reuse passage (~1,500 tokens at 6,000).")
 @click.option("--llama-python", "llama_python_path", default=None,
               help="An interpreter with llama-cpp-python[server] (default: $GATHERLENS_LLAMA_PYTHON; else skipped).")

@@ -17,7 +17,9 @@ import sys
 
 import click
 
-from gatherlens.commands.params import Int, load_kwargs, quantized_option, sampling_options, threads_option
+from gatherlens.commands.params import (
+    Int, load_kwargs, quantized_option, require_causal, sampling_options, threads_option,
+)
 from gatherlens.ops.sampling.config import LLAMA_CPP
 
 COMMANDS = {"/exit": "leave", "/quit": "leave", "/reset": "forget the conversation", "/help": "these commands"}
@@ -36,6 +38,7 @@ def chat(model_name, quantized, system, max_new_tokens, threads, sampling=LLAMA_
     from gatherlens.errors import GatherLensError
 
     load_kw = load_kwargs(model_name, quantized)
+    require_causal(model_name, "chat")   # an encoder, a missing or damaged model: one line, before it loads
     try:
         session = _Session.start(model_name, load_kw, system, max_new_tokens, sampling, threads)
         _loop(session)

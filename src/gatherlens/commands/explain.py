@@ -27,7 +27,8 @@ import time
 
 import click
 
-from gatherlens.commands.params import Int, load_kwargs, quantized_option, sparse_prefill_option
+from gatherlens.commands.params import (Int, check_model, load_kwargs, quantized_option, signals_as_ctrl_c,
+                                        sparse_prefill_option)
 from gatherlens.i18n import LANGS
 from gatherlens.ops.prefill.config import TOY
 from gatherlens.report.defaults import DEFAULT_TEXT, LIVE_MAX_TOKENS, MAX_CHARS
@@ -93,10 +94,9 @@ def explain(text, model, quantized, top_k, layer, head, query, lang, out, force,
     from rich.console import Console
 
     from gatherlens.errors import GatherLensError
-    from gatherlens.models.files.integrity import require_finite
     from gatherlens.outputs import writable_dir
     from gatherlens.render.summary import print_summary
-    from gatherlens.report.build import check_out_dir, story_data, write_report
+    from gatherlens.report.build import check_out_dir
     from gatherlens.report.records import explain_summary
 
     err = Console(stderr=True, log_path=False)
@@ -104,35 +104,25 @@ def explain(text, model, quantized, top_k, layer, head, query, lang, out, force,
     try:
         check_out_dir(out, force)  # fail before the model loads, not after
         load_kw = load_kwargs(model, quantized)
+        check_model(model)
         writable_dir(out, "--out")
     except GatherLensError as e:
         raise click.ClickException(str(e)) from None
     t0 = time.perf_counter()
+    options = dict(top_k=top_k, layer=layer, head=head, query=query, lang=lang, force=force,
+                   sparse_prefill=sparse_prefill, quantized=quantized, load_kw=load_kw)
     try:
-        with err.status("loading the model", spinner="dots") as status:
+        with signals_as_ctrl_c() as stop, err.status("loading the model", spinner="dots") as status:
             def say(message: str) -> None:
                 status.update(f"[bold]{message}[/] [dim]({time.perf_counter() - t0:.1f} s)[/]")
 
-            from gatherlens.models import load
-            from gatherlens.report.collect import collect
-
-            say(f"loading {model} from its GGUF blocks" if quantized else
-                f"loading {model} (the first SmolLM2 load converts its GGUF file once)")
-            lm = load(model, progress=say, **load_kw)
-            err.log(f"loaded {lm.name} in {lm.seconds:.1f} s"
-                    + (" (from the converted copy in the cache)" if lm.from_cache else ""))
-            from gatherlens.ops import backends
-
-            backends.reset_ran()  # what ran for this text only
-            story = collect(lm, text, top_k=top_k, layer=layer, head=head, query=query, say=say,
-                            prefill=TOY if sparse_prefill else None)
-            ran = backends.describe()  # which row of each native operator's table ran, and why others did not
-            require_finite(story_data(story), "the report's numbers (story.json)")
-            say("drawing the figures and writing the report")
-            command = _command_line(text, model, quantized, top_k, layer, head, query, lang, out, sparse_prefill)
-            paths = write_report(story, out, lang=lang, force=force, command=command)
+            story, paths, ran = _run(text, model, out, options, say, err)
     except GatherLensError as e:
         raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:   # Ctrl-C, kill (SIGTERM), a closed terminal (SIGHUP): the report is whole or absent
+        raise click.ClickException(f"stopped ({stop['signal'] or 'Ctrl-C'}) before the report was complete: "
+                                   f"nothing was written to {str(out)!r} (an earlier report there is as it was)") \
+            from None
     console = Console()
     if not console.is_terminal:
         console.width = max(console.width, 110)
@@ -150,6 +140,30 @@ def _check_text(text: str) -> None:
         raise click.BadParameter(f"TEXT has {len(text):,} characters; the explorer takes up to {MAX_CHARS:,} "
                                  f"(and {LIVE_MAX_TOKENS:,} tokens): shorten it, or run it with gatherlens generate",
                                  param_hint="TEXT")
+
+
+def _run(text: str, model: str, out: str, o: dict, say, err):
+    """Load, collect the story, write the report (whole, or not at all): (story, paths, what ran)."""
+    from gatherlens.models import load
+    from gatherlens.models.files.integrity import require_finite
+    from gatherlens.ops import backends
+    from gatherlens.report.build import story_data, write_report
+    from gatherlens.report.collect import collect
+
+    say(f"loading {model} from its GGUF blocks" if o["quantized"] else
+        f"loading {model} (the first SmolLM2 load converts its GGUF file once)")
+    lm = load(model, progress=say, **o["load_kw"])
+    err.log(f"loaded {lm.name} in {lm.seconds:.1f} s" + (" (from the converted copy in the cache)" if lm.from_cache
+                                                           else ""))
+    backends.reset_ran()  # what ran for this text only
+    story = collect(lm, text, top_k=o["top_k"], layer=o["layer"], head=o["head"], query=o["query"], say=say,
+                    prefill=TOY if o["sparse_prefill"] else None)
+    ran = backends.describe()  # which row of each native operator's table ran, and why others did not
+    require_finite(story_data(story), "the report's numbers (story.json)")
+    say("drawing the figures and writing the report")
+    command = _command_line(text, model, o["quantized"], o["top_k"], o["layer"], o["head"], o["query"], o["lang"],
+                            out, o["sparse_prefill"])
+    return story, write_report(story, out, lang=o["lang"], force=o["force"], command=command), ran
 
 
 def _closing_lines(ran: str, story, seconds: float) -> list[str]:

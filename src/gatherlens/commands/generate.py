@@ -25,8 +25,8 @@ from pathlib import Path
 import click
 
 from gatherlens.commands.params import (
-    Int, kv_dtype_option, load_kwargs, output_file, quantized_option, sampling_options, signals_as_ctrl_c,
-    sparse_prefill_option,
+    Int, kv_dtype_option, load_kwargs, output_file, quantized_option, require_causal, sampling_options,
+    signals_as_ctrl_c, sparse_prefill_option,
     threads_option,
 )
 from gatherlens.drawable import picture_suffixes
@@ -85,6 +85,7 @@ def generate(prompt, file, model_name, quantized, budget, dense, kv_dtype, max_n
     pages_path = output_file(pages, force, picture_suffixes("svg", "html"), "--pages")
     text = _prompt_text(prompt, file)
     load_kw = load_kwargs(model_name, quantized)  # before the model loads
+    require_causal(model_name, "generate")
     err = Console(stderr=True)
     try:
         with signals_as_ctrl_c() as stop:   # kill (SIGTERM) or a closed terminal (SIGHUP): as Ctrl-C

@@ -11,42 +11,13 @@ and the results table.
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 
 import click
 
 from gatherlens import outputs
-from gatherlens.errors import GatherValueError, shorten
-from gatherlens.params import check_int, parse_int
-
-
-class Int(click.ParamType):
-    """click's type of every int option and argument: `gatherlens.params.parse_int`'s rule (ASCII
-    digits, an optional "-") and its one wording, `Error: --threads = 999 is outside the valid
-    range [1, 16]`. `Int(1)` is [1, inf); `Int(1, 64)` is [1, 64]; `Int()` any int."""
-
-    name = "integer"
-
-    def __init__(self, lo: int | None = None, hi: int | None = None):
-        self.lo, self.hi = lo, hi
-
-    def convert(self, value, param, ctx):
-        name = max(param.opts, key=len) if param is not None and param.opts else "value"
-        try:
-            if isinstance(value, int) and not isinstance(value, bool):   # a default, or a caller's int
-                return check_int(value, name, self.lo, self.hi)
-            return parse_int(value, name, self.lo, self.hi)
-        except GatherValueError as e:
-            raise click.UsageError(str(e), ctx) from None
-
-
-def cpu_count() -> int:
-    """CPUs this process may run on (its affinity where the system tells it): --threads' ceiling."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+from gatherlens.errors import GatherValueError
+from gatherlens.params import Int, cpu_count, int_list, positive_ints  # noqa: F401 - the commands' int rules
 
 
 def threads_option(command):
@@ -54,25 +25,6 @@ def threads_option(command):
     return click.option("--threads", default=None, type=Int(1, cpu_count()),
                         help=f"torch threads, 1 to {cpu_count()} (default: all of them, fewer while other "
                              f"programs keep cores busy).")(command)
-
-
-def int_list(value: str, hint: str, lo: int | None = None, hi: int | None = None) -> list[int]:
-    """"3,1,4" -> [3, 1, 4]: each item by `parse_int`'s rule (spaces and empty items ignored); one
-    click error naming `hint` and the bad item otherwise."""
-    try:
-        return [parse_int(s, hint, lo, hi) for s in value.split(",") if s.strip(" \t")]
-    except GatherValueError as e:
-        kind = "positive integers" if lo == 1 and hi is None else "integers"
-        raise click.UsageError(f"{hint} = {shorten(value)} must be comma-separated {kind}: "
-                               f"{str(e).removeprefix(f'{hint} = ')}") from None
-
-
-def positive_ints(value: str, hint: str, what: str) -> list[int]:
-    """"8,32,128" -> [8, 32, 128] (sorted, unique); a clear error for anything else."""
-    values = sorted(set(int_list(value, hint, lo=1)))
-    if not values:
-        raise click.BadParameter(f"{value!r}: give at least one {what}, like 8,32,128", param_hint=hint)
-    return values
 
 
 def output_file(path: str | None, force: bool, suffixes: tuple[str, ...], hint: str) -> Path | None:
@@ -148,6 +100,28 @@ def load_kwargs(model: str, quantized: bool) -> dict:
     except GatherValueError as e:
         raise click.BadParameter(str(e), param_hint="--quantized") from None
     return {"quantized": True}
+
+
+def check_model(model: str) -> None:
+    """A one-line error, before anything slow, for a --model that is not there: an unknown name, a folder
+    without config.json, a .gguf that is not a GGUF (`registry.resolve`)."""
+    from gatherlens.models.files.registry import resolve
+
+    try:
+        resolve(model)
+    except GatherValueError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def require_causal(model: str, what: str) -> None:
+    """A one-line error, before anything loads, when `model` is not a causal LM (an encoder such as
+    minilm) and `what` (a command) needs one to generate or decode (`registry.check_causal`)."""
+    from gatherlens.models.files.registry import check_causal, resolve
+
+    try:
+        check_causal(resolve(model), what)
+    except GatherValueError as e:
+        raise click.ClickException(str(e)) from None
 
 
 STOP_SIGNALS = ("SIGTERM", "SIGHUP")   # stop a command like Ctrl-C does (what `kill` and a closed terminal send)

@@ -22,7 +22,7 @@ import os
 
 import click
 
-from gatherlens.commands.params import Int, quantized_option, sparse_prefill_option
+from gatherlens.commands.params import Int, check_model, quantized_option, sparse_prefill_option
 from gatherlens.i18n import LANGS
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -54,6 +54,11 @@ def serve(model, host, port, lang, max_new, quantized, sparse_prefill=False, slo
 
     from gatherlens.serve import ServeSettings, create_app, http_protocol, prepared
     from gatherlens.serve.openai_api import model_id
+
+    if not host.strip():
+        raise click.BadParameter("the host is empty; give an address of this machine, like 127.0.0.1",
+                                 param_hint="--host")
+    check_model(model)
 
     if host not in LOOPBACK:
         click.echo(f"warning: listening on {host}: anyone who can reach this address can run the "

@@ -34,6 +34,7 @@ import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.eval.stats import EvalReport, EvalRow, LayerStats, check_ids, perplexity, positive_settings
+from gatherlens.models.attention.cache import PagedLayer, WindowLayer
 from gatherlens.models.runtime.decoding import (
     SparseCall, SparseKVCache, observe_sparse, use_dense_decoding, use_sparse_decoding,
 )
@@ -172,11 +173,17 @@ def prefill(model, ids: torch.Tensor, page_size: int = QUEST.page_size) -> tuple
 
 
 def repage(cache: SparseKVCache, page_size: int, kv_dtype: str | None = None) -> SparseKVCache:
-    """A copy of `cache` (same keys and values as read) in pages of `page_size` tokens stored in `kv_dtype`."""
+    """A copy of `cache` (same keys and values as read) in pages of `page_size` tokens stored in `kv_dtype`;
+    a local (sliding-window, chunked) layer's ring is copied as it is (it has no pages)."""
     out = SparseKVCache(config=None, page_size=page_size, kv_dtype=kv_dtype)
-    for i, layer in enumerate(cache.layers):
+    for layer in cache.layers:
+        if isinstance(layer, WindowLayer):
+            out.layers.append(layer.copy())
+            continue
+        paged = PagedLayer(page_size, kv_dtype)
         if layer.paged is not None:
-            out.update(layer.paged.keys, layer.paged.values, i)
+            paged.append(layer.paged.keys, layer.paged.values)
+        out.layers.append(paged)
     return out
 
 

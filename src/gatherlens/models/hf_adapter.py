@@ -29,7 +29,7 @@ __all__ = [
     "register_attention", "sdpa_attention", "grouped_sdpa", "attention_function", "layer_types", "default_cache",
     "restore_default_cache",
     "replace_forward", "restore_forward", "forward_replaced", "decoder_layers", "class_named", "is_causal_lm",
-    "quiet_gguf_progress", "hand_over", "handed_over", "causal_lm_output",
+    "quiet_gguf_progress", "hand_over", "handed_over", "causal_lm_output", "gguf_tokenizer_from_metadata",
     "rotary_module", "moe_routers", "embedding_scale",
 ]
 
@@ -249,6 +249,32 @@ def quiet_gguf_progress():
 
 # -- a cache layer's step, handed to the attention function ---------------------------------------
 _handed = threading.local()
+
+
+def gguf_tokenizer_from_metadata(path, metadata: dict, tensor_names: tuple[str, ...]):
+    """transformers' `AutoTokenizer.from_pretrained(folder, gguf_file=)` for a tokenizer gatherlens does
+    not build itself (sentencepiece: Gemma, Llama 2, Phi-3), from metadata already read, so a large
+    header (Gemma 3: 262,144 tokens) is parsed once per load, not three times.
+
+    metadata: every key as transformers' reader gives it (a string array other than tokens and merges
+    as its count). relies on: `transformers.integrations.gguf.read_gguf_metadata(path, string_arrays)`
+    -> (metadata, tensor names), looked up in that package (the config) and in its `reader` module (the
+    tokenizer) at call time; both are replaced for the call.
+    """
+    from pathlib import Path
+
+    import transformers.integrations.gguf as hf_gguf
+    import transformers.integrations.gguf.reader as hf_reader
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    given = lambda gguf_path, string_arrays=(): (metadata, tensor_names)  # noqa: E731 - the reader's signature
+    saved = hf_gguf.read_gguf_metadata, hf_reader.read_gguf_metadata
+    hf_gguf.read_gguf_metadata = hf_reader.read_gguf_metadata = given
+    try:
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    finally:
+        hf_gguf.read_gguf_metadata, hf_reader.read_gguf_metadata = saved
 
 
 def hand_over(obj, keys) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from markupsafe import Markup
 
 from gatherlens.i18n import check_lang, text
-from gatherlens.outputs import output_dir, write_output
+from gatherlens.outputs import output_dir, output_folder, write_new
 from gatherlens.render.explorer import (csp, explorer_js, fragment_script, inline_scripts,
                                         json_block, strings_data, theme_data)
 from gatherlens.render.templates import render_template
@@ -215,12 +215,10 @@ def write_report(story: Story, out_dir: str | os.PathLike, lang: str = "en", for
     """
     report = build_report(story, lang=lang, command=command)
     out = check_out_dir(out_dir, force)  # checked again just before writing (the command checked at its start)
-    out.mkdir(parents=True, exist_ok=True)
-    if force:
-        for old in out.iterdir():
-            if old.is_file() and REPORT_FILES.match(old.name):
-                old.unlink()
     files = [(fig.filename, fig.svg) for fig in report.figures]
     files += [("story.json", json.dumps(report.data, ensure_ascii=False, indent=1) + "\n"), ("index.html", report.html)]
-    # each through a temporary file renamed over it: no half-written file
-    return [write_output(out / name, content, "--out", force=True) for name, content in files]
+    # written whole into a temporary folder, then swapped in: a stopped run leaves the earlier report as it was
+    with output_folder(out, "--out", force=force, owned=REPORT_FILES.match) as tmp:
+        for name, content in files:
+            write_new(tmp / name, content, shown=out / name)
+    return [out / name for name, _ in files]

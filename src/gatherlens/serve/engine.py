@@ -114,11 +114,14 @@ class Engine:
         """Turns of the running slots while there is work and nobody else waits for the model."""
         runner = self.runner_of(lm)
         await anyio.to_thread.run_sync(runner.install)
+        from gatherlens.models.runtime.threads import ThreadControl
+
+        threads = ThreadControl.start()   # the cores other programs leave free (models/runtime/threads.py)
         try:
             while self.waiting or self.running:
                 self._admit(runner)
                 if self.running:
-                    turn = await anyio.to_thread.run_sync(runner.advance, [j.slot for j in self.running])
+                    turn = await anyio.to_thread.run_sync(_turn, runner, [j.slot for j in self.running], threads)
                     self._deliver(turn)
                 self._drop_cancelled()
                 if self.pool.lock.statistics().tasks_waiting:
@@ -126,6 +129,7 @@ class Engine:
         except GatherLensError as e:
             self._fail_running(runner, e)
         finally:
+            threads.finish()
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(runner.uninstall)
 
@@ -187,6 +191,15 @@ class Engine:
             self._end(job, None, "error", error)
         self.running.clear()
         self.waiting.clear()
+
+
+def _turn(runner, slots, threads):
+    """One turn of the slots on a worker thread, the thread count the controller's (it follows the free cores)."""
+    threads.before_step()
+    try:
+        return runner.advance(slots)
+    finally:
+        threads.after_step()
 
 
 def _runner_of(settings: ServeSettings):

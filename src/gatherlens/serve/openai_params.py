@@ -154,6 +154,9 @@ def _common(body, required: str) -> dict:
 def _content(message: dict, i: int) -> str:
     """A message's content as text: a string, or its text parts joined (llama.cpp does the same)."""
     content = message.get("content")
+    if content is None and message.get("role") != "assistant":
+        raise _bad("messages", f"messages[{i}] ({message.get('role')}) has no content: only an assistant's message "
+                               f"(one that calls tools) may leave it out")
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):

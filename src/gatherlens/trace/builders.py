@@ -19,6 +19,7 @@ import torch
 
 from gatherlens.errors import GatherIndexError, GatherTypeError, GatherValueError, position_of
 from gatherlens.i18n import check_lang
+from gatherlens.ops.tensors import require_data
 from gatherlens.trace.record import GatherRecord
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
 def _tensor(x, name: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise GatherTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    require_data(**{name: x})
     return x.detach().cpu()
 
 

@@ -43,7 +43,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
 from gatherlens.errors import GatherLensWarning, GatherValueError
 from gatherlens.models.gguf.arch import ARCHS, NOT_APPLIED, Arch
-from gatherlens.models.gguf.config import file_arch, metadata_value, open_gguf
+from gatherlens.models.gguf.config import config_keys, file_arch, metadata_value, open_gguf
 from gatherlens.ops.quant.formats.floats import value_dtype
 from gatherlens.ops.quant.formats.layout import LAYOUTS
 from gatherlens.ops.quant.formats.registry import FORMATS
@@ -239,10 +239,60 @@ def _check_arch(reader, infos: list[TensorInfo], path: Path, arch: Arch) -> None
         tail = f" ({more:,} more tensors disagree with it)" if more else ""
         raise GatherValueError(f"model file {str(path)!r} does not match its own metadata: {info.name} is "
                                f"{_words(info.dims)}; {' and '.join(why)} {verb} {_words(dims)}{tail}")
+    _check_scalars(reader, path, arch, terms["V"][0])
     H, KV = terms["H"][0], terms["KV"][0]
     if H % KV:
         raise GatherValueError(f"model file {str(path)!r} has bad metadata: head_count {H} is not a multiple of "
                                f"head_count_kv {KV} (each KV head serves a whole number of query heads)")
+
+
+# config field a metadata key fills (models/gguf/config.py's keys) -> (the values it takes, what it is);
+# "ratio": a number in (0, 1); "positive": a finite number above 0; "count": a whole number above 0;
+# "token": a token id inside the vocabulary; "finite": any finite number
+SCALARS = {
+    "rope_theta": ("positive", "RoPE's base frequency"),
+    "rms_norm_eps": ("ratio", "the epsilon RMSNorm adds to the mean square"),
+    "rope_scaling.factor": ("positive", "the RoPE scaling factor"),
+    "rope_scaling.attention_factor": ("positive", "YaRN's attention factor"),
+    "rope_scaling.beta_fast": ("finite", "YaRN's beta_fast"),
+    "rope_scaling.beta_slow": ("finite", "YaRN's beta_slow"),
+    "rope_scaling.original_max_position_embeddings": ("count", "the context the model was trained at"),
+    "sliding_window": ("count", "tokens a local layer attends to"),
+    "attn_logit_softcapping": ("positive", "the cap of attention logits"),
+    "final_logit_softcapping": ("positive", "the cap of the output logits"),
+    "num_experts_per_tok": ("count", "experts each token uses"),
+    **dict.fromkeys(("bos_token_id", "eos_token_id", "unk_token_id", "pad_token_id"), ("token", "a token id")),
+}
+_RULES = {"ratio": "a number in (0, 1)", "positive": "a finite number above 0", "count": "a whole number above 0",
+          "token": "a whole number in [0, {V})", "finite": "a finite number"}
+
+
+def _scalar_ok(kind: str, value, V: int) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if kind in ("count", "token"):
+        return isinstance(value, int) and (0 < value if kind == "count" else 0 <= value < V)
+    finite = bool(np.isfinite(value))
+    return finite and (kind == "finite" or (value > 0 and (kind == "positive" or value < 1)))
+
+
+def _check_scalars(reader, path: Path, arch: Arch, V: int) -> None:
+    """Every scalar the config reads (SCALARS) in its range: a NaN base frequency or a negative epsilon
+    would run and write garbage; a sliding window of 0 or an end-of-sequence id past the vocabulary fail
+    deep inside. One error naming the key, its value, what it is and the range."""
+    for key, target in config_keys(arch).items():
+        rule = SCALARS.get(target)
+        key = key.format(arch=arch.gguf)
+        value = metadata_value(reader, key)
+        if rule is None or value is None or _scalar_ok(rule[0], value, V):
+            continue
+        raise GatherValueError(f"model file {str(path)!r} has bad metadata: {key} is {value!r}; it must be "
+                               f"{_RULES[rule[0]].format(V=f'{V:,}')} ({rule[1]}); {HINT}")
+    used = metadata_value(reader, f"{arch.gguf}.expert_used_count")
+    experts = metadata_value(reader, f"{arch.gguf}.expert_count")
+    if isinstance(used, int) and isinstance(experts, int) and used > experts:
+        raise GatherValueError(f"model file {str(path)!r} has bad metadata: {arch.gguf}.expert_used_count {used} "
+                               f"is more than its expert_count {experts}; {HINT}")
 
 
 def _expected(name: str, terms: dict, arch: Arch) -> tuple[tuple[int, ...], list[str]]:

@@ -188,7 +188,7 @@ def next_tokens(model, cache, ids: torch.Tensor, choose: Callable[[torch.Tensor]
     try:
         while True:
             threads.before_step()
-            logits = last_logits(model, cache, ids)  # (V,)
+            logits = last_logits(model, cache, ids, between=threads.follow)  # (V,)
             token = int(logits.argmax()) if choose is None else int(choose(logits))
             threads.after_step()
             yield token
@@ -202,14 +202,17 @@ def greedy_tokens(model, cache, ids: torch.Tensor) -> Iterator[int]:
     return next_tokens(model, cache, ids)
 
 
-def last_logits(model, cache, ids: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
+def last_logits(model, cache, ids: torch.Tensor, chunk: int | None = None, between=None) -> torch.Tensor:
     """The forward pass of ids (1, Q) into `cache`, a prompt longer than `chunk` (PREFILL_CHUNK) in
-    chunks of it (each attends the cache and itself, causally); the last position's logits (V,)."""
+    chunks of it (each attends the cache and itself, causally); the last position's logits (V,).
+    between(): called after each chunk but the last (the thread controller's look at the machine)."""
     chunk = chunk or PREFILL_CHUNK
     while ids.shape[1] > chunk:
         model(input_ids=ids[:, :chunk], cache=cache, use_cache=True, logits_to_keep=1)
         release_memory()  # the chunk's activations back to the system, not kept for the next (memory.py)
         ids = ids[:, chunk:]  # (1, Q - chunk)
+        if between is not None:
+            between()
     return model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]  # (V,)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from gatherlens.errors import GatherTypeError, GatherValueError
+from gatherlens.ops.tensors import require_data
 from gatherlens.ops.attention.variants import PLAIN, AttentionVariant
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -83,6 +84,7 @@ def _check_tensor(name: str, t) -> None:
         raise GatherValueError(
             f"{name} has shape {tuple(t.shape)} ({t.dim()}-D); expected 4-D (batch, heads, length, head_dim)"
         )
+    require_data(**{name: t})
 
 
 def check_softcap(softcap) -> float | None:

@@ -176,7 +176,13 @@ void check_stack(const at::Tensor& x, at::TensorList norms, c10::ArrayRef<double
                   static_cast<int64_t>(pages.size()) == L && static_cast<int64_t>(firsts.size()) == L,
               "values, summaries, key_scales, value_scales, pages, firsts must hold one per layer (", L, ")");
   for (int64_t l = 0; l < L; ++l)
-    TORCH_CHECK(keys[l].size(0) == 1, "the caches must hold batch 1 (layer ", l, ")");
+    TORCH_CHECK(keys[l].dim() == 5 && keys[l].size(0) == 1 && keys[l].size(4) == keys[0].size(4),
+                "decode_stack: the caches must be (1, Hkv, cap, P, D) storage of one head size (layer ", l, ": ",
+                keys[l].sizes(), ")");
+  for (const std::string& k : kernels)
+    TORCH_CHECK(k.empty() || k == "q8act_linear" || k == "q8k_linear" || k == "floatdot_linear" ||
+                    k == "q8x8_linear", "decode_stack: kernel '", k, "' is not a product operator (q8act_linear, "
+                "q8k_linear, floatdot_linear, q8x8_linear, or '' for a slot packed into the one before)");
 }
 
 std::vector<Product> products_of(at::TensorList raws, const std::vector<std::string>& kernels, c10::IntArrayRef qtypes,
@@ -196,6 +202,10 @@ at::Tensor decode_stack_cpu(const at::Tensor& x, const at::Tensor& cos, const at
                             const at::Tensor& head_raw, const std::string& head_kernel, int64_t head_qtype) {
   const std::vector<std::string> kernels(kernel_list.begin(), kernel_list.end());
   check_stack(x, norms, eps, raws, kernels, qtypes, keys, values, sums, ks, vs, pages, firsts);
+  TORCH_CHECK(heads >= 1, "decode_stack: heads = ", heads, " must be >= 1 (the query heads)");
+  TORCH_CHECK(head_kernel.empty() || head_kernel == "q8act_linear" || head_kernel == "q8k_linear" ||
+                  head_kernel == "floatdot_linear" || head_kernel == "q8x8_linear",
+              "decode_stack: head_kernel '", head_kernel, "' is not a product operator");
   const int64_t L = static_cast<int64_t>(keys.size()), D = keys.empty() ? 0 : keys[0].size(4);
   const StepArgs s{&cos, &sin, position, heads, D, scale, per_head, group_sum};
   at::Tensor h = x;

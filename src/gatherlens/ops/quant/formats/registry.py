@@ -108,7 +108,9 @@ def format_of(qtype: str, needs: str | None = None) -> QuantFormat:
 
 
 def dequantize_rows(raw: torch.Tensor, qtype: str) -> torch.Tensor:
-    """(R, nb * block_bytes) uint8 rows of `qtype` -> (R, nb * block_weights) float32. Unchecked."""
+    """(R, nb * block_bytes) uint8 rows of `qtype` -> (R, nb * block_weights) float32. Unchecked (but a
+    strided view of rows, a transpose, is read as its bytes in order)."""
+    raw = raw if raw.stride(-1) == 1 else raw.contiguous()  # (R, nb * block_bytes), rows contiguous
     return FORMATS[qtype].dequantize(raw).flatten(1)  # (R, nb*elems)
 
 

@@ -108,6 +108,7 @@ def _check_raw(raw, qtype: str, config: LinearConfig) -> None:
 def pack_linear(raw: torch.Tensor, qtype: str, config: LinearConfig = LinearConfig()) -> QuantizedWeight:
     """Blocks (N, nb * block_bytes) uint8 of a weight (N, K) -> a QuantizedWeight for `config.route`."""
     _check_raw(raw, qtype, config)
+    raw = raw if raw.stride(-1) == 1 else raw.contiguous()  # a strided view of blocks (a transpose): its bytes in order
     elems, nbytes = SIZES[qtype]
     shape = (raw.shape[0], raw.shape[1] // nbytes * elems)  # (N, K)
     tensors, planes = ROUTES[config.route].pack(raw, qtype)
