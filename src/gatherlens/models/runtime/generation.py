@@ -37,10 +37,11 @@ import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.memory import release_memory
-from gatherlens.models.runtime.detokenize import CONTEXT_TOKENS, Detokenizer
+from gatherlens.models.attention.sparse import observe_sparse, sparse_settings
 from gatherlens.models.files.watch import check_unchanged
-from gatherlens.models.runtime.decoding import (SparseKVCache, observe_sparse, sparse_settings, use_dense_decoding,
-                                      use_sparse_decoding)
+from gatherlens.models.runtime.detokenize import CONTEXT_TOKENS, Detokenizer
+from gatherlens.models.runtime.native import is_native, native_cache, native_config, use_native_decoding, \
+    use_native_dense
 from gatherlens.models.runtime.threads import ThreadControl
 from gatherlens.ops.sparse.config import DEFAULT
 
@@ -130,17 +131,36 @@ def stop_ids(lm) -> set[int]:
     return set() if eos is None else {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
 
 
-def _start(model, budget: int | None, sparse: dict) -> tuple[object, int]:
-    """Switch the model (sparse or dense decoding); the cache the loop fills and its page size."""
+def _start(model, budget: int | None, sparse: dict, tokens: int) -> tuple[object, int]:
+    """Switch the model (sparse or dense decoding); the cache the loop fills (room for `tokens`) and its page
+    size. The native runtime's model (models/runtime/native.py) decodes densely with budget None over its own
+    cache; a transformers model over transformers' DynamicCache (dense) or a SparseKVCache."""
+    if is_native(model):
+        config = native_config(budget, **sparse)
+        use_native_decoding(model, config)
+        return native_cache(model, tokens, config), config.page_size
     from transformers import DynamicCache
+
+    from gatherlens.models.runtime.decoding import SparseKVCache, use_dense_decoding, use_sparse_decoding
 
     if budget is None:
         use_dense_decoding(model)
         return DynamicCache(config=model.config), sparse.get("page_size", DEFAULT.page_size)
     use_sparse_decoding(model, budget=budget, **sparse)
     settings = sparse_settings(model)  # what the model now decodes with: pages made so at the prefill
-    return SparseKVCache(config=model.config, page_size=settings.page_size, kv_dtype=settings.kv_dtype), \
-        settings.page_size
+    cache = SparseKVCache(config=model.config, page_size=settings.page_size, kv_dtype=settings.kv_dtype)
+    cache.reserve(tokens)  # room for every token at the prefill: no decode step regrows it
+    return cache, settings.page_size
+
+
+def _stop(model) -> None:
+    """Back to dense decoding (transformers' model), or no decode step (the native runtime's)."""
+    if is_native(model):
+        use_native_dense(model)
+        return
+    from gatherlens.models.runtime.decoding import use_dense_decoding
+
+    use_dense_decoding(model)
 
 
 @torch.no_grad()
@@ -207,9 +227,7 @@ def generation_steps(lm, ids: torch.Tensor, budget: int | None = DEFAULT.budget,
     new: list[int] = []
     times = [0.0, 0.0]  # prefill, decode
     try:
-        cache, page_size = _start(model, budget, sparse)
-        if isinstance(cache, SparseKVCache):  # room for every token at the prefill: no decode step regrows it
-            cache.reserve(S + max_new_tokens)
+        cache, page_size = _start(model, budget, sparse, S + max_new_tokens)
         tokens = greedy_tokens(model, cache, ids)  # the prompt (1, S) first, then (1, 1) per step
         yield GenerationStart(S, budget, page_size, model.config.num_hidden_layers)
         while len(new) < max_new_tokens and not (new and new[-1] in stop):
@@ -221,4 +239,4 @@ def generation_steps(lm, ids: torch.Tensor, budget: int | None = DEFAULT.budget,
                                  tuple(sorted(picked or (), key=lambda p: p.layer)), seconds)
         yield GenerationEnd(tuple(new), detok.text, S, "eos" if new[-1] in stop else "length", *times)
     finally:
-        use_dense_decoding(model)
+        _stop(model)
