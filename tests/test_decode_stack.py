@@ -99,6 +99,25 @@ def test_the_stack_equals_the_planned_loop(models, qtype, kv_dtype, budget):
     assert all(torch.equal(a, b) for a, b in zip(native, planned))
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "phi3"])
+def test_other_layers_on_every_row(models, arch):
+    """Qwen2's q/k/v biases, Qwen3's q/k head norms (head_dim 128), Phi-3's fused q|k|v and gate|up, walked from
+    transformers' modules: the stack equals the planned loop bit for bit, and the planned loop equals
+    transformers' layers up to the order of sums (F32 weights: nothing rounds x)."""
+    model = models(arch, "F32")
+    use_sparse_decoding(model, budget=8, page_size=4, dense_layers=0, recent=0, kv_dtype="float32")
+    try:
+        assert {k: v for k, v in step.step_declarations(model).items() if k != "chunk"} == \
+            {"stack": None, "planned": None, "hf": None}
+        caches = [_prefilled(model, "float32") for _ in range(3)]
+        rows = [_rows(model, cache, [3, 8, 13], row) for cache, row in zip(caches, ("stack", "planned", "hf"))]
+    finally:
+        use_dense_decoding(model)
+    assert all(torch.equal(a, b) for a, b in zip(rows[0], rows[1]))
+    for a, b in zip(rows[1], rows[2]):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))
+
+
 def test_the_plan_rows_equal_transformers(models):
     """The planned loop against transformers' own layers (step="hf") over the same paged cache: the same
     caches up to rounding, logits within it (transformers' norms sum in another order)."""
