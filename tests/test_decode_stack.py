@@ -18,6 +18,7 @@ import torch  # noqa: E402
 
 gguf = pytest.importorskip("gguf")
 
+from lanes import sweep  # noqa: E402
 from tiny_gguf import tiny_model, write_gguf  # noqa: E402
 
 from gatherlens.errors import GatherValueError  # noqa: E402
@@ -99,7 +100,7 @@ def test_the_stack_equals_the_planned_loop(models, qtype, kv_dtype, budget):
     assert all(torch.equal(a, b) for a, b in zip(native, planned))
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "phi3"])
+@pytest.mark.parametrize("arch", sweep(["qwen2", "qwen3", "phi3"], fast="qwen3"))
 def test_other_layers_on_every_row(models, arch):
     """Qwen2's q/k/v biases, Qwen3's q/k head norms (head_dim 128), Phi-3's fused q|k|v and gate|up, walked from
     transformers' modules: the stack equals the planned loop bit for bit, and the planned loop equals

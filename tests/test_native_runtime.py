@@ -20,6 +20,7 @@ import torch  # noqa: E402
 
 gguf = pytest.importorskip("gguf")
 
+from lanes import sweep  # noqa: E402
 from native_helpers import needs_native  # noqa: E402
 from tiny_gguf import tiny_model, write_gguf  # noqa: E402
 
@@ -91,7 +92,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, share: float) -> None:
 
 
 @pytest.mark.parametrize("qtype,share", [("F32", 1e-5), ("Q8_0", 0.05)], ids=["F32", "Q8_0"])
-@pytest.mark.parametrize("arch", list(SHAPES))
+@pytest.mark.parametrize("arch", sweep(list(SHAPES), fast="gemma3"))
 def test_the_native_runtime_equals_transformers(files, arch, qtype, share):
     """The chunked prefill (every position) and five decode steps on the C++ stack, against transformers'
     forward of the same blocks, pages in float32 as transformers' cache. F32 weights (read as stored, x not
@@ -108,7 +109,7 @@ def test_the_native_runtime_equals_transformers(files, arch, qtype, share):
         _close(a, b, share)
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "qwen2", "phi3"])
+@pytest.mark.parametrize("arch", sweep(["gemma3", "qwen2", "phi3"], fast="gemma3"))
 @pytest.mark.parametrize("budget,kv_dtype", [(8, "float16"), (None, "float32"), (12, "int8")])
 def test_the_stack_equals_the_planned_loop(files, arch, budget, kv_dtype):
     """The same steps on both rows of one native plan: bit-equal logits, and the same keys and values in every
