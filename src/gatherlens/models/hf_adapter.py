@@ -30,7 +30,7 @@ __all__ = [
     "restore_default_cache",
     "replace_forward", "restore_forward", "forward_replaced", "decoder_layers", "class_named", "is_causal_lm",
     "quiet_gguf_progress", "hand_over", "handed_over", "causal_lm_output", "gguf_tokenizer_from_metadata",
-    "rotary_module", "moe_routers", "embedding_scale",
+    "rotary_module", "moe_routers", "embedding_scale", "layer_type_names", "rotary_angles",
 ]
 
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # class (architecture) names of causal LMs
@@ -123,6 +123,29 @@ def layer_types(config) -> tuple[list, list]:
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     return get_layer_types_and_kwargs(config)
+
+
+def layer_type_names(config) -> list[str]:
+    """The layer type name of each decoder layer ("full_attention", "sliding_attention", ...): `layer_types`'."""
+    return list(layer_types(config.get_text_config(decoder=True))[0])
+
+
+def rotary_angles(rotary, layer_type: str):
+    """positions (B, T) -> (cos, sin) (B, T, D) float32 of a model's rotary module, for the layers of
+    `layer_type` (Gemma 3's module makes each layer type's angles from its own base).
+
+    relies on: the rotary module's forward `(x, position_ids)` (x read for its dtype and device only),
+    or `(x, position_ids, layer_type)` where the module keeps angles per layer type.
+    """
+    import torch
+
+    typed = "layer_type" in inspect.signature(rotary.forward).parameters
+    probe = torch.empty(0)  # float32 on the CPU: the dtype and device of the angles
+
+    def angles(positions):
+        return rotary(probe, positions, layer_type) if typed else rotary(probe, positions)  # (B, T, D) x2
+
+    return angles
 
 
 # -- generate's default cache ---------------------------------------------------------------------

@@ -107,17 +107,19 @@ def open_checked(path, mode: str = "c", quantized: bool = False):
     return reader
 
 
-def check_gguf(reader, path, quantized: bool = False) -> None:
+def check_gguf(reader, path, quantized: bool = False, applied: tuple[str, ...] = ()) -> None:
     """Every check of the module doc on an open reader of `path`; one GatherValueError at the first fault.
+    applied: tensors of NOT_APPLIED the caller does apply (no warning for them: the native runtime's
+    rope_freqs).
 
     >>> check_gguf(open_gguf(path), path, quantized=True)     # None for a sound file
     """
     infos = tensor_infos(reader)
-    _check_header(reader, infos, Path(path), quantized)
+    _check_header(reader, infos, Path(path), quantized, applied)
     _check_values(reader, infos, Path(path))
 
 
-def _check_header(reader, infos: list[TensorInfo], path: Path, quantized: bool) -> None:
+def _check_header(reader, infos: list[TensorInfo], path: Path, quantized: bool, applied: tuple = ()) -> None:
     arch = file_arch(reader)
     if arch is None and quantized:
         said = metadata_value(reader, "general.architecture")
@@ -126,7 +128,7 @@ def _check_header(reader, infos: list[TensorInfo], path: Path, quantized: bool) 
                                f"the float32 path reads every architecture transformers reads")
     _check_types(infos, path, quantized)
     if arch is not None:
-        _check_arch(reader, infos, path, arch)
+        _check_arch(reader, infos, path, arch, applied)
     _check_extents(infos, int(reader.alignment), len(reader.data), path)
 
 
@@ -228,9 +230,9 @@ def _head_dim(reader, path: Path, arch: Arch, E: int, H: int) -> int:
     return E // H
 
 
-def _check_arch(reader, infos: list[TensorInfo], path: Path, arch: Arch) -> None:
+def _check_arch(reader, infos: list[TensorInfo], path: Path, arch: Arch, applied: tuple = ()) -> None:
     terms = _arch_terms(reader, path, arch)
-    _check_tensor_set(infos, terms["L"][0], path, arch)
+    _check_tensor_set(infos, terms["L"][0], path, arch, applied)
     wrong = [(info, _expected(info.name, terms, arch)) for info in infos if info.name not in NOT_APPLIED]
     wrong = [(info, want) for info, want in wrong if info.dims != want[0]]
     if wrong:
@@ -309,7 +311,7 @@ def _words(dims: tuple[int, ...]) -> str:
     return f"{dims[0]:,} weights" if len(dims) == 1 else f"of shape {list(dims)}"
 
 
-def _check_tensor_set(infos: list[TensorInfo], blocks: int, path: Path, arch: Arch) -> None:
+def _check_tensor_set(infos: list[TensorInfo], blocks: int, path: Path, arch: Arch, applied: tuple = ()) -> None:
     """Each tensor of the architecture's rows for `blocks` blocks once (optional rows may be absent), nothing else."""
     names = [info.name for info in infos]
     twice = sorted(n for n, count in Counter(names).items() if count > 1)
@@ -323,7 +325,7 @@ def _check_tensor_set(infos: list[TensorInfo], blocks: int, path: Path, arch: Ar
     if missing:
         raise GatherValueError(f"model file {str(path)!r} does not match its own metadata: it lacks "
                                f"{_some(missing)}, which block_count {blocks} and the {arch.name} architecture need")
-    for name in sorted(have & set(NOT_APPLIED)):
+    for name in sorted(have & set(NOT_APPLIED) - set(applied)):
         warnings.warn(f"{path.name}: {name}: {NOT_APPLIED[name]}", GatherLensWarning, stacklevel=2)
     unused = [n for n in names if n not in set(expected) and n not in NOT_APPLIED]
     if unused:

@@ -45,7 +45,8 @@ from gatherlens.ops.quant import LinearConfig, QuantizedTable, pack_linear, spli
 from gatherlens.ops.quant.formats.floats import float_values
 from gatherlens.ops.quant.products.matmul import pick_route
 
-__all__ = ["load_quantized", "PREFILL_ROWS", "ROUTE", "HEAD_ROUTE", "linear_from", "quantized_modules"]
+__all__ = ["load_quantized", "PREFILL_ROWS", "ROUTE", "HEAD_ROUTE", "linear_from", "quantized_modules", "weight_rows",
+           "packed_weight", "head_weight"]
 
 PREFILL_ROWS = 128  # rows from which a call dequantizes to float32 (ops/quant/products/linear.py)
 ROUTE = "auto"  # the linears: "q8act" where it builds (llama.cpp's integer dot products), else "int4"
@@ -119,8 +120,7 @@ def _build(config, reader, tables: dict, attn_implementation: str | None, arch: 
     inner.embed_tokens = QuantizedEmbedding(embed, embed_scale(config) if arch.embed_scale else None)
     untied = any(r.kind == HEAD for r in arch.rows) and "output.weight" in tables
     head = QuantizedTable.from_reader(reader, "output.weight") if untied else embed
-    head_config = LinearConfig(route=pick_route(head.qtype, HEAD_ROUTE, head=True), prefill_rows=PREFILL_ROWS)
-    model.lm_head = QuantizedLinear(pack_linear(head.raw, head.qtype, head_config))
+    model.lm_head = QuantizedLinear(head_weight(head))
     for i, layer in enumerate(inner.layers):
         _fill_layer(layer, i, reader, tables, config, arch)
     inner.norm.weight = _norm(tables, "output_norm.weight", arch)
@@ -142,8 +142,9 @@ def linear_from(raw: torch.Tensor, qtype: str, bias: torch.Tensor | None = None)
     return QuantizedLinear(pack_linear(raw, qtype, _config(qtype)), bias)
 
 
-def _rows(reader, name: str, config, arch: Arch) -> torch.Tensor:
-    """The blocks of a linear (N, row_bytes), q and k rows back in HF's order where the row says (reverse_permute)."""
+def weight_rows(reader, name: str, config, arch: Arch) -> torch.Tensor:
+    """The blocks of a linear (N, row_bytes), q and k rows back in HF's order where the row says (reverse_permute);
+    config: anything with num_attention_heads / num_key_value_heads (a transformers config, a ModelSpec)."""
     raw = QuantizedTable.from_reader(reader, name).raw  # (N, row_bytes), mapped in place
     heads = permuted_heads(name, config, arch)
     return raw if heads is None else unpermute_rows(raw, heads)  # (N, row_bytes): whole rows move, exact
@@ -160,7 +161,7 @@ def _parts(row: Row, i: int, reader, tables: dict, config, arch: Arch) -> tuple:
     stem = row.gguf.format(i=i)
     qtype = _tensor(tables, f"{stem}.weight", arch).tensor_type.name
     bias = _vector(tables, f"{stem}.bias", arch) if row.bias else None  # (N,) float32
-    return _rows(reader, f"{stem}.weight", config, arch), qtype, bias
+    return weight_rows(reader, f"{stem}.weight", config, arch), qtype, bias
 
 
 def _joined(reader, raws: list[torch.Tensor]) -> torch.Tensor:
@@ -176,10 +177,23 @@ def _joined(reader, raws: list[torch.Tensor]) -> torch.Tensor:
     return torch.from_numpy(base[start:start + rows * width].reshape(rows, width))  # (sum N, row_bytes), no copy
 
 
+def packed_weight(reader, raws: list[torch.Tensor], qtype: str):
+    """One QuantizedWeight of several projections' rows of one format (a view of the file where they lie side
+    by side, `_joined`), its route picked here as every linear's."""
+    return pack_linear(raws[0] if len(raws) == 1 else _joined(reader, raws), qtype, _config(qtype))
+
+
+def head_weight(table: QuantizedTable):
+    """The output projection's QuantizedWeight over a table (`output.weight`, or the tied embedding's blocks):
+    the head's route (`HEAD_ROUTE`)."""
+    config = LinearConfig(route=pick_route(table.qtype, HEAD_ROUTE, head=True), prefill_rows=PREFILL_ROWS)
+    return pack_linear(table.raw, table.qtype, config)
+
+
 def _fused(parent, names: list[str], parts: list[tuple], reader) -> QuantizedLinear:
     """Pack the rows of several projections as one weight; each projection a view of its rows."""
     raws, qtype, biases = [p[0] for p in parts], parts[0][1], [p[2] for p in parts]
-    fused = pack_linear(_joined(reader, raws), qtype, _config(qtype))  # (sum N, row_bytes)
+    fused = packed_weight(reader, raws, qtype)  # (sum N, row_bytes)
     for name, part, bias in zip(names, split_linear(fused, [r.shape[0] for r in raws]), biases):
         setattr(parent, name, QuantizedLinear(part, bias))
     joined = None if any(b is None for b in biases) else torch.cat(biases)  # (sum N,)

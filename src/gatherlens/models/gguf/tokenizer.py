@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gatherlens.models.gguf.config import metadata_value
 
-__all__ = ["gguf_tokenizer", "load_gguf_tokenizer", "PRE_TOKENIZER_SPLITS", "SPECIAL_TOKENS"]
+__all__ = ["gguf_tokenizer", "gguf_backend", "load_gguf_tokenizer", "PRE_TOKENIZER_SPLITS", "SPECIAL_TOKENS"]
 
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
 
@@ -59,6 +59,18 @@ def gguf_tokenizer(reader):
     """The file's tokenizer as a transformers.PreTrainedTokenizerFast (see module doc), or None."""
     from transformers import PreTrainedTokenizerFast
 
+    built = gguf_backend(reader)
+    if built is None:
+        return None
+    backend, settings = built
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **settings)
+
+
+def gguf_backend(reader):
+    """(the file's `tokenizers.Tokenizer`, its settings: the special tokens by name, add_bos_token /
+    add_eos_token where the file states them, the chat template), or None for a tokenizer model this
+    module does not build. The transformers wrapper (`gguf_tokenizer`) and the native runtime's
+    (models/gguf/text.py) both take these."""
     if metadata_value(reader, "tokenizer.ggml.model") != "gpt2" or "tokenizer.ggml.merges" not in reader.fields:
         return None
     tokens = metadata_value(reader, "tokenizer.ggml.tokens")
@@ -69,8 +81,7 @@ def gguf_tokenizer(reader):
     specials = {name: tokens[i] if i is not None else None for name, i in ids.items()}
     extra = {key: value for key in ("add_bos_token", "add_eos_token")
              if (value := metadata_value(reader, f"tokenizer.ggml.{key}")) is not None}
-    return PreTrainedTokenizerFast(tokenizer_object=backend, chat_template=metadata_value(
-        reader, "tokenizer.chat_template"), **specials, **extra)
+    return backend, {"chat_template": metadata_value(reader, "tokenizer.chat_template"), **specials, **extra}
 
 
 def load_gguf_tokenizer(path, reader):
