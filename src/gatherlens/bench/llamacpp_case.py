@@ -3,8 +3,9 @@
     echo '{"gguf": "m.gguf", "prompt": [1, 2, ...], "threads": 2, "steps": 32}' | \
         /path/to/llamacpp-venv/bin/python llamacpp_case.py
 
-It imports only llama_cpp and the standard library, so it runs in a virtualenv without torch or
-gatherlens. The timing is the one of docs/peers (`gatherlens bench generate` calls it, alternating
+With "greedy": N it returns llama.cpp's N greedy tokens instead; with "quantize": SRC, "out": DST,
+"ftype": "Q4_K_M" it runs llama.cpp's own quantizer. It imports only llama_cpp and the standard
+library, so it runs in a virtualenv without torch or gatherlens. The timing is the one of docs/peers (`gatherlens bench generate` calls it, alternating
 with its own cases): `Llama(n_ctx=L+64, n_threads=T, n_threads_batch=T, n_batch=512)`, one
 `llm.eval(prompt)` for the prefill, then `steps` greedy steps of `llm.sample(temp=0.0)` +
 `llm.eval([tok])`, each timed alone; the median step is reported. The result is one JSON line.
@@ -71,9 +72,28 @@ def greedy(spec: dict) -> dict:
     return {"tokens": tokens}
 
 
+def quantize(spec: dict) -> dict:
+    """llama.cpp's own quantizer: spec["quantize"] (src) -> spec["out"] in spec["ftype"] ("Q4_K_M", "Q8_0",
+    ... : the name after LLAMA_FTYPE_MOSTLY_), with spec["threads"] threads: {"seconds", "out"}."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{spec['ftype']}")
+    params.allow_requantize = True
+    params.nthread = int(spec["threads"])
+    t0 = time.perf_counter()
+    code = llama_cpp.llama_model_quantize(spec["quantize"].encode(), spec["out"].encode(), ctypes.byref(params))
+    if code != 0:
+        raise RuntimeError(f"llama_model_quantize returned {code} for {spec['quantize']} -> {spec['ftype']}")
+    return {"seconds": time.perf_counter() - t0, "out": spec["out"]}
+
+
 def main() -> None:
     spec = json.loads(sys.stdin.read())
-    print(json.dumps(greedy(spec) if "greedy" in spec else run(spec)))
+    action = quantize if "quantize" in spec else greedy if "greedy" in spec else run
+    print(json.dumps(action(spec)))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ ARCH_INTS = ("block_count", "embedding_length", "attention.head_count", "context
 TERM_KEYS = {"F": "feed_forward_length", "2F": "feed_forward_length", "X": "expert_count",
              "FX": "expert_feed_forward_length", "FS": "expert_shared_feed_forward_length"}
 HINT = "reinstall the package that ships it, or use another file"
+_FLOAT_CHUNK = 1 << 22  # values of a float tensor checked at a time
 
 
 @dataclass(frozen=True)
@@ -337,11 +338,12 @@ def _check_floats(reader, info: TensorInfo, count: int, path: Path) -> None:
     with warnings.catch_warnings():  # a read-only map ("r"): torch warns of writes; this only reads
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         values = torch.from_numpy(raw).view(VALUE_DTYPES[info.type_name])  # (count,)
-    bad = ~torch.isfinite(values)  # (count,)
-    if bool(bad.any()):
-        at = int(bad.nonzero()[0])
-        raise GatherValueError(f"model file {str(path)!r} is damaged: {info.name} holds {float(values[at])} at "
-                               f"{_position(at, info)}; every weight must be finite; {HINT}")
+    for start in range(0, count, _FLOAT_CHUNK):  # a piece at a time: no (count,) mask of a 262K x 640 table
+        finite = torch.isfinite(values[start:start + _FLOAT_CHUNK])  # (chunk,)
+        if not bool(finite.all()):
+            at = start + int((~finite).nonzero()[0])
+            raise GatherValueError(f"model file {str(path)!r} is damaged: {info.name} holds {float(values[at])} at "
+                                   f"{_position(at, info)}; every weight must be finite; {HINT}")
 
 
 def _bad_scale(info: TensorInfo, scales: np.ndarray, field: str, per_row: int, path: Path) -> None:
