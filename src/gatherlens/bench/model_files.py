@@ -213,20 +213,44 @@ def write_metadata(writer, gguf_arch: str, config) -> None:
             (writer.add_float32 if isinstance(v, float) else writer.add_uint32)(f"{gguf_arch}.{key}", v)
 
 
-def _stored(gguf_name: str, values: np.ndarray, dtype: str) -> np.ndarray:
-    """A tensor as convert stores it: matrices in `dtype` (F16 / F32), vectors F32."""
-    return values.astype(np.float16) if values.ndim > 1 and dtype == "F16" else values.astype(np.float32)
+def _stored(values: np.ndarray, dtype: str) -> np.ndarray:
+    """A tensor as stored: matrices in `dtype` (F16, F32, or a block format gguf.quants quantizes: tests'
+    tiny files), vectors F32."""
+    import gguf
+
+    if values.ndim == 1 or dtype == "F32":
+        return values.astype(np.float32)
+    if dtype == "F16":
+        return values.astype(np.float16)
+    return gguf.quants.quantize(values.astype(np.float32), gguf.GGMLQuantizationType[dtype])  # (N, row bytes)
+
+
+def _info(writer, name: str, shape: tuple[int, ...], dtype: str) -> None:
+    """The tensor info of one tensor as `_stored` writes it."""
+    import gguf
+
+    if len(shape) == 1 or dtype in FILE_TYPES:
+        item = np.dtype(np.float16 if len(shape) > 1 and dtype == "F16" else np.float32)
+        writer.add_tensor_info(name, shape, item, int(np.prod(shape)) * item.itemsize)
+        return
+    kind = gguf.GGMLQuantizationType[dtype]
+    elems, nbytes = gguf.GGML_QUANT_SIZES[kind]
+    byte_shape = (*shape[:-1], shape[-1] // elems * nbytes)
+    writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=kind)
 
 
 def write_model(spec: RealModel, path: Path, config=None, dtype: str = "F16", vocab: Vocab | None = None,
                 seed: int = 0) -> Path:
     """Write a random-weight `spec` model (its published config, or `config`) to `path` as llama.cpp's
     convert would, one tensor in memory at a time; `vocab`: the tokenizer (default `model_vocab` of the
-    config's vocabulary size). Returns `path`."""
+    config's vocabulary size); `dtype`: the matrices' type (F16, F32; tests: Q8_0, Q4_0, ... through
+    gguf.quants). Returns `path`."""
     import gguf
 
-    if dtype not in FILE_TYPES:
-        raise ValueError(f"dtype must be one of {tuple(FILE_TYPES)}, got {dtype!r}")
+    import gguf
+
+    if dtype not in FILE_TYPES and dtype not in gguf.GGMLQuantizationType.__members__:
+        raise ValueError(f"dtype must be one of {tuple(FILE_TYPES)} or a gguf block format, got {dtype!r}")
     config = config or hf_config(spec)
     vocab = vocab or model_vocab(spec, config.vocab_size)
     plan = gguf_tensors(spec, config)
@@ -234,14 +258,14 @@ def write_model(spec: RealModel, path: Path, config=None, dtype: str = "F16", vo
     gemma = spec.gguf_arch.startswith("gemma")
     writer = gguf.GGUFWriter(str(path), spec.gguf_arch)
     writer.add_name(spec.name)
-    writer.add_file_type(FILE_TYPES[dtype])
+    if dtype in FILE_TYPES:
+        writer.add_file_type(FILE_TYPES[dtype])
     write_metadata(writer, spec.gguf_arch, config)
     vocab.write(writer)
     if factors is not None:
         writer.add_tensor_info("rope_freqs.weight", factors.shape, np.dtype(np.float32), factors.nbytes)
     for name, _, shape in plan:
-        item = np.dtype(np.float16 if len(shape) > 1 and dtype == "F16" else np.float32)
-        writer.add_tensor_info(name, shape, item, int(np.prod(shape)) * item.itemsize)
+        _info(writer, name, shape, dtype)
     writer.write_header_to_file(path=Path(path))
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -249,6 +273,6 @@ def write_model(spec: RealModel, path: Path, config=None, dtype: str = "F16", vo
         writer.write_tensor_data(factors)
     for name, hf, shape in plan:
         values = convert_values(name, _values(hf, shape, gemma, seed), spec.gguf_arch, config)  # shape
-        writer.write_tensor_data(_stored(name, values, dtype))
+        writer.write_tensor_data(_stored(values, dtype))
     writer.close()
     return Path(path)

@@ -154,7 +154,7 @@ def _trim(tokens: list[str], merges: list[str], regular: int) -> tuple[list[str]
 
 def _spm_pieces(base: bool) -> list[str]:
     """SentencePiece pieces from the byte-level base: each token's text with U+2581 for a space
-    (tokens that are not whole UTF-8 text dropped), in the base's order."""
+    (tokens that are not whole UTF-8 text, or hold a NUL, dropped), in the base's order."""
     tokens, _ = _smollm2_bpe() if base else (list(byte_spelling()), [])
     decode = {c: b for b, c in enumerate(byte_spelling())}
     pieces, seen = [], set()
@@ -164,7 +164,7 @@ def _spm_pieces(base: bool) -> list[str]:
         except (KeyError, UnicodeDecodeError):
             continue
         piece = text.replace(" ", SPACE)
-        if piece and piece not in seen:
+        if piece and "\x00" not in piece and piece not in seen:  # llama.cpp reads tokens as C strings
             seen.add(piece)
             pieces.append(piece)
     return pieces
