@@ -41,6 +41,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
 from gatherlens.errors import GatherLensWarning, GatherValueError
+from gatherlens.memory import release_pages
 from gatherlens.models.gguf.arch import ARCHS, NOT_APPLIED, Arch
 from gatherlens.models.gguf.config import file_arch, metadata_value, open_gguf
 from gatherlens.ops.quant.floats import VALUE_DTYPES
@@ -329,6 +330,8 @@ def _check_values(reader, infos: list[TensorInfo], path: Path) -> None:
                                     strides=(layout.block_bytes,))  # one fp16 a block, in place
                 if not np.isfinite(scales).all():
                     _bad_scale(info, scales, field.name, info.shape[0] // layout.weights, path)
+            # its pages let go: checking a file never holds all of it in memory at once
+            release_pages(reader.data, reader.data.ctypes.data + info.offset, blocks * layout.block_bytes)
 
 
 def _check_floats(reader, info: TensorInfo, count: int, path: Path) -> None:

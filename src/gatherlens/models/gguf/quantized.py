@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from gatherlens.errors import GatherValueError
-from gatherlens.memory import release_mapping
+from gatherlens.memory import release_mapping, release_memory, release_pages
 from gatherlens.models.hf_adapter import preset_attn_implementation
 from gatherlens.models.gguf.arch import HEAD, LINEAR, NORM, Arch, Row
 from gatherlens.models.gguf.weights import embed_scale, fresh_rotary, permuted_heads, unpermute_rows
@@ -44,6 +44,7 @@ from gatherlens.ops.quant import LinearConfig, QuantizedTable, pack_linear, spli
 from gatherlens.ops.quant.matmul import ROUTES
 from gatherlens.ops.quant.q8act import Q8ACT_QTYPES
 from gatherlens.ops.quant.linear import q8act_ready
+from gatherlens.ops.quant.x8 import after_packing
 
 __all__ = ["load_quantized", "PREFILL_ROWS", "ROUTE", "HEAD_ROUTE", "pick_route", "linear_from", "quantized_modules"]
 
@@ -70,10 +71,12 @@ def load_quantized(source: ModelSource, attn_implementation: str | None, say) ->
     with readable(source.path):
         reader = open_reader(source.path, quantized=True)  # a gguf.GGUFReader ("c": copy-on-write)
     check_gguf(reader, source.path, quantized=True)  # types, architecture, metadata, shapes, scales: before anything slow
+    release_mapping(reader.data)  # the scale checks touched every page: the packing reads what it needs again
     config, tokenizer, folder = _config_and_tokenizer(source, say)
+    release_memory()  # the tokenizer's temporaries (a 262K vocabulary's merges) back to the system
     arch = _arch(reader)
     say(f"mapping the blocks of {source.path.name}")
-    with readable(source.path):
+    with readable(source.path), after_packing(lambda rows: _let_go(rows, reader)):
         tables = {t.name: t for t in reader.tensors}
         model = _build(config, reader, tables, attn_implementation, arch)
         watch_model(model, watch, reader.data)  # it reads the mapping in place (models/files/watch.py)
@@ -129,6 +132,13 @@ def _build(config, reader, tables: dict, attn_implementation: str | None, arch: 
     if left:
         raise GatherValueError(f"{len(left)} tensors of the model have no data in the file (first: {left[0]})")
     return model.eval()
+
+
+def _let_go(rows: torch.Tensor, reader) -> None:
+    """The file's pages of rows a route has just copied (panels: ops/quant/x8.py) let go at once: loading
+    never holds a weight's pages and its copy together (a 262K-row head would be 178 MB twice)."""
+    if rows.is_contiguous():
+        release_pages(reader.data, rows.data_ptr(), rows.numel())
 
 
 def _config(qtype: str, route: str | None = None) -> LinearConfig:

@@ -23,13 +23,18 @@ in another order (float32 rounding). `unpack_x8` is the exact inverse (the tests
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import torch
 
 from gatherlens.ops.quant.layout import LAYOUTS, QK
 
-__all__ = ["X8_QTYPES", "PANEL", "X8_OP", "pack_x8", "unpack_x8", "x8_fits", "x8_matmul"]
+__all__ = ["X8_QTYPES", "PANEL", "X8_OP", "pack_x8", "unpack_x8", "x8_fits", "x8_matmul", "after_packing"]
 
 PANEL = 8  # weight rows a panel (one per int32 lane of a 256-bit register)
+PACK_ROWS = 8192  # rows pack_x8 moves at a time (a multiple of PANEL)
+PACKED_ROWS: contextvars.ContextVar = contextvars.ContextVar("gatherlens_packed_rows", default=None)
 X8_OP = "q8x8_linear"  # its operator, torch.ops.gatherlens.<X8_OP>(x, packed, ggml type), in q8act.cpp
 X8_QTYPES = tuple(q for q, lay in LAYOUTS.items() if lay.weights == QK and lay.bits in (4, 8))
 
@@ -47,7 +52,30 @@ def _parts(qtype: str) -> tuple[list[str], int]:
 
 
 def pack_x8(raw: torch.Tensor, qtype: str) -> torch.Tensor:
-    """raw (N, nb * block_bytes) uint8 blocks -> the same bytes in panels (N, nb * block_bytes), contiguous."""
+    """raw (N, nb * block_bytes) uint8 blocks -> the same bytes in panels (N, nb * block_bytes), contiguous.
+    Written PACK_ROWS rows at a time into the output: no whole-weight temporaries (a 262K-row head is 178 MB)."""
+    out = torch.empty(raw.shape, dtype=torch.uint8)  # (N, row_bytes)
+    done = PACKED_ROWS.get()
+    for start in range(0, raw.shape[0], PACK_ROWS):
+        out[start:start + PACK_ROWS] = _panels(raw[start:start + PACK_ROWS], qtype)  # (rows, row_bytes)
+        if done is not None:
+            done(raw[start:start + PACK_ROWS])
+    return out
+
+
+@contextlib.contextmanager
+def after_packing(done):
+    """Inside the block, pack_x8 calls done(rows) with each piece of raw rows once it has moved them (a
+    loader lets a mapped file's pages go as it packs: models/gguf/quantized.py)."""
+    token = PACKED_ROWS.set(done)
+    try:
+        yield
+    finally:
+        PACKED_ROWS.reset(token)
+
+
+def _panels(raw: torch.Tensor, qtype: str) -> torch.Tensor:
+    """pack_x8 of whole panels of rows, (n, row_bytes) -> (n, row_bytes)."""
     lay = LAYOUTS[qtype]
     N, nb = raw.shape[0], raw.shape[1] // lay.block_bytes
     blocks = raw.reshape(N // PANEL, PANEL, nb, lay.block_bytes)  # (P, 8, nb, bytes)
@@ -57,7 +85,7 @@ def pack_x8(raw: torch.Tensor, qtype: str) -> torch.Tensor:
     codes = blocks[..., qs.offset:qs.end].reshape(N // PANEL, PANEL, nb, steps, 4)  # (P, 8, nb, steps, 4)
     pieces.append(codes.permute(0, 2, 3, 1, 4))  # (P, nb, steps, 8, 4)
     flat = [p.reshape(N // PANEL, nb, -1) for p in pieces]  # (P, nb, bytes of the piece)
-    return torch.cat(flat, dim=-1).reshape(N, nb * lay.block_bytes).contiguous()  # (N, row_bytes)
+    return torch.cat(flat, dim=-1).reshape(N, nb * lay.block_bytes)  # (N, row_bytes)
 
 
 def unpack_x8(packed: torch.Tensor, qtype: str) -> torch.Tensor:
