@@ -94,6 +94,20 @@ def test_spm_merges_of_a_large_vocabulary_equal_the_reference():
     assert spm_merges(tokens, range(0, -len(tokens), -1)) == reference and len(reference) > 15_000
 
 
+def test_spm_merges_kept_in_the_cache_equal_the_found_ones(tmp_path, monkeypatch):
+    monkeypatch.setenv("GATHERLENS_CACHE", str(tmp_path))
+    tokens = spm_vocab(3_000, GEMMA_SPECIALS, base=False).tokens
+    scores = range(0, -len(tokens), -1)
+    found = spm_merges(tokens, scores)
+    assert spm_merges(tokens, scores, cache=True) == found  # found, then kept
+    kept = list((tmp_path / "spm-merges").glob("*.npy"))
+    assert len(kept) == 1 and spm_merges(tokens, scores, cache=True) == found  # read back
+    kept[0].write_bytes(b"damaged")
+    assert spm_merges(tokens, scores, cache=True) == found  # a damaged file: found again, rewritten
+    assert spm_merges(tokens[:-1], list(scores)[:-1], cache=True) == spm_merges(tokens[:-1], list(scores)[:-1])
+    assert len(list((tmp_path / "spm-merges").glob("*.npy"))) == 2  # another vocabulary, another key
+
+
 # -- the tokenizer of a sentencepiece file ---------------------------------------------------------
 def _spm_file(path, arch: str, size: int = 3_000) -> str:
     specials = GEMMA_SPECIALS if arch.startswith("gemma") else ("<unk>", "<s>", "</s>", "<pad>", "<mask>",

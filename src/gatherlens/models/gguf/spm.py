@@ -13,8 +13,12 @@ cumulative sum (mod 2**64, scaled by powers of the base's inverse), a suffix's h
 and its prefix's, and a split is a candidate when both hashes are tokens' hashes (`np.searchsorted`).
 Candidates are then checked with the strings themselves, so a hash collision can add nothing; no
 true split is missed (equal strings hash equal). Tokens go through in chunks, bounding the arrays.
+A file's merges are kept under the cache root (`spm-merges/<hash of tokens, scores, rule>.npy`: token
+index and cut of each), so a warm load only rebuilds the pairs; the key cannot go stale.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -98,11 +102,25 @@ class _Known:
         return out
 
 
-def spm_merges(tokens: list[str], scores) -> list[tuple[str, str]]:
+def spm_merges(tokens: list[str], scores, cache: bool = False) -> list[tuple[str, str]]:
     """The merges a SentencePiece vocabulary implies, best first (see module doc): transformers'
-    `generate_merges(vocab, dict(zip(tokens, scores)))` (a repeated token: its last index and score)."""
+    `generate_merges(vocab, dict(zip(tokens, scores)))` (a repeated token: its last index and score).
+    cache: keep the found merges (token index, cut) under the cache root, keyed by a hash of the
+    tokens, the scores and this rule's version, and read them from there next time (a warm load of a
+    262K vocabulary: the pairs only, not the search)."""
+    order = list(dict.fromkeys(tokens))  # each token once, at its first occurrence (the reference's order)
+    path = _cache_path(tokens, scores) if cache else None
+    found = _read(path, order) if path is not None else None
+    if found is None:
+        found = _ranked_splits(tokens, scores, order)
+        if path is not None:
+            _write(path, *found)
+    return [(order[o][:c], order[o][c:]) for o, c in zip(*(a.tolist() for a in found))]
+
+
+def _ranked_splits(tokens: list[str], scores, order: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(index into `order`, cut) of every merge, best first."""
     vocab = {token: i for i, token in enumerate(tokens)}
-    order = list(vocab)  # insertion order: each token's first occurrence
     score_of = dict(zip(tokens, scores))
     longest = max(map(len, order), default=0) + 1
     power, inverse = _powers(_BASE, longest), _powers(pow(_BASE, -1, 1 << 64), longest)
@@ -115,8 +133,52 @@ def spm_merges(tokens: list[str], scores) -> list[tuple[str, str]]:
     lengths = np.concatenate([h[0] for h in hashed] or [[]]).astype(np.int64)  # (T,) of `order`
     score = np.fromiter((score_of[t] for t in order), np.float64, len(order))  # (T,)
     ranked = np.lexsort((owner, cut - lengths[owner], -cut, -score[owner]))  # best score, longer left first
-    pairs = [(order[o][:c], order[o][c:]) for o, c in zip(owner[ranked].tolist(), cut[ranked].tolist())]
-    return [p for p in pairs if p[0] in vocab and p[1] in vocab]  # the strings themselves: no collision gets by
+    owner, cut = owner[ranked], cut[ranked]  # (M,)
+    real = np.fromiter((order[o][:c] in vocab and order[o][c:] in vocab for o, c in zip(owner.tolist(), cut.tolist())),
+                       bool, owner.size)  # the strings themselves: no hash collision gets by
+    return owner[real], cut[real]
+
+
+_VERSION = b"spm-merges-1"  # the rule's version: a change to it makes new keys
+
+
+def _cache_path(tokens: list[str], scores):
+    import xxhash
+
+    from gatherlens.paths import cache_root
+
+    digest = xxhash.xxh3_128()
+    digest.update(_VERSION)
+    digest.update("\x00".join(tokens).encode("utf-8", "surrogatepass"))
+    digest.update(np.asarray(list(scores), np.float64).tobytes())
+    return cache_root() / "spm-merges" / f"{digest.hexdigest()}.npy"
+
+
+def _read(path, order: list[str]):
+    """The cached (owner, cut) arrays, or None (absent, unreadable, damaged, or naming a cut no token of
+    `order` has: found again)."""
+    try:
+        pairs = np.load(path, allow_pickle=False)  # (2, M) int64
+    except (OSError, ValueError):
+        return None
+    if pairs.ndim != 2 or pairs.shape[0] != 2 or pairs.dtype.kind != "i":
+        return None
+    owner, cut = pairs
+    if owner.size and (owner.min() < 0 or owner.max() >= len(order)):
+        return None
+    lengths = np.fromiter(map(len, order), np.int64, len(order))  # (T,)
+    return (owner, cut) if owner.size == 0 or ((cut >= 1) & (cut < lengths[owner])).all() else None
+
+
+def _write(path, owner: np.ndarray, cut: np.ndarray) -> None:
+    """Keep them (written aside, then renamed: a reader never sees half a file); an unwritable cache is skipped."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")
+        np.save(tmp, np.stack([owner, cut]))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def spm_style(reader) -> str | None:
@@ -137,9 +199,9 @@ def sentencepiece_backend(tokens: list[str], reader):
     gemma = spm_style(reader) == "gemma"
     if gemma:
         tokens = [SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
-        merges = spm_merges(tokens, range(0, -len(tokens), -1))
+        merges = spm_merges(tokens, range(0, -len(tokens), -1), cache=True)
     else:
-        merges = spm_merges(tokens, metadata_value(reader, "tokenizer.ggml.scores"))
+        merges = spm_merges(tokens, metadata_value(reader, "tokenizer.ggml.scores"), cache=True)
     unk = metadata_value(reader, "tokenizer.ggml.unknown_token_id")
     model = BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, dropout=None, fuse_unk=True,
                 byte_fallback=True, unk_token=tokens[unk] if gemma and unk is not None else None)

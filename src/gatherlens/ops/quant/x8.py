@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 
 import torch
 
@@ -54,13 +55,23 @@ def _parts(qtype: str) -> tuple[list[str], int]:
 def pack_x8(raw: torch.Tensor, qtype: str) -> torch.Tensor:
     """raw (N, nb * block_bytes) uint8 blocks -> the same bytes in panels (N, nb * block_bytes), contiguous.
     Written PACK_ROWS rows at a time into the output: no whole-weight temporaries (a 262K-row head is 178 MB)."""
+    N, row_bytes = raw.shape
     out = torch.empty(raw.shape, dtype=torch.uint8)  # (N, row_bytes)
-    done = PACKED_ROWS.get()
-    for start in range(0, raw.shape[0], PACK_ROWS):
-        out[start:start + PACK_ROWS] = _panels(raw[start:start + PACK_ROWS], qtype)  # (rows, row_bytes)
+    order, done = _panel_order(qtype, row_bytes), PACKED_ROWS.get()
+    for start in range(0, N, PACK_ROWS):
+        rows = raw[start:start + PACK_ROWS]  # (n, row_bytes), n a multiple of 8
+        out[start:start + PACK_ROWS] = rows.reshape(-1, PANEL * row_bytes).index_select(1, order).view(rows.shape)
         if done is not None:
-            done(raw[start:start + PACK_ROWS])
+            done(rows)
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _panel_order(qtype: str, row_bytes: int) -> torch.Tensor:
+    """Where each byte of a packed panel comes from in its 8 stored rows, (8 * row_bytes,) int64: `_panels`
+    (the layout, in permutes) applied once to the bytes' own positions, then one gather a chunk."""
+    where = torch.arange(PANEL * row_bytes, dtype=torch.int32).reshape(PANEL, row_bytes)  # (8, row_bytes)
+    return _panels(where, qtype).reshape(-1).long()  # (8 * row_bytes,)
 
 
 @contextlib.contextmanager
@@ -75,7 +86,8 @@ def after_packing(done):
 
 
 def _panels(raw: torch.Tensor, qtype: str) -> torch.Tensor:
-    """pack_x8 of whole panels of rows, (n, row_bytes) -> (n, row_bytes)."""
+    """The panel layout of whole panels of rows, (n, row_bytes) -> (n, row_bytes), any dtype (the bytes, or
+    their positions)."""
     lay = LAYOUTS[qtype]
     N, nb = raw.shape[0], raw.shape[1] // lay.block_bytes
     blocks = raw.reshape(N // PANEL, PANEL, nb, lay.block_bytes)  # (P, 8, nb, bytes)
