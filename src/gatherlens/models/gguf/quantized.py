@@ -168,7 +168,11 @@ def _rows(reader, name: str, config, arch: Arch) -> torch.Tensor:
     """The blocks of a linear (N, row_bytes), q and k rows back in HF's order where the row says (reverse_permute)."""
     raw = QuantizedTable.from_reader(reader, name).raw  # (N, row_bytes), mapped in place
     heads = permuted_heads(name, config, arch)
-    return raw if heads is None else unpermute_rows(raw, heads)  # (N, row_bytes): whole rows move, exact
+    if heads is None:
+        return raw
+    moved = unpermute_rows(raw, heads)  # (N, row_bytes): whole rows move, exact
+    _let_go(raw, reader)  # the copy is what runs: the file's pages need not stay
+    return moved
 
 
 def _tensor(tables: dict, name: str, arch: Arch):
@@ -194,7 +198,10 @@ def _joined(reader, raws: list[torch.Tensor]) -> torch.Tensor:
         a.data_ptr() + a.numel() == b.data_ptr() for a, b in zip(raws, raws[1:]))
     rows = sum(r.shape[0] for r in raws)
     if not adjacent or start < 0 or start + rows * width > base.size:
-        return torch.cat(raws)  # (sum N, row_bytes): q and k rows un-permuted, or apart in the file
+        joined = torch.cat(raws)  # (sum N, row_bytes): q and k rows un-permuted, or apart in the file
+        for r in raws:  # llama.cpp's quantizer orders a block's tensors by name: q, k, v are never adjacent
+            _let_go(r, reader)
+        return joined
     return torch.from_numpy(base[start:start + rows * width].reshape(rows, width))  # (sum N, row_bytes), no copy
 
 
