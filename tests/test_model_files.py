@@ -73,3 +73,28 @@ def test_a_written_file_passes_our_checks_and_reads_as_its_config(tmp_path):
     check_gguf(reader, path, quantized=True)
     ours = gguf_config(reader)
     assert (ours.num_key_value_heads, ours.head_dim, ours.vocab_size, ours.tie_word_embeddings) == (8, 128, 1024, True)
+
+
+def test_llama3_rope_factors_become_the_configs_scaling(tmp_path):
+    """A Llama 3.2 file's rope_freqs.weight is read back as llama3 scaling (models/gguf/rope.py): the config,
+    and so the rotary module of the float and the quantized model, as transformers' llama3 frequencies."""
+    import warnings
+
+    import torch
+
+    from gatherlens.models import load
+    from gatherlens.models.gguf.config import gguf_config, open_gguf
+    from gatherlens.models.hf_adapter import rope_inverse_frequencies
+
+    spec = REAL_MODELS["llama3.2-1b"]
+    config = hf_config(spec, num_hidden_layers=1, hidden_size=256, intermediate_size=256, vocab_size=1024,
+                       num_attention_heads=4, num_key_value_heads=2)
+    path = write_model(spec, tmp_path / "l.Q8_0.gguf", config=config, dtype="Q8_0",
+                       vocab=model_vocab(spec, 1024, base=False))
+    rope = gguf_config(open_gguf(path)).rope_parameters
+    assert {k: rope[k] for k in ("rope_type", "factor", "low_freq_factor", "high_freq_factor",
+                                 "original_max_position_embeddings")} == spec.config["rope_scaling"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lm = load(path, quantized=True)
+    assert torch.allclose(lm.model.model.rotary_emb.inv_freq, rope_inverse_frequencies(config))

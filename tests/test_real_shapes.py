@@ -47,8 +47,8 @@ def pair(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     vocab = model_vocab(spec, VOCAB, base=False)
     path = write_model(spec, folder / f"{spec.name}.Q8_0.gguf", config=config, dtype="Q8_0", vocab=vocab)
-    with warnings.catch_warnings():  # Llama 3's rope_freqs.weight: applied by neither (models/gguf/arch.py)
-        warnings.filterwarnings("ignore", message=".*rope_freqs")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Llama 3's rope_freqs.weight is read as its scaling: nothing to warn of
         return spec, load(path, quantized=True), load(path, use_cache_dir=False)
 
 

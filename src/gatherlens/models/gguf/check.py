@@ -44,6 +44,7 @@ from gatherlens.errors import GatherLensWarning, GatherValueError
 from gatherlens.memory import release_pages
 from gatherlens.models.gguf.arch import ARCHS, NOT_APPLIED, Arch
 from gatherlens.models.gguf.config import file_arch, metadata_value, open_gguf
+from gatherlens.models.gguf.rope import ROPE_FREQS, llama3_scaling, rope_freqs
 from gatherlens.ops.quant.floats import VALUE_DTYPES
 from gatherlens.ops.quant.layout import LAYOUTS
 from gatherlens.ops.quant.registry import FORMATS
@@ -230,7 +231,9 @@ def _head_dim(reader, path: Path, arch: Arch, E: int, H: int) -> int:
 
 def _check_arch(reader, infos: list[TensorInfo], path: Path, arch: Arch) -> None:
     terms = _arch_terms(reader, path, arch)
-    _check_tensor_set(infos, terms["L"][0], path, arch)
+    theta = metadata_value(reader, f"{arch.gguf}.rope.freq_base", 10000.0)
+    applied = {ROPE_FREQS} if llama3_scaling(rope_freqs(reader), theta) is not None else set()
+    _check_tensor_set(infos, terms["L"][0], path, arch, applied)
     wrong = [(info, _expected(info.name, terms, arch)) for info in infos if info.name not in NOT_APPLIED]
     wrong = [(info, want) for info, want in wrong if info.dims != want[0]]
     if wrong:
@@ -259,8 +262,9 @@ def _words(dims: tuple[int, ...]) -> str:
     return f"{dims[0]:,} weights" if len(dims) == 1 else f"of shape {list(dims)}"
 
 
-def _check_tensor_set(infos: list[TensorInfo], blocks: int, path: Path, arch: Arch) -> None:
-    """Each tensor of the architecture's rows for `blocks` blocks once (optional rows may be absent), nothing else."""
+def _check_tensor_set(infos: list[TensorInfo], blocks: int, path: Path, arch: Arch, applied=frozenset()) -> None:
+    """Each tensor of the architecture's rows for `blocks` blocks once (optional rows may be absent), nothing else;
+    a NOT_APPLIED tensor warns unless `applied` names it (Llama 3's rope_freqs read as its scaling)."""
     names = [info.name for info in infos]
     twice = sorted(n for n, count in Counter(names).items() if count > 1)
     if twice:
@@ -273,7 +277,7 @@ def _check_tensor_set(infos: list[TensorInfo], blocks: int, path: Path, arch: Ar
     if missing:
         raise GatherValueError(f"model file {str(path)!r} does not match its own metadata: it lacks "
                                f"{_some(missing)}, which block_count {blocks} and the {arch.name} architecture need")
-    for name in sorted(have & set(NOT_APPLIED)):
+    for name in sorted(have & set(NOT_APPLIED) - set(applied)):
         warnings.warn(f"{path.name}: {name}: {NOT_APPLIED[name]}", GatherLensWarning, stacklevel=2)
     unused = [n for n in names if n not in set(expected) and n not in NOT_APPLIED]
     if unused:

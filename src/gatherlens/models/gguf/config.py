@@ -24,6 +24,7 @@ from gguf import GGUFReader
 from gatherlens.models.files.watch import file_identity
 from gatherlens.models.gguf.arch import ARCHS, Arch, lookup
 from gatherlens.models.gguf.reader import FastReader
+from gatherlens.models.gguf.rope import llama3_scaling, rope_freqs
 
 __all__ = ["open_gguf", "gguf_config", "load_gguf_config", "metadata_value", "file_arch", "config_keys",
            "CONFIG_KEYS", "CONFIG_CLASSES"]
@@ -144,12 +145,15 @@ def load_gguf_config(path, reader: GGUFReader):
 
 
 def _settle(fields: dict, reader: GGUFReader) -> None:
-    """What no single key states: the vocabulary from the token list, the tied head, the rope type."""
+    """What no single key states: the vocabulary from the token list, the tied head, the rope type (Llama
+    3's from its rope_freqs.weight)."""
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     if "vocab_size" not in fields and tokens is not None:
         fields["vocab_size"] = len(tokens.data)
     # llama.cpp writes the output projection only when it is not the embedding matrix
     fields["tie_word_embeddings"] = all(t.name != "output.weight" for t in reader.tensors)
     scaling = fields.pop("rope_scaling", {})
+    if scaling.get("rope_type") in (None, "none"):  # Llama 3's scaling is a tensor, not metadata (models/gguf/rope.py)
+        scaling = llama3_scaling(rope_freqs(reader), fields.get("rope_theta", 10000.0)) or {}
     if scaling.get("rope_type") not in (None, "none"):  # no scaling: any other rope key means nothing
         fields["rope_scaling"] = scaling  # the config class merges it with rope_theta (per layer type for Gemma 3)
