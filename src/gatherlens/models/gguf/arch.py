@@ -36,8 +36,8 @@ EMBEDDING, HEAD, LINEAR, NORM, EXPERTS = "embedding", "head", "linear", "norm", 
 
 # tensors a file may carry that no model reads, each with what the user loses (gguf_check warns once)
 NOT_APPLIED = {
-    "rope_freqs.weight": "Llama 3.x's RoPE frequency factors are not applied (as in transformers): "
-                         "positions past the original training context differ from llama.cpp",
+    "rope_freqs.weight": "these RoPE frequency factors are none of Llama 3's settings (models/gguf/rope.py), "
+                         "so they are not applied (as in transformers): positions differ from llama.cpp",
     "rope_factors_long.weight": "Phi-3's long-context RoPE factors are not applied (as in transformers): "
                                 "positions past the original training context differ from llama.cpp",
     "rope_factors_short.weight": "Phi-3's short-context RoPE factors are not applied (as in transformers): "

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from gatherlens.errors import GatherValueError
-from gatherlens.memory import release_mapping
+from gatherlens.memory import release_mapping, release_memory, release_pages
 from gatherlens.models.hf_adapter import preset_attn_implementation
 from gatherlens.models.gguf.arch import HEAD, LINEAR, NORM, Arch, Row
 from gatherlens.models.gguf.weights import embed_scale, fresh_rotary, permuted_heads, unpermute_rows
@@ -44,6 +44,7 @@ from gatherlens.models.files.registry import ModelSource, check_quantizable
 from gatherlens.ops.quant import LinearConfig, QuantizedTable, pack_linear, split_linear
 from gatherlens.ops.quant.formats.floats import float_values
 from gatherlens.ops.quant.products.matmul import pick_route
+from gatherlens.ops.quant.products.x8 import after_packing
 
 __all__ = ["load_quantized", "PREFILL_ROWS", "ROUTE", "HEAD_ROUTE", "linear_from", "quantized_modules", "weight_rows",
            "packed_weight", "head_weight"]
@@ -71,10 +72,12 @@ def load_quantized(source: ModelSource, attn_implementation: str | None, say) ->
     with readable(source.path):
         reader = open_reader(source.path, quantized=True)  # a gguf.GGUFReader ("c": copy-on-write)
     check_gguf(reader, source.path, quantized=True)  # types, architecture, metadata, shapes, scales: before anything slow
+    release_mapping(reader.data)  # the scale checks touched every page: the packing reads what it needs again
     config, tokenizer, folder = _config_and_tokenizer(source, say)
+    release_memory()  # the tokenizer's temporaries (a 262K vocabulary's merges) back to the system
     arch = _arch(reader)
     say(f"mapping the blocks of {source.path.name}")
-    with readable(source.path):
+    with readable(source.path), after_packing(lambda rows: _let_go(rows, reader)):
         tables = {t.name: t for t in reader.tensors}
         model = _build(config, reader, tables, attn_implementation, arch)
         watch_model(model, watch, reader.data)  # it reads the mapping in place (models/files/watch.py)
@@ -131,6 +134,13 @@ def _build(config, reader, tables: dict, attn_implementation: str | None, arch: 
     return model.eval()
 
 
+def _let_go(rows: torch.Tensor, reader) -> None:
+    """The file's pages of rows a route has just copied (panels: ops/quant/products/x8.py) let go at once: loading
+    never holds a weight's pages and its copy together (a 262K-row head would be 178 MB twice)."""
+    if rows.is_contiguous():
+        release_pages(reader.data, rows.data_ptr(), rows.numel())
+
+
 def _config(qtype: str, route: str | None = None) -> LinearConfig:
     """The LinearConfig of one weight: `route` (default ROUTE) where it takes `qtype`, else the next best."""
     return LinearConfig(route=pick_route(qtype, route or ROUTE), prefill_rows=PREFILL_ROWS)
@@ -147,7 +157,11 @@ def weight_rows(reader, name: str, config, arch: Arch) -> torch.Tensor:
     config: anything with num_attention_heads / num_key_value_heads (a transformers config, a ModelSpec)."""
     raw = QuantizedTable.from_reader(reader, name).raw  # (N, row_bytes), mapped in place
     heads = permuted_heads(name, config, arch)
-    return raw if heads is None else unpermute_rows(raw, heads)  # (N, row_bytes): whole rows move, exact
+    if heads is None:
+        return raw
+    moved = unpermute_rows(raw, heads)  # (N, row_bytes): whole rows move, exact
+    _let_go(raw, reader)  # the copy is what runs: the file's pages need not stay
+    return moved
 
 
 def _tensor(tables: dict, name: str, arch: Arch):
@@ -173,7 +187,10 @@ def _joined(reader, raws: list[torch.Tensor]) -> torch.Tensor:
         a.data_ptr() + a.numel() == b.data_ptr() for a, b in zip(raws, raws[1:]))
     rows = sum(r.shape[0] for r in raws)
     if not adjacent or start < 0 or start + rows * width > base.size:
-        return torch.cat(raws)  # (sum N, row_bytes): q and k rows un-permuted, or apart in the file
+        joined = torch.cat(raws)  # (sum N, row_bytes): q and k rows un-permuted, or apart in the file
+        for r in raws:  # llama.cpp's quantizer orders a block's tensors by name: q, k, v are never adjacent
+            _let_go(r, reader)
+        return joined
     return torch.from_numpy(base[start:start + rows * width].reshape(rows, width))  # (sum N, row_bytes), no copy
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import torch
 
@@ -46,6 +46,9 @@ from gatherlens.models.runtime.native import is_native, native_cache, native_con
 from gatherlens.models.runtime.threads import ThreadControl
 from gatherlens.ops.sampling import Sampler, SamplingConfig
 from gatherlens.ops.sparse.config import DEFAULT
+
+if TYPE_CHECKING:
+    from gatherlens.models.runtime.decoding import SparseKVCache
 
 __all__ = ["GenerationStart", "GenerationStep", "GenerationEnd", "LayerPages", "generation_steps", "greedy_tokens",
            "next_tokens", "chooser", "require_causal", "stop_ids", "last_logits", "PREFILL_CHUNK"]
