@@ -60,6 +60,7 @@ TEXT_OPTIONS = {
     "--values": ["", "[[1,2"], "--labels": ["a,b,c,d,e,f,g"],
     "--system": [],                                   # any text is a system prompt
     "--api-key": ["", "  "],
+    "--reference": TEXT_INPUTS,
 }
 TEXT_ARGUMENTS = {"text": ["", " "], "prompt": ["", "   "], "files": TEXT_INPUTS}
 

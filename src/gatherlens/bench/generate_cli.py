@@ -56,10 +56,12 @@ def run_case(spec: dict) -> dict:
     import torch
 
     from gatherlens.models import load
+    from gatherlens.models.loading import TEXT_RUNTIME
 
     torch.set_num_threads(spec["threads"])
     before = rss_mb()
-    lm = load(spec["model"], quantized=True) if spec.get("quantized") else load(spec["model"])
+    # as `gatherlens generate` loads it: the native runtime where it runs the file
+    lm = load(spec["model"], quantized=True, runtime=TEXT_RUNTIME) if spec.get("quantized") else load(spec["model"])
     model_mb = rss_mb() - before
     ids = torch.tensor([prompt_tokens(lm, spec["context"])])  # (1, L): the tokens llama.cpp prefills
     new_tokens = spec["tokens"] * spec["rounds"] + 1

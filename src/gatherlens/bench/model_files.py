@@ -247,8 +247,6 @@ def write_model(spec: RealModel, path: Path, config=None, dtype: str = "F16", vo
     gguf.quants). Returns `path`."""
     import gguf
 
-    import gguf
-
     if dtype not in FILE_TYPES and dtype not in gguf.GGMLQuantizationType.__members__:
         raise ValueError(f"dtype must be one of {tuple(FILE_TYPES)} or a gguf block format, got {dtype!r}")
     config = config or hf_config(spec)

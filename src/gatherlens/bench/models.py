@@ -36,6 +36,7 @@ import click
 from gatherlens.bench.fresh import run_fresh, run_script
 from gatherlens.bench.generate_peers import SCRIPT, llama_python
 from gatherlens.bench.output import check_json_path, json_option, write_results
+from gatherlens.params import Int
 
 CONTEXTS = ("512", "4K", "8K")
 TARGETS = {512: 1.0, 4096: 1.5, 8192: 2.0}  # decode, ours over llama.cpp (issue 36)
@@ -181,11 +182,14 @@ def markdown(rows: list[dict], Ls: list[int]) -> list[str]:
 @click.command("models")
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--context", "contexts", multiple=True, help="prompt length, repeatable (default 512 4K 8K)")
-@click.option("--tokens", default=16, show_default=True, help="tokens generated per decode case")
-@click.option("--budget", default=None, type=int, help="the sparse budget (default: generate's)")
-@click.option("--threads", default=2, show_default=True, help="torch threads in each case (and llama.cpp's)")
-@click.option("--agree-prefix", "prefix", default=448, show_default=True, help="tokens before the forced steps")
-@click.option("--agree-steps", "steps", default=128, show_default=True, help="teacher-forced steps compared")
+@click.option("--tokens", type=Int(1, 4096), default=16, show_default=True, help="tokens generated per decode case")
+@click.option("--budget", default=None, type=Int(1), help="the sparse budget (default: generate's)")
+@click.option("--threads", type=Int(1, 1024), default=2, show_default=True,
+              help="torch threads in each case (and llama.cpp's)")
+@click.option("--agree-prefix", "prefix", type=Int(1), default=448, show_default=True,
+              help="tokens before the forced steps")
+@click.option("--agree-steps", "steps", type=Int(1), default=128, show_default=True,
+              help="teacher-forced steps compared")
 @click.option("--reference", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="the float file for every FILE (default: NAME.F16.gguf beside NAME.PRESET.gguf)")
 @click.option("--llama-python", "llama_python_option", default=None, metavar="PATH",
@@ -201,6 +205,7 @@ def command(files, contexts, tokens, budget, threads, prefix, steps, reference, 
     from gatherlens.ops.sparse.config import DEFAULT
 
     check_json_path(json_path, force)
+    _check_files([*files, *([reference] if reference is not None else [])])
     Ls = [parse_context(c) for c in (contexts or CONTEXTS)]
     python, note = llama_python(llama_python_option)
     console = Console(width=None if sys.stdout.isatty() else 200)
@@ -216,6 +221,20 @@ def command(files, contexts, tokens, budget, threads, prefix, steps, reference, 
     meta = dict(contexts=Ls, cpu=_cpu(), skipped=[note] if note else [], wall_s=time.perf_counter() - start,
                 **{k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()})
     write_results(json_path, "models", meta, rows, force)
+
+
+def _check_files(paths: list[Path]) -> None:
+    """Every FILE and --reference a GGUF model file, each named in a one-line error before anything slow."""
+    from gatherlens.errors import GatherValueError
+    from gatherlens.models.files.registry import resolve
+
+    for path in paths:
+        try:
+            source = resolve(path)
+        except GatherValueError as e:
+            raise click.ClickException(str(e)) from None
+        if source.kind != "gguf":
+            raise click.ClickException(f"{str(path)!r} is not a .gguf model file; bench models runs GGUF files")
 
 
 def _cpu() -> str:

@@ -31,10 +31,11 @@ def load_case(spec: dict) -> dict:
     import torch
 
     from gatherlens.models import load
+    from gatherlens.models.loading import TEXT_RUNTIME
 
     torch.set_num_threads(spec["threads"])
     t_import = time.time()
-    lm = load(spec["gguf"], quantized=True)
+    lm = load(spec["gguf"], quantized=True, runtime=TEXT_RUNTIME)  # as `gatherlens generate` loads it
     t_loaded = time.time()
     ids = lm.encode("The cat sat on the mat.")  # (1, S)
     with torch.inference_mode():
@@ -51,9 +52,10 @@ def decode_case(spec: dict) -> dict:
     from gatherlens.bench.generate import prompt_tokens
     from gatherlens.bench.generate_cli import time_cli
     from gatherlens.models import load
+    from gatherlens.models.loading import TEXT_RUNTIME
 
     torch.set_num_threads(spec["threads"])
-    lm = load(spec["gguf"], quantized=True)
+    lm = load(spec["gguf"], quantized=True, runtime=TEXT_RUNTIME)  # as `gatherlens generate` loads it
     ids = torch.tensor([prompt_tokens(lm, spec["context"])])  # (1, L)
     run = time_cli(lm, ids, spec["budget"], spec["tokens"] + 1, pages=False)
     return {"ms": run["wall"] * 1e3, "cpu_ms": run["cpu"] * 1e3, "prefill_s": run["prefill"],
@@ -101,7 +103,7 @@ def forced_case(spec: dict) -> dict:
     lm = load(spec["gguf"], quantized=True)
     ids, prefix = spec["ids"], spec["prefix"]
     model = lm.model
-    use_sparse_decoding(model, spec["budget"])
+    use_sparse_decoding(model, budget=spec["budget"])
     settings = sparse_settings(model)
     cache = SparseKVCache(config=model.config, page_size=settings.page_size, kv_dtype=settings.kv_dtype)
     cache.reserve(len(ids))

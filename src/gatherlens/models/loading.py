@@ -43,9 +43,10 @@ from gatherlens.models.files.integrity import as_os_error, nonfinite_weights, re
 from gatherlens.models.files.registry import WEIGHT_FILES, ModelSource, resolve
 from gatherlens.ops.backends import Impl, Operator
 
-__all__ = ["load", "LoadedModel", "TRANSFORMERS_RANGE", "LOAD_QUANTIZED", "RUNTIMES"]
+__all__ = ["load", "LoadedModel", "TRANSFORMERS_RANGE", "LOAD_QUANTIZED", "RUNTIMES", "TEXT_RUNTIME"]
 
 RUNTIMES = ("auto", "native", "transformers")  # load(runtime=): LOAD_QUANTIZED's rows, or the first that fits
+TEXT_RUNTIME = "auto"  # what a quantized load that only makes text runs on (generate, the bench's cli and model rows)
 
 # The transformers line this module is written against (5.x changed the cache objects, the
 # attention interface's mask handling and `dtype=` in from_pretrained); checked at load time.

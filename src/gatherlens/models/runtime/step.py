@@ -344,9 +344,9 @@ def planned_run(plan: DecodePlan, model, args: tuple, kwargs: dict):
 
 
 def planned_layer(layer: LayerPlan, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask,
-                  kv: PagedKVCache | WindowRing) -> torch.Tensor:
+                  kv: PagedKVCache | WindowRing | list) -> torch.Tensor:
     """One decoder layer, one token: x (B, d) -> (B, d), its key and value appended to `kv` (a global layer's
-    PagedKVCache, a local layer's WindowRing).
+    PagedKVCache, a local layer's WindowRing; or a list of them, one a row: sequences of their own lengths).
 
         h = rms_norm(x);  q, k, v = h Wq, h Wk, h Wv (+ biases);  q, k = head norms of q, k (Qwen3, Gemma 3)
         rope_append (RoPE(q, k), k and v into the cache);  out = decode_attention (a ring: dense)
@@ -373,6 +373,14 @@ def _attention(layer: LayerPlan, h: torch.Tensor, cos, sin, mask, kv, dtype: tor
         q, k, v = (p(h) for p in layer.qkv)  # (B, Hq*D), (B, Hkv*D), (B, Hkv*Dv)
     if layer.qk_norms is not None:  # each head's q and k normed before RoPE (Qwen3, Gemma 3)
         q, k = (_head_norm(t, w, layer.qk_eps, layer.head_dim) for t, w in zip((q, k), layer.qk_norms))
+    if isinstance(kv, list):  # one cache a row (a server's slots, runtime/batch.py): each at its own position
+        return torch.cat([_attend(layer, q[i:i + 1], k[i:i + 1], v[i:i + 1], cos[i:i + 1], sin[i:i + 1], None, c,
+                                  dtype) for i, c in enumerate(kv)])  # (B, Hq, 1, Dv)
+    return _attend(layer, q, k, v, cos, sin, mask, kv, dtype)
+
+
+def _attend(layer: LayerPlan, q, k, v, cos, sin, mask, kv, dtype: torch.dtype) -> torch.Tensor:
+    """q, k, v (B, H*D) of one token -> (B, Hq, 1, Dv): RoPE, the append to kv, attention over it."""
     if isinstance(kv, WindowRing):
         q = rope_append(q, k, v, cos, sin, kv.begin_write()).unsqueeze(2)  # (B, Hq, 1, D); RoPE(k), v in its slot
         kv.end_write()
