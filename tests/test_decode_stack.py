@@ -66,14 +66,17 @@ def _same_cache(a: SparseKVCache, b: SparseKVCache) -> bool:
                for x, y in zip(pa, pb))
 
 
+AUTO = dict(mass=0.6, min_pages=2, max_pages=8)  # the auto budget on a 45-token cache in pages of 4 (12 pages)
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
 @pytest.mark.parametrize("kv_dtype", ["float32", "float16", "int8"])
-@pytest.mark.parametrize("budget", [8, None], ids=["sparse", "dense"])
+@pytest.mark.parametrize("budget", [8, "auto", None], ids=["sparse", "auto", "dense"])
 def test_one_operator_step_is_the_lean_step(models, qtype, kv_dtype, budget):
     """The same tokens through both: the caches bit-equal after every step, the logits within the
     final norm's float rounding (the lean path's final norm is transformers' module)."""
     model = models("llama", qtype)
-    use_sparse_decoding(model, budget=budget, page_size=4, dense_layers=0, recent=0, kv_dtype=kv_dtype)
+    use_sparse_decoding(model, budget=budget, page_size=4, dense_layers=0, recent=0, kv_dtype=kv_dtype, **AUTO)
     try:
         assert stack_active(model)
         native_cache = _prefilled(model, kv_dtype)
@@ -90,12 +93,12 @@ def test_one_operator_step_is_the_lean_step(models, qtype, kv_dtype, budget):
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
-@pytest.mark.parametrize("budget", [8, 12, None], ids=["sparse", "sparse-wider", "dense"])
+@pytest.mark.parametrize("budget", [8, 12, "auto", None], ids=["sparse", "sparse-wider", "auto", "dense"])
 def test_operator_equals_its_reference(models, qtype, budget):
     """decode_stack (C++) and stack_reference (the same operators from Python): bit-equal logits, the
-    last layer's output (no head) and caches."""
+    last layer's output (no head), caches and the pages each head of each layer read."""
     model = models("llama", qtype)
-    use_sparse_decoding(model, budget=budget, page_size=4, dense_layers=1, recent=4, kv_dtype="float16")
+    use_sparse_decoding(model, budget=budget, page_size=4, dense_layers=1, recent=4, kv_dtype="float16", **AUTO)
     try:
         weights, config = stack_weights(model), model.gatherlens_sparse
         a = _prefilled(model, "float16")
@@ -104,9 +107,10 @@ def test_operator_equals_its_reference(models, qtype, budget):
         x, cos, sin = torch.randn(1, 64), torch.randn(1, 16), torch.randn(1, 16)
         budgets = [config.budget_for(PROMPT.shape[1] + 1, i) for i in range(2)]
         how = choice_of_config(config)
+        counts = [torch.full((2, 4), -7, dtype=torch.long) for _ in range(2)]  # (layers, Hq): per-head choice
         with torch.inference_mode():
-            fast = stack.decode_stack(x, cos, sin, weights, caches[0], budgets, how, 0.25)
-            slow = stack.stack_reference(x, cos, sin, weights, caches[1], budgets, how, 0.25)
+            fast = stack.decode_stack(x, cos, sin, weights, caches[0], budgets, how, 0.25, counts[0])
+            slow = stack.stack_reference(x, cos, sin, weights, caches[1], budgets, how, 0.25, counts[1])
             headless = type(weights)(**{**weights.__dict__, "head": None, "_flat": {}})
             fast2 = stack.decode_stack(x, cos, sin, headless, caches[0], budgets, how, 0.25)
             slow2 = stack.stack_reference(x, cos, sin, headless, caches[1], budgets, how, 0.25)
@@ -115,6 +119,9 @@ def test_operator_equals_its_reference(models, qtype, budget):
     assert fast.shape == (1, 320) and torch.equal(fast, slow)
     assert fast2.shape == (1, 64) and torch.equal(fast2, slow2)
     assert _same_cache(a, b)
+    assert torch.equal(counts[0], counts[1]) and bool((counts[0][0] == 12).all())  # layer 0 dense: every page
+    if budget == "auto":  # the second layer chooses per head, within [min_pages, max_pages]
+        assert bool((counts[0][1] >= 2).all()) and bool((counts[0][1] <= 8).all())
 
 
 def test_steps_needing_each_layer_run_the_lean_step(models):

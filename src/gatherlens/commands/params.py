@@ -40,6 +40,23 @@ class Int(click.ParamType):
             raise click.UsageError(str(e), ctx) from None
 
 
+class Budget(Int):
+    """--budget: "auto" (pages by estimated attention mass, SparseConfig's default) or an int of tokens >= 1."""
+
+    name = "budget"
+
+    def __init__(self):
+        super().__init__(1)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            return super().convert(value, param, ctx)
+        except click.UsageError as e:
+            raise click.UsageError(f'{e.message} (or "auto": pages by estimated attention mass)', ctx) from None
+
+
 def cpu_count() -> int:
     """CPUs this process may run on (its affinity where the system tells it): --threads' ceiling."""
     try:

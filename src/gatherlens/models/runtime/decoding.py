@@ -73,19 +73,21 @@ def _sparse_cache_for(model) -> SparseKVCache:
     return SparseKVCache(config=model.config, page_size=sparse_settings(model).page_size)
 
 
-def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: int = DEFAULT.page_size,
+def use_sparse_decoding(model, budget: int | str | None = DEFAULT.budget, page_size: int = DEFAULT.page_size,
                         share_selection: bool = DEFAULT.share_selection, *, group_score: str = DEFAULT.group_score,
                         keep_selection: bool = DEFAULT.keep_selection, dense_layers: int = DEFAULT.dense_layers,
                         recent: int | None = DEFAULT.recent, choose: str = DEFAULT.choose, lean: bool = True,
                         dense_share: float = DEFAULT.dense_share, kv_dtype: str | None = DEFAULT.kv_dtype,
-                        config: SparseConfig | None = None):
+                        mass: float = DEFAULT.mass, min_pages: int = DEFAULT.min_pages,
+                        max_pages: int = DEFAULT.max_pages, config: SparseConfig | None = None):
     """Make `model.generate` (and any forward given a SparseKVCache) decode with page-selected attention.
 
-        >>> use_sparse_decoding(model, budget=512)                        # the defaults, another budget
+        >>> use_sparse_decoding(model, budget=512)                        # a fixed budget (default "auto")
         >>> use_sparse_decoding(model, config=SparseConfig(512, page_size=16))   # or one configuration
 
-    budget: tokens each decode step reads per KV head (pages are whole; page 0 and the newest page
-        always); None decodes densely over the same paged cache. page_size: tokens per page.
+    budget: "auto" (default; pages until their estimated attention mass reaches `mass`, within
+        [min_pages, max_pages]: SparseConfig), an int (tokens a step reads per selection head; page 0
+        and the newest page always) or None (dense over the same paged cache). page_size: tokens per page.
     share_selection: the query heads of a KV group read the same pages (GQA; what saves memory
         traffic); False lets every query head choose. group_score: "max" or "sum" of the group's bounds.
     keep_selection: keep each layer's last PageSelection (see `last_page_selections`).
@@ -97,17 +99,13 @@ def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: i
         None: a quarter of the budget.
     choose: "bound" (Quest) or "oracle" (pages by true attention mass: reads every key; for evaluation).
     lean: Llama-family layers take the lean decode step (models/runtime/step.py) and a CPU output projection
-        reads a transposed copy of its weight for one-row steps (models/runtime/head.py; V x d more
-        memory); False keeps HF's layers and head.
-    dense_share: a budget of at least this share of the cache decodes densely, in place (scoring
-        and gathering would cost more than they save); 1.0: only a budget that covers the cache.
+        reads a transposed copy of its weight (models/runtime/head.py); False keeps HF's layers and head.
+    dense_share: a fixed budget of at least this share of the cache decodes densely, in place.
     kv_dtype: how the paged cache stores keys and values: None (the keys' dtype), "float16",
-        "bfloat16" (half the memory, within 0.5% perplexity), "int8" or "float32"; page summaries
-        stay exact for the stored values.
-    config: a SparseConfig holding all of the above but `lean` (the keywords then stay unset).
-    The keywords build one SparseConfig (gatherlens.ops.sparse.config: its defaults are the best
-    setting of `gatherlens eval-sparse`); every module gets a reference to it, nothing else.
-    Prefill stays dense (SDPA). Returns the model.
+        "bfloat16", "int8" or "float32"; page summaries stay exact for the stored values.
+    config: a SparseConfig holding all of the above but `lean` (the keywords then stay unset). The
+    keywords build one SparseConfig (its defaults: the best setting of `gatherlens eval-sparse`);
+    every module gets a reference to it. Prefill stays dense (SDPA). Returns the model.
     """
     from gatherlens.models.attention.requirements import require_causal_attention
 
@@ -115,7 +113,8 @@ def use_sparse_decoding(model, budget: int | None = DEFAULT.budget, page_size: i
     require_causal_attention(model, "sparse decoding")   # Mamba, BERT: one clear error naming the class
     config = _config_of(config, budget=budget, page_size=page_size, share_selection=share_selection,
                         group_score=group_score, keep_selection=keep_selection, recent=recent, choose=choose,
-                        dense_share=dense_share, dense_layers=dense_layers, kv_dtype=kv_dtype)
+                        dense_share=dense_share, dense_layers=dense_layers, kv_dtype=kv_dtype, mass=mass,
+                        min_pages=min_pages, max_pages=max_pages)
     if getattr(model.config, "is_encoder_decoder", False):
         raise GatherValueError(f"{type(model).__name__} is an encoder-decoder; sparse decoding needs a decoder-only LM")
     layer_kinds(model.config)  # any layer type it cannot run: one clear error now, not at the first step

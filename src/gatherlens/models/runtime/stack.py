@@ -28,7 +28,7 @@ import torch
 from gatherlens.models.runtime.step import supports_lean_step
 from gatherlens.models.attention.features import global_rank
 from gatherlens.models.hf_adapter import causal_lm_output, decoder_layers, replace_forward, restore_forward
-from gatherlens.models.attention.sparse import observed, sparse_settings
+from gatherlens.models.attention.sparse import metered, metering, observed, sparse_settings
 from gatherlens.models.attention.cache import SparseKVCache
 from gatherlens.ops.layer.stack import Product, StackCaches, StackWeights, decode_stack, stack_fits
 from gatherlens.ops.sparse.cache import PagedKVCache
@@ -166,6 +166,12 @@ def _budgets(stack: Stack, config, length: int) -> list:
     return [length if dense else budget for dense in stack.dense[1]]
 
 
+def _counts(stack: Stack, config, model) -> torch.Tensor:
+    """(layers, selection heads) int64 for the operator to fill with the pages each head read."""
+    heads = stack.weights.heads if not config.share_selection else model.config.num_key_value_heads
+    return torch.empty(len(stack.ranks), heads, dtype=torch.long)
+
+
 def _angles(stack: Stack, rotary, x: torch.Tensor, position: int) -> tuple:
     """cos, sin (1, D) of `position` from the model's rotary module, ANGLES positions made at a time (the
     same products as one position's: each angle is one inv_freq x position)."""
@@ -186,6 +192,9 @@ def stack_forward(self, input_ids=None, **kwargs):
     position = view.caches[0].length
     x = inner.embed_tokens(input_ids)  # (1, 1, d)
     cos, sin = _angles(stack, inner.rotary_emb, x, position)  # (1, D) x2
-    logits = decode_stack(x.view(1, -1).float(), cos, sin, stack.weights, view,
-                          _budgets(stack, config, position + 1), choice_of_config(config), stack.scale)  # (1, V)
+    budgets, counts = _budgets(stack, config, position + 1), _counts(stack, config, self) if metered() else None
+    logits = decode_stack(x.view(1, -1).float(), cos, sin, stack.weights, view, budgets, choice_of_config(config),
+                          stack.scale, counts)  # (1, V)
+    for layer, row in enumerate(counts if counts is not None else ()):  # (Hsel,) per layer
+        metering(layer, row, budgets[layer] < position + 1)
     return causal_lm_output(logits.view(1, 1, -1), kwargs.get("cache", kwargs.get("past_key_values")))

@@ -3,7 +3,7 @@
 //   torch.ops.gatherlens.decode_stack(x, cos, sin, heads, norms, eps, raws, kernels, qtypes, keys,
 //                                     values, summaries, key_scales, value_scales, position, pages,
 //                                     firsts, scale, per_head, group_sum, final_norm, final_eps,
-//                                     head_raw, head_kernel, head_qtype) -> logits
+//                                     head_raw, head_kernel, head_qtype, mass, min_pages, counts) -> logits
 //
 // A step of one token through L layers is ~12 operators a layer; called from Python each costs its
 // dispatch plus the Python around it (~150 us a layer, 30 layers: several ms a token). This
@@ -13,7 +13,9 @@
 //
 //   h = rms_norm_cast(x, norms[2l], eps[2l]);   q|k|v = h Wq|Wk|Wv      (products: see below)
 //   q = rope_append(q, k, v, cos, sin, keys[l], values[l], summaries[l], position, scales)
-//   out = paged_decode(q, ..., pages[l], firsts[l], ...) if pages[l] >= 0 else dense_decode(q, ...)
+//   out = paged_decode(q, ..., pages[l], firsts[l], ..., mass, min_pages) if pages[l] >= 0 else dense_decode(q, ...)
+//   (mass > 0: the auto budget, pages[l] its ceiling; counts (L, Hsel) int64, when given, gets the pages each
+//   selection head of each layer read: every page for a dense layer)
 //   s, h = add_rms_norm_cast(x, out Wo, norms[2l+1], eps[2l+1]);   x = s + silu_mul(h Wg|Wu) Wd
 //
 // then logits = rms_norm_cast(x, final_norm) Whead (an empty head_kernel: x itself, before the final
@@ -55,7 +57,7 @@ using RopeFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor
                           const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&, int64_t, const Opt&, const Opt&);
 using PagedFn = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, double,
-    bool, bool, const Opt&, const Opt&);
+    bool, bool, const Opt&, const Opt&, double, int64_t);
 using DenseFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
                                                     double, const Opt&, const Opt&);
 
@@ -121,6 +123,7 @@ struct LayerArgs {  // what layer l reads: its norms, products and cache storage
   at::Tensor *keys, *values, *sums;
   const Opt *ks, *vs;
   int64_t pages, first;
+  int64_t* counts;  // (Hsel,) pages each selection head read, or nullptr
 };
 
 struct StepArgs {  // what every layer shares
@@ -128,16 +131,34 @@ struct StepArgs {  // what every layer shares
   int64_t position, Hq, D;
   double scale;
   bool per_head, group_sum;
+  double mass;       // > 0: the auto budget (paged_decode's), pages: its ceiling
+  int64_t min_pages;
 };
+
+// Each selection head's pages read (the -1 padding of the auto budget not counted) into counts (Hsel,).
+void count_pages(const at::Tensor& pages, int64_t* counts) {  // pages (1, Hsel, n)
+  const int64_t Hsel = pages.size(1), n = pages.size(2);
+  const int64_t* pg = pages.data_ptr<int64_t>();
+  for (int64_t h = 0; h < Hsel; ++h) {
+    int64_t k = 0;
+    while (k < n && pg[h * n + k] >= 0) ++k;
+    counts[h] = k;
+  }
+}
 
 at::Tensor attend(const at::Tensor& q, const LayerArgs& a, const StepArgs& s) {  // q (1, Hq, D) -> (1, Hq*Dv)
   const int64_t length = s.position + 1;
   at::Tensor out;
-  if (a.pages >= 0)
-    out = std::get<0>(ops().paged.redispatch(CPU_ONLY, q, *a.keys, *a.values, *a.sums, length, a.pages, a.first,
-                                             s.scale, s.per_head, s.group_sum, *a.ks, *a.vs));
-  else
+  if (a.pages >= 0) {
+    auto r = ops().paged.redispatch(CPU_ONLY, q, *a.keys, *a.values, *a.sums, length, a.pages, a.first, s.scale,
+                                    s.per_head, s.group_sum, *a.ks, *a.vs, s.mass, s.min_pages);
+    out = std::get<0>(r);
+    if (a.counts) count_pages(std::get<2>(r), a.counts);
+  } else {
     out = std::get<0>(ops().dense.redispatch(CPU_ONLY, q, *a.keys, *a.values, length, s.scale, *a.ks, *a.vs));
+    const int64_t every = (length + a.keys->size(3) - 1) / a.keys->size(3), heads = s.per_head ? s.Hq : a.keys->size(1);
+    if (a.counts) std::fill(a.counts, a.counts + heads, every);
+  }
   return out.view({1, -1});  // (1, Hq*Dv)
 }
 
@@ -193,18 +214,24 @@ at::Tensor decode_stack_cpu(const at::Tensor& x, const at::Tensor& cos, const at
                             at::TensorList sums, const c10::List<Opt>& ks, const c10::List<Opt>& vs,
                             int64_t position, c10::IntArrayRef pages, c10::IntArrayRef firsts, double scale,
                             bool per_head, bool group_sum, const at::Tensor& final_norm, double final_eps,
-                            const at::Tensor& head_raw, const std::string& head_kernel, int64_t head_qtype) {
+                            const at::Tensor& head_raw, const std::string& head_kernel, int64_t head_qtype,
+                            double mass, int64_t min_pages, const Opt& counts) {
   const std::vector<std::string> kernels(kernel_list.begin(), kernel_list.end());
   check_stack(x, norms, eps, raws, kernels, qtypes, keys, values, sums, ks, vs, pages, firsts);
   const int64_t L = static_cast<int64_t>(keys.size()), D = keys.empty() ? 0 : keys[0].size(4);
-  const StepArgs s{&cos, &sin, position, heads, D, scale, per_head, group_sum};
+  const StepArgs s{&cos, &sin, position, heads, D, scale, per_head, group_sum, mass, min_pages};
+  const int64_t Hsel = L ? (per_head ? heads : keys[0].size(1)) : 0;
+  TORCH_CHECK(!counts || (counts->dim() == 2 && counts->size(0) == L && counts->size(1) == Hsel &&
+                          counts->scalar_type() == at::kLong && counts->is_contiguous()),
+              "counts must be (layers, selection heads) = (", L, ", ", Hsel, ") int64 contiguous");
+  int64_t* cp = counts ? counts->data_ptr<int64_t>() : nullptr;
   at::Tensor h = x;
   std::vector<Opt> kss(ks.begin(), ks.end()), vss(vs.begin(), vs.end());
   for (int64_t l = 0; l < L; ++l) {
     // storage is written in place: const_cast is the schema's (a!) annotation, as rope_append takes it
     LayerArgs a{&norms[2 * l], &norms[2 * l + 1], eps[2 * l], eps[2 * l + 1], products_of(raws, kernels, qtypes, l),
                 const_cast<at::Tensor*>(&keys[l]), const_cast<at::Tensor*>(&values[l]),
-                const_cast<at::Tensor*>(&sums[l]), &kss[l], &vss[l], pages[l], firsts[l]};
+                const_cast<at::Tensor*>(&sums[l]), &kss[l], &vss[l], pages[l], firsts[l], cp ? cp + l * Hsel : nullptr};
     h = layer_step(h, a, s);
   }
   if (head_kernel.empty()) return h;                                      // (1, d): the last layer's output
@@ -218,8 +245,8 @@ TORCH_LIBRARY_FRAGMENT(gatherlens, m) {
   m.def("decode_stack(Tensor x, Tensor cos, Tensor sin, int heads, Tensor[] norms, float[] eps, Tensor[] raws, str[] kernels, "
         "int[] qtypes, Tensor(a!)[] keys, Tensor(b!)[] values, Tensor(c!)[] summaries, Tensor?[] key_scales, "
         "Tensor?[] value_scales, int position, int[] pages, int[] firsts, float scale, bool per_head, "
-        "bool group_sum, Tensor final_norm, float final_eps, Tensor head_raw, str head_kernel, int head_qtype) "
-        "-> Tensor");
+        "bool group_sum, Tensor final_norm, float final_eps, Tensor head_raw, str head_kernel, int head_qtype, "
+        "float mass=0., int min_pages=1, Tensor(d!)? counts=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gatherlens, CPU, m) { m.impl("decode_stack", &decode_stack_cpu); }

@@ -101,7 +101,7 @@ def register_fakes() -> None:
 
 def _fake_stack(x, cos, sin, heads, norms, eps, raws, kernels, qtypes, keys, values, summaries, key_scales,
                 value_scales, position, pages, firsts, scale, per_head, group_sum, final_norm, final_eps, head_raw,
-                head_kernel, head_qtype):
+                head_kernel, head_qtype, mass=0.0, min_pages=1, counts=None):
     return x.new_empty(1, head_raw.shape[0]) if head_kernel else x.new_empty(x.shape)
 
 
@@ -153,14 +153,15 @@ def _reads(length: int, page_size: int, budgets: list, how: dict) -> tuple[list[
 
 
 def decode_stack(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weights: StackWeights, view: StackCaches,
-                 budgets: list, how: dict, scale: float) -> torch.Tensor:
+                 budgets: list, how: dict, scale: float, counts: torch.Tensor | None = None) -> torch.Tensor:
     """x (1, d) float32 -> logits (1, V) (or the last layer's output (1, d) when weights.head is None),
     the token appended to every layer's cache. cos, sin (1, D): its rotary angles. view: the layers'
-    caches (StackCaches.of, with room for the token); budgets: per layer (None: dense); how: the choice
-    rule (`decode.choice_of_config`); scale: the logit scale. Falls back to stack_reference when the
-    operator cannot run (stack_fits)."""
+    caches (StackCaches.of, with room for the token); budgets: per layer (None: dense; with how["mass"],
+    the auto budget's ceiling); how: the choice rule (`decode.choice_of_config`); scale: the logit scale.
+    counts: (layers, selection heads) int64, filled with the pages each head of each layer read (every
+    page for a dense layer), or None. Falls back to stack_reference when the operator cannot run (stack_fits)."""
     if stack_fits(weights) is not None:
-        return stack_reference(x, cos, sin, weights, view, budgets, how, scale)
+        return stack_reference(x, cos, sin, weights, view, budgets, how, scale, counts)
     first = view.caches[0]
     pages, firsts = _reads(first.length + 1, first.page_size, budgets, how)  # the step's token included
     raws, kernels, qtypes = weights.flat()
@@ -169,14 +170,16 @@ def decode_stack(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weights:
         x, cos.float().contiguous(), sin.float().contiguous(), weights.heads, list(weights.norms), list(weights.eps),
         raws, kernels, qtypes, *view.storage, first.length, pages, firsts, scale, not how["share_selection"],
         how["group_score"] == "sum", weights.final_norm, weights.final_eps, _EMPTY.raw if head is None else head.raw,
-        "" if head is None else head.kernel, 0 if head is None else LAYOUTS[head.qtype].ggml_type)  # (1, V) | (1, d)
+        "" if head is None else head.kernel, 0 if head is None else LAYOUTS[head.qtype].ggml_type,
+        how["mass"] or 0.0, how["min_pages"], counts)  # (1, V) | (1, d)
     for cache in view.caches:
         cache.advance(1)
     return out
 
 
 def stack_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weights: StackWeights,
-                    view: StackCaches, budgets: list, how: dict, scale: float) -> torch.Tensor:
+                    view: StackCaches, budgets: list, how: dict, scale: float,
+                    counts: torch.Tensor | None = None) -> torch.Tensor:
     """decode_stack as plain Python: the same operators called one by one (same signature and results)."""
     from gatherlens.ops.layer.fused import add_rms_norm_cast, rms_norm_cast, rope_append, silu_mul_cast
     from gatherlens.ops.sparse.decode import decode_pages
@@ -190,7 +193,9 @@ def stack_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weigh
         qr = rope_append(qkv[:, :width[0]], qkv[:, width[0]:sum(width)], qkv[:, sum(width):], cos, sin,
                          cache)  # (1, Hq, D); the token in the cache
         budget = cache.length if budgets[i] is None else budgets[i]
-        att = decode_pages(qr.unsqueeze(2), cache, budget, how, scale)[2]  # (1, Hq, 1, Dv)
+        pages, _, att, _ = decode_pages(qr.unsqueeze(2), cache, budget, how, scale)  # att (1, Hq, 1, Dv)
+        if counts is not None:  # pages (1, Hsel, n) on the sparse rows, else every page
+            counts[i] = cache.num_pages if pages is None else (pages[0] >= 0).sum(-1)
         s, h = add_rms_norm_cast(x, o(att.reshape(1, -1)), weights.norms[2 * i + 1], weights.eps[2 * i + 1], f32)
         x = s + down(silu_mul_cast(_grouped(h, (gate, up)), f32))  # (1, d)
     if weights.head is None:

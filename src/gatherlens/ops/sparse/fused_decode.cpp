@@ -1,8 +1,8 @@
 // Sparse decode in one operator: score every page's bound, choose the pages, attend over them in place.
 //
 //   torch.ops.gatherlens.paged_decode(q, page_keys, page_values, summaries, length, n, first_recent,
-//                                     scale, per_head, group_sum, key_scales, value_scales)
-//                                     -> (out, lse, pages, bounds)
+//                                     scale, per_head, group_sum, key_scales, value_scales, mass,
+//                                     min_pages) -> (out, lse, pages, bounds)
 //   torch.ops.gatherlens.dense_decode(q, page_keys, page_values, length, scale, key_scales, value_scales)
 //                                     -> (out, lse)
 //
@@ -12,7 +12,9 @@
 //      (page_choice.page_bounds term by term; only the order of the sum differs);
 //   2. per selection head (a query head, or a KV group by the max / sum of its heads' bounds): page 0
 //      and pages first_recent.. are always read, the best others fill n pages (rank: nan lowest, +inf
-//      just below the forced pages, ties to the lower page); the chosen pages sorted ascending;
+//      just below the forced pages, ties to the lower page); the chosen pages sorted ascending; with
+//      mass > 0 (the auto budget: page_choice.choose_by_mass) each head reads pages in that order until
+//      their estimated mass reaches `mass` (at least min_pages, at most n), its pages then -1 up to n;
 //   3. exact softmax attention of each query head over the rows of its chosen pages that hold one of
 //      the `length` tokens, reading K and V where they lie in the cache (no copy).
 // Inputs: q (B, Hq, D) float32 contiguous; page_keys (B, Hkv, N', P, D), page_values (B, Hkv, N', P, Dv)
@@ -124,6 +126,56 @@ void choose(const float* score, int64_t N, int64_t n, int64_t first_recent, int6
   for (int64_t i = 0; i < take; ++i) pages[k++] = 0xFFFFFFFFu - static_cast<uint32_t>(cand[i]);
   for (int64_t p = fr; p < N && k < n; ++p) pages[k++] = p;
   std::sort(pages, pages + k);
+}
+
+// ---- the auto budget: page_choice.mass_counts / choose_by_mass (tests/test_page_choice_rule.py) ----
+
+struct MassRule {                                 // mass > 0: the auto budget's share, floor, logit scale
+  float mass, scale;
+  int64_t min_pages, P, length;
+};
+
+// w (N,) = page_choice.estimated_mass of one head's scores: tokens * exp(scale * (rank - top rank)), in float32
+// (rank_value: nan weighs 0); false when every score is nan (no weight anywhere).
+bool estimated_mass(const float* score, int64_t N, const MassRule& r, std::vector<float>& w) {
+  w.resize(static_cast<size_t>(N));
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t p = 0; p < N; ++p) top = std::max(top, rank_value(score[p]));
+  if (!(top > -std::numeric_limits<float>::infinity())) return false;
+  for (int64_t p = 0; p < N; ++p)
+    w[p] = gl::exp_neg((rank_value(score[p]) - top) * r.scale) * static_cast<float>(gl::page_rows(p, r.P, r.length));
+  return true;
+}
+
+// pages[0:n] of one head under the auto budget: page 0 and pages fr.. (forced), then the others in rank
+// order until the weights summed in that order (float64) reach mass x their sum; at least max(min_pages,
+// forced), at most n pages; ascending, the rest -1. Returns the count.
+int64_t choose_mass(const float* score, int64_t N, int64_t n, int64_t first_recent, const MassRule& r,
+                    int64_t* pages, std::vector<uint64_t>& cand, std::vector<float>& w) {
+  const int64_t fr = std::max<int64_t>(1, std::min(first_recent, N - 1));
+  const int64_t forced = std::min(n, 1 + (N - fr));
+  int64_t count = std::min(n, std::max(r.min_pages, forced));
+  keys_from(score, 1, fr, -std::numeric_limits<float>::infinity(), cand);
+  const int64_t m = std::min<int64_t>(n - forced, static_cast<int64_t>(cand.size()));
+  if (m > 0 && m < static_cast<int64_t>(cand.size()))
+    std::nth_element(cand.begin(), cand.begin() + m, cand.end(), std::greater<uint64_t>());
+  std::sort(cand.begin(), cand.begin() + std::max<int64_t>(m, 0), std::greater<uint64_t>());
+  if (estimated_mass(score, N, r, w)) {
+    double total = 0.0, acc = w[0];
+    for (int64_t p = 0; p < N; ++p) total += w[p];
+    for (int64_t p = fr; p < N; ++p) acc += w[p];
+    const double target = static_cast<double>(r.mass) * total;
+    int64_t need = forced;
+    for (int64_t i = 0; acc < target && i < m; ++i, ++need) acc += w[0xFFFFFFFFu - static_cast<uint32_t>(cand[i])];
+    count = std::min(n, std::max(count, acc < target ? n : need));
+  }
+  int64_t k = 0;
+  pages[k++] = 0;
+  for (int64_t i = 0; k < count - (N - fr) && i < m; ++i) pages[k++] = 0xFFFFFFFFu - static_cast<uint32_t>(cand[i]);
+  for (int64_t p = fr; p < N && k < count; ++p) pages[k++] = p;
+  std::sort(pages, pages + k);
+  std::fill(pages + k, pages + n, -1);
+  return k;
 }
 
 // ---- attention over the chosen pages ----
@@ -274,18 +326,28 @@ const float* group_scores(const float* rows, int64_t G, int64_t N, bool sum, std
 }
 
 struct ChoiceScratch {
-  std::vector<float> score;
+  std::vector<float> score, w;
   std::vector<uint64_t> cand;
 };
 
-// pages (B, Hsel, nn) from the bounds: per query head, or per KV group (max / sum of its heads).
+// pages (B, Hsel, nn) from the bounds: per query head, or per KV group (max / sum of its heads); with
+// rule.mass > 0 (the auto budget) each head's own count of them, then -1.
 void choose_all(const Shape& s, const float* bp, int64_t nn, int64_t first_recent, bool per_head, bool group_sum,
-                int64_t* pg) {
+                const MassRule& rule, int64_t* pg) {
   gl::for_each_task<ChoiceScratch>(s.B * (per_head ? s.Hq : s.Hkv), [&](int64_t t, ChoiceScratch& c) {
     const float* row = per_head ? bp + t * s.N               // (b, hq) is row b*Hq + hq of (B*Hkv*G, N)
                                 : group_scores(bp + t * s.G * s.N, s.G, s.N, group_sum, c.score);
-    choose(row, s.N, nn, first_recent, pg + t * nn, c.cand);
+    if (rule.mass > 0.f && nn < s.N)
+      choose_mass(row, s.N, nn, first_recent, rule, pg + t * nn, c.cand, c.w);
+    else
+      choose(row, s.N, nn, first_recent, pg + t * nn, c.cand);
   });
+}
+
+inline int64_t pages_of(const int64_t* pg, int64_t nn) {  // a head's pages: those before the first -1
+  int64_t k = 0;
+  while (k < nn && pg[k] >= 0) ++k;
+  return k;
 }
 
 template <typename T>
@@ -305,7 +367,7 @@ void attend_part(const Shape& s, const float* qp, const at::Tensor& pk, const at
                  int64_t c, int64_t parts, std::vector<float>* part, int64_t t, GroupScratch& sc) {
   const int64_t Hsel = per_head ? s.Hq : s.Hkv, b = sel / Hsel, hs = sel % Hsel, G = per_head ? 1 : s.G;
   const int64_t h = per_head ? hs / s.G : hs, first = per_head ? hs : hs * s.G;  // KV head, first query head
-  const int64_t a = c * nn / parts, e = (c + 1) * nn / parts;
+  const int64_t np = pages_of(pg + sel * nn, nn), a = c * np / parts, e = (c + 1) * np / parts;
   const Partial out{part[0].data() + t * G, part[1].data() + t * G, part[2].data() + t * G * s.Dv};
   group_partial(qp + (b * s.Hq + first) * s.D, G, head_kv<T>(pk, pv, ks, vs, b, h), pg + sel * nn + a, e - a,
                 Dims{s.P, s.D, s.Dv, s.length}, scale, out, sc);
@@ -346,7 +408,7 @@ void on_stored_type(at::ScalarType t, const F& f) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> paged_decode_cpu(
     const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv, const at::Tensor& s, int64_t length,
     int64_t n, int64_t first_recent, double scale, bool per_head, bool group_sum, const Scales& ks,
-    const Scales& vs) {
+    const Scales& vs, double mass, int64_t min_pages) {
   check_inputs(q, pk, pv, s, length, n, ks, vs);
   const int64_t Hq = q.size(1), Hkv = pk.size(1), P = pk.size(3);
   const Shape sh{q.size(0), Hq, Hkv, Hq / Hkv, q.size(2), pv.size(4), P, gl::page_count(length, P), length};
@@ -358,7 +420,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> paged_decode_cpu(
     using S = decltype(t);
     score_pages<S>(sh, q.data_ptr<float>(), s.data_ptr<S>(), gl::strides_of(s), bounds.data_ptr<float>());
   });
-  choose_all(sh, bounds.data_ptr<float>(), nn, first_recent, per_head, group_sum, pages.data_ptr<int64_t>());
+  TORCH_CHECK(mass <= 1.0 && min_pages >= 1, "paged_decode: mass ", mass, " must be <= 1 (<= 0: n pages) and min_pages ",
+              min_pages, " >= 1");
+  const MassRule rule{static_cast<float>(mass), static_cast<float>(scale), min_pages, P, length};
+  choose_all(sh, bounds.data_ptr<float>(), nn, first_recent, per_head, group_sum, rule, pages.data_ptr<int64_t>());
   on_stored_type(pk.scalar_type(), [&](auto t) {
     attend_all<decltype(t)>(sh, q.data_ptr<float>(), pk, pv, ks, vs, pages.data_ptr<int64_t>(), nn, per_head,
                             static_cast<float>(scale), out.data_ptr<float>(), lse.data_ptr<float>());
@@ -434,7 +499,8 @@ std::tuple<at::Tensor, at::Tensor> dense_decode_cpu(const at::Tensor& q, const a
 TORCH_LIBRARY_FRAGMENT(gatherlens, m) {
   m.def("paged_decode(Tensor q, Tensor page_keys, Tensor page_values, Tensor summaries, int length, int n, "
         "int first_recent, float scale, bool per_head, bool group_sum, Tensor? key_scales=None, "
-        "Tensor? value_scales=None) -> (Tensor out, Tensor lse, Tensor pages, Tensor bounds)");
+        "Tensor? value_scales=None, float mass=0., int min_pages=1) -> (Tensor out, Tensor lse, Tensor pages, "
+        "Tensor bounds)");
   m.def("dense_decode(Tensor q, Tensor page_keys, Tensor page_values, int length, float scale, "
         "Tensor? key_scales=None, Tensor? value_scales=None) -> (Tensor out, Tensor lse)");
 }

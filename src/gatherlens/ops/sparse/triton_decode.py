@@ -30,7 +30,7 @@ import triton.language as tl
 
 from .config import OP
 from .geometry import ceil_div
-from .page_choice import choose_pages, pages_to_read
+from .page_choice import choose_by_mass, choose_pages, pages_to_read
 
 __all__ = ["triton_page_bounds", "triton_select_pages", "triton_attend_pages"]
 
@@ -75,9 +75,9 @@ def _pages_attn_partial(
     for i in range(NUM_BLOCKS):
         t = start + i * BLOCK_N + offs_n  # token slots of the selection this block covers
         tmask = (t < sel_tokens) & (i * BLOCK_N + offs_n < tokens_per_split)
-        page = tl.load(p_base + t // P, mask=tmask, other=0)  # page id of each slot
+        page = tl.load(p_base + t // P, mask=tmask, other=0)  # page id of each slot (-1: the auto budget's padding)
         tok = page * P + t % P  # key position in the cache
-        valid = tmask & (tok < length)
+        valid = tmask & (page >= 0) & (tok < length)
         k_off = tok[:, None] * D + offs_d[None, :]
         k = tl.load(k_base + k_off, mask=valid[:, None] & dmask[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
         if QUANT:  # int8 codes times their page's scale, in float32 (cache.read_pages)
@@ -216,12 +216,17 @@ def triton_page_bounds(q: torch.Tensor, cache, share_selection: bool = OP.share_
 
 
 def triton_select_pages(q: torch.Tensor, cache, budget: int, share_selection: bool = OP.share_selection,
-                        group_score: str = OP.group_score, recent: int = OP.recent):
+                        group_score: str = OP.group_score, recent: int = OP.recent, *, mass: float | None = None,
+                        min_pages: int = 1, scale: float | None = None):
     """Pages (B, Hsel, n) ascending and bounds (B, Hsel, N): the scoring kernel, then the one
-    page-choice rule (`page_choice.pages_to_read`, `page_choice.choose_pages`)."""
+    page-choice rule (`page_choice.pages_to_read`, `page_choice.choose_pages`; with mass, the auto
+    budget's `page_choice.choose_by_mass`: each head's pages, then -1)."""
     bounds = triton_page_bounds(q, cache, share_selection, group_score)  # (B, Hsel, N)
     n, first = pages_to_read(cache.length, cache.page_size, budget, recent)
-    return choose_pages(bounds, n, first), bounds
+    if mass is None or n >= cache.num_pages:
+        return choose_pages(bounds, n, first), bounds
+    scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
+    return choose_by_mass(bounds, n, first, mass, min_pages, scale, cache.length, cache.page_size), bounds
 
 
 def _next_pow2(x: int) -> int:
@@ -230,7 +235,8 @@ def _next_pow2(x: int) -> int:
 
 def triton_attend_pages(q: torch.Tensor, cache, pages: torch.Tensor, scale: float,
                         num_splits: int | None = None, block_n: int = 64, *, softcap: float | None = None):
-    """Attention of q (B, Hq, 1, D) over the chosen pages (B, Hsel, n) read in place from `cache`.
+    """Attention of q (B, Hq, 1, D) over the chosen pages (B, Hsel, n) read in place from `cache` (a -1
+    entry, the auto budget's padding, reads nothing).
 
     softcap: each scaled logit becomes softcap * tanh(logit / softcap) first (None: no cap).
     returns out (B, Hq, 1, Dv) in q.dtype and lse (B, Hq, 1) float32.
