@@ -91,6 +91,14 @@ def positive_ints(value: str, hint: str, what: str) -> list[int]:
     return values
 
 
+def budget_list(value: str, hint: str) -> list:
+    """"auto,512,256" -> ["auto", 256, 512] ("auto" first, then the ints sorted, unique); a clear error else."""
+    words = [w.strip() for w in value.split(",")]
+    auto = ["auto"] if "auto" in (w.lower() for w in words) else []
+    rest = ",".join(w for w in words if w.lower() != "auto")
+    return auto + (positive_ints(rest, hint, 'budget (or "auto")') if rest or not auto else [])
+
+
 def output_file(path: str | None, force: bool, suffixes: tuple[str, ...], hint: str) -> Path | None:
     """A file to write (`gatherlens.outputs.output_file`'s rule), as a click error naming `hint`."""
     if path is None:

@@ -182,8 +182,8 @@ def register_sparse() -> None:
 
 
 def _meter(module, pages: torch.Tensor | None, paged: PagedKVCache, heads: int) -> None:
-    """Tell every meter the pages each selection head of batch 0 read (pages None: every page, densely)."""
-    if pages is None:
+    """Tell every meter the pages each selection head of batch 0 read (pages None, or every page: densely)."""
+    if pages is None or pages.shape[-1] >= paged.num_pages:
         counts, chose = torch.full((heads,), paged.num_pages, dtype=torch.long), False
     else:
         counts, chose = (pages[0] >= 0).sum(-1), True  # (Hsel,)

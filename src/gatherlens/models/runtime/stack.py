@@ -152,7 +152,7 @@ def _runs(model, input_ids, kwargs: dict) -> StackCaches | None:
     if mask is not None and not bool(mask.all()):
         return None
     config = sparse_settings(model)
-    if config is None or config.keep_selection:
+    if config is None or config.keep_selection or config.choose != "bound":  # the operator ranks by the bound only
         return None
     return _view(model.__dict__[_STACK], kwargs.get("cache", kwargs.get("past_key_values")))
 

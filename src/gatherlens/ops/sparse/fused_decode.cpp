@@ -20,7 +20,8 @@
 // Inputs: q (B, Hq, D) float32 contiguous; page_keys (B, Hkv, N', P, D), page_values (B, Hkv, N', P, Dv)
 // float32, float16, bfloat16 or int8 (one dtype; a template on it), each page's block contiguous (the
 // cache's storage or views of it), each page read as float32 as the cache reads it (kv_pages.h's
-// widen: int8 codes times key_scales / value_scales (B, Hkv, N') float32, given for int8 only); summaries
+// widen: int8 key codes times key_scales (B, Hkv, N', D) per page channel, folded into the query, and
+// value codes times value_scales (B, Hkv, N', P) per token, folded into the weights; int8 only); summaries
 // (B, Hkv, N', 2D) float32, [max | min], last dim contiguous; the first N = ceil(length / P) <= N'
 // pages hold the `length` tokens. Outputs: out (B, Hq, Dv), lse (B, Hq), pages (B, Hsel, n) int64,
 // bounds (B, Hkv, G, N) float32. Built by gatherlens/ops/native.py; fake kernel in fused_decode.py.
@@ -60,7 +61,6 @@ inline void prefetch_page(const T* page, int64_t values) {  // the next chosen p
   for (int64_t i = 0; i < values * static_cast<int64_t>(sizeof(T)); i += 64) __builtin_prefetch(p + i, 0, 3);
 }
 
-inline float page_scale(const float* scales, int64_t page) { return scales ? scales[page] : 1.f; }
 
 // ---- the page choice: page_choice.choose_pages's rule (tests/test_page_choice_rule.py holds them equal) ----
 
@@ -188,7 +188,7 @@ template <typename T>
 struct HeadKV {                                   // one KV head's stored pages and (int8) their scales
   const T *K, *V;
   Strides kl, vl;
-  const float *ks, *vs;                           // (N',) or nullptr
+  const float *ks, *vs;                           // keys' channel scales (N', D), values' token scales (N', P); or nullptr
 };
 
 struct Partial {                                  // split-K partials of the G heads of a group
@@ -196,8 +196,19 @@ struct Partial {                                  // split-K partials of the G h
 };
 
 struct GroupScratch {
-  std::vector<float> w, buf;                      // logits (G, rows); one row widened (the plain loops)
+  std::vector<float> w, buf, q;                   // logits (G, rows); one row widened (the plain loops); scaled q
 };
+
+// The G queries as they meet an int8 key page's codes: q (G, D) times the page's channel scales (D,), so
+// q . (code * scale) is one dot of codes (kv_pages.h's widen_channels, the product regrouped); q itself
+// for float pages (scales nullptr).
+inline const float* scaled_queries(const float* q, int64_t G, int64_t D, const float* scales, std::vector<float>& out) {
+  if (!scales) return q;
+  out.resize(static_cast<size_t>(G * D));
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t d = 0; d < D; ++d) out[g * D + d] = q[g * D + d] * scales[d];
+  return out.data();
+}
 
 // The G heads qg (G, D) over the valid rows of pages ids[0:np] of one KV head, read in place (group_dots.h:
 // each row widened once for the G heads): per head the max logit, the sum of exp(l - max) and the
@@ -212,8 +223,8 @@ void group_partial(const float* qg, int64_t G, const HeadKV<T>& kv, const int64_
   for (int64_t i = 0; i < np; ++i) {
     const int64_t id = ids[i], valid = gl::page_rows(id, d.P, d.length);
     if (i + 1 < np) prefetch_page(kv.K + ids[i + 1] * kv.kl.n, d.P * d.D);
-    gl::group_dots(qg, G, kv.K + id * kv.kl.n, d.D, page_scale(kv.ks, id), valid, d.D, sc, s.w.data() + rows, cap,
-                   s.buf.data());
+    const float* q = scaled_queries(qg, G, d.D, kv.ks ? kv.ks + id * d.D : nullptr, s.q);
+    gl::group_dots(q, G, kv.K + id * kv.kl.n, d.D, 1.f, valid, d.D, sc, s.w.data() + rows, cap, s.buf.data());
     rows += valid;
   }
   for (int64_t g = 0; g < G; ++g) {
@@ -227,8 +238,10 @@ void group_partial(const float* qg, int64_t G, const HeadKV<T>& kv, const int64_
   for (int64_t i = 0; i < np; ++i) {
     const int64_t id = ids[i], valid = gl::page_rows(id, d.P, d.length);
     if (i + 1 < np) prefetch_page(kv.V + ids[i + 1] * kv.vl.n, d.P * d.Dv);
-    gl::group_weigh(s.w.data() + rows, cap, G, kv.V + id * kv.vl.n, d.Dv, page_scale(kv.vs, id), valid, d.Dv,
-                    part.acc, s.buf.data());
+    if (kv.vs)  // int8 values: each weight times its token's scale, then the codes weighed
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t j = 0; j < valid; ++j) s.w[g * cap + rows + j] *= kv.vs[id * d.P + j];
+    gl::group_weigh(s.w.data() + rows, cap, G, kv.V + id * kv.vl.n, d.Dv, 1.f, valid, d.Dv, part.acc, s.buf.data());
     rows += valid;
   }
 }
@@ -254,16 +267,18 @@ bool stored_type(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kChar;
 }
 
-// int8 pages need their scales (B, Hkv, N') float32 contiguous; float pages none.
+// int8 pages need their scales float32 contiguous: keys (B, Hkv, N', D) per page channel, values (B, Hkv, N', P)
+// per token; float pages none.
 void check_scales(const char* op, const at::Tensor& pk, const Scales& ks, const Scales& vs) {
   const bool int8 = pk.scalar_type() == at::kChar;
   TORCH_CHECK(int8 == ks.has_value() && int8 == vs.has_value(), op,
               ": key_scales / value_scales must be given for int8 pages, and only for them");
   if (!int8) return;
   for (const at::Tensor* t : {&*ks, &*vs})
-    TORCH_CHECK(t->dim() == 3 && t->is_contiguous() && t->scalar_type() == at::kFloat && t->size(0) == pk.size(0) &&
-                    t->size(1) == pk.size(1) && t->size(2) == pk.size(2),
-                op, ": scales must be (B, Hkv, N) float32 contiguous, like the pages");
+    TORCH_CHECK(t->dim() == 4 && t->is_contiguous() && t->scalar_type() == at::kFloat && t->size(0) == pk.size(0) &&
+                    t->size(1) == pk.size(1) && t->size(2) == pk.size(2) &&
+                    t->size(3) == (t == &*ks ? pk.size(4) : pk.size(3)),
+                op, ": scales must be float32 contiguous, keys (B, Hkv, N, D) and values (B, Hkv, N, P)");
 }
 
 void check_inputs(const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv, const at::Tensor& s,
@@ -354,9 +369,9 @@ template <typename T>
 HeadKV<T> head_kv(const at::Tensor& pk, const at::Tensor& pv, const Scales& ks, const Scales& vs, int64_t b,
                   int64_t h) {
   const Strides kl = gl::strides_of(pk), vl = gl::strides_of(pv);
-  const int64_t row = (b * pk.size(1) + h) * pk.size(2);  // (b, h)'s scales in (B, Hkv, N')
+  const int64_t row = (b * pk.size(1) + h) * pk.size(2);  // (b, h)'s first page in (B, Hkv, N')
   return {pk.data_ptr<T>() + b * kl.b + h * kl.h, pv.data_ptr<T>() + b * vl.b + h * vl.h, kl, vl,
-          ks ? ks->data_ptr<float>() + row : nullptr, vs ? vs->data_ptr<float>() + row : nullptr};
+          ks ? ks->data_ptr<float>() + row * pk.size(4) : nullptr, vs ? vs->data_ptr<float>() + row * pk.size(3) : nullptr};
 }
 
 // Selection head `sel`'s query heads (G of them shared, else one) over part c of its nn pages (parts as even as

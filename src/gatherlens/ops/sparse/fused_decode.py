@@ -103,7 +103,7 @@ def fused_select_attend(q: torch.Tensor, cache: PagedKVCache, n: int, first: int
     pages than the cache holds)."""
     B, Hq, _, D = q.shape
     keys, values, summaries = cache.writable(0)  # the whole storage: the operator reads its first pages
-    key_scales, value_scales = cache.scale_storage()  # (B, Hkv, cap) float32 for int8 pages, else None
+    key_scales, value_scales = cache.scale_storage()  # (B, Hkv, cap, D | P) float32 for int8 pages, else None
     per_head = not how["share_selection"]
     out, lse, pages, bounds = torch.ops.gatherlens.paged_decode(
         q.reshape(B, Hq, D).contiguous(), keys, values, summaries, cache.length, n,
@@ -125,7 +125,7 @@ def fused_dense(q: torch.Tensor, cache: PagedKVCache, scale: float):
     the rows split in chunks over the threads (PyTorch's flash kernel splits by head only)."""
     B, Hq, _, D = q.shape
     keys, values, _ = cache.writable(0)  # the whole storage: rows are contiguous across its pages
-    key_scales, value_scales = cache.scale_storage()  # (B, Hkv, cap) float32 for int8 pages, else None
+    key_scales, value_scales = cache.scale_storage()  # (B, Hkv, cap, D | P) float32 for int8 pages, else None
     out, lse = torch.ops.gatherlens.dense_decode(q.reshape(B, Hq, D).contiguous(), keys, values, cache.length,
                                                  scale, key_scales, value_scales)  # (B, Hq, Dv), (B, Hq)
     return out.view(B, Hq, 1, -1), lse.view(B, Hq, 1)

@@ -17,7 +17,8 @@ input_precision, masks, constexpr blocks; no runtime loop bounds, see NUM_BLOCKS
 The kernels read the cache through its public views (`summaries`, `page_keys`, `page_values`,
 `key_scales`, `value_scales`), whose strides are those of the paged storage; values may be
 Dv = cache.value_dim wide. Pages stored narrower than the query (float16 / bfloat16, or int8 codes
-times their page's scale in float32) are read as the cache's `read_pages` reads them. A softcap
+times their scales in float32: keys per page channel, values per token) are read as the cache's
+`read_pages` reads them. A softcap
 caps each scaled logit (softcap * tanh(s / softcap), tanh from exp: Triton 3.6 has no tanh)
 before the mask, as ops/attention/variants.py does. This module imports neither `decode.py` nor
 `torch_decode.py`: `decode.sparse_decode` imports it when the triton backend runs.
@@ -39,7 +40,8 @@ __all__ = ["triton_page_bounds", "triton_select_pages", "triton_attend_pages"]
 def _pages_attn_partial(
     Q, K, V, PAGES, OPART, LPART, KS, VS,
     length, sel_tokens, tokens_per_split, sm_scale, softcap,
-    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_pb, stride_ph, stride_sb, stride_sh,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_pb, stride_ph,
+    stride_ksb, stride_ksh, stride_vsb, stride_vsh,
     HSEL: tl.constexpr, HKV: tl.constexpr, R: tl.constexpr, NSPLIT: tl.constexpr,
     NUM_BLOCKS: tl.constexpr,
     P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
@@ -63,7 +65,8 @@ def _pages_attn_partial(
     k_base = K + b * stride_kb + kvh * stride_kh
     v_base = V + b * stride_vb + kvh * stride_vh
     p_base = PAGES + b * stride_pb + hs * stride_ph
-    s_off = b * stride_sb + kvh * stride_sh  # this head's int8 page scales (QUANT)
+    ks_base = KS + b * stride_ksb + kvh * stride_ksh  # this head's int8 key channel scales (N, D) (QUANT)
+    vs_base = VS + b * stride_vsb + kvh * stride_vsh  # and its values' token scales (N, P)
 
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
@@ -80,8 +83,9 @@ def _pages_attn_partial(
         valid = tmask & (page >= 0) & (tok < length)
         k_off = tok[:, None] * D + offs_d[None, :]
         k = tl.load(k_base + k_off, mask=valid[:, None] & dmask[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
-        if QUANT:  # int8 codes times their page's scale, in float32 (cache.read_pages)
-            k = k.to(tl.float32) * tl.load(KS + s_off + page, mask=valid, other=0.0)[:, None]
+        if QUANT:  # int8 codes times their page's channel scales, in float32 (cache.read_pages)
+            k = k.to(tl.float32) * tl.load(ks_base + page[:, None] * D + offs_d[None, :],
+                                           mask=valid[:, None] & dmask[None, :], other=0.0)
         k = k.to(q.dtype)  # pages stored narrower than the query: read as it (exact)
         if UPCAST:  # Triton 3.6's CPU interpreter computes bf16 tl.dot wrongly: use fp32 there
             k = k.to(tl.float32)
@@ -103,8 +107,8 @@ def _pages_attn_partial(
         l_i = l_i * alpha + tl.sum(p, 1)
         v_off = tok[:, None] * DV + offs_dv[None, :]
         v = tl.load(v_base + v_off, mask=valid[:, None] & dvmask[None, :], other=0.0)  # (BLOCK_N, BLOCK_DV)
-        if QUANT:
-            v = v.to(tl.float32) * tl.load(VS + s_off + page, mask=valid, other=0.0)[:, None]
+        if QUANT:  # and values times their token's scale
+            v = v.to(tl.float32) * tl.load(vs_base + page * P + t % P, mask=valid, other=0.0)[:, None]
         v = v.to(q.dtype)
         if UPCAST:
             v = v.to(tl.float32)
@@ -249,7 +253,7 @@ def triton_attend_pages(q: torch.Tensor, cache, pages: torch.Tensor, scale: floa
     qc = q.reshape(B, Hq, D).contiguous()  # (B, Hq, D)
     pg = pages.contiguous()  # (B, Hsel, n)
     K, V = cache.page_keys, cache.page_values  # (B, Hkv, N, P, D), (..., Dv) views with the storage's strides
-    KS, VS = cache.key_scales, cache.value_scales  # (B, Hkv, N) int8 page scales, or None
+    KS, VS = cache.key_scales, cache.value_scales  # (B, Hkv, N, D) / (B, Hkv, N, P) int8 scales, or None
     quant = KS is not None
     KS, VS = (KS, VS) if quant else (K, V)  # placeholders the kernel never reads
     sel_tokens = n * P
@@ -269,7 +273,8 @@ def triton_attend_pages(q: torch.Tensor, cache, pages: torch.Tensor, scale: floa
         qc, K, V, pg, opart, lpart, KS, VS,
         cache.length, sel_tokens, tokens_per_split, float(scale), float(softcap or 1.0),
         qc.stride(0), qc.stride(1), K.stride(0), K.stride(1), V.stride(0), V.stride(1), pg.stride(0), pg.stride(1),
-        KS.stride(0) if quant else 0, KS.stride(1) if quant else 0,
+        KS.stride(0) if quant else 0, KS.stride(1) if quant else 0, VS.stride(0) if quant else 0,
+        VS.stride(1) if quant else 0,
         HSEL=Hsel, HKV=Hkv, R=R, NSPLIT=NSPLIT, NUM_BLOCKS=num_blocks, P=P, D=D, DV=Dv,
         BLOCK_R=max(16, _next_pow2(R)), BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV,
         IEEE=q.dtype == torch.float32, UPCAST=q.device.type != "cuda", SOFTCAP=softcap is not None, QUANT=quant,
