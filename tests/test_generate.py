@@ -163,6 +163,13 @@ def test_the_auto_budget_reports_pages_per_step_and_head(lm, tiny):
             assert bool((e.page_counts[1] >= 2).all()) and bool((e.page_counts[1] <= 5).all())
             if pages:
                 assert [len(h) for h in e.page_ids()[1]] == e.page_counts[1].tolist()
+    from gatherlens.models.runtime.streaming import stream_generate
+
+    result = stream_generate(lm, lm.encode(PROMPT), "auto", 6, pages=True, **auto)
+    read = result.pages_per_step()
+    assert read["layers"] == 1 and read["heads"] == 4 and 2 <= read["min"] <= read["mean"] <= read["max"] <= 5
+    assert result.trace.counts.shape == (2, 5, 4) and result.trace.mean_pages() == pytest.approx(read["mean"])
+    assert f"budget auto: {read['mean']:.1f} pages a head a step" in page_trace_svg(result.trace)
     res = CliRunner().invoke(generate, [PROMPT, "--model", str(tiny), "--budget", "auto", "--max-new-tokens", "4"])
     assert res.exit_code == 0, res.output  # the default ceiling covers this short context: every page, densely
     assert "pages read per step" not in res.output

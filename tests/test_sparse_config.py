@@ -83,8 +83,8 @@ def test_defaults_are_the_measured_best():
     assert c == DEFAULT == PRESETS["default"]
     assert (c.budget, c.page_size, c.share_selection, c.group_score, c.dense_layers, c.choose) == \
         ("auto", 8, False, "max", 2, "bound")
-    assert (c.mass, c.min_pages, c.max_pages) == (0.98, 16, 256)
-    assert c.recent is None and c.recent_window() == 32 and c.dense_share == pytest.approx(1 / 3)
+    assert (c.mass, c.min_pages, c.max_pages) == (0.995, 32, 256)
+    assert c.recent is None and c.recent_window() == 256 and c.dense_share == pytest.approx(1 / 3)
     assert (TOY.budget, TOY.page_size) == (16, 4)
     assert (OP.budget, OP.share_selection, OP.recent, OP.dense_share) == (2048, True, 0, 1.0)
     assert QUEST.dense_layers == SHARDED.dense_layers == 0
@@ -104,16 +104,16 @@ def test_recent_window_and_budget_for():
 
 def test_the_auto_budget():
     """budget "auto": the ceiling (max_pages' tokens) is the step's budget, dense_share does not apply, the
-    recent window is a quarter of min_pages' tokens, and the choice rule carries the mass."""
+    recent window is min_pages' tokens, and the choice rule carries the mass."""
     from gatherlens.ops.sparse.decode import choice_of_config
 
     c = SparseConfig("auto", page_size=8, mass=0.9, min_pages=8, max_pages=32, dense_layers=1)
     assert c.auto and c.step_mass() == 0.9 and SparseConfig(512).step_mass() is None
     assert c.budget_for(10_000, layer=1) == 256 and c.budget_for(300, layer=1) == 256  # 256 > 300 / 3: still sparse
     assert c.budget_for(200, layer=1) == 200 and c.budget_for(10_000, layer=0) == 10_000
-    assert c.recent_window() == 16 and c.replace(recent=0).recent_window() == 0
+    assert c.recent_window() == 64 and c.replace(recent=0).recent_window() == 0
     how = choice_of_config(c)
-    assert (how["mass"], how["min_pages"], how["recent"]) == (0.9, 8, 16)
+    assert (how["mass"], how["min_pages"], how["recent"]) == (0.9, 8, 64)
     assert choice_of_config(SparseConfig(512))["mass"] is None
 
 
@@ -129,7 +129,7 @@ def test_the_auto_budget():
     ({"budget": "Auto"}, GatherTypeError, "budget must be an int number of tokens or None \\(dense\\) or \"auto\""),
     ({"mass": 0}, GatherValueError, "mass = 0 must be None"), ({"mass": 1.5}, GatherValueError, "mass = 1.5"),
     ({"min_pages": 0}, GatherValueError, "min_pages = 0 must be an int >= 1"),
-    ({"max_pages": 8}, GatherValueError, "max_pages = 8 must be an int >= 16"),
+    ({"max_pages": 8}, GatherValueError, "max_pages = 8 must be an int >= 32"),
 ])
 def test_one_validation(kw, err, words):
     with pytest.raises(err, match=words):
@@ -159,7 +159,7 @@ def test_op_with_a_config_equals_the_keywords():
         sparse_decode(q, cache, 64, config={"budget": 64})
     auto = SparseConfig("auto", page_size=8, mass=0.8, min_pages=3, max_pages=12)
     out, sel = sparse_decode(q, cache, auto.budget_for(300), config=auto, return_selection=True)
-    want, want_sel = sparse_decode(q, cache, 96, share_selection=False, recent=6, mass=0.8, min_pages=3,
+    want, want_sel = sparse_decode(q, cache, 96, share_selection=False, recent=24, mass=0.8, min_pages=3,
                                    return_selection=True)
     assert torch.equal(out, want) and torch.equal(sel.pages, want_sel.pages) and sel.mass == 0.8
     with pytest.raises(GatherValueError, match="mass = 0.8 was given with config="):
@@ -219,7 +219,7 @@ def test_config_keyword_equals_the_keywords(tiny):
 def test_sharded_takes_the_config_and_refuses_a_window(tiny):
     from gatherlens.dist.model import use_sharded_decoding
 
-    with pytest.raises(GatherValueError, match="recent = 32"):
+    with pytest.raises(GatherValueError, match="recent = 256"):
         use_sharded_decoding(tiny, config=DEFAULT)
     with pytest.raises(GatherValueError, match="budget = 'auto': sharded decoding reads a fixed budget"):
         use_sharded_decoding(tiny, config=SHARDED.replace(budget="auto", recent=0))

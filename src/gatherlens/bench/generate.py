@@ -66,7 +66,7 @@ CLI, CLI_PAGES = "cli", "cli/pages"  # the loop of `gatherlens generate`, page t
 class Method:
     name: str
     kind: str               # "hf" or "paged"
-    budget: int | None = None
+    budget: int | str | None = None  # tokens, "auto" or None (dense)
     lean: bool = True
     head: bool = True       # the lean head (models/runtime/head.py) with the lean step
 
@@ -81,7 +81,7 @@ class Row:
     speedup: float          # hf ms / ms, same context, same rounds
     attention_ms: float | None     # cache appends + attention calls of every layer, per step
     attention_share: float | None  # attention_ms / ms (None for llama.cpp: not split)
-    budget: int | None
+    budget: int | str | None
     lean: bool
     speed_only: bool        # past the model's trained positions
     threads: int
@@ -311,18 +311,21 @@ def with_llama_ratios(rows: list[Row]) -> list[Row]:
     return rows
 
 
-def _check_options(budgets: str, tokens: int, rounds: int, threads: int) -> list[int]:
-    """The budgets as sorted ints; a clear error for any option out of range."""
+def _check_options(budgets: str, tokens: int, rounds: int, threads: int) -> list:
+    """The budgets: "auto" first where listed, then the ints sorted; a clear error for any option out of range."""
     for name, value in (("--tokens", tokens), ("--rounds", rounds), ("--threads", threads)):
         if value < 1:
             raise click.BadParameter(f"must be >= 1, got {value}", param_hint=name)
+    words = [b.strip() for b in budgets.split(",") if b.strip()]
+    auto = ["auto"] if "auto" in words else []
     try:
-        out = sorted({int(b) for b in budgets.split(",") if b.strip()})
+        out = sorted({int(b) for b in words if b != "auto"})
     except ValueError:
-        raise click.BadParameter(f"{budgets!r} is not a list of ints like 512,1024", param_hint="--budgets") from None
-    if not out or out[0] < 1:
-        raise click.BadParameter(f"{budgets!r}: each budget must be a positive int", param_hint="--budgets")
-    return out
+        raise click.BadParameter(f"{budgets!r} is not a list of ints (or auto) like auto,512,1024",
+                                 param_hint="--budgets") from None
+    if (not out and not auto) or (out and out[0] < 1):
+        raise click.BadParameter(f"{budgets!r}: each budget must be a positive int or auto", param_hint="--budgets")
+    return auto + out
 
 
 @dataclass(frozen=True)
@@ -380,7 +383,8 @@ def make_plan(model_name, budget_list, ablation, profile, llama_python_option, b
               help='"smollm2" or a local Llama-family folder / .gguf file')
 @click.option("--context", "contexts", multiple=True, help="cache length, repeatable: 2K, 8K, 32768 "
               "(default 2K 4K 8K 16K 32K)")
-@click.option("--budgets", default="512,1024,2048", show_default=True, help="sparse budgets, comma-separated")
+@click.option("--budgets", default="auto,512,1024,2048", show_default=True,
+              help="sparse budgets, comma-separated: tokens, or auto (the default SparseConfig's)")
 @click.option("--tokens", default=8, show_default=True, help="tokens generated per timed run")
 @click.option("--rounds", default=3, show_default=True, help="timed runs per method (the median is reported)")
 @click.option("--threads", default=2, show_default=True, help="torch threads in each case (and llama.cpp's)")

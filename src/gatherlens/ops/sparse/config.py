@@ -2,9 +2,9 @@
 
     >>> config = SparseConfig()                        # the measured best setting (DEFAULT)
     >>> config.budget, config.mass, config.min_pages, config.max_pages, config.page_size, config.dense_layers
-    ('auto', 0.98, 16, 256, 8, 2)
-    >>> config.recent_window()                         # a quarter of min_pages' tokens
-    32
+    ('auto', 0.995, 32, 256, 8, 2)
+    >>> config.recent_window()                         # min_pages' tokens: the floor is page 0 and this window
+    256
     >>> config.budget_for(100_000, layer=5), config.budget_for(1_000, layer=5), config.budget_for(100_000, layer=0)
     (2048, 1000, 100000)
     >>> fixed = SparseConfig(1024)                     # a fixed budget: 1024 tokens a step
@@ -119,7 +119,7 @@ class SparseConfig:
     group_score: "max" or "sum" of a KV group's page bounds (with share_selection).
     keep_selection: the HF adapter keeps each layer's last PageSelection (`last_page_selections`).
     recent: the newest `recent` tokens are always read, within the budget; None: a quarter of the
-        budget (of min_pages' tokens for the auto budget: `recent_window`).
+        budget (for the auto budget min_pages' tokens: its floor is page 0 and that window; `recent_window`).
     choose: "bound" (Quest's page bound) or "oracle" (true attention mass; reads every key: for evaluation).
     dense_share: a budget of at least this share of the cache decodes densely, in place (scoring
         and gathering would cost more than they save); 1.0: only a budget that covers the cache.
@@ -142,8 +142,8 @@ class SparseConfig:
     dense_share: float = 1 / 3
     dense_layers: int = 2
     kv_dtype: str | None = "float16"
-    mass: float = 0.98
-    min_pages: int = 16
+    mass: float = 0.995
+    min_pages: int = 32
     max_pages: int = 256
 
     def __post_init__(self):
@@ -155,8 +155,8 @@ class SparseConfig:
         return self.budget == AUTO
 
     def recent_window(self) -> int:
-        """The recent window a step reads: `recent`, or for None a quarter of the budget (of min_pages'
-        tokens for the auto budget; 0 when dense).
+        """The recent window a step reads: `recent`, or for None a quarter of the budget (for the auto
+        budget min_pages' tokens; 0 when dense).
 
             >>> SparseConfig(512).recent_window(), SparseConfig(512, recent=0).recent_window()
             (128, 0)
@@ -164,7 +164,7 @@ class SparseConfig:
         if self.recent is not None:
             return self.recent
         if self.auto:
-            return self.min_pages * self.page_size // 4
+            return self.min_pages * self.page_size
         return self.budget // 4 if self.budget is not None else 0
 
     def step_mass(self) -> float | None:
@@ -224,8 +224,8 @@ QUEST = OP.replace(budget=1024)
 # use_sharded_decoding's defaults: the plain setting (sparse_decode_sharded has no recent window).
 SHARDED = QUEST
 # the explorer (`gatherlens serve`): a small budget and pages so that a short text shows a choice,
-# every layer choosing at every budget below the cache.
-TOY = QUEST.replace(budget=16, page_size=4)
+# every layer choosing at every budget below the cache (with budget "auto", from 2 pages up).
+TOY = QUEST.replace(budget=16, page_size=4, min_pages=2)
 # the dist demo (`gatherlens dist demo`): the sharded setting on a cache of a few hundred tokens.
 DIST_DEMO = SHARDED.replace(budget=512)
 PRESETS = {"default": DEFAULT, "op": OP, "quest": QUEST, "sharded": SHARDED, "toy": TOY, "dist_demo": DIST_DEMO}
