@@ -83,7 +83,7 @@ def test_defaults_are_the_measured_best():
     assert c == DEFAULT == PRESETS["default"]
     assert (c.budget, c.page_size, c.share_selection, c.group_score, c.dense_layers, c.choose) == \
         ("auto", 8, False, "max", 2, "bound")
-    assert (c.mass, c.min_pages, c.max_pages) == (0.995, 32, 256)
+    assert (c.mass, c.min_pages, c.max_pages) == (0.998, 32, 512)
     assert c.recent is None and c.recent_window() == 256 and c.dense_share == pytest.approx(1 / 3)
     assert (TOY.budget, TOY.page_size) == (16, 4)
     assert (OP.budget, OP.share_selection, OP.recent, OP.dense_share) == (2048, True, 0, 1.0)

@@ -2,11 +2,11 @@
 
     >>> config = SparseConfig()                        # the measured best setting (DEFAULT)
     >>> config.budget, config.mass, config.min_pages, config.max_pages, config.page_size, config.dense_layers
-    ('auto', 0.995, 32, 256, 8, 2)
+    ('auto', 0.998, 32, 512, 8, 2)
     >>> config.recent_window()                         # min_pages' tokens: the floor is page 0 and this window
     256
     >>> config.budget_for(100_000, layer=5), config.budget_for(1_000, layer=5), config.budget_for(100_000, layer=0)
-    (2048, 1000, 100000)
+    (4096, 1000, 100000)
     >>> fixed = SparseConfig(1024)                     # a fixed budget: 1024 tokens a step
     >>> fixed.recent_window(), round(fixed.dense_share, 3), fixed.budget_for(2_000, layer=5)
     (256, 0.333, 2000)
@@ -142,9 +142,9 @@ class SparseConfig:
     dense_share: float = 1 / 3
     dense_layers: int = 2
     kv_dtype: str | None = "float16"
-    mass: float = 0.995
+    mass: float = 0.998
     min_pages: int = 32
-    max_pages: int = 256
+    max_pages: int = 512
 
     def __post_init__(self):
         _check(self)
