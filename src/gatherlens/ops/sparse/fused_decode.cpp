@@ -149,30 +149,29 @@ bool estimated_mass(const float* score, int64_t N, const MassRule& r, std::vecto
 
 // pages[0:n] of one head under the auto budget: page 0 and pages fr.. (forced), then the others in rank
 // order until the weights summed in that order (float64) reach mass x their sum; at least max(min_pages,
-// forced), at most n pages; ascending, the rest -1. Returns the count.
+// forced), at most n pages; ascending, the rest -1. Returns the count. The others come off a max-heap of their
+// rank keys one at a time (the exact rank order, ties to the lower page): a head that stops early sorts nothing.
 int64_t choose_mass(const float* score, int64_t N, int64_t n, int64_t first_recent, const MassRule& r,
                     int64_t* pages, std::vector<uint64_t>& cand, std::vector<float>& w) {
   const int64_t fr = std::max<int64_t>(1, std::min(first_recent, N - 1));
-  const int64_t forced = std::min(n, 1 + (N - fr));
-  int64_t count = std::min(n, std::max(r.min_pages, forced));
+  const int64_t forced = std::min(n, 1 + (N - fr)), floor = std::min(n, std::max(r.min_pages, forced));
   keys_from(score, 1, fr, -std::numeric_limits<float>::infinity(), cand);
-  const int64_t m = std::min<int64_t>(n - forced, static_cast<int64_t>(cand.size()));
-  if (m > 0 && m < static_cast<int64_t>(cand.size()))
-    std::nth_element(cand.begin(), cand.begin() + m, cand.end(), std::greater<uint64_t>());
-  std::sort(cand.begin(), cand.begin() + std::max<int64_t>(m, 0), std::greater<uint64_t>());
-  if (estimated_mass(score, N, r, w)) {
-    double total = 0.0, acc = w[0];
-    for (int64_t p = 0; p < N; ++p) total += w[p];
-    for (int64_t p = fr; p < N; ++p) acc += w[p];
-    const double target = static_cast<double>(r.mass) * total;
-    int64_t need = forced;
-    for (int64_t i = 0; acc < target && i < m; ++i, ++need) acc += w[0xFFFFFFFFu - static_cast<uint32_t>(cand[i])];
-    count = std::min(n, std::max(count, acc < target ? n : need));
+  std::make_heap(cand.begin(), cand.end());
+  const bool weighed = estimated_mass(score, N, r, w);
+  double total = 0.0, acc = weighed ? w[0] : 0.0;
+  for (int64_t p = 0; weighed && p < N; ++p) total += w[p];
+  for (int64_t p = fr; weighed && p < N; ++p) acc += w[p];
+  const double target = static_cast<double>(r.mass) * total;
+  int64_t k = 1;                                   // pages[0] = 0; the others from pages[1]
+  pages[0] = 0;
+  const int64_t others = std::min<int64_t>(n - forced, static_cast<int64_t>(cand.size()));
+  for (int64_t taken = 0; taken < others && ((weighed && acc < target) || forced + taken < floor); ++taken) {
+    std::pop_heap(cand.begin(), cand.end() - taken);
+    const int64_t page = 0xFFFFFFFFu - static_cast<uint32_t>(cand[cand.size() - 1 - taken]);
+    pages[k++] = page;
+    acc += weighed ? w[page] : 0.0;
   }
-  int64_t k = 0;
-  pages[k++] = 0;
-  for (int64_t i = 0; k < count - (N - fr) && i < m; ++i) pages[k++] = 0xFFFFFFFFu - static_cast<uint32_t>(cand[i]);
-  for (int64_t p = fr; p < N && k < count; ++p) pages[k++] = p;
+  for (int64_t p = fr; p < N && k < n; ++p) pages[k++] = p;
   std::sort(pages, pages + k);
   std::fill(pages + k, pages + n, -1);
   return k;
