@@ -1,23 +1,34 @@
-"""Decode and prefill speed with one core kept busy by another program, against the quiet machine.
+"""Decode and prefill speed with one core kept busy by another program, against the quiet machine,
+for each way gatherlens can meet a busy core, side by side, and llama.cpp under the same busy core.
 
-    .venv/bin/python scripts/busy_core.py                          # 512 and 4K tokens, 2 pairs each
-    .venv/bin/python scripts/busy_core.py --contexts 512 --repeats 3
-    .venv/bin/python scripts/busy_core.py --variant "fixed: --threads 2"    # the thread controller off
-    .venv/bin/python scripts/busy_core.py --variant "adaptive:" --variant "passive: OMP_WAIT_POLICY=PASSIVE"
+    .venv/bin/python scripts/busy_core.py                          # ~300 and 4K tokens, every option below
+    .venv/bin/python scripts/busy_core.py --contexts 300 --repeats 3 --variant "follow:" --variant "trial: ..."
     .venv/bin/python scripts/busy_core.py --json busy.json         # the rows, for a note
 
-A variant is "NAME: [ENV=VALUE ...] [more gatherlens generate arguments]" (default: "adaptive:",
-gatherlens as it is); several variants take turns within each repeat, so a change in the
-machine's load touches them alike.
+The options (issue 40), one variant each by default (DEFAULT_VARIANTS):
+- follow   the thread count follows the cores the machine leaves free, every step and between prefill
+           chunks (models/runtime/threads.py, policy "follow": the default);
+- one      every thread on a quiet machine, one while anything else takes a core (policy "one");
+- trial    the controller before issue 40 (CPU time against threads x wall, timed trials);
+- fixed    --threads 2: no controller;
+- static   the C++ tasks split evenly, one range a thread (GATHERLENS_SCHEDULE=static) instead of handed
+           out from a shared counter, ~4 a thread (the default, "dynamic");
+- passive  OMP_WAIT_POLICY=PASSIVE (set before libgomp starts): a waiting thread sleeps at once;
+- spin     GOMP_SPINCOUNT=10000: it spins a little, then sleeps.
+With --llama-python (default: /work/llamacpp-venv/bin/python when it exists) llama.cpp runs the same
+file, prompt tokens and threads (bench/llamacpp_case.py) quiet and busy beside them.
+
+A variant is "NAME: [ENV=VALUE ...] [more gatherlens generate arguments]"; the variants take turns
+within each repeat, so a change in the machine's load touches them alike.
 
 For each context and variant (prose: Pride and Prejudice from `gatherlens.eval.corpus`, cut to that many
 tokens with the model's own tokenizer) it runs `gatherlens generate --quantized --max-new-tokens
 64 --file <text>` quiet and then with `python -c "while True: pass"` beside it, alternating, and
 prints decode tokens/s, prefill tokens/s and the busy/quiet ratio of each (the median of the
-repeats). The machine is shared: before each run it waits (up to --wait s) until the other
-processes use less than --max-other cores (sampled from /proc/stat over 1 s), and each row says the
-1-minute load average at its start and how many cores the other processes (neither the run nor
-the busy loop) used during it (`other`), so a disturbed row can be told from a clean one.
+repeats), then one table of the ratios. The machine is shared: before each run it waits (up to --wait s)
+until the other processes use less than --max-other cores (sampled from /proc/stat over 1 s), and each
+row says the 1-minute load average at its start and how many cores the other processes (neither the
+run nor the busy loop) used during it (`other`), so a disturbed row can be told from a clean one.
 """
 from __future__ import annotations
 
@@ -38,6 +49,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SUMMARY = re.compile(r"generated (\d+) tokens, ([\d.]+) tokens/s; context (\d+) tokens "
                      r"\(prompt (\d+), prefill ([\d.]+) s\)")
 TICK = os.sysconf("SC_CLK_TCK")
+DEFAULT_VARIANTS = ["follow:", "one: GATHERLENS_THREADS_POLICY=one", "trial: GATHERLENS_THREADS_POLICY=trial",
+                    "fixed: --threads 2", "static: GATHERLENS_SCHEDULE=static", "passive: OMP_WAIT_POLICY=PASSIVE",
+                    "spin: GOMP_SPINCOUNT=10000"]
+LLAMA_VENV = Path("/work/llamacpp-venv/bin/python")
 
 
 def cpu_busy() -> tuple[float, float]:
@@ -149,9 +164,57 @@ def measure(context: int, text: Path, variants: list, o) -> list[dict]:
     return out
 
 
+def llama_rows(context: int, text: Path, python: str, o) -> dict:
+    """llama.cpp on the same file, prompt tokens and threads, quiet then busy (alternating, --repeats pairs)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from gatherlens.bench.fresh import run_script
+    from gatherlens.bench.generate_peers import SCRIPT
+    from gatherlens.models import load, resolve
+
+    lm = load("smollm2", quantized=True)
+    prompt = lm.encode(text.read_text(encoding="utf-8"), truncation=False)[0].tolist()
+    spec = dict(gguf=str(resolve("smollm2").path), prompt=prompt, threads=o.threads, steps=32)
+    rows = []
+    for _ in range(o.repeats):
+        for busy in (False, True):
+            wait_quiet(o.max_other, o.wait)
+            loop = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+            time.sleep(0.3 if busy else 0)
+            try:
+                r = run_script(python, str(SCRIPT), spec)
+            finally:
+                if loop is not None:
+                    loop.kill()
+                    loop.wait()
+            rows.append({"busy": busy, "decode_tps": 1e3 / r["ms"], "prefill_tps": r["prefill_tokens_per_s"],
+                         "prompt": len(prompt)})
+            print(f"  {context:>5} {'llama.cpp':>10} {'busy ' if busy else 'quiet'}: decode "
+                  f"{rows[-1]['decode_tps']:6.1f} tok/s, prefill {rows[-1]['prefill_tps']:7.1f} tok/s", flush=True)
+    s = summarize(rows, context, "llama.cpp")
+    return {"summary": s, "rows": rows}
+
+
+def print_ratios(results: list[dict]) -> None:
+    """One line per variant: busy / quiet decode and prefill at each context."""
+    contexts = sorted({r["summary"]["context"] for r in results})
+    names = list(dict.fromkeys(r["summary"]["variant"] for r in results))
+    cell = {(r["summary"]["variant"], r["summary"]["context"]): r["summary"] for r in results}
+    print("\nbusy / quiet (one core kept busy by `python -c \"while True: pass\"`; goal >= 0.4x)")
+    print(f"{'variant':>10} " + " ".join(f"{f'{c} decode':>12} {f'{c} prefill':>12}" for c in contexts))
+    for name in names:
+        parts = []
+        for c in contexts:
+            s = cell.get((name, c))
+            parts += [f"{s['decode_tps_ratio']:>11.2f}x", f"{s['prefill_tps_ratio']:>11.2f}x"] if s else ["-", "-"]
+        print(f"{name:>10} " + " ".join(f"{x:>12}" for x in parts))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--contexts", default="512,4096", help="prompt lengths in tokens, comma-separated")
+    p.add_argument("--contexts", default="300,4096", help="prompt lengths in tokens, comma-separated")
+    p.add_argument("--threads", type=int, default=2, help="llama.cpp's threads (gatherlens: all the CPUs)")
+    p.add_argument("--llama-python", default=str(LLAMA_VENV) if LLAMA_VENV.exists() else None,
+                   help="llama-cpp-python's interpreter (default: /work/llamacpp-venv/bin/python if it exists)")
     p.add_argument("--repeats", type=int, default=2, help="quiet/busy pairs per context and variant")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--variant", action="append", default=[], help='"NAME: [ENV=VALUE ...] [generate arguments]"')
@@ -159,11 +222,15 @@ def main() -> None:
     p.add_argument("--wait", type=float, default=120.0, help="longest wait for a quiet machine, s")
     p.add_argument("--json", default=None, help="also write the rows and summaries here")
     o = p.parse_args()
-    variants = [variant(v) for v in o.variant or ["adaptive:"]]
+    variants = [variant(v) for v in o.variant or DEFAULT_VARIANTS]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for context in (int(c) for c in o.contexts.split(",")):
-            results += measure(context, prose(context, Path(tmp)), variants, o)
+            text = prose(context, Path(tmp))
+            results += measure(context, text, variants, o)
+            if o.llama_python:
+                results.append(llama_rows(context, text, o.llama_python, o))
+    print_ratios(results)
     if o.json:
         Path(o.json).write_text(json.dumps({"variants": o.variant, "results": results}, indent=1))
 

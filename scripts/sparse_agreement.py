@@ -59,7 +59,7 @@ def _cached_prefill(lm, prefix, key: Path):
         for i, (k, v) in enumerate(kv):
             cache.update(k, v, i)
         return cache, logits
-    use_sparse_decoding(lm.model, None, 8, kv_dtype=None)
+    use_sparse_decoding(lm.model, budget=None, page_size=8, kv_dtype=None)
     cache, logits = prefill(lm.model, prefix, 8)
     torch.save(([(layer.paged.keys.clone(), layer.paged.values.clone()) for layer in cache.layers], logits), key)
     return cache, logits

@@ -1,4 +1,5 @@
-"""gatherlens processes for tests/test_faults.py to kill or run side by side: a fork server.
+"""gatherlens processes for the fault tests (tests/test_faults_*.py) to kill or run side by side:
+a fork server.
 
     python tests/fault_worker.py          # then one JSON spec per stdin line; prints each child's pid
 

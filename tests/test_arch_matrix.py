@@ -15,6 +15,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from lanes import sweep  # noqa: E402
+
 from gatherlens.errors import GatherValueError  # noqa: E402
 from gatherlens.models import use_dense_attention, use_topk_attention  # noqa: E402
 from gatherlens.models.attention.topk import topk_attention_forward  # noqa: E402
@@ -96,7 +98,7 @@ def build(arch: Arch):
     return _built[arch.name]
 
 
-@pytest.fixture(params=ARCHS, ids=[a.name for a in ARCHS])
+@pytest.fixture(params=sweep(ARCHS, fast=ARCHS[0]), ids=[a.name for a in ARCHS])  # llama fast, the sweep slow
 def model(request):
     m = build(request.param)
     use_dense_decoding(m)

@@ -7,6 +7,7 @@ those below it, never one above, not even inside a function.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -520,6 +521,7 @@ def transformers_touches(tree: ast.AST, ours: set[str]) -> list[tuple[int, str, 
     return sorted(found)
 
 
+@functools.cache  # one scan a session: tests/test_hf_adapter.py lists the same touches
 def transformers_touches_by_module() -> dict[Path, list[tuple[int, str, str]]]:
     """{module path: its touches of transformers internals} for every module of the package that has any."""
     ours = _gatherlens_private_names()

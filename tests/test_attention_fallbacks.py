@@ -9,6 +9,9 @@ from gatherlens.ops.attention.select import threshold_kernel
 from test_attention import *  # noqa: F401,F403  (collected here again, under the fixture below)
 
 
+pytestmark = pytest.mark.slow  # a sweep: every test of test_attention.py again on two more paths
+
+
 @pytest.fixture(autouse=True, params=["chunked", "numpy"])
 def fallback(request, monkeypatch):
     """Run each test with the fast path off (chunked.py) or with the kernel missing (numpy)."""

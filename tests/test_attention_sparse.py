@@ -10,13 +10,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from native_helpers import needs_native
+
 from gatherlens.errors import GatherLensWarning
 from gatherlens.ops import native
 from gatherlens.ops.attention import sparse_sum, topk_attention
 from gatherlens.ops.attention.naive import naive_topk_attention
 from gatherlens.ops.attention.select import select_topk, threshold_kernel, topk_rows, topk_summed_rows, topk_weights_
 
-needs_kernel = pytest.mark.skipif(not threshold_kernel.kernel_loaded(), reason="no C++ compiler or ninja")
+needs_kernel = needs_native(threshold_kernel)
 
 
 def _rows(seed, R, W, kind, dtype):

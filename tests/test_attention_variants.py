@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lanes import sweep
+
 from gatherlens.errors import GatherLensError, GatherTypeError, GatherValueError
 from gatherlens.ops.attention import chunked, sparse_sum, topk_attention
 from gatherlens.ops.attention.naive import dense_masked_attention, naive_topk_attention
@@ -235,7 +237,7 @@ def test_gradients_match_dense_masked_reference(case):
         torch.testing.assert_close(x.grad, y.grad, atol=1e-12, rtol=1e-12, msg=lambda m, n=name: f"{n}: {m}")
 
 
-@pytest.mark.parametrize("case", GRAD_CASES[:2], ids=GRAD_IDS[:2])
+@pytest.mark.parametrize("case", sweep(GRAD_CASES[:2], fast=GRAD_CASES[0]), ids=GRAD_IDS[:2])
 def test_gradcheck(case):
     B, Hq, Hkv, Q, L, D, Dv, top_k, causal, softcap, use_sinks = case
     q, k, v, sinks = qkv(B, Hq, Hkv, Q, L, D, Dv, seed=2, spread=1.0)

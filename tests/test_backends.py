@@ -42,7 +42,86 @@ def test_describe_lists_what_a_tiny_decode_ran():
     sparse_decode(torch.randn(1, 9, 1, 16), cache, 64, softcap=5.0)  # the user's: native cannot cap
     row = "native" if kernel_loaded() else "torch"
     text = backends.describe()
-    assert text.startswith(f"sparse_decode: {row} x3, torch x1" if row == "native" else "sparse_decode: torch x4")
+    assert text.startswith("decode_attention: pages x3 (skipped window: a paged cache (a global layer))\n")
+    line = text.splitlines()[1]
+    assert line.startswith(f"sparse_decode: {row} x3, torch x1" if row == "native" else "sparse_decode: torch x4")
     assert "triton: the query is not on a CUDA device" in text
     if row == "native":
         assert "skipped" in text
+
+
+# -- capabilities fail closed: a variant field no row lists is refused by every row -----------------------
+def _extended_variant():
+    """An AttentionVariant with one more field, as a new architecture's feature would add it."""
+    import dataclasses
+
+    from gatherlens.ops.attention.variants import AttentionVariant
+
+    extended = dataclasses.make_dataclass("Extended", [("dummy", float, None)], bases=(AttentionVariant,),
+                                          frozen=True, eq=False)
+    return extended(dummy=1.0)
+
+
+def _variant_operators():
+    """Every operator whose rows declare variant fields (their modules imported, so registered)."""
+    import gatherlens.models.attention.sparse  # noqa: F401  DECODE_ATTENTION
+    import gatherlens.models.runtime.step  # noqa: F401  DECODE_STEP
+    import gatherlens.ops.prefill.attend  # noqa: F401  BLOCK_PREFILL
+
+    ops = [op for op in backends.OPERATORS.values() if op.facts is not None]
+    assert {"sparse_decode", "block_prefill", "decode_step", "decode_attention"} <= {op.name for op in ops}
+    return ops
+
+
+def test_every_row_that_does_not_list_a_new_variant_field_refuses_it():
+    """A field added to AttentionVariant (here by a subclass) reaches no kernel that lacks it: every row of every
+    table declares the fields it applies, and refuses a variant setting any other, naming the field."""
+    variant = _extended_variant()
+    assert variant.used == frozenset({"dummy"})
+    for op in _variant_operators():
+        for impl in op.impls:
+            if impl.variant is backends.EVERY_VARIANT:  # hands the variant on to a table that checks it
+                continue
+            assert "dummy" not in impl.variant
+            assert "sets dummy, which this row does not apply" in impl.refusal((variant.used, None)), (op.name, impl)
+
+
+def test_a_new_variant_field_is_an_error_in_real_calls_not_a_wrong_answer():
+    from gatherlens.ops.prefill.attend import BLOCK_PREFILL
+    from gatherlens.ops.sparse.config import OP
+    from gatherlens.ops.sparse.decode import SPARSE_DECODE
+
+    variant = _extended_variant()
+    cache = PagedKVCache(1, 2, 16, page_size=8)
+    cache.append(torch.randn(1, 2, 50, 16), torch.randn(1, 2, 50, 16))
+    q = torch.randn(1, 4, 1, 16)
+    assert all("dummy" in why for _, why in SPARSE_DECODE.why(q, cache, 16, OP.choice, 0.25, variant, None, False))
+    with pytest.raises(GatherValueError, match="no implementation of sparse_decode takes these arguments: .*dummy"):
+        sparse_decode(q, cache, 16, variant=variant)
+    k = torch.randn(1, 2, 32, 16)
+    blocks = torch.ones(1, 2, 2, 2, dtype=torch.bool)
+    assert all("dummy" in why for _, why in BLOCK_PREFILL.why(torch.randn(1, 4, 32, 16), k, k, blocks, 16, 0.25,
+                                                                variant))
+
+
+def test_a_model_whose_layers_use_a_new_variant_field_runs_no_plan_row():
+    """The decode-step table: the stack and the planned loop refuse a plan whose layers set a field they do not
+    list; transformers' forward takes the step (its attention call hands the variant to sparse decode's table)."""
+    import dataclasses
+
+    from test_models_sparse import tiny_llama
+
+    from gatherlens.models.runtime.decoding import SparseKVCache, use_dense_decoding, use_sparse_decoding
+    from gatherlens.models.runtime.step import DECODE_STEP, installed_plan
+
+    model = tiny_llama()
+    use_sparse_decoding(model, budget=8, page_size=4)
+    try:
+        cache = SparseKVCache(config=model.config, page_size=4)
+        with torch.no_grad():
+            model(input_ids=torch.randint(1, 101, (1, 20)), cache=cache, use_cache=True)
+        plan = dataclasses.replace(installed_plan(model), variants=frozenset({"dummy"}))
+        why = dict(DECODE_STEP.why(plan, model, (torch.tensor([[5]]),), {"cache": cache}))
+    finally:
+        use_dense_decoding(model)
+    assert "sets dummy" in why["stack"] and "sets dummy" in why["planned"] and why["hf"] is None

@@ -27,6 +27,7 @@ def quantized():
     return load("smollm2", quantized=True)
 
 
+@pytest.mark.slow  # the real model
 def test_resident_bytes_count_the_mapping_once_and_the_copies_apart(quantized):
     """The shipped file is mapped in place, its blocks repacked in panels (the same bytes) and its pages
     let go: resident are the copies (panels, fused q|k|v rows, norms: about the file's size) and what

@@ -1,5 +1,5 @@
 """Every GGUF block format of the one table (registry.FORMATS), bit for bit: the plain reference (naive.py),
-the vectorised dequantizer (formats.py), the terms the picture draws (terms.py) and the row gather all equal
+the vectorised dequantizer (dequantize.py), the terms the picture draws (terms.py) and the row gather all equal
 `gguf.quants.dequantize` on random blocks (any bytes, fp16 scales and plain values made finite).
 
 Property tests draw the rows, the blocks per row and the bytes themselves (hypothesis shrinks a failure to
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from gatherlens import GatherValueError, QuantizedTable, embedding_lookup
 from gatherlens.ops.quant import FORMATS, QTYPES, block_terms, dequantize_rows, naive_dequantize_rows
-from gatherlens.ops.quant.layout import IQ4_BOOK
-from gatherlens.ops.quant.terms import groups
+from gatherlens.ops.quant.formats.layout import IQ4_BOOK
+from gatherlens.ops.quant.formats.terms import groups
 from test_quantized_table import FINITE, random_blocks, same
 
 PLAIN = tuple(q for q in QTYPES if FORMATS[q].fields[0].kind == "value")  # F32, F16, BF16

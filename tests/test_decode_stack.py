@@ -1,9 +1,10 @@
-"""The whole decode step in one operator (ops/layer/stack.py, models/runtime/stack.py) against the lean step.
+"""The decode-step table (models/runtime/step.py): the C++ stack (ops/layer/stack.py) against its reference, the
+planned loop, and both against transformers' own forward.
 
-Tiny random Llama / Mistral models written to GGUF (tests/tiny_gguf.py) and run from their blocks: the
-operator against its plain reference (the same operators called one by one from Python: bit-equal),
-and the model's one-operator step against its lean step (models/runtime/step.py: the same cache bits, logits
-within the final norm's rounding), sparse and dense, over pages stored in every dtype.
+Tiny random Llama / Mistral / Qwen2 models written to GGUF (tests/tiny_gguf.py) and run from their blocks: the
+stack row against the planned row (the same operators called one by one from Python on the same plan:
+bit-equal logits and caches), sparse and dense, over pages stored in every dtype; which row takes which
+call, and why the others do not (`DECODE_STEP.why`, `backends.describe`); nothing falls back silently.
 """
 from __future__ import annotations
 
@@ -19,12 +20,15 @@ gguf = pytest.importorskip("gguf")
 
 from tiny_gguf import tiny_model, write_gguf  # noqa: E402
 
+from gatherlens.errors import GatherValueError  # noqa: E402
 from gatherlens.models import load  # noqa: E402
-from gatherlens.models.runtime.stack import remove_stack, stack_active, stack_weights  # noqa: E402
+from gatherlens.models.attention.sparse import meter_pages  # noqa: E402
+from gatherlens.models.runtime import step  # noqa: E402
 from gatherlens.models.runtime.decoding import (SparseKVCache, observe_sparse, use_dense_decoding,  # noqa: E402
-                                      use_sparse_decoding)
+                                                use_sparse_decoding)
+from gatherlens.ops import backends  # noqa: E402
 from gatherlens.ops.layer import stack  # noqa: E402
-from gatherlens.ops.sparse.decode import choice_of_config  # noqa: E402
+from gatherlens.ops.sparse.config import OP  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not stack.kernel_loaded(), reason="the native operators did not build")
 PROMPT = torch.randint(0, 317, (1, 45), generator=torch.Generator().manual_seed(3))  # (1, 45): no control tokens
@@ -69,114 +73,133 @@ def _same_cache(a: SparseKVCache, b: SparseKVCache) -> bool:
 AUTO = dict(mass=0.6, min_pages=2, max_pages=8)  # the auto budget on a 45-token cache in pages of 4 (12 pages)
 
 
+def _rows(model, cache, tokens, row, metered: list | None = None) -> list[torch.Tensor]:
+    """The steps' logits with the model's steps kept at `row` (the table's fastest row it may take);
+    `metered` gets (layer, pages each selection head read, chose) of every layer's step (meter_pages)."""
+    use_sparse_decoding(model, config=model.gatherlens_sparse, step=row)
+    backends.reset_ran()
+    meter = (lambda layer, counts, chose: metered.append((layer, counts.tolist(), chose))) if metered is not None \
+        else (lambda *args: None)
+    with meter_pages(meter):
+        out = _steps(model, cache, tokens)
+    assert backends.ran()["decode_step"] == {row: len(tokens)}  # every step ran on that row
+    return out
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
 @pytest.mark.parametrize("kv_dtype", ["float32", "float16", "int8"])
-@pytest.mark.parametrize("budget", [8, "auto", None], ids=["sparse", "auto", "dense"])
-def test_one_operator_step_is_the_lean_step(models, qtype, kv_dtype, budget):
-    """The same tokens through both: the caches bit-equal after every step, the logits within the
-    final norm's float rounding (the lean path's final norm is transformers' module)."""
-    model = models("llama", qtype)
-    use_sparse_decoding(model, budget=budget, page_size=4, dense_layers=0, recent=0, kv_dtype=kv_dtype, **AUTO)
-    try:
-        assert stack_active(model)
-        native_cache = _prefilled(model, kv_dtype)
-        lean_cache = copy.deepcopy(native_cache)
-        tokens = torch.randint(0, 317, (STEPS,), generator=torch.Generator().manual_seed(5)).tolist()
-        native = _steps(model, native_cache, tokens)
-        remove_stack(model)
-        lean = _steps(model, lean_cache, tokens)
-    finally:
-        use_dense_decoding(model)
-    assert _same_cache(native_cache, lean_cache)
-    for a, b in zip(native, lean):
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
-
-
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
 @pytest.mark.parametrize("budget", [8, 12, "auto", None], ids=["sparse", "sparse-wider", "auto", "dense"])
-def test_operator_equals_its_reference(models, qtype, budget):
-    """decode_stack (C++) and stack_reference (the same operators from Python): bit-equal logits, the
-    last layer's output (no head), caches and the pages each head of each layer read."""
+def test_the_stack_equals_the_planned_loop(models, qtype, kv_dtype, budget):
+    """The same tokens through both rows of one plan: bit-equal logits, the caches bit-equal after every
+    step (the planned loop is the C++ stack's reference: the same operators in the same order), and the
+    same pages read by each head of each layer (the stack's counts against the planned loop's selections)."""
     model = models("llama", qtype)
-    use_sparse_decoding(model, budget=budget, page_size=4, dense_layers=1, recent=4, kv_dtype="float16", **AUTO)
+    use_sparse_decoding(model, budget=budget, page_size=4, dense_layers=1, recent=4, kv_dtype=kv_dtype, **AUTO)
     try:
-        weights, config = stack_weights(model), model.gatherlens_sparse
-        a = _prefilled(model, "float16")
-        b = copy.deepcopy(a)
-        caches = [stack.StackCaches.of([layer.paged for layer in c.layers]) for c in (a, b)]
-        x, cos, sin = torch.randn(1, 64), torch.randn(1, 16), torch.randn(1, 16)
-        budgets = [config.budget_for(PROMPT.shape[1] + 1, i) for i in range(2)]
-        how = choice_of_config(config)
-        counts = [torch.full((2, 4), -7, dtype=torch.long) for _ in range(2)]  # (layers, Hq): per-head choice
-        with torch.inference_mode():
-            fast = stack.decode_stack(x, cos, sin, weights, caches[0], budgets, how, 0.25, counts[0])
-            slow = stack.stack_reference(x, cos, sin, weights, caches[1], budgets, how, 0.25, counts[1])
-            headless = type(weights)(**{**weights.__dict__, "head": None, "_flat": {}})
-            fast2 = stack.decode_stack(x, cos, sin, headless, caches[0], budgets, how, 0.25)
-            slow2 = stack.stack_reference(x, cos, sin, headless, caches[1], budgets, how, 0.25)
+        assert step.step_declarations(model) == {"stack": None, "planned": None, "hf": None}
+        native_cache = _prefilled(model, kv_dtype)
+        planned_cache = copy.deepcopy(native_cache)
+        tokens = torch.randint(0, 317, (STEPS,), generator=torch.Generator().manual_seed(5)).tolist()
+        counts = {"stack": [], "planned": []}
+        native = _rows(model, native_cache, tokens, "stack", counts["stack"])
+        planned = _rows(model, planned_cache, tokens, "planned", counts["planned"])
     finally:
         use_dense_decoding(model)
-    assert fast.shape == (1, 320) and torch.equal(fast, slow)
-    assert fast2.shape == (1, 64) and torch.equal(fast2, slow2)
-    assert _same_cache(a, b)
-    assert torch.equal(counts[0], counts[1]) and bool((counts[0][0] == 12).all())  # layer 0 dense: every page
+    assert _same_cache(native_cache, planned_cache)
+    assert all(torch.equal(a, b) for a, b in zip(native, planned))
+    assert counts["stack"] == counts["planned"] and len(counts["stack"]) == 2 * STEPS
+    assert all(not chose for layer, _, chose in counts["stack"] if layer == 0)  # layer 0 dense: every page
     if budget == "auto":  # the second layer chooses per head, within [min_pages, max_pages]
-        assert bool((counts[0][1] >= 2).all()) and bool((counts[0][1] <= 8).all())
+        assert all(chose and all(2 <= c <= 8 for c in row) for layer, row, chose in counts["stack"] if layer == 1)
 
 
-def test_steps_needing_each_layer_run_the_lean_step(models):
-    """Observers (they want every layer's PageSelection), kept selections and a batch of two take the
-    model's own forward; the operator runs again once they are gone."""
+def test_the_plan_rows_equal_transformers(models):
+    """The planned loop against transformers' own layers (step="hf") over the same paged cache: the same
+    caches up to rounding, logits within it (transformers' norms sum in another order)."""
+    model = models("llama", "Q8_0")
+    use_sparse_decoding(model, budget=8, page_size=4, dense_layers=0, recent=0, kv_dtype="float32")
+    try:
+        cache = _prefilled(model, "float32")
+        other = copy.deepcopy(cache)
+        planned = _rows(model, cache, [3, 8, 13], "planned")
+        hf = _rows(model, other, [3, 8, 13], "hf")
+    finally:
+        use_dense_decoding(model)
+    for a, b in zip(planned, hf):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))
+
+
+def test_steps_needing_each_layer_take_the_planned_loop(models):
+    """Observers (they want every layer's PageSelection) and a batch of two: the table passes the stack over,
+    saying why, and runs the planned loop; a prefill takes transformers' forward."""
     model = models("llama", "Q8_0")
     calls = []
     use_sparse_decoding(model, budget=8, page_size=4, dense_layers=0, recent=0)
     try:
         cache = _prefilled(model, "float16")
+        backends.reset_ran()
         with observe_sparse(calls.append):
             _steps(model, cache, [5])
         assert len(calls) == 2  # both layers, one step
+        assert backends.ran()["decode_step"] == {"planned": 1}
+        assert "stack: an observer or kept selections want each layer's PageSelection" in backends.describe()
+        two = SparseKVCache(config=model.config, page_size=4)
         with torch.inference_mode():
-            batch = model(input_ids=PROMPT.repeat(2, 1)[:, :9], use_cache=False).logits
+            batch = model(input_ids=PROMPT.repeat(2, 1)[:, :9], cache=two, use_cache=True).logits
+            model(input_ids=torch.tensor([[4], [6]]), cache=two, use_cache=True)
         assert batch.shape == (2, 9, 320)
-        assert stack_active(model)
+        assert backends.ran()["decode_step"] == {"planned": 2, "hf": 1}
+        assert "a batch of several rows" in backends.describe()
     finally:
         use_dense_decoding(model)
-    assert not stack_active(model)
+    assert step.installed_plan(model) is None and "forward" not in model.__dict__
 
 
-def test_layers_the_operator_lacks_keep_the_lean_step(models):
-    """Qwen2's q/k/v biases: no stack. Mistral's sliding-window layers keep a ring, not pages: its
-    steps take the lean step (the same logits with the operator installed or not)."""
+def test_layers_the_stack_lacks_are_refused_by_name(models):
+    """Qwen2's q/k/v biases: no stack (the planned loop runs them). Mistral's sliding-window layers keep a
+    ring, not pages: both plan rows refuse the window, and transformers' forward runs the steps."""
     model = models("qwen2", "Q8_0")
     use_sparse_decoding(model, budget=8, page_size=4)
     try:
-        assert stack_weights(model) is None and not stack_active(model)
+        rows = step.step_declarations(model)
+        assert "qkv_bias" in rows["stack"] and rows["planned"] is None
+        with pytest.raises(GatherValueError, match="step = 'stack' cannot run Qwen2ForCausalLM: .*qkv_bias"):
+            use_sparse_decoding(model, budget=8, page_size=4, step="stack")
     finally:
         use_dense_decoding(model)
     model = models("mistral", "Q8_0")
     use_sparse_decoding(model, budget=8, page_size=4)
     try:
-        assert stack_active(model) and model.config.sliding_window is not None
+        assert model.config.sliding_window is not None
+        rows = step.step_declarations(model)
+        assert "window" in rows["stack"] and "window" in rows["planned"] and rows["hf"] is None
         cache = _prefilled(model, "float16")
-        other = copy.deepcopy(cache)
-        installed = _steps(model, cache, [4, 6])
-        remove_stack(model)
-        removed = _steps(model, other, [4, 6])
+        backends.reset_ran()
+        _steps(model, cache, [4, 6])
+        assert backends.ran()["decode_step"] == {"hf": 2}
     finally:
         use_dense_decoding(model)
-    assert all(torch.equal(a, b) for a, b in zip(installed, removed))
 
 
-def test_without_the_operator_the_reference_runs(models, monkeypatch):
-    """stack_fits saying no: decode_stack runs stack_reference (the same results)."""
+def test_a_stack_that_cannot_run_is_passed_over_saying_why(models, monkeypatch):
+    """The operator refusing the plan (here: switched off): the table takes the planned loop and describe()
+    says why (the same results); decode_stack itself, asked anyway, is an error naming the reason."""
     model = models("llama", "Q4_0")
+    monkeypatch.setattr(step, "stack_refusal", lambda plan: "switched off for the test")
     use_sparse_decoding(model, budget=8, page_size=4, dense_layers=0, recent=0)
     try:
         cache = _prefilled(model, "float16")
-        other = copy.deepcopy(cache)
-        fast = _steps(model, cache, [7, 9])
-        monkeypatch.setattr(stack, "stack_fits", lambda weights: "switched off for the test")
-        slow = _steps(model, other, [7, 9])
+        backends.reset_ran()
+        _steps(model, cache, [7, 9])
+        assert backends.ran()["decode_step"] == {"planned": 2}
+        assert "stack: switched off for the test" in backends.describe()
+        with pytest.raises(GatherValueError, match="step = 'stack' cannot run .*switched off for the test"):
+            use_sparse_decoding(model, budget=8, page_size=4, step="stack")
     finally:
         use_dense_decoding(model)
-    assert all(torch.equal(a, b) for a, b in zip(fast, slow)) and _same_cache(cache, other)
+    plan = step.plan_model(models("qwen2", "Q8_0"))
+    view = stack.StackCaches.of([layer.paged for layer in _prefilled(models("llama", "Q8_0"), "float16").layers])
+    with pytest.raises(GatherValueError, match="decode_stack cannot run this model: layer 0 qkv_proj is not a "
+                                               "bias-free q8act weight"):
+        stack.decode_stack(torch.zeros(1, 64), torch.zeros(1, 16), torch.zeros(1, 16), plan, view, [None, None],
+                           OP.choice, 0.25)

@@ -85,7 +85,8 @@ def worker(names: list[str]):
     return results
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["2_ranks", "4_ranks"])
+@pytest.fixture(scope="module", params=[pytest.param(2, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)],
+                ids=["2_ranks", "4_ranks"])  # subprocesses: one per rank
 def ranks(request):
     world = request.param
     names = [n for n in CASES if len(CASES[n][0]) == world]

@@ -5,11 +5,13 @@ import os
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from gatherlens.cli import main as cli_main
 
 
+@pytest.mark.slow  # a subprocess (torchrun and its ranks)
 def test_demo_from_one_command(tmp_path):
     out = tmp_path / "pics"
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -109,7 +109,8 @@ def worker():
     }
 
 
-@pytest.fixture(scope="module", params=[3, 4], ids=["3_ranks", "4_ranks"])
+@pytest.fixture(scope="module", params=[pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)],
+                ids=["3_ranks", "4_ranks"])  # subprocesses: one per rank
 def ranks(request):
     return run_ranks(worker, request.param, timeout=TIMEOUT)
 

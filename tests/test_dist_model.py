@@ -78,6 +78,7 @@ def one_process(model, ids, budgets, page, new):
     return want
 
 
+@pytest.mark.slow  # subprocesses: a process per rank
 @pytest.mark.parametrize("world", [4])  # 2 ranks: the SmolLM2 test below
 def test_tiny_llama_sharded_generate_equals_one_process(world):
     budgets, page, new = [None, 24], 8, 8
@@ -93,6 +94,7 @@ def test_tiny_llama_sharded_generate_equals_one_process(world):
         assert results[0][(None, "held")][1] == [24, 24, 29, 0]  # rank 3 holds nothing, rank 2 grows
 
 
+@pytest.mark.slow  # subprocesses: a process per rank, the real model
 def test_smollm2_sharded_generate_equals_one_process():
     budgets, page, new = [None, 32], 8, 6
     results = run_ranks(worker, 2, "smollm2", budgets, page, new, True, timeout=TIMEOUT)

@@ -63,7 +63,7 @@ def test_load_names_a_file_that_is_not_gguf(tmp_path, monkeypatch):
     fake.write_bytes(b"x")
     from gatherlens.models import load
 
-    with pytest.raises(GatherValueError, match="could not be read"):
+    with pytest.raises(GatherValueError, match=r"fake.gguf' is not a GGUF file \(it starts with b'x', not b'GGUF'\)"):
         load(str(fake))
 
 

@@ -128,8 +128,9 @@ def _external_refs(html: str) -> list[str]:
 def test_report_writes_page_and_one_parseable_svg_per_figure(story, tmp_path):
     paths = write_report(story, tmp_path / "rep", lang="en")
     names = sorted(p.name for p in paths)
-    assert names == sorted(["01-embedding.svg", "02-heads-gallery.svg", "03-heads.svg", "04-scores.svg", "05-score-gather.svg",
-                            "06-value-gather.svg", "06-compare.svg", "07-next-token.svg", "story.json", "index.html"])
+    assert names == sorted(["00-model-map.svg", "01-embedding.svg", "02-rope.svg", "02-heads-gallery.svg", "03-heads.svg",
+                            "04-scores.svg", "05-score-gather.svg", "06-value-gather.svg", "06-compare.svg",
+                            "07-next-token.svg", "08-sampling.svg", "story.json", "index.html"])
     for p in paths:
         if p.suffix == ".svg":
             root = ET.fromstring(p.read_text(encoding="utf-8"))
@@ -231,6 +232,7 @@ def test_cli_bad_options_fail_clearly(tiny_dir, tmp_path, args, message):
 
 def test_long_text_draws_and_too_long_text_is_refused(tiny, tmp_path):
     from gatherlens.report.collect import MAX_TOKENS
+    from gatherlens.report.defaults import LIVE_MAX_TOKENS
 
     long = " ".join(["gather picks rows"] * 20)                              # ~60 tokens
     s = collect(tiny, long, top_k=3)
@@ -238,8 +240,33 @@ def test_long_text_draws_and_too_long_text_is_refused(tiny, tmp_path):
     report = build_report(s)
     for fig in report.figures:
         ET.fromstring(fig.svg)
-    with pytest.raises(GatherValueError, match=rf"keep it within \[1, {MAX_TOKENS}\] tokens"):
-        collect(tiny, " ".join(["word"] * (MAX_TOKENS + 5)))
+    with pytest.raises(GatherValueError, match=rf"keep it within \[1, {LIVE_MAX_TOKENS}\] tokens.*generate"):
+        collect(tiny, " ".join(["word"] * (LIVE_MAX_TOKENS + 5)))
+
+
+def test_a_text_past_the_full_grid_limit_draws_a_window_offline(tiny):
+    """Past MAX_TOKENS (up to LIVE_MAX_TOKENS) the offline page keeps the 16 query rows around the drawn
+    query for every layer and head, and the score grid file is that window, not a 300 x 300 grid."""
+    import json
+
+    from gatherlens.report.collect import MAX_TOKENS
+    from gatherlens.report.defaults import LIVE_MAX_TOKENS
+
+    from gatherlens.report.window import WINDOW_KEYS, WINDOW_ROWS
+
+    s = collect(tiny, " ".join(["gather picks rows"] * 100), top_k=3, query=200)
+    S = len(s.ids)
+    assert MAX_TOKENS < S <= LIVE_MAX_TOKENS and s.explore is None
+    report = build_report(s)
+    data = json.loads(report.html.split('id="gl-data">', 1)[1].split("</script>", 1)[0])["explore"]
+    assert data["rows"] == [192, 208] and data["Q"] == S and data["keys"] == [208 - WINDOW_KEYS, 208]
+    assert "remote" not in data and "the query rows 192–207" in report.html
+    grid = next(f for f in report.figures if f.name == "04-scores")
+    root = ET.fromstring(grid.svg)
+    cells = root.findall(".//{http://www.w3.org/2000/svg}g[@class='gl-score']") + \
+        root.findall(".//{http://www.w3.org/2000/svg}g[@class='gl-score gl-kept']")
+    assert len(cells) == WINDOW_ROWS * WINDOW_KEYS
+    assert len(report.html) < 2_000_000
 
 
 def test_report_files_follow_the_umask(story, tmp_path):
@@ -257,6 +284,11 @@ def test_report_files_follow_the_umask(story, tmp_path):
 def test_cli_empty_text_fails_before_loading(tmp_path):
     res = CliRunner().invoke(explain, ["  ", "--model", "no-such-model", "--out", str(tmp_path / "r")])
     assert res.exit_code == 2 and "TEXT is empty" in res.output  # not the model error: no load
+
+
+def test_cli_text_past_the_limit_fails_before_loading_and_names_generate(tmp_path):
+    res = CliRunner().invoke(explain, ["word " * 4000, "--model", "no-such-model", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2 and "20,000 characters" in res.output and "gatherlens generate" in res.output
 
 
 def test_byte_tokens_are_shown_as_bytes_not_replacement_chars():

@@ -33,18 +33,27 @@ def story(tiny):
 
 
 def unpack(data: dict) -> dict:
-    """The packed arrays back as numpy arrays (what the page's script decodes)."""
-    N, H, Hkv, Q, L = data["layers"], data["heads"], data["kv_heads"], data["Q"], data["L"]
-    allowed = np.frombuffer(base64.b64decode(data["allowed"]), np.uint8).reshape(Q, L).astype(bool)
-    codes = np.frombuffer(base64.b64decode(data["scores"]), np.uint8).reshape(N, H, -1)   # 8 bits per row
-    lo, hi = (np.frombuffer(base64.b64decode(data[n]), "<f4").reshape(N, H, Q).astype(np.float64)
+    """The packed arrays back as numpy arrays (what the page's script decodes): every layer's own mask,
+    its cells' 8-bit codes layer after layer, head after head."""
+    N, H, Hkv, L = data["layers"], data["heads"], data["kv_heads"], data["L"]
+    R = data["rows"][1] - data["rows"][0]
+    masks = [np.frombuffer(base64.b64decode(m), np.uint8).reshape(R, L).astype(bool) for m in data["masks"]]
+    allowed = np.stack([masks[m] for m in data["mask_of"]])                 # (N, R, L) each layer's own
+    codes = np.frombuffer(base64.b64decode(data["scores"]), np.uint8)
+    lo, hi = (np.frombuffer(base64.b64decode(data[n]), "<f4").reshape(N, H, R).astype(np.float64)
               for n in ("score_lo", "score_hi"))
-    rows = np.nonzero(allowed)[0]                                            # the query row of each cell
-    scores = np.full((N, H, Q, L), -np.inf, np.float64)
-    scores[:, :, allowed] = lo[..., rows] + codes * (hi - lo)[..., rows] / 255
-    step = np.zeros((N, H, Q, L))
-    step[:, :, allowed] = ((hi - lo) / 510)[..., rows]                        # half a code: the bound per cell
-    picks = np.frombuffer(base64.b64decode(data["picks"]), "<i2").reshape(N, H, Q, -1)
+    scores = np.full((N, H, R, L), -np.inf, np.float64)
+    step = np.zeros((N, H, R, L))
+    at = 0
+    for layer in range(N):
+        a = allowed[layer]
+        rows, n = np.nonzero(a)[0], int(a.sum())                            # the query row of each cell
+        c = codes[at:at + H * n].reshape(H, n)
+        at += H * n
+        scores[layer][:, a] = lo[layer][:, rows] + c * (hi - lo)[layer][:, rows] / 255
+        step[layer][:, a] = ((hi - lo) / 510)[layer][:, rows]               # half a code: the bound per cell
+    assert at == codes.size
+    picks = np.frombuffer(base64.b64decode(data["picks"]), "<i2").reshape(N, H, R, -1)
     C = len(data["value_cols"])
     values = np.frombuffer(base64.b64decode(data["values"]), "<f2").reshape(N, Hkv, L, C)
     return dict(allowed=allowed, scores=scores, picks=picks, values=values, step=step)
@@ -56,7 +65,9 @@ def test_packed_scores_picks_and_values_are_the_models(tiny, story):
     S = len(story.ids)
     assert (data["layers"], data["heads"], data["kv_heads"], data["Q"], data["L"]) == (3, 4, 2, S, S)
     assert data["run_k"] == 3 and data["causal"] and not data["dense_run"]
-    assert np.array_equal(got["allowed"], np.tril(np.ones((S, S), bool)))   # the lower triangle only
+    assert np.array_equal(got["allowed"][0], np.tril(np.ones((S, S), bool)))   # the lower triangle only
+    assert data["mask_of"] == [0, 0, 0] and len(data["masks"]) == 1             # one causal rule, kept once
+    assert data["kinds"] == [{"kind": "full", "window": None}] * 3
     calls = []
     from gatherlens.models import observe_attention, use_dense_attention, use_topk_attention
 

@@ -46,8 +46,9 @@ def test_smollm2_default_report(smollm2_report):
                  "top-4 keys of query", "next token after", "topk_attention", "index.html"):
         assert part in stdout, part
     names = sorted(p.name for p in out.iterdir())
-    assert names == sorted(["01-embedding.svg", "02-heads-gallery.svg", "03-heads.svg", "04-scores.svg", "05-score-gather.svg",
-                            "06-value-gather.svg", "06-compare.svg", "07-next-token.svg", "story.json", "index.html"])
+    assert names == sorted(["00-model-map.svg", "01-embedding.svg", "02-rope.svg", "02-heads-gallery.svg", "03-heads.svg",
+                            "04-scores.svg", "05-score-gather.svg", "06-value-gather.svg", "06-compare.svg",
+                            "07-next-token.svg", "08-sampling.svg", "story.json", "index.html"])
     data = json.loads((out / "story.json").read_text(encoding="utf-8"))
     assert data["text"] == DEFAULT_TEXT and data["model_class"] == "LlamaForCausalLM"
     assert data["heads"]["query"] == 9 and data["heads"]["kv"] == 3
@@ -90,7 +91,7 @@ def test_smollm2_report_in_chromium(smollm2_report, browser):
     page, requests, errors = _open(browser, out / "index.html")
     assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
     assert errors == []
-    assert page.locator("h2").count() == 8  # the article's seven sections and the head gallery
+    assert page.locator("h2").count() == 11  # the map, the article's seven sections, the head gallery, RoPE, sampling
     assert page.locator("section svg").count() >= 7  # every figure drawn on the page
     for sel in ("#fig-01-embedding svg", "#fig-04-scores svg", "#fig-06-value-gather svg"):
         box = page.locator(sel).bounding_box()
@@ -120,13 +121,17 @@ def _top_keys(data: dict, layer: int, head: int, query: int, k: int) -> list[int
     import numpy as np
 
     x = data["explore"]
-    allowed = np.frombuffer(base64.b64decode(x["allowed"]), np.uint8).reshape(x["Q"], x["L"]).astype(bool)
-    codes = np.frombuffer(base64.b64decode(x["scores"]), np.uint8).reshape(x["layers"], x["heads"], -1)
-    lo, hi = (np.frombuffer(base64.b64decode(x[n]), "<f4").reshape(x["layers"], x["heads"], x["Q"]).astype(np.float64)
+    R = x["rows"][1] - x["rows"][0]
+    masks = [np.frombuffer(base64.b64decode(m), np.uint8).reshape(R, x["L"]).astype(bool) for m in x["masks"]]
+    cells = [int(masks[m].sum()) for m in x["mask_of"]]                      # each layer's own mask
+    at = sum(cells[:layer]) * x["heads"] + head * cells[layer]               # layer after layer, head after head
+    codes = np.frombuffer(base64.b64decode(x["scores"]), np.uint8)[at:at + cells[layer]]
+    lo, hi = (np.frombuffer(base64.b64decode(x[n]), "<f4").reshape(x["layers"], x["heads"], R).astype(np.float64)
               for n in ("score_lo", "score_hi"))
+    allowed = masks[x["mask_of"][layer]]
     rows = np.nonzero(allowed)[0]  # the query row of each stored cell
-    row = np.full((x["Q"], x["L"]), -np.inf, np.float64)
-    row[allowed] = lo[layer, head, rows] + codes[layer, head] * (hi - lo)[layer, head, rows] / 255
+    row = np.full((R, x["L"]), -np.inf, np.float64)
+    row[allowed] = lo[layer, head, rows] + codes * (hi - lo)[layer, head, rows] / 255
     keys = [j for j in range(x["L"]) if row[query, j] > -np.inf]
     return sorted(keys, key=lambda j: (-float(row[query, j]), j))[:k]
 

@@ -90,7 +90,7 @@ def test_a_prompt_of_whole_blocks_prefills(tiny):
 def test_the_section_follows_the_value_gather(story, lang, title, words):
     parts = sections(story, lang)
     ids = [s.id for s in parts]
-    assert ids[ids.index("values") + 1] == "prefill" and ids[-2:] == ["prediction", "gathers"]
+    assert ids[ids.index("values") + 1] == "prefill" and ids[-3:] == ["prediction", "sampling", "gathers"]
     sec = parts[ids.index("prefill")]
     assert sec.title.startswith(title)
     fig = sec.figures[0]

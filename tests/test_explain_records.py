@@ -101,4 +101,4 @@ def test_report_figures_speak_the_chosen_language(story):
         assert title in words and heads in "".join(ET.fromstring(hsvg).itertext())
         assert bool(HAN.search(words.replace("␣", ""))) == (lang == "zh")
     assert svg.count("（保留）") == sum(min(2, i + 1) for i in range(Q))        # kept cells, in zh
-    assert grid.labels == tuple(story.shown_tokens) and grid.scores is story.attention.scores
+    assert grid.labels == tuple(story.shown_tokens) and torch.equal(grid.scores, story.attention.scores)

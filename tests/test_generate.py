@@ -260,6 +260,7 @@ def test_page_trace_record_and_picture():
     assert zh.startswith("<!DOCTYPE html>") and "稠密" in zh and "<svg" in zh
 
 
+@pytest.mark.slow  # a bench case: a fresh process per case
 def test_bench_generate_tiny_case_writes_json_and_plot(tiny, tmp_path):
     from gatherlens.bench.generate import command
 
@@ -333,34 +334,31 @@ def test_the_loop_reserves_its_cache_so_no_decode_step_grows_it(lm, monkeypatch)
     assert cache.paged(0).capacity >= 300 and cache.paged(0).length == 3
 
 
-def test_the_planned_step_equals_the_lean_step(lm):
-    """decode_step.planned_step (the layer's lookups made once at install) is lean_step's arithmetic:
-    bit-equal outputs and the same keys in the cache."""
-    from gatherlens.models.runtime import step as ds
-    from gatherlens.models.hf_adapter import decoder_layers
+def test_the_planned_loop_equals_transformers_layers(lm):
+    """The decode plan of a Llama folder is built once at install (a plan per layer, the head's transposed
+    copy) and its planned loop computes what transformers' layers compute over the same paged cache:
+    the same greedy tokens, logits within float rounding; use_dense_decoding drops it."""
     from gatherlens.models.runtime.decoding import SparseKVCache, use_dense_decoding, use_sparse_decoding
+    from gatherlens.models.runtime.head import TransposedHead
+    from gatherlens.models.runtime.step import installed_plan, step_declarations
+    from gatherlens.ops import backends
 
-    model = lm.model
-    use_sparse_decoding(model, 64, page_size=8)
+    model, ids, runs = lm.model, lm.encode(PROMPT), {}
     try:
-        layers = list(decoder_layers(model))
-        plans = [layer.__dict__.get("gatherlens_lean_plan") for layer in layers]
-        assert all(isinstance(p, ds.LeanPlan) for p in plans)
-        caches, outs = [], []
-        for step in (ds.lean_step, None):
-            cache = SparseKVCache(config=model.config, page_size=8)
+        for row in ("planned", "hf"):
+            use_sparse_decoding(model, budget=64, page_size=8, step=row)
+            plan = installed_plan(model)
+            assert len(plan.layers) == model.config.num_hidden_layers and isinstance(plan.head.run, TransposedHead)
+            backends.reset_ran()
             with torch.no_grad():
-                model(input_ids=lm.encode(PROMPT), cache=cache, use_cache=True)
-                torch.manual_seed(1)
-                x = torch.randn(1, 1, model.config.hidden_size)  # (1, 1, d)
-                pe = model.model.rotary_emb(x, torch.tensor([[cache.get_seq_length()]]))
-                for layer, plan in zip(layers, plans):
-                    x = step(layer, x, pe, None, cache) if step else ds.planned_step(plan, x, pe, None, cache)
-            caches.append(cache)
-            outs.append(x)
-        assert torch.equal(outs[0], outs[1])
-        assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
-                   for a, b in zip(*(c.layers for c in caches)))
+                runs[row] = model.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True,
+                                           return_dict_in_generate=True, cache=SparseKVCache(config=model.config,
+                                                                                             page_size=8))
+            assert backends.ran()["decode_step"] == ({"planned": 5, "hf": 1} if row == "planned" else {"hf": 6})
+        assert step_declarations(model)["planned"].startswith("use_sparse_decoding(step='hf')")
     finally:
         use_dense_decoding(model)
-    assert all("gatherlens_lean_plan" not in layer.__dict__ for layer in decoder_layers(model))
+    assert installed_plan(model) is None
+    assert torch.equal(runs["planned"].sequences, runs["hf"].sequences)
+    diff = max(float((a - b).abs().max()) for a, b in zip(runs["planned"].logits, runs["hf"].logits))
+    assert diff <= 1e-3

@@ -33,10 +33,11 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 from tiny_gguf import TINY, tiny_model, write_gguf  # noqa: E402
+from lanes import sweep  # noqa: E402
 
 from gatherlens.errors import GatherValueError  # noqa: E402
 from gatherlens.models import load  # noqa: E402
-from gatherlens.models.runtime.step import lean_layers  # noqa: E402
+from gatherlens.models.runtime.step import step_declarations  # noqa: E402
 from gatherlens.models.attention.features import attention_variant  # noqa: E402
 from gatherlens.models.gguf.arch import ARCHS, EXPERTS, NORM  # noqa: E402
 from gatherlens.models.gguf.check import check_gguf  # noqa: E402
@@ -44,15 +45,17 @@ from gatherlens.models.gguf.config import gguf_config, open_gguf  # noqa: E402
 from gatherlens.models.gguf.weights import float_model, hf_name  # noqa: E402
 from gatherlens.models.gguf.layers import QuantizedEmbedding, QuantizedLinear  # noqa: E402
 from gatherlens.models.runtime.decoding import use_dense_decoding, use_sparse_decoding  # noqa: E402
-from gatherlens.ops.quant.layout import LAYOUTS  # noqa: E402
-from gatherlens.ops.quant.q8act_naive import quantize_activations  # noqa: E402
+from gatherlens.ops.quant.formats.layout import LAYOUTS  # noqa: E402
+from gatherlens.ops.quant.products.q8act_naive import quantize_activations  # noqa: E402
 
 QTYPES = ("F32", "Q8_0", "Q4_0")
 BOUND = 0.05      # the quantized model's logits: within 5% of the largest reference logit (module doc)
 PRODUCT = 1e-5    # each product against transformers' on the same (rounded) input, relative to its largest output
-LEAN = {"llama", "mistral", "qwen2"}  # Llama-shaped layers: the lean decode step runs them
+# the planned decode step runs Llama's layers (and Qwen2's biases); the tiny Mistral's layers are
+# sliding-window ones (a ring, not pages): transformers' forward runs them
+PLANNED = {"llama", "qwen2"}
 IDS = torch.randint(0, 317, (1, 20), generator=torch.Generator().manual_seed(1))  # (1, 20): no control tokens
-MEASURED: dict = {}  # (arch, qtype) -> max |logit difference| of the quantized model, printed at the end
+MEASURED: dict = {}  # (arch, qtype) -> max |logit difference| of the quantized model (scripts/gguf_differences.py)
 
 
 def _reference(folder, name: str, config=None):
@@ -126,8 +129,8 @@ def test_rows_are_gguf_and_transformers_names(arch):
 
 
 # -- each architecture, each type ---------------------------------------------------------------------
-@pytest.mark.parametrize("qtype", QTYPES)
-@pytest.mark.parametrize("arch", list(TINY))
+@pytest.mark.parametrize("qtype", sweep(QTYPES, fast="Q8_0"))
+@pytest.mark.parametrize("arch", sweep(list(TINY), fast="llama"))  # llama's Q8_0 fast, the sweep slow
 def test_float_and_quantized_models_match_transformers(files, arch, qtype):
     f = files(arch, qtype)
     ref = _logits(f.ref)  # (S, V)
@@ -174,18 +177,18 @@ def _products(ref, ours) -> list:
     return out
 
 
-@pytest.mark.parametrize("arch", list(TINY))
+@pytest.mark.parametrize("arch", sweep(list(TINY), fast="llama"))
 def test_generate_runs_dense_and_sparse(files, arch):
     """generate on the quantized model: dense decoding; sparse at a budget buying every page gives its
     tokens (its logits within the rounding bound: another order of sums can flip one x's rounding);
-    a small budget runs. The lean decode step takes only Llama-shaped layers."""
+    a small budget runs. The planned decode step takes only the layers it declares."""
     model = files(arch, "Q8_0").lm.model
     kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
     with torch.no_grad():
         use_dense_decoding(model)
         dense = model.generate(IDS, **kw)
         use_sparse_decoding(model, budget=1024, page_size=4, dense_layers=0, kv_dtype=None)  # float32 pages
-        assert lean_layers(model) == (2 if arch in LEAN else 0)
+        assert (step_declarations(model)["planned"] is None) == (arch in PLANNED)
         full = model.generate(IDS, **kw)
         use_sparse_decoding(model, budget=8, page_size=4, dense_layers=0, recent=0)
         small = model.generate(IDS, **kw)
@@ -196,6 +199,7 @@ def test_generate_runs_dense_and_sparse(files, arch):
     assert all(torch.isfinite(x).all() for x in small.logits)
 
 
+@pytest.mark.slow  # a sweep over the MoE architectures (tests/test_quantized_moe.py keeps one fast)
 @pytest.mark.parametrize("arch", [a for a in ARCHS if ARCHS[a].moe])
 def test_moe_float_model_is_transformers(tmp_path, arch):
     """float_model of a MoE file: the stacked gate and up experts joined into HF's gate_up_proj (rows'
@@ -225,6 +229,21 @@ def test_gemma2_features_come_from_the_file(tmp_path):
                           .weight, atol=1e-6)  # the file's weight + 1, less 1
 
 
+@pytest.mark.parametrize("vectors", sweep(["F16", "BF16"], fast="BF16"))
+def test_norms_and_biases_in_any_plain_float_format_load(tmp_path, vectors):
+    """A vector (norm, bias) in any format whose record names a value_dtype runs on the quantized path,
+    its values widened exactly (they were F32 / F16 only: BF16 ones were refused)."""
+    model = tiny_model("qwen2")  # q/k/v biases and norms
+    path = write_gguf(model, "qwen2", "Q8_0", tmp_path / f"qwen2.{vectors}-vectors.gguf", vectors=vectors)
+    assert {t.tensor_type.name for t in open_gguf(path).tensors if len(t.shape) == 1} == {vectors}
+    lm = load(str(path), quantized=True, progress=False)
+    dtype = LAYOUTS[vectors].value_dtype
+    for ours, theirs in ((lm.model.model.norm.weight, model.model.norm.weight),
+                         (lm.model.model.layers[1].self_attn.q_proj.bias, model.model.layers[1].self_attn.q_proj.bias)):
+        assert torch.equal(ours, theirs.detach().to(dtype).float())
+    assert torch.isfinite(_logits(lm.model)).all()
+
+
 def test_an_architecture_not_in_the_table_is_one_error(tmp_path):
     path = tmp_path / "starcoder.gguf"
     writer = gguf.GGUFWriter(str(path), "starcoder2")
@@ -242,10 +261,3 @@ def test_an_architecture_not_in_the_table_is_one_error(tmp_path):
         f"model file {str(path)!r} is a 'starcoder2' model; quantized=True runs the GGUF architectures "
         f"{', '.join(ARCHS)}; try without --quantized (quantized=True): the float32 path reads every "
         f"architecture transformers reads")
-
-
-def test_report_measured_differences(capsys):
-    """Not a check: the largest logit difference per architecture and type, for the record (-s shows it)."""
-    with capsys.disabled():
-        for (arch, qtype), diff in sorted(MEASURED.items()):
-            print(f"\n  {arch:8s} {qtype:5s} max |quantized - transformers| = {diff:.2e}", end="")

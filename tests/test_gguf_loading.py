@@ -53,6 +53,7 @@ def _config_diff(ours, theirs) -> dict:
 
 
 # -- the config -------------------------------------------------------------------------------------
+@pytest.mark.slow  # the real model's file (and transformers' own GGUF reader)
 def test_config_equals_transformers_gguf_config(reader):
     from transformers import AutoConfig, LlamaConfig
 
@@ -63,6 +64,7 @@ def test_config_equals_transformers_gguf_config(reader):
     assert ours.tie_word_embeddings and ours.rope_parameters == {"rope_theta": 100000.0, "rope_type": "default"}
 
 
+@pytest.mark.slow  # the real model's file (and transformers' own GGUF reader)
 def test_open_gguf_reads_what_gguf_reader_reads(reader):
     from gguf import GGUFReader
 
@@ -74,6 +76,7 @@ def test_open_gguf_reads_what_gguf_reader_reads(reader):
     assert str(reader.data.filename) == str(SMOL)          # the memmap again after parsing
 
 
+@pytest.mark.slow  # the real model's file (and transformers' own GGUF reader)
 def test_truncated_header_is_a_value_error(tmp_path):
     cut = tmp_path / "cut.gguf"
     with open(SMOL, "rb") as f:
@@ -90,6 +93,7 @@ def _prose() -> str:
     return text + "\n" + load_text("pydoc")[:10_000] + ODD_TEXT
 
 
+@pytest.mark.slow  # the real model's file (and transformers' own GGUF reader)
 def test_tokenizer_is_the_same_tokenizer(reader, reference_tokenizer):
     ours, ref = gguf_tokenizer(reader), reference_tokenizer
     assert json.loads(ours.backend_tokenizer.to_str()) == json.loads(ref.backend_tokenizer.to_str())
@@ -98,6 +102,7 @@ def test_tokenizer_is_the_same_tokenizer(reader, reference_tokenizer):
     assert ours.chat_template == ref.chat_template and ours.add_bos_token == ref.add_bos_token
 
 
+@pytest.mark.slow  # the real model's file (and transformers' own GGUF reader)
 def test_tokenizer_encodes_and_decodes_prose_identically(reader, reference_tokenizer):
     ours, ref = gguf_tokenizer(reader), reference_tokenizer
     text = _prose()
@@ -110,6 +115,7 @@ def test_tokenizer_encodes_and_decodes_prose_identically(reader, reference_token
         assert ours.decode(ours(piece)["input_ids"]) == ref.decode(ref(piece)["input_ids"]), piece
 
 
+@pytest.mark.slow  # the real model's file (and transformers' own GGUF reader)
 def test_tokenizer_chat_template_matches(reader, reference_tokenizer):
     ours, ref = gguf_tokenizer(reader), reference_tokenizer
     for prompt in (False, True):
@@ -119,6 +125,7 @@ def test_tokenizer_chat_template_matches(reader, reference_tokenizer):
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
 
 
+@pytest.mark.slow  # the real model's file (and transformers' own GGUF reader)
 def test_tokenizer_with_a_split_regex_bos_eos_and_a_user_token(reader, tmp_path):
     """A llama-3 style file: `tokenizer.ggml.pre` "llama-bpe" (its own split regex), BOS and EOS
     added, one USER_DEFINED token: the same tokenizer as transformers' converter builds."""
@@ -152,6 +159,7 @@ def test_tokenizer_with_a_split_regex_bos_eos_and_a_user_token(reader, tmp_path)
     assert ours.decode(ids) == ref.decode(ids)
 
 
+@pytest.mark.slow  # the real model's file (and transformers' own GGUF reader)
 def test_saved_tokenizer_files_match(reader, reference_tokenizer, tmp_path):
     gguf_tokenizer(reader).save_pretrained(tmp_path / "ours")
     reference_tokenizer.save_pretrained(tmp_path / "ref")
@@ -185,6 +193,7 @@ def _reference_model(path):
     return model.eval()
 
 
+@pytest.mark.slow  # the real model's file (and transformers' own GGUF reader)
 def test_float_model_is_bit_equal_to_transformers_gguf_loader(reader):
     ours = float_model(reader, gguf_config(reader))
     ref = _reference_model(SMOL)
@@ -287,6 +296,7 @@ def test_open_gguf_keeps_the_last_file_only_while_its_header_is_unchanged(tmp_pa
 
 
 # -- the load paths ---------------------------------------------------------------------------------
+@pytest.mark.slow  # the real model's file (and transformers' own GGUF reader)
 def test_quantized_load_ignores_a_stale_cached_config(tmp_path, monkeypatch):
     """Case G: a cached config.json edited in place (heads 9 -> 8, mtime kept) once made
     `generate --quantized` print garbage; the quantized path now reads the GGUF itself."""
@@ -307,6 +317,7 @@ def test_quantized_load_ignores_a_stale_cached_config(tmp_path, monkeypatch):
     assert "Paris" in lm.tokenizer.decode(out[0, -4:])
 
 
+@pytest.mark.slow  # the real model's file (and transformers' own GGUF reader)
 def test_float_load_converts_without_transformers_gguf_loader(tmp_path, monkeypatch):
     import transformers
 

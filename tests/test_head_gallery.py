@@ -197,7 +197,8 @@ def test_gallery_svg_is_drawn_from_its_record(lang, head_word, short):
     assert [t.get("data-tag") for t in thumbs] == [t.tag for t in g.tiles]
     for t, tile in zip(thumbs, g.tiles):
         texts = [x.text for x in t.iter(f"{ns}text")]
-        assert texts[1] == f"{tile.kept:.0%}" and t.find(f"{ns}use").get("stroke") == TAG_COLOURS[tile.tag]
+        frame = next(u for u in t.iter(f"{ns}use") if u.get("href") == "#gl-frame")  # after its hit box
+        assert texts[1] == f"{tile.kept:.0%}" and frame.get("stroke") == TAG_COLOURS[tile.tag]
         view = t.find(f"{ns}svg").get("viewBox")
         assert view == f"{tile.layer * 4} {tile.head * 4} 4 4"               # its own block of the atlas
     sel = next(e for e in root.iter(f"{ns}rect") if e.get("class") == "gl-gallery-sel")

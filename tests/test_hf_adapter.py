@@ -84,9 +84,8 @@ from gatherlens.models import hf_adapter  # noqa: E402
 from gatherlens.models.attention.topk import (  # noqa: E402
     attention_restored, topk_attention_enabled, use_dense_attention, use_topk_attention,
 )
-from gatherlens.models.runtime.head import lean_head_active  # noqa: E402
 from gatherlens.models.runtime.decoding import (  # noqa: E402
-    SparseKVCache, lean_layers, use_dense_decoding, use_sparse_decoding,
+    SparseKVCache, installed_plan, use_dense_decoding, use_sparse_decoding,
 )
 
 
@@ -222,23 +221,27 @@ def test_default_cache_factory_and_restore():
     assert made == [m]
 
 
-def test_lean_step_installed_and_removed(model):
+def test_decode_step_installed_and_removed(model):
+    """use_sparse_decoding makes the model's forward the decode-step table (showing the class forward's
+    signature: generate passes position_ids by it); the layers and the head keep their class forwards;
+    use_dense_decoding gives the class forward back."""
+    import inspect
+
     ids = torch.randint(1, 101, (1, 23))
     layers = hf_adapter.decoder_layers(model)
-    assert len(layers) == 2 and not any(hf_adapter.forward_replaced(x) for x in layers)
+    assert len(layers) == 2 and not hf_adapter.forward_replaced(model)
     use_sparse_decoding(model, budget=8, page_size=4)
     try:
-        assert lean_layers(model) == 2 and all(hf_adapter.forward_replaced(x) for x in layers)
-        assert lean_head_active(model)
-        lean = _generate(model, ids)
-        use_sparse_decoding(model, budget=8, page_size=4, lean=False)
-        assert lean_layers(model) == 0 and not lean_head_active(model)
+        assert installed_plan(model) is not None and hf_adapter.forward_replaced(model)
+        assert "position_ids" in inspect.signature(model.forward).parameters
+        assert not any(hf_adapter.forward_replaced(x) for x in layers)
+        planned = _generate(model, ids)
+        use_sparse_decoding(model, budget=8, page_size=4, step="hf")
         hf = _generate(model, ids)
     finally:
         use_dense_decoding(model)
-    assert torch.equal(lean.sequences, hf.sequences)
-    assert lean_layers(model) == 0 and not lean_head_active(model)
-    assert not any("forward" in x.__dict__ for x in layers)
+    assert torch.equal(planned.sequences, hf.sequences)
+    assert installed_plan(model) is None and not hf_adapter.forward_replaced(model)
 
 
 def test_replace_forward_is_per_instance():
@@ -281,7 +284,7 @@ def test_attention_reads_the_layers_own_paged_cache(model):
 
     ids = torch.randint(1, 101, (1, 40))
     cache, seen = SparseKVCache(config=model.config, page_size=4), []
-    use_sparse_decoding(model, budget=8, page_size=4, dense_layers=0, recent=0, lean=False)
+    use_sparse_decoding(model, budget=8, page_size=4, dense_layers=0, recent=0, step="hf")
     try:
         with torch.no_grad(), observe_sparse(lambda call: seen.append((call.layer, call.cache))):
             model.generate(ids, max_new_tokens=3, do_sample=False, cache=cache)

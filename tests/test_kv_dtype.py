@@ -14,6 +14,8 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from native_helpers import needs_native
+
 from gatherlens.errors import GatherTypeError, GatherValueError
 from gatherlens.ops.layer import fused, naive
 from gatherlens.ops.sparse import PagedKVCache, sparse_decode
@@ -27,8 +29,8 @@ NARROW = ("float16", "bfloat16", "int8")
 # max |sparse_decode(stored in kv_dtype) - sparse_decode(float32)| / max(1, max |out|) on randn keys
 # and values (D = 16..64, the same pages): what each storage costs (the tolerance these tests state)
 TOLERANCE = {"float16": 2e-3, "bfloat16": 1.5e-2, "int8": 4e-2}
-needs_kernel = pytest.mark.skipif(not fused_decode.kernel_loaded(), reason="no C++ compiler or ninja")
-needs_layer_kernel = pytest.mark.skipif(not fused.kernel_loaded(), reason="no C++ compiler or ninja")
+needs_kernel = needs_native(fused_decode)
+needs_layer_kernel = needs_native(fused)
 
 
 def filled(kv_dtype, B=1, Hkv=2, L=61, D=16, P=8, chunks=None, seed=0, growth=0.0, Dv=None):
@@ -123,7 +125,8 @@ def test_a_page_filled_token_by_token_loses_less_than_one_step():
 # -- every backend equals the reference over the stored values; each dtype near float32 ------------
 
 def _backends():
-    return ["torch", "triton"] + (["native"] if fused_decode.kernel_loaded() else [])
+    return ["torch", pytest.param("triton", marks=pytest.mark.slow),  # a subprocess: Triton's interpreter
+            pytest.param("native", marks=needs_native(fused_decode))]
 
 
 def _case(kv):
@@ -191,12 +194,13 @@ def test_each_storage_dtype_is_within_its_tolerance_of_float32(kv):
 @pytest.mark.parametrize("kv", NARROW)
 def test_auto_takes_the_native_row_for_narrow_pages(kv):
     from gatherlens.ops.attention.variants import PLAIN
+    from gatherlens.ops.sparse.config import PageChoice
     from gatherlens.ops.sparse.decode import SPARSE_DECODE
 
     _, _, cache = filled(kv, L=90)
     q = torch.randn(1, 4, 1, 16)
-    how = {"share_selection": True, "group_score": "max", "recent": 0, "choose": "bound"}
-    assert dict(SPARSE_DECODE.why(q, cache, 16, how, 0.25, PLAIN, None, False))["native"] is None
+    choice = PageChoice(share_selection=True, group_score="max", recent=0, choose="bound")
+    assert dict(SPARSE_DECODE.why(q, cache, 16, choice, 0.25, PLAIN, None, False))["native"] is None
 
 
 @needs_kernel

@@ -7,10 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from native_helpers import needs_native
+
 from gatherlens.ops.layer import fused, naive
 from gatherlens.ops.sparse import PagedKVCache
 
-pytestmark = pytest.mark.skipif(not fused.kernel_loaded(), reason="no C++ compiler or ninja")
+pytestmark = needs_native(fused)
 DTYPES = [torch.float32, torch.bfloat16]
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1e-2, rtol=1e-2)}
 

@@ -211,28 +211,28 @@ def test_cache_beam_reorder_and_crop(fresh):
         cache.layers[0].crop(-1)
 
 
-# -- the lean decode step ----------------------------------------------------------------------------
+# -- the planned decode step ------------------------------------------------------------------------
 @pytest.mark.parametrize("budget", [None, 16, 4096], ids=["dense", "budget=16", "budget=4096"])
-def test_lean_step_equals_hf_layers(budget):
-    """The lean decode step computes what transformers' layers compute over the same paged cache."""
-    from gatherlens.models.runtime.decoding import lean_layers
+def test_planned_step_equals_hf_layers(budget):
+    """The planned decode step computes what transformers' layers compute over the same paged cache."""
+    from gatherlens.models.runtime.step import installed_plan, step_declarations
 
     m = tiny_llama(seed=7, layers=3)
     ids = torch.randint(1, 101, (1, 45))
-    use_sparse_decoding(m, budget=budget, page_size=8, lean=False)
-    assert lean_layers(m) == 0
+    use_sparse_decoding(m, budget=budget, page_size=8, step="hf")
+    assert step_declarations(m)["planned"] is not None
     hf = _generate(m, ids, 8)
     use_sparse_decoding(m, budget=budget, page_size=8)
-    assert lean_layers(m) == 3
-    lean = _generate(m, ids, 8)
-    assert torch.equal(hf.sequences, lean.sequences)
-    diff = max(float((a - b).abs().max()) for a, b in zip(hf.logits, lean.logits))
+    assert step_declarations(m)["planned"] is None and len(installed_plan(m).layers) == 3
+    planned = _generate(m, ids, 8)
+    assert torch.equal(hf.sequences, planned.sequences)
+    diff = max(float((a - b).abs().max()) for a, b in zip(hf.logits, planned.logits))
     assert diff <= 1e-4
     use_dense_decoding(m)
-    assert lean_layers(m) == 0
+    assert installed_plan(m) is None
 
 
-def test_lean_step_leaves_prefill_and_other_caches_to_hf(fresh):
+def test_planned_step_leaves_prefill_and_other_caches_to_hf(fresh):
     from transformers import DynamicCache
 
     use_sparse_decoding(fresh, budget=16, page_size=8)
@@ -288,25 +288,24 @@ def test_a_budget_of_a_third_of_the_cache_decodes_densely(fresh):
         use_sparse_decoding(fresh, budget=24, dense_share=0)
 
 
-def test_lean_head_reads_a_transposed_copy_with_the_same_results(fresh):
-    """decode_head: one-row steps use x @ W.T stored contiguous, rebuilt when the weight changes;
-    prefill rows and gradients take F.linear; use_dense_decoding frees the copy."""
-    from gatherlens.models.runtime.head import lean_head_active
+def test_the_head_reads_a_transposed_copy_with_the_same_results(fresh):
+    """The plan's head: x @ W.T stored contiguous, rebuilt when the weight changes; transformers' own
+    forward keeps F.linear (the head module is untouched); use_dense_decoding frees the copy."""
+    from gatherlens.models.runtime.head import TransposedHead
+    from gatherlens.models.runtime.step import installed_plan
 
     head = fresh.get_output_embeddings()
-    x, rows = torch.randn(1, 1, head.in_features), torch.randn(2, 5, head.in_features)  # (1, 1, d), (B, S, d)
+    x = torch.randn(1, head.in_features)  # (1, d)
     want = torch.nn.functional.linear(x, head.weight)
     use_sparse_decoding(fresh, budget=24)
-    assert lean_head_active(fresh)
+    product = installed_plan(fresh).head
+    assert isinstance(product.run, TransposedHead) and "forward" not in head.__dict__
     with torch.no_grad():
-        torch.testing.assert_close(head(x), want, rtol=1e-5, atol=1e-5)
-        assert "gatherlens_weight_t" in head.__dict__
+        torch.testing.assert_close(product(x), want, rtol=1e-5, atol=1e-5)
+        copy = product.run.copy
         head.weight.mul_(2)                                         # an in-place write: the copy follows
-        torch.testing.assert_close(head(x), 2 * want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(product(x), 2 * want, rtol=1e-5, atol=1e-5)
         head.weight.div_(2)
-        assert torch.equal(head(rows), torch.nn.functional.linear(rows, head.weight))
-    y = torch.randn(1, 1, head.in_features, requires_grad=True)
-    head(y).sum().backward()                                        # gradients: the plain path
-    assert y.grad is not None
+        assert product.run.copy is not copy
     use_dense_decoding(fresh)
-    assert not lean_head_active(fresh) and "gatherlens_weight_t" not in head.__dict__
+    assert installed_plan(fresh) is None

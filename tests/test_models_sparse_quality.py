@@ -112,7 +112,7 @@ def test_greedy_decode_continues_the_prefilled_cache(model):
     from gatherlens.models.runtime.decoding import use_dense_decoding, use_sparse_decoding
 
     ids = torch.randint(1, 101, (1, 30))
-    use_sparse_decoding(model, None, 8)
+    use_sparse_decoding(model, budget=None, page_size=8)
     cache, _ = prefill(model, ids[:, :-1], 8)
     made = greedy_decode(model, cache, ids[:, -1:], 5)
     use_dense_decoding(model)

@@ -22,6 +22,8 @@ import pytest
 import torch
 from triton_helpers import interpreted_results
 
+from native_helpers import needs_native
+
 from gatherlens.ops.sparse import PagedKVCache, sparse_decode
 from gatherlens.ops.sparse import fused_decode
 from gatherlens.ops.sparse.geometry import page_count
@@ -221,7 +223,7 @@ def test_torch_follows_the_rule(name):
     assert torch.equal(pages.sort(-1).values, want)
 
 
-@pytest.mark.skipif(not fused_decode.kernel_loaded(), reason="no C++ compiler or ninja")
+@needs_native(fused_decode)
 @pytest.mark.parametrize("name", CASES)
 def test_the_cpp_operator_picks_the_same_pages(name):
     want, _, _ = expected(name)
@@ -243,6 +245,7 @@ def triton_results(tmp_path_factory):
     return interpreted_results(__file__, tmp_path_factory)
 
 
+@pytest.mark.slow  # a subprocess: Triton's interpreter
 @pytest.mark.parametrize("name", CASES)
 def test_triton_picks_the_same_pages(name, triton_results):
     want, _, _ = expected(name)

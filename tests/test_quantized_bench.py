@@ -40,4 +40,4 @@ def test_tiny_run_writes_rows(tmp_path):
 
 def test_bad_tokens_are_refused(tmp_path):
     res = CliRunner().invoke(bench, ["quantized-embedding", "--tokens", "0,x", "--json", str(tmp_path / "q.json")])
-    assert res.exit_code != 0 and "integers >= 1" in res.output
+    assert res.exit_code != 0 and "--tokens = '0,x' must be comma-separated positive integers" in res.output

@@ -5,7 +5,6 @@ A tiny random Llama whose embedding module holds a QuantizedTable (its float tab
 gguf's own `quantize`) stands in for a quantized load here; the real SmolLM2 runs (slow) once
 `gatherlens.load` takes `quantized=True`."""
 import html
-import inspect
 import json
 import xml.etree.ElementTree as ET
 
@@ -150,19 +149,8 @@ def test_float_story_is_unchanged(tiny_dir):
     assert "qtype" not in story_data(story)["embeddings"][0] and story_data(story)["quantized"] is False
 
 
-# -- the real model, once load(quantized=True) exists ---------------------------------------------
-def _load_takes_quantized() -> bool:
-    from gatherlens.models import load
-
-    return "quantized" in inspect.signature(load).parameters
-
-
-needs_quantized_load = pytest.mark.skipif(not _load_takes_quantized(),
-                                          reason="gatherlens.load has no quantized= yet")
-
-
+# -- the real model ------------------------------------------------------------------------------
 @pytest.mark.slow
-@needs_quantized_load
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_real_explain_quantized_writes_the_quantized_figure(tmp_path, lang):
     out = tmp_path / "report"
@@ -182,7 +170,6 @@ def test_real_explain_quantized_writes_the_quantized_figure(tmp_path, lang):
 
 
 @pytest.mark.slow
-@needs_quantized_load
 def test_real_generate_quantized_runs():
     res = CliRunner().invoke(generate, ["It is a truth universally acknowledged", "--quantized",
                                         "--max-new-tokens", "4"])

@@ -14,9 +14,13 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from gatherlens.ops.quant import FORMATS, floatdot
+from native_helpers import needs_native
 
-pytestmark = pytest.mark.skipif(not floatdot.kernel_loaded(), reason="no C++ compiler or ninja")
+from gatherlens.ops.quant import FORMATS
+
+from gatherlens.ops.quant.products import floatdot
+
+pytestmark = needs_native(floatdot)
 QTYPES = floatdot.FLOAT_QTYPES
 
 
@@ -87,7 +91,7 @@ def test_non_finite_values_give_what_float_gives(qtype):
 
 
 def test_opcheck_and_input_errors():
-    raw, f16 = stored("F16", 16, 64), floatdot.GGML_TYPE["F16"]
+    raw, f16 = stored("F16", 16, 64), FORMATS["F16"].ggml_type
     torch.library.opcheck(torch.ops.gatherlens.floatdot_linear.default, (torch.randn(2, 64), raw, f16),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
     for qtype in [fmt.ggml_type for q, fmt in FORMATS.items() if q not in QTYPES]:

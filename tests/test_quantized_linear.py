@@ -17,9 +17,9 @@ from gguf.quants import quantize
 
 from gatherlens.errors import GatherTypeError, GatherValueError
 from gatherlens.ops.quant import FORMATS, QTYPES
-from gatherlens.ops.quant.int4 import INT4_QTYPES, affine_groups
-from gatherlens.ops.quant.linear import LinearConfig, pack_linear, quantized_linear
-from gatherlens.ops.quant.linear_naive import naive_quantized_linear
+from gatherlens.ops.quant.products.int4 import INT4_QTYPES, affine_groups
+from gatherlens.ops.quant.products.linear import LinearConfig, pack_linear, quantized_linear
+from gatherlens.ops.quant.products.linear_naive import naive_quantized_linear
 from test_quantized_table import GGUF_QUANTIZES
 
 EPS = 2.0 ** -8  # bf16's relative rounding bound (2^-9), doubled for the few roundings in a row
@@ -247,7 +247,7 @@ def test_bench_qlinear_tiny_run_writes_json(tmp_path):
 @pytest.mark.parametrize("qtype", ["IQ4_NL", "Q6_K"])  # gguf has no quantizer for them: random codes
 def test_bench_qlinear_times_one_format_for_every_shape(tmp_path, qtype):
     """--qtype: the synthetic shapes in one block format, the integer GEMM against dequant + float32
-    (how linear.INTEGER_GEMM_ROWS was measured)."""
+    (how the records' gemm_rows were measured)."""
     import json
 
     from click.testing import CliRunner

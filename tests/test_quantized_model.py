@@ -9,6 +9,8 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
+from installed import installed  # noqa: E402
+
 from gatherlens.models.gguf.layers import QuantizedEmbedding, QuantizedLinear  # noqa: E402
 from gatherlens.ops.embedding import embedding_lookup  # noqa: E402
 from gatherlens.ops.quant import LinearConfig, QuantizedTable, pack_linear, quantized_linear, split_linear  # noqa: E402
@@ -68,10 +70,8 @@ def test_quantized_embedding_traces_one_embedding_event():
 def models():
     from gatherlens.models import load
 
-    try:
-        return load("smollm2"), load("smollm2", quantized=True)
-    except Exception as err:  # noqa: BLE001 - the model package is an optional install
-        pytest.skip(f"SmolLM2 is not available ({err})")
+    installed("smollm2")  # skips only when the model package is missing: a load that fails, fails
+    return load("smollm2"), load("smollm2", quantized=True)
 
 
 def _austen(lm, n: int) -> torch.Tensor:
@@ -96,18 +96,18 @@ def test_quantized_weights_are_the_float_models(models):
 
 @pytest.mark.slow
 def test_quantized_logits_and_perplexity_match_float(models, monkeypatch):
-    """The prefill's products run the q8act kernels' integer GEMM where it is faster (linear.INTEGER_GEMM_ROWS:
+    """The prefill's products run the q8act kernels' integer GEMM where it is faster (the records' gemm_rows:
     x rounded to 8 bits per block, as every decode step and llama.cpp round it; measured +0.50% here):
     perplexity within 1% of the float model's, 95% of next-token argmaxes the same. Without it (every
     prefill product dequantized, float32 GEMM) the logits are the float model's, perplexity within 0.5%."""
-    from gatherlens.ops.quant import linear
+    from gatherlens.ops.quant.products import linear
 
     dense, quant = models
     ids = _austen(dense, 1000)
     with torch.no_grad():
         ref = dense.model(ids.view(1, -1)).logits[0]  # (S, V)
         pre = quant.model(ids.view(1, -1)).logits[0]  # (S, V): the integer GEMM, x rounded to 8 bits
-        monkeypatch.setattr(linear, "INTEGER_GEMM_ROWS", {})
+        monkeypatch.setattr(linear, "integer_gemm_faster", lambda x, weight: False)
         exact = quant.model(ids.view(1, -1)).logits[0]  # (S, V): prefill dequantizes, float32 GEMM
     assert torch.allclose(exact[:16], ref[:16], atol=1e-3, rtol=0)
 
@@ -137,8 +137,9 @@ def test_decode_route_agrees_with_float(models):
 
 
 @pytest.mark.slow
-def test_sparse_decoding_runs_the_quantized_lean_step(models):
-    from gatherlens.models.runtime.decoding import lean_layers, use_dense_decoding, use_sparse_decoding
+def test_sparse_decoding_runs_the_quantized_stack(models):
+    from gatherlens.models.runtime.decoding import use_dense_decoding, use_sparse_decoding
+    from gatherlens.models.runtime.step import step_declarations
 
     _, quant = models
     ids = quant.encode("The capital of France is Paris. The capital of Germany is")
@@ -146,11 +147,11 @@ def test_sparse_decoding_runs_the_quantized_lean_step(models):
         plain = quant.model.generate(ids, max_new_tokens=12, do_sample=False)
         use_sparse_decoding(quant.model, budget=None)
         try:
-            assert lean_layers(quant.model) == quant.config.num_hidden_layers
-            lean = quant.model.generate(ids, max_new_tokens=12, do_sample=False)
+            assert step_declarations(quant.model) == {"stack": None, "planned": None, "hf": None}
+            stacked = quant.model.generate(ids, max_new_tokens=12, do_sample=False)
         finally:
             use_dense_decoding(quant.model)
-    assert torch.equal(plain, lean)
+    assert torch.equal(plain, stacked)
 
 
 @pytest.mark.slow

@@ -21,8 +21,7 @@ from rich.console import Console
 import gatherlens
 from gatherlens import GatherIndexError, GatherTypeError, GatherValueError, QuantizedTable
 from gatherlens.ops.quant import FORMATS, SIZES, block_terms
-from gatherlens.ops.quant.sizes import LAYOUT
-from gatherlens.ops.quant.terms import GROUP, groups
+from gatherlens.ops.quant.formats.terms import groups
 from gatherlens.render.theme import fmt_value
 from gatherlens.trace import as_record
 from gatherlens.trace.quantized import record_quantized_embedding
@@ -49,7 +48,7 @@ def test_every_blocks_terms_make_the_rows_values(qtype):
     for row in range(table.shape[0]):
         for block in range(groups(qtype, table.row_bytes)):
             terms = block_terms(table.raw[row], qtype, block)
-            n = GROUP[qtype]
+            n = FORMATS[qtype].group
             assert torch.equal(bits(terms.values()), bits(reference[row, terms.start:terms.start + n]))
             elems, nbytes = SIZES[qtype]
             first = terms.start // elems * nbytes
@@ -75,13 +74,13 @@ FEEDS = {  # test-local, from each unpacker's docstring: the outputs of the reco
 
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_layout_names_the_bytes_the_fields_read(qtype):
-    """Changing a byte of LAYOUT's field F changes some of the outputs F feeds, and nothing else."""
+    """Changing a byte of the record's field F changes some of the outputs F feeds, and nothing else."""
     assert qtype in FEEDS, f"a new format {qtype}: say which outputs of its unpack each field feeds in FEEDS"
     fields, feeds = FORMATS[qtype].unpack, FEEDS[qtype]
     raw = torch.from_numpy(random_blocks(np.random.default_rng(1), qtype, 1, SIZES[qtype][0]))  # one block
     base = [f.view(torch.int16) if f.dtype == torch.float16 else f for f in fields(raw)]
     at = 0
-    for name, n in LAYOUT[qtype]:
+    for name, n in ((f.name, f.size) for f in FORMATS[qtype].fields):
         for k in range(at, at + n):
             flipped = raw.clone()
             flipped[0, k] ^= 0xFF
@@ -159,6 +158,7 @@ def _cells(svg: str) -> dict[str, list[str]]:
             if "gl-cell" in g.get("class", "")}
 
 
+@pytest.mark.slow  # the real model's tables
 @needs_model
 @pytest.mark.parametrize("name", ["quantized_gather", "quantized_gather_q4_1"])
 def test_picture_shows_the_records_numbers(figures, name):
@@ -176,6 +176,7 @@ def test_picture_shows_the_records_numbers(figures, name):
     assert ("m = " in svg) == (rec.qtype == "Q4_1")  # a min is drawn where the format has one
 
 
+@pytest.mark.slow  # the real model's tables
 @needs_model
 @pytest.mark.parametrize("lang", ["en", "zh"])
 @pytest.mark.parametrize("name", ["quantized_gather", "quantized_gather_q4_1"])

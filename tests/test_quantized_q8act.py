@@ -1,4 +1,4 @@
-"""The q8act route (its kernels, by format: q8act.py's KERNEL_OF) against each kernel's float64
+"""The q8act route (its kernels, by format: the one each record names, q8act.kernel_of) against each kernel's float64
 reference (the same rounding of x) and against the float reference (gguf's own `dequantize`), with the
 error bound that rounding implies; parametrized over the formats whose records name the route."""
 from __future__ import annotations
@@ -19,19 +19,23 @@ from hypothesis import strategies as st
 from gguf.quants import dequantize, quantize
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from gatherlens.ops.quant import FORMATS, q8act
-from gatherlens.ops.quant.layout import QK
-from gatherlens.ops.quant.linear import LINEAR_PRODUCT, LinearConfig, pack_linear, quantized_linear, split_linear
-from gatherlens.ops.quant.linear_naive import naive_quantized_linear
-from gatherlens.ops.quant.x8 import X8_QTYPES, pack_x8, unpack_x8, x8_matmul
+from native_helpers import needs_native, require_native
 
-pytestmark = pytest.mark.skipif(not q8act.kernel_loaded(), reason="no C++ compiler or ninja")
+from gatherlens.ops.quant import FORMATS
+from gatherlens.ops.quant.products import q8act
+from gatherlens.ops.quant.formats.layout import QK
+from gatherlens.ops.quant.products.linear import (LINEAR_PRODUCT, LinearConfig, pack_linear, quantized_linear,
+                                                  split_linear)
+from gatherlens.ops.quant.products.linear_naive import naive_quantized_linear
+from gatherlens.ops.quant.products.x8 import X8_QTYPES, pack_x8, unpack_x8, x8_matmul
+
+pytestmark = needs_native(q8act)
 QTYPES = q8act.Q8ACT_QTYPES  # the formats whose records name the q8act route
 BLOCKS = tuple(q for q in QTYPES if q in q8act.BLOCK_QTYPES)  # those of q8act.cpp (32-weight blocks)
 
 
 def _ready(qtype: str):
-    return pytest.param(qtype, marks=pytest.mark.skipif(q8act.ready(qtype) is not None, reason=str(q8act.ready(qtype))))
+    return pytest.param(qtype, marks=needs_native(lambda: q8act.ready(qtype)))  # its format's kernel
 
 
 ROUTED = [_ready(q) for q in QTYPES]
@@ -74,7 +78,7 @@ def error_bound(x: torch.Tensor, w: torch.Tensor, qtype: str) -> torch.Tensor:
     """The bound of |y - x W^T| the kernel's rounding implies: (M, N) float64.
     x rounded to 8 bits per block of b values: sum_k |W[n, k]| dx(k) / 2 (dx = max|x| / 127 of k's block);
     plus float32 sums of K products: gamma_K sum_k |x_k W[n, k]| (any order, gamma_K = K u / (1 - K u))."""
-    K, b = x.shape[1], q8act.KERNEL_OF[qtype].x_block
+    K, b = x.shape[1], q8act.kernel_of(qtype).x_block
     gamma = K * 2.0 ** -24 / (1 - K * 2.0 ** -24)
     sums = gamma * (x.double().abs() @ w.abs().t()) + 1e-6  # (M, N)
     if not b:
@@ -93,7 +97,7 @@ def test_kernel_equals_its_reference_and_stays_within_the_rounding_bound(qtype, 
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(K)) * 2  # (M, K)
     y = q8act.q8act_matmul(x, raw, qtype)  # (M, N)
     assert y.shape == (M, N) and y.dtype == torch.float32
-    ref = q8act.KERNEL_OF[qtype].reference(x, raw, qtype)  # (M, N): the same rounding, float64 sums
+    ref = q8act.kernel_of(qtype).reference(x, raw, qtype)  # (M, N): the same rounding, float64 sums
     w = float_weight(raw, qtype)  # (N, K) exact
     scale = x.double().abs() @ w.abs().t()  # (M, N): sum_k |x_k w_k|, what float32 sums' rounding scales with
     assert ((y - ref).double().abs() <= 1e-5 + 1e-6 * scale).all()  # float32 against float64 sums: ~16 u
@@ -106,7 +110,7 @@ def test_zero_blocks_and_large_values(qtype):
     raw = blocks(qtype, 9, K)
     x = torch.zeros(2, K)
     x[1, 40] = 1e4  # one block all zeros, one dominated by a single value
-    ref = q8act.KERNEL_OF[qtype].reference(x, raw, qtype)
+    ref = q8act.kernel_of(qtype).reference(x, raw, qtype)
     torch.testing.assert_close(q8act.q8act_matmul(x, raw, qtype), ref, atol=1e-3, rtol=1e-5)
     assert torch.equal(q8act.q8act_matmul(x[:1], raw, qtype), torch.zeros(1, 9))
 
@@ -114,12 +118,12 @@ def test_zero_blocks_and_large_values(qtype):
 @pytest.mark.parametrize("batch", [(1,), (7,), (2, 3), ()], ids=str)
 def test_the_route_through_quantized_linear(batch):
     w = pack_linear(blocks("Q4_1", 40, 96), "Q4_1", LinearConfig("q8act", None))
-    assert w.activation_dtype == torch.float32  # 40 rows: five panels of 8 (ops/quant/x8.py), the same bytes
+    assert w.activation_dtype == torch.float32  # 40 rows: five panels of 8 (ops/quant/products/x8.py), the same bytes
     assert len(w.tensors) == 1 and torch.equal(unpack_x8(w.tensors[0], "Q4_1"), w.raw)
     x = torch.randn(*batch, 96)
     y = quantized_linear(x, w)
     assert y.shape == (*batch, 40)
-    ref = q8act.KERNEL_OF["Q4_1"].reference(x.reshape(-1, 96), w.raw, "Q4_1").view(y.shape)
+    ref = q8act.kernel_of("Q4_1").reference(x.reshape(-1, 96), w.raw, "Q4_1").view(y.shape)
     torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
 
 
@@ -127,7 +131,7 @@ def test_the_route_through_quantized_linear(batch):
 def test_every_routed_format_runs_its_kernel_with_no_copy_of_the_weight(qtype):
     """The model's choice (`pick_route`) for each format the records route here, and no packed copy
     where the rows do not make whole panels of 8 (33 rows: the blocks as stored)."""
-    from gatherlens.models.gguf.quantized import pick_route
+    from gatherlens.ops.quant.products.matmul import pick_route
 
     assert pick_route(qtype, "auto") == "q8act"
     K = width(qtype, 256)
@@ -140,15 +144,13 @@ def test_every_routed_format_runs_its_kernel_with_no_copy_of_the_weight(qtype):
 
 def test_prefill_rows_take_the_integer_gemm_where_it_is_faster_else_the_exact_route(monkeypatch):
     """From prefill_rows on, a q8act weight whose kernel multiplies several rows blocked keeps to it up
-    to its format's INTEGER_GEMM_ROWS (x rounded as in decode); past them, for a format without the
+    to its format record's gemm_rows (x rounded as in decode); past them, for a format without the
     blocked loop (F16: floatdot) and where that loop is the scalar twin (no AVX2), the exact route runs
     (dequantized, float32 GEMM: the reference's own call)."""
-    from gatherlens.ops.quant import linear
-
     w = pack_linear(blocks("Q8_0", 16, 64), "Q8_0", LinearConfig("q8act", 4))
     half = pack_linear(blocks("F16", 16, 64), "F16", LinearConfig("q8act", 4))
-    x = torch.randn(5, 64)  # (5, K): at least prefill_rows
-    blocked = q8act.KERNEL_OF["Q8_0"].blocked() != "scalar"
+    x = torch.randn(12, 64)  # (12, K): at least prefill_rows, past q8act.cpp's FEW_ROWS (its blocked loop)
+    blocked = q8act.kernel_of("Q8_0").blocked() != "scalar"
     assert LINEAR_PRODUCT.select(x, w).name == ("q8act" if blocked else "prefill")
     assert torch.equal(quantized_linear(x, w), q8act.q8act_matmul(x, w.raw, "Q8_0") if blocked
                        else naive_quantized_linear(x, w))
@@ -156,14 +158,15 @@ def test_prefill_rows_take_the_integer_gemm_where_it_is_faster_else_the_exact_ro
     assert torch.equal(quantized_linear(x, half), naive_quantized_linear(x, half))
     q4_k = pack_linear(blocks("Q4_K", 16, 256), "Q4_K", LinearConfig("q8act", 4))  # q8k.cpp's blocked loop
     wide = torch.randn(300, 256)  # (300, K): past Q8_0's 256 rows, the K-quants' at any
-    expect = "q8act" if q8act.KERNEL_OF["Q4_K"].blocked() != "scalar" else "prefill"
+    expect = "q8act" if q8act.kernel_of("Q4_K").blocked() != "scalar" else "prefill"
     assert LINEAR_PRODUCT.select(wide, q4_k).name == expect
     assert LINEAR_PRODUCT.select(torch.randn(300, 64), w).name == "prefill"  # Q8_0: 256 rows at most
-    monkeypatch.setitem(linear.INTEGER_GEMM_ROWS, "Q8_0", 4)  # faster only up to 4 rows: x has 5
+    monkeypatch.setitem(FORMATS, "Q8_0", dataclasses.replace(FORMATS["Q8_0"], gemm_rows=4))  # faster only up to 4 rows: x has 12
     assert LINEAR_PRODUCT.select(x, w).name == "prefill" and LINEAR_PRODUCT.select(x[:4], w).name == "q8act"
     assert torch.equal(quantized_linear(x, w), naive_quantized_linear(x, w))
-    monkeypatch.setitem(linear.INTEGER_GEMM_ROWS, "Q8_0", float("inf"))
-    monkeypatch.setitem(q8act.KERNEL_OF, "Q8_0", dataclasses.replace(q8act.KERNEL_OF["Q8_0"], blocked=lambda: "scalar"))
+    monkeypatch.setitem(FORMATS, "Q8_0", dataclasses.replace(FORMATS["Q8_0"], gemm_rows=float("inf")))
+    blocks_kernel = q8act.KERNELS["q8act_linear"]
+    monkeypatch.setitem(q8act.KERNELS, "q8act_linear", dataclasses.replace(blocks_kernel, blocked=lambda: "scalar"))
     assert LINEAR_PRODUCT.select(x, w).name == "prefill"
     assert "fewer rows than prefill_rows" in dict(LINEAR_PRODUCT.why(x[:3], w))["prefill"]
 
@@ -180,7 +183,7 @@ def test_the_blocked_gemm_equals_its_reference_and_the_one_row_kernel(qtype, M, 
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(seed)) * 2  # (M, K)
     y = q8act.q8act_matmul(x, raw, qtype)  # (M, N)
     scale = 1e-5 + 1e-6 * (x.double().abs() @ float_weight(raw, qtype).abs().t())  # (M, N): float32 sums' slack
-    assert y.shape == (M, N) and ((y - q8act.KERNEL_OF[qtype].reference(x, raw, qtype)).double().abs() <= scale).all()
+    assert y.shape == (M, N) and ((y - q8act.kernel_of(qtype).reference(x, raw, qtype)).double().abs() <= scale).all()
     rows = torch.cat([q8act.q8act_matmul(x[i:i + 1], raw, qtype) for i in range(M)])  # (M, N): M = 1 each
     assert ((y - rows).double().abs() <= 2 * scale).all()
 
@@ -207,7 +210,7 @@ def test_the_largest_integer_sums_stay_exact(qtype, byte):
     x = torch.ones(6, K)  # (6, K)
     x[1::2] = -1  # rows at -127
     x[4, ::2] = -1  # and one alternating
-    y, ref = q8act.q8act_matmul(x, raw, qtype), q8act.KERNEL_OF[qtype].reference(x, raw, qtype)
+    y, ref = q8act.q8act_matmul(x, raw, qtype), q8act.kernel_of(qtype).reference(x, raw, qtype)
     torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-4)
     torch.testing.assert_close(y[:1], q8act.q8act_matmul(x[:1], raw, qtype), rtol=1e-6, atol=1e-4)
 
@@ -233,7 +236,7 @@ def test_split_parts_are_the_fused_rows():
 
 
 def test_without_the_operator_the_route_is_exact_float(monkeypatch):
-    from gatherlens.ops.quant import linear
+    from gatherlens.ops.quant.products import linear
 
     w = pack_linear(blocks("Q4_0", 8, 64), "Q4_0", LinearConfig("q8act", None))
     monkeypatch.setattr(linear, "q8act_ready", lambda qtype=None: "not built")  # the table's q8act row: dequant runs
@@ -242,10 +245,8 @@ def test_without_the_operator_the_route_is_exact_float(monkeypatch):
 
 
 def test_a_kernel_that_did_not_build_sends_only_its_formats_to_the_fallback(monkeypatch):
-    floats = q8act.KERNEL_OF["F16"]
-    broken = dataclasses.replace(floats, loaded=lambda: False)
-    for qtype in [q for q, kernel in q8act.KERNEL_OF.items() if kernel is floats]:
-        monkeypatch.setitem(q8act.KERNEL_OF, qtype, broken)
+    floats = q8act.KERNELS["floatdot_linear"]  # the kernel F16's record names, and F32's and BF16's
+    monkeypatch.setitem(q8act.KERNELS, "floatdot_linear", dataclasses.replace(floats, loaded=lambda: False))
     half = pack_linear(blocks("F16", 8, 64), "F16", LinearConfig("q8act", None))
     q4_0 = pack_linear(blocks("Q4_0", 8, 64), "Q4_0", LinearConfig("q8act", None))
     x = torch.randn(2, 64)
@@ -254,14 +255,12 @@ def test_a_kernel_that_did_not_build_sends_only_its_formats_to_the_fallback(monk
     assert torch.equal(quantized_linear(x, half), naive_quantized_linear(x, half))
 
 
-@pytest.mark.parametrize("qtype", sorted({q8act.KERNEL_OF[q].source: q for q in QTYPES}.values()))
+@pytest.mark.parametrize("qtype", sorted({q8act.kernel_of(q).source: q for q in QTYPES}.values()))
 def test_opcheck(qtype):
-    if q8act.ready(qtype) is not None:
-        pytest.skip(q8act.ready(qtype))
+    require_native(q8act.ready(qtype))
     K = width(qtype, 256)
-    raw, op = blocks(qtype, 16, K), {"q8act.cpp": "q8act_linear", "floatdot.cpp": "floatdot_linear",
-                                     "q8k.cpp": "q8k_linear"}[q8act.KERNEL_OF[qtype].source]
-    torch.library.opcheck(getattr(torch.ops.gatherlens, op).default, (torch.randn(2, K), raw, q8act.GGML_TYPE[qtype]),
+    raw, op = blocks(qtype, 16, K), FORMATS[qtype].kernel  # the operator the record names
+    torch.library.opcheck(getattr(torch.ops.gatherlens, op).default, (torch.randn(2, K), raw, FORMATS[qtype].ggml_type),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
@@ -319,7 +318,7 @@ def test_the_operator_reads_each_format_at_its_records_layout(qtype):
         want += 0.5 * 127.0 * len(codes)
     x = torch.zeros(1, fmt.weights)
     x[0, list(codes)] = 127.0  # (1, 32): dx = 1
-    ref = q8act.KERNEL_OF[qtype].reference(x, raw, qtype)
+    ref = q8act.kernel_of(qtype).reference(x, raw, qtype)
     assert q8act.q8act_matmul(x, raw, qtype).tolist() == [[want]] == ref.tolist()
     assert float_weight(raw, qtype)[0, list(codes)].tolist() == [float(_code_value(fmt, c)) + (0.5 if fmt.has("m") else 0)
                                                                 for c in codes.values()]
@@ -337,8 +336,8 @@ def test_a_non_finite_value_in_a_block_of_x_makes_its_outputs_non_finite(qtype, 
     clean = q8act.q8act_matmul(x, raw, qtype)  # (3, 37)
     x[1, 40] = bad  # one value of a block of row 1
     y = q8act.q8act_matmul(x, raw, qtype)  # (3, 37)
-    ref = q8act.KERNEL_OF[qtype].reference(x, raw, qtype)  # (3, 37)
-    if q8act.KERNEL_OF[qtype].x_block:
+    ref = q8act.kernel_of(qtype).reference(x, raw, qtype)  # (3, 37)
+    if q8act.kernel_of(qtype).x_block:
         assert torch.isnan(y[1]).all() and torch.isnan(ref[1]).all()
     else:
         assert not torch.isfinite(y[1]).any()
@@ -351,23 +350,24 @@ import sys, torch
 from pathlib import Path
 from torch.utils import cpp_extension
 from gatherlens.ops import native
-src = Path(native.__file__).with_name("quant") / "q8act.cpp"
+src = Path(native.__file__).with_name("quant") / "products" / "q8act.cpp"
 cpp_extension.load("gatherlens_q8act_twin", [str(src)], extra_cflags=[*native.FLAGS, sys.argv[3]],
                    extra_ldflags=list(native.LDFLAGS), extra_include_paths=[str(src.parent), str(native.INCLUDE)],
                    is_python_module=False, build_directory=sys.argv[1])
 sys.path.insert(0, sys.argv[2])
-from gatherlens.ops.quant.q8act import GGML_TYPE, KERNEL_OF
-from gatherlens.ops.quant.x8 import pack_x8
+from gatherlens.ops.quant.formats.layout import LAYOUTS
+from gatherlens.ops.quant.products.q8act import kernel_of
+from gatherlens.ops.quant.products.x8 import pack_x8
 from test_quantized_q8act import float_weight
 print("simd", torch.ops.gatherlens.q8act_simd())
 for (qtype, x, raw, simd, simd_x8) in torch.load(sys.argv[4]):
-    y = torch.ops.gatherlens.q8act_linear(x, raw, GGML_TYPE[qtype])
+    y = torch.ops.gatherlens.q8act_linear(x, raw, LAYOUTS[qtype].ggml_type)
     slack = 1e-5 + 1e-6 * (x.double().abs() @ float_weight(raw, qtype).abs().t())  # float32 sums against float64
-    assert ((y - KERNEL_OF[qtype].reference(x, raw, qtype)).double().abs() <= slack).all(), qtype
+    assert ((y - kernel_of(qtype).reference(x, raw, qtype)).double().abs() <= slack).all(), qtype
     assert ((y - simd).double().abs() <= 2 * slack).all(), qtype  # this build's loops against the SIMD ones
     if simd_x8 is not None:  # the panels' loops (q8x8_linear) too
-        y8 = torch.ops.gatherlens.q8x8_linear(x, pack_x8(raw, qtype), GGML_TYPE[qtype])
-        assert ((y8 - KERNEL_OF[qtype].reference(x, raw, qtype)).double().abs() <= slack).all(), qtype
+        y8 = torch.ops.gatherlens.q8x8_linear(x, pack_x8(raw, qtype), LAYOUTS[qtype].ggml_type)
+        assert ((y8 - kernel_of(qtype).reference(x, raw, qtype)).double().abs() <= slack).all(), qtype
         assert ((y8 - simd_x8).double().abs() <= 2 * slack).all(), qtype
 print("twin ok")
 """
@@ -410,7 +410,7 @@ def test_formats_with_panels_keep_their_bytes_in_panels_of_8_rows(qtype):
     for M in (1, 3):
         x = torch.randn(M, K)
         assert torch.equal(quantized_linear(x, w), x8_matmul(x, panels, qtype))
-        torch.testing.assert_close(quantized_linear(x, w), q8act.KERNEL_OF[qtype].reference(x, raw, qtype).float(),
+        torch.testing.assert_close(quantized_linear(x, w), q8act.kernel_of(qtype).reference(x, raw, qtype).float(),
                                    atol=1e-4, rtol=1e-4)
     head, tail = split_linear(w, (16, 32))
     assert head.tensors[0].data_ptr() == panels.data_ptr() and torch.equal(tail.tensors[0], panels[16:])
@@ -422,8 +422,9 @@ def test_formats_with_panels_keep_their_bytes_in_panels_of_8_rows(qtype):
        st.integers(1, 4), st.integers(0, 2 ** 16))
 @settings(max_examples=40, deadline=None)
 def test_panels_equal_the_reference_on_any_shape(qtype, panels, blocks_, M, seed):
-    """pack_x8 / unpack_x8 exact inverses; q8x8_linear (one row: the panel loop; several: the blocked GEMM
-    from panels) against the float64 reference, as q8act_linear on the blocks as stored."""
+    """pack_x8 / unpack_x8 exact inverses; q8x8_linear (one row: the panel loop; a few: the panel loop for each,
+    the codes unpacked once; more than q8act.cpp's FEW_ROWS: the blocked GEMM from panels) against the float64
+    reference, as q8act_linear on the blocks as stored."""
     K, N = QK * blocks_, 8 * panels
     raw = random_blocks(qtype, N, K, seed)
     packed = pack_x8(raw, qtype)
@@ -431,6 +432,9 @@ def test_panels_equal_the_reference_on_any_shape(qtype, panels, blocks_, M, seed
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(seed))
     y = x8_matmul(x, packed, qtype)
     slack = 1e-5 + 1e-6 * (x.double().abs() @ float_weight(raw, qtype).abs().t())  # float32 sums against float64
-    assert ((y - q8act.KERNEL_OF[qtype].reference(x, raw, qtype)).double().abs() <= slack).all()
-    if M > 1:
-        assert torch.equal(y, q8act.q8act_matmul(x, raw, qtype))  # the blocked GEMM: the same panels, the same sums
+    assert ((y - q8act.kernel_of(qtype).reference(x, raw, qtype)).double().abs() <= slack).all()
+    if M > 1:  # a few rows (a server's slots): each row's outputs are its own one-row product's, bit for bit
+        assert torch.equal(y, torch.cat([x8_matmul(x[i:i + 1], packed, qtype) for i in range(M)]))
+    wide = torch.randn(12, K, generator=torch.Generator().manual_seed(seed))  # (12, K): past FEW_ROWS
+    assert torch.equal(x8_matmul(wide, packed, qtype), q8act.q8act_matmul(wide, raw, qtype))  # the blocked GEMM:
+    # the same panels, the same sums

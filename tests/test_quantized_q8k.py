@@ -16,12 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from gguf.quants import dequantize
 
-from gatherlens.ops.quant import q8k
-from gatherlens.ops.quant.layout import LAYOUTS, QK_K, formats_taking
-from gatherlens.ops.quant.q8k_naive import q8k_reference, quantize_q8_k
-from gatherlens.ops.quant.registry import FORMATS, dequantize_rows
+from native_helpers import needs_native
 
-pytestmark = pytest.mark.skipif(not q8k.kernel_loaded(), reason="no C++ compiler or ninja")
+from gatherlens.ops.quant.products import q8k
+from gatherlens.ops.quant.formats.layout import LAYOUTS, QK_K, formats_taking
+from gatherlens.ops.quant.products.q8k_naive import q8k_reference, quantize_q8_k
+from gatherlens.ops.quant.formats.registry import FORMATS, dequantize_rows
+
+pytestmark = needs_native(q8k)
 QTYPES = q8k.Q8K_QTYPES  # the super-block formats of layout.py
 
 
@@ -144,7 +146,7 @@ def test_empty_shapes():
 
 
 def test_input_errors():
-    raw, q4_k = blocks("Q4_K", 4, 256), q8k.GGML_TYPE["Q4_K"]
+    raw, q4_k = blocks("Q4_K", 4, 256), LAYOUTS["Q4_K"].ggml_type
     with pytest.raises(RuntimeError, match="K must be a multiple of 256 \\(the super-block\\), got 128"):
         torch.ops.gatherlens.q8k_linear(torch.randn(1, 128), raw, q4_k)
     with pytest.raises(RuntimeError, match="raw must be \\(N, 288\\) uint8"):
@@ -153,7 +155,7 @@ def test_input_errors():
         torch.ops.gatherlens.q8k_linear(torch.randn(1, 256).double(), raw, q4_k)
     others = [layout.ggml_type for q, layout in LAYOUTS.items() if q not in QTYPES] + [15]  # 15: Q8_K itself
     for qtype in others:
-        with pytest.raises(RuntimeError, match=f"qtype must be 10 \\(Q2_K\\), .* or 23 \\(IQ4_XS\\), got {qtype}"):
+        with pytest.raises(RuntimeError, match=f"qtype must be 12 \\(Q4_K\\), .* or 23 \\(IQ4_XS\\), got {qtype}"):
             torch.ops.gatherlens.q8k_linear(torch.randn(1, 256), raw, qtype)
 
 
@@ -163,7 +165,7 @@ def test_the_kernel_takes_the_super_block_formats_of_the_table():
 
 
 def test_opcheck_and_the_fake_kernel_under_compile():
-    raw, qtype = blocks("Q6_K", 16, 512), q8k.GGML_TYPE["Q6_K"]
+    raw, qtype = blocks("Q6_K", 16, 512), LAYOUTS["Q6_K"].ggml_type
     x = torch.randn(3, 512)
     torch.library.opcheck(torch.ops.gatherlens.q8k_linear.default, (x, raw, qtype),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
@@ -187,19 +189,19 @@ import sys, torch
 from pathlib import Path
 from torch.utils import cpp_extension
 from gatherlens.ops import native
-src = Path(native.__file__).with_name("quant") / "q8k.cpp"
+src = Path(native.__file__).with_name("quant") / "products" / "q8k.cpp"
 cpp_extension.load("gatherlens_q8k_plain", [str(src)], extra_cflags=[*native.FLAGS, "-DGATHERLENS_Q8K_PLAIN"],
                    extra_ldflags=list(native.LDFLAGS), extra_include_paths=[str(src.parent), str(native.INCLUDE)],
                    is_python_module=False, build_directory=sys.argv[1])
 sys.path.insert(0, sys.argv[2])
 from test_quantized_q8k import QTYPES, blocks, float_weights
-from gatherlens.ops.quant.q8k import GGML_TYPE
-from gatherlens.ops.quant.q8k_naive import q8k_reference
+from gatherlens.ops.quant.formats.layout import LAYOUTS
+from gatherlens.ops.quant.products.q8k_naive import q8k_reference
 assert torch.ops.gatherlens.q8k_simd() == 0
 for qtype in QTYPES:
     for M in (1, 6):  # one row; several: the blocked loop's twin
         raw, x = blocks(qtype, 37, 768, seed=5), torch.randn(M, 768)
-        y = torch.ops.gatherlens.q8k_linear(x, raw, GGML_TYPE[qtype])
+        y = torch.ops.gatherlens.q8k_linear(x, raw, LAYOUTS[qtype].ggml_type)
         slack = 1e-5 + 1e-6 * (x.abs() @ float_weights(raw, qtype).abs().t())  # float32 sums against float64
         assert ((y - q8k_reference(x, raw, qtype)).abs() <= slack).all(), (qtype, M)
 print("plain ok")

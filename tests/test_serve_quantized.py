@@ -10,8 +10,9 @@ pytest.importorskip("starlette")
 from click.testing import CliRunner  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
-from gatherlens.errors import GatherLensError, GatherValueError  # noqa: E402
+from gatherlens.errors import GatherValueError  # noqa: E402
 from gatherlens.serve import ServeSettings, create_app, prepared  # noqa: E402
+from installed import installed  # noqa: E402
 from tiny_models import make_tiny_llama  # noqa: E402
 
 
@@ -43,12 +44,10 @@ def test_the_command_says_it_in_one_line(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_the_live_page_runs_from_the_blocks():
+    installed("smollm2")  # skips only when the model package is missing
     settings = ServeSettings(model="smollm2", quantized=True, port=free_port())
-    try:
-        with prepared(settings) as loader:
-            app = create_app(settings, loader=loader)
-    except GatherLensError as e:  # the model package is not installed
-        pytest.skip(str(e))
+    with prepared(settings) as loader:
+        app = create_app(settings, loader=loader)
     with TestClient(app, base_url="http://127.0.0.1") as c:
         story = c.get("/api/explain", params={"text": "The cat sat on the mat"}).json()
         page = c.get("/", params={"text": "The cat sat on the mat"}).text
@@ -61,10 +60,8 @@ def test_the_live_page_runs_from_the_blocks():
 def quantized_lm():
     from gatherlens.models import load
 
-    try:
-        return load("smollm2", quantized=True)
-    except GatherLensError as e:  # the model package is not installed
-        pytest.skip(str(e))
+    installed("smollm2")  # skips only when the model package is missing
+    return load("smollm2", quantized=True)
 
 
 @pytest.mark.slow
@@ -93,12 +90,7 @@ def test_a_changed_model_file_is_loaded_again_or_refused(tmp_path, monkeypatch):
     import shutil
 
     import gatherlens.report.collect as collect_module
-    from gatherlens.models import resolve
-
-    try:
-        source = resolve("smollm2").path
-    except GatherLensError as e:  # the model package is not installed
-        pytest.skip(str(e))
+    source = installed("smollm2")
     path = tmp_path / "m.gguf"
     shutil.copyfile(source, path)
     settings = ServeSettings(model=str(path), quantized=True, port=free_port())

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from gatherlens.bench.decode import bytes_read, command, parse_context
 
 
+@pytest.mark.slow  # a bench case: a fresh process per case
 def test_bench_decode_tiny_case_writes_json(tmp_path):
     out = tmp_path / "decode.json"
     res = CliRunner().invoke(command, ["--context", "1K", "--budget", "64",
@@ -33,9 +34,9 @@ def test_bench_decode_tiny_case_writes_json(tmp_path):
 @pytest.mark.parametrize("args,text", [
     (["--context", "abc"], "positive integer"),
     (["--context", "0"], "positive integer"),
-    (["--budget", "0"], "must be >= 1"),
-    (["--page-size", "-1"], "must be >= 1"),
-    (["--repeats", "0"], "must be >= 1"),
+    (["--budget", "0"], "--budget = 0 is outside the valid range [1, inf)"),
+    (["--page-size", "-1"], "--page-size = -1 is outside the valid range [1, inf)"),
+    (["--repeats", "0"], "--repeats = 0 is outside the valid range [1, inf)"),
     (["--dtype", "int8"], "int8"),
 ], ids=["context-abc", "context-0", "budget-0", "page-size", "repeats", "dtype"])
 def test_bench_decode_rejects_bad_options(tmp_path, args, text):

@@ -10,7 +10,7 @@ import torch
 
 from gatherlens.errors import GatherTypeError, GatherValueError
 from gatherlens.ops.sparse import PagedKVCache, sparse_decode
-from gatherlens.ops.sparse.config import DEFAULT, OP, PRESETS, QUEST, SHARDED, TOY, SparseConfig
+from gatherlens.ops.sparse.config import DEFAULT, OP, PRESETS, QUEST, SHARDED, TOY, PageChoice, SparseConfig
 from gatherlens.ops.sparse.geometry import (
     ceil_div, page_count, page_offsets, page_range, pages_per_rank, split_sequence, tokens_read,
 )
@@ -104,17 +104,14 @@ def test_recent_window_and_budget_for():
 
 def test_the_auto_budget():
     """budget "auto": the ceiling (max_pages' tokens) is the step's budget, dense_share does not apply, the
-    recent window is min_pages' tokens, and the choice rule carries the mass."""
-    from gatherlens.ops.sparse.decode import choice_of_config
-
+    recent window is min_pages' tokens, and the choice rule (config.choice) carries the mass."""
     c = SparseConfig("auto", page_size=8, mass=0.9, min_pages=8, max_pages=32, dense_layers=1)
     assert c.auto and c.step_mass() == 0.9 and SparseConfig(512).step_mass() is None
     assert c.budget_for(10_000, layer=1) == 256 and c.budget_for(300, layer=1) == 256  # 256 > 300 / 3: still sparse
     assert c.budget_for(200, layer=1) == 200 and c.budget_for(10_000, layer=0) == 10_000
     assert c.recent_window() == 64 and c.replace(recent=0).recent_window() == 0
-    how = choice_of_config(c)
-    assert (how["mass"], how["min_pages"], how["recent"]) == (0.9, 8, 64)
-    assert choice_of_config(SparseConfig(512))["mass"] is None
+    assert (c.choice.mass, c.choice.min_pages, c.choice.recent) == (0.9, 8, 64)
+    assert SparseConfig(512).choice.mass is None
 
 
 @pytest.mark.parametrize("kw, err, words", [
@@ -200,7 +197,7 @@ def test_one_config_object_on_every_module(tiny):
 
 
 def test_config_keyword_equals_the_keywords(tiny):
-    from gatherlens.models.runtime.decoding import use_dense_decoding, use_sparse_decoding
+    from gatherlens.models.runtime.decoding import CONFIG_ATTR, use_dense_decoding, use_sparse_decoding
 
     ids = torch.randint(1, 101, (1, 70))
     kw = dict(budget=16, page_size=4, dense_layers=1, recent=4, share_selection=True)
@@ -211,9 +208,29 @@ def test_config_keyword_equals_the_keywords(tiny):
             runs.append(tiny.generate(ids, max_new_tokens=5, do_sample=False))
         use_dense_decoding(tiny)
     assert torch.equal(runs[0], runs[1])
-    with pytest.raises(GatherValueError, match="budget = 64 disagrees with config.budget = 16"):
-        use_sparse_decoding(tiny, budget=64, config=SparseConfig(**kw))
+    use_sparse_decoding(tiny, config=SparseConfig(**kw), budget=64)  # a keyword overrides the config's setting
+    assert tiny.__dict__[CONFIG_ATTR] == SparseConfig(**{**kw, "budget": 64})
+    with pytest.raises(GatherTypeError, match="'budgett' is not a SparseConfig setting; the settings are budget, "
+                                              "page_size"):
+        use_sparse_decoding(tiny, budgett=64)
+    with pytest.raises(GatherTypeError, match="config must be a SparseConfig .*got int 64"):
+        use_sparse_decoding(tiny, 64)
     use_dense_decoding(tiny)
+
+
+def test_the_page_choice_is_one_record_owned_by_the_config():
+    """SparseConfig.choice: made once at construction (recent as the window it means), equal for equal
+    settings, what sparse_decode builds from its keywords too; checked like the config."""
+    config = SparseConfig(512, share_selection=True, group_score="sum")
+    assert config.choice == PageChoice(True, "sum", 128, "bound") and config.choice is config.choice
+    assert config.replace(recent=0).choice.recent == 0 and DEFAULT.choice.recent == DEFAULT.recent_window()
+    assert "choice" not in repr(config) and config == SparseConfig(512, share_selection=True, group_score="sum")
+    assert PageChoice(recent=3).kwargs() == {"share_selection": True, "group_score": "max", "recent": 3,
+                                             "choose": "bound", "mass": None, "min_pages": 1}
+    with pytest.raises(GatherValueError, match="group_score"):
+        PageChoice(group_score="mean")
+    with pytest.raises(TypeError):
+        SparseConfig(choice=config.choice)
 
 
 def test_sharded_takes_the_config_and_refuses_a_window(tiny):

@@ -7,6 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from native_helpers import needs_native
+
 from gatherlens.errors import GatherValueError
 from gatherlens.ops.sparse import PagedKVCache, sparse_decode
 from gatherlens.ops.sparse import fused_decode
@@ -14,8 +16,7 @@ from gatherlens.ops.sparse.decode import sparse_decode_native
 from gatherlens.ops.sparse.geometry import page_count
 from gatherlens.ops.sparse.naive import sparse_attention_reference
 
-needs_kernel = pytest.mark.skipif(not fused_decode.kernel_loaded(), reason="no C++ compiler or ninja")
-pytestmark = needs_kernel
+pytestmark = needs_native(fused_decode)
 
 
 def make(B=1, Hkv=2, G=3, L=37, D=8, P=4, seed=0, chunks=None):
@@ -174,10 +175,10 @@ def test_the_models_decode_step_is_sparse_decode(budget, share):
     q, k, v, cache = make(Hkv=3, G=3, L=300, D=16, P=8, seed=2)
     config = SparseConfig(budget=min(budget, 300), share_selection=share, dense_layers=0)
     from gatherlens.ops.backends import reset_ran, ran
-    from gatherlens.ops.sparse.decode import choice_of_config, decode_pages
+    from gatherlens.ops.sparse.decode import decode_pages
 
     reset_ran()
-    fast = decode_pages(q, cache, min(budget, 300), choice_of_config(config), 0.25)[2]  # the model's entrance
+    fast = decode_pages(q, cache, min(budget, 300), config.choice, 0.25)[2]  # the model's entrance
     assert ran()["sparse_decode"] == {"native": 1}  # the table picked the operator
     ref = sparse_decode(q, cache, min(budget, 300), scale=0.25, config=config, backend="torch")
     torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)

@@ -61,6 +61,7 @@ def test_eval_prefill_refuses_an_unknown_rule(tiny):
     assert res.exit_code == 2 and "--rules" in res.output
 
 
+@pytest.mark.slow  # a bench case: a fresh process per case
 def test_bench_prefill_smoke(tiny, tmp_path):
     """A tiny model, a short context: every row, the ratios, the JSON (no llama.cpp row without --llama-python)."""
     from gatherlens.cli import main

@@ -9,6 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from native_helpers import needs_native
+
 from gatherlens.errors import GatherValueError
 from gatherlens.ops import backends
 from gatherlens.ops.attention.variants import AttentionVariant
@@ -21,7 +23,7 @@ from gatherlens.ops.prefill.rules import antidiagonal_scores
 from gatherlens.ops.prefill.selection import block_geometry
 from gatherlens.ops.sparse.geometry import ceil_div
 
-needs_kernel = pytest.mark.skipif(not fused_prefill.kernel_loaded(), reason="no C++ compiler or ninja")
+needs_kernel = needs_native(fused_prefill)
 
 
 def _qkv(B=1, Hq=4, Hkv=2, Q=37, L=37, D=16, Dv=None, seed=0, dtype=torch.float32):

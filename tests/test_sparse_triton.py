@@ -82,6 +82,7 @@ def kernel_results(tmp_path_factory):
     return interpreted_results(__file__, tmp_path_factory)
 
 
+@pytest.mark.slow  # a subprocess: Triton's interpreter
 @pytest.mark.parametrize("name", list(CASES))
 def test_triton_matches_torch_path_and_reference(kernel_results, name):
     case = CASES[name]

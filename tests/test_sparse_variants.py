@@ -18,6 +18,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from native_helpers import require_native
+
 from gatherlens.errors import GatherLensError, GatherTypeError, GatherValueError
 from gatherlens.ops.sparse import PagedKVCache, sparse_decode
 from gatherlens.ops.sparse.fused_decode import kernel_loaded as native_loaded
@@ -44,9 +46,9 @@ def make(B=1, Hq=4, Hkv=2, L=37, D=8, Dv=None, P=4, dtype=torch.float32, chunks=
     return q, k, v, sinks, cache
 
 
-def skip_unless_runs(backend):
-    if backend == "native" and not native_loaded():
-        pytest.skip("the native operator did not build here")
+def require_backend(backend):
+    if backend == "native":
+        require_native(None if native_loaded() else "fused_decode.cpp did not build")
 
 
 CASES = [
@@ -67,14 +69,14 @@ IDS = ["B{}-H{}x{}-L{}-D{}-Dv{}-P{}".format(*c) for c in CASES]
                          ids=["sinks", "softcap3", "softcap30+sinks"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_full_budget_is_dense_attention(case, softcap, sinks, backend):
-    skip_unless_runs(backend)
+    require_backend(backend)
     B, Hq, Hkv, L, D, Dv, P = case
     q, k, v, s, cache = make(B, Hq, Hkv, L, D, Dv, P)
     s = s if sinks else None
     call = lambda: sparse_decode(q, cache, budget=L, return_lse=True, softcap=softcap, sinks=s,  # noqa: E731
                                  backend=backend)
     if backend == "native" and softcap is not None:
-        with pytest.raises(GatherValueError, match="backend = 'native' cannot run this sparse_decode call: softcap is not"):
+        with pytest.raises(GatherValueError, match="backend = 'native' cannot run this sparse_decode call: the attention variant sets softcap"):
             call()
         return
     out, lse = call()
@@ -238,8 +240,8 @@ def bad_calls():
         ("sinks ints", lambda: call(sinks=torch.zeros(4, dtype=torch.int32)), GatherTypeError, "sinks has dtype"),
         ("sinks float", lambda: call(sinks=0.5), GatherTypeError, "sinks must be a torch.Tensor"),
         ("native softcap", lambda: call(softcap=2.0, backend="native"), GatherValueError,
-         "backend = 'native' cannot run this sparse_decode call: softcap is not supported by the C++ operator "
-         "(got softcap = 2.0); use backend='torch' or 'auto'"),
+         "backend = 'native' cannot run this sparse_decode call: the attention variant sets softcap = 2.0, which "
+         "this row does not apply (it applies: sinks); use backend='torch' or 'auto'"),
         ("query width", lambda: sparse_decode(q[..., :5], cache, budget=8), GatherValueError,
          "head_dim = 8 (the keys' width; values are value_dim = 5)"),
         ("append values width", lambda: cache.append(k[:, :, :2], k[:, :, :2]), GatherValueError,
@@ -259,8 +261,8 @@ def bad_calls():
 def test_bad_input_raises_clear_errors(case, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     name, call, cls, text = bad_calls()[case]
-    if name == "native softcap" and not native_loaded():
-        pytest.skip("the native operator did not build here")
+    if name == "native softcap":
+        require_native(None if native_loaded() else "fused_decode.cpp did not build")
     with pytest.raises(cls) as info:
         call()
     assert isinstance(info.value, GatherLensError)
@@ -312,6 +314,7 @@ def triton_results(tmp_path_factory):
     return interpreted_results(__file__, tmp_path_factory)
 
 
+@pytest.mark.slow  # a subprocess: Triton's interpreter
 @pytest.mark.parametrize("name", list(TRITON_CASES))
 def test_triton_matches_torch_path_and_reference(triton_results, name):
     case = TRITON_CASES[name]

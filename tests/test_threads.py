@@ -18,13 +18,13 @@ class Fake:
     def read(self):
         return self.t, self.idle, 0.0   # idle already holds what we used (free cores = idle / wall)
 
-    def control(self, top: int = 2, config: ThreadConfig = ThreadConfig(), **kw) -> ThreadControl:
+    def control(self, top: int = 2, config: ThreadConfig = ThreadConfig(policy="trial"), **kw) -> ThreadControl:
         self.t = 1.0                     # the model loaded for a second before the prompt
         self.idle = self.free
         machine = MachineClock(read=self.read)
         machine.mark = (0.0, 0.0, 0.0)
         return ThreadControl(top, config, clock=lambda: self.t, cpu=lambda: self.cpu_s, machine=machine,
-                             set_threads=self.counts.append, **kw)
+                             set_threads=self.counts.append, get_threads=lambda: (self.counts or [top])[-1], **kw)
 
     def run(self, control: ThreadControl, steps: int, speed) -> None:
         """`steps` steps; speed(n) -> (wall seconds of a step on n threads, CPU / (n x wall))."""
@@ -77,7 +77,7 @@ def test_a_busy_core_arriving_midway_drops_a_thread_and_its_leaving_brings_it_ba
 
 def test_a_lost_trial_is_cut_short_and_the_next_waits_twice_as_long():
     fake = Fake(free=2.0)
-    config = ThreadConfig(window=4, probe_every=16)
+    config = ThreadConfig(policy="trial", window=4, probe_every=16)
     control = fake.control(config=config)
     slow_alone = lambda n: ({1: 0.100, 2: 0.030}[n], {1: 1.0, 2: 0.6}[n])  # noqa: E731  preempted, yet 2 win
     fake.run(control, 1 + 4, slow_alone)                  # the prefill, a window: the trial starts
@@ -94,8 +94,9 @@ def test_a_lost_trial_is_cut_short_and_the_next_waits_twice_as_long():
 
 def test_without_proc_stat_the_prefill_keeps_torchs_count_and_probes_go_ahead():
     fake = Fake(free=2.0)
-    control = ThreadControl(2, clock=lambda: fake.t, cpu=lambda: fake.cpu_s, machine=MachineClock(read=lambda: None),
-                            set_threads=fake.counts.append)
+    control = ThreadControl(2, ThreadConfig(policy="trial"), clock=lambda: fake.t, cpu=lambda: fake.cpu_s,
+                            machine=MachineClock(read=lambda: None), set_threads=fake.counts.append,
+                            get_threads=lambda: (fake.counts or [2])[-1])
     fake.run(control, 1, busy)
     assert fake.counts == []
     fake.run(control, 30, busy)
@@ -137,3 +138,64 @@ def test_generate_with_threads_never_changes_the_count(tmp_path, monkeypatch):
     assert calls == [1] and controls and not any(c.on for c in controls)
     monkeypatch.undo()
     torch.set_num_threads(before)
+
+
+def spinning(n):     # a busy loop on one core, our waiting thread spinning: CPU / (n x wall) stays high
+    return {1: 0.018, 2: 0.040}[n], {1: 1.0, 2: 0.85}[n]
+
+
+@pytest.mark.parametrize("policy", ["follow", "one"])
+def test_follow_drops_to_the_free_core_and_comes_back(policy):
+    """Must hold (issue 40): "follow" / "one" set the count from the cores the machine leaves free, within
+    min_span seconds of a busy loop starting or ending, even while our waiting thread spins (CPU /
+    (threads x wall) 0.85: the "trial" policy's signal, which never saw the busy core)."""
+    fake = Fake(free=2.0)
+    control = fake.control(config=ThreadConfig(policy=policy))
+    fake.run(control, 40, quiet)
+    assert control.n == 2 and fake.counts == []
+    fake.free = 1.0
+    fake.run(control, 40, spinning)                 # 40 x 40 ms: past min_span
+    assert control.n == 1 and fake.counts == [1]
+    fake.free = 2.0
+    fake.run(control, 40, quiet)
+    assert control.n == 2 and fake.counts == [1, 2]
+    trial = fake.control(config=ThreadConfig(policy="trial"))
+    fake.free = 2.0
+    fake.run(trial, 20, quiet)
+    fake.free = 1.0
+    fake.run(trial, 60, spinning)
+    assert trial.n == 2                             # what the old default did: 0.22x its quiet speed
+
+
+def test_follow_leaves_the_count_alone_near_the_boundary_and_one_drops_on_any_load():
+    """Must hold: "follow" keeps n while the free cores round to n (another program's short bursts) and
+    takes one more only past n + 0.5 + hysteresis; on 4 cores with 3.2 free it takes 3, "one" takes 1."""
+    fake = Fake(free=1.7)                           # 0.3 of a core taken now and then: stay on 2
+    control = fake.control(config=ThreadConfig(policy="follow"))
+    fake.run(control, 40, quiet)
+    assert control.n == 2 and fake.counts == []
+    fake = Fake(free=1.4)                           # 0.6 of a core taken: down to 1; 1.8 free: not yet up
+    control = fake.control(config=ThreadConfig(policy="follow"))
+    fake.run(control, 40, quiet)
+    fake.free = 1.8
+    fake.run(control, 40, quiet)
+    assert control.n == 1 and fake.counts == [1]
+    for policy, n in (("follow", 3), ("one", 1)):
+        fake = Fake(free=3.2)
+        control = fake.control(top=4, config=ThreadConfig(policy=policy))
+        fake.run(control, 40, lambda n: (0.010, 1.0))
+        assert control.n == n, policy
+
+
+def test_a_long_prefill_looks_at_the_machine_between_its_chunks():
+    """Must hold: a prompt of 3 chunks gives the controller two looks during its prefill (a busy core
+    arriving in a 4K prefill is followed from the next 512 tokens on)."""
+    from gatherlens.models.runtime.generation import last_logits
+
+    class Model:
+        def __call__(self, input_ids, **kw):
+            return type("Out", (), {"logits": torch.zeros(1, input_ids.shape[1], 5)})
+
+    looks = []
+    last_logits(Model(), None, torch.zeros(1, 1100, dtype=torch.long), chunk=512, between=lambda: looks.append(1))
+    assert looks == [1, 1]

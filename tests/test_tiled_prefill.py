@@ -1,14 +1,14 @@
-"""ops/quant/tiled.py: the prefill's product with the weight dequantized a tile of rows at a time,
+"""ops/quant/products/tiled.py: the prefill's product with the weight dequantized a tile of rows at a time,
 against the "dequant" route (the whole weight dequantized, F.linear), on odd sizes and every q8act format."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gatherlens.ops.quant.linear import LinearConfig, pack_linear
-from gatherlens.ops.quant.matmul import ROUTES
-from gatherlens.ops.quant.sizes import SIZES
-from gatherlens.ops.quant.tiled import tiled_dequant_matmul
+from gatherlens.ops.quant.products.linear import LinearConfig, pack_linear
+from gatherlens.ops.quant.products.matmul import ROUTES
+from gatherlens.ops.quant.formats.sizes import SIZES
+from gatherlens.ops.quant.products.tiled import tiled_dequant_matmul
 
 
 def _finite_scales(raw: torch.Tensor, qtype: str) -> torch.Tensor:
@@ -50,8 +50,8 @@ def test_tiled_takes_no_rows_and_one_row():
 def test_the_prefill_row_runs_tiled_and_a_large_weight_is_tiled(monkeypatch):
     """linear.LINEAR_PRODUCT's "prefill" row is tiled_dequant_matmul; a weight over TILE_BYTES is dequantized
     in tiles (never whole), with the same result."""
-    import gatherlens.ops.quant.tiled as tiled
-    from gatherlens.ops.quant.linear import LINEAR_PRODUCT
+    import gatherlens.ops.quant.products.tiled as tiled
+    from gatherlens.ops.quant.products.linear import LINEAR_PRODUCT
 
     assert LINEAR_PRODUCT.by_name["prefill"].run is tiled_dequant_matmul
     raw = _finite_scales(torch.randint(0, 256, (700, 2 * 20), dtype=torch.uint8), "Q4_1")  # (700, 40): K = 64

@@ -139,6 +139,11 @@ def _byte_spelling() -> list[str]:
     return [spelled[b] for b in range(256)]
 
 
+def byte_tokens() -> list[str]:
+    """The 256 byte tokens of the tiny byte-level BPE, in byte order (for tests writing their own vocabulary)."""
+    return _byte_spelling()
+
+
 MERGES = ["Ġ t", "h e", "Ġ a", "i n", "Ġt he", "e r", "o n", "Ġ s", "r e", "a t", "e n", "Ġ o", "Ġ w", "o r",
           "e d", "i s", "Ġ c", "a n", "Ġ b", "i t", "Ġ f", "Ġ p", "e s", "a r", "Ġ m", "l e", "Ġ d", "o u",
           "a l", "Ġ h", "in g", "Ġo f", "Ġa n", "Ġ in", "Ġan d", "Ġt o", "Ġ l", "i c", "Ġ n", "Ġ e", "s t",
@@ -177,12 +182,16 @@ def _converted(gguf_name: str, values: np.ndarray, tiny: Tiny, config) -> np.nda
     return values
 
 
-def _write(writer, name: str, values: np.ndarray, qtype: str) -> None:
-    """2-D weights in `qtype` (gguf.quants.quantize), every vector (norms, biases) F32, as convert keeps them."""
+def _write(writer, name: str, values: np.ndarray, qtype: str, vectors: str = "F32") -> None:
+    """2-D weights in `qtype` (gguf.quants.quantize), every vector (norms, biases) F32, as convert keeps them
+    (`vectors`: another plain float type for them, F16 or BF16)."""
     import gguf
 
     kind = gguf.GGMLQuantizationType[qtype]
-    if values.ndim == 1 or qtype == "F32" or name.endswith(KEPT_F32):
+    if values.ndim == 1 and vectors != "F32":
+        vector = gguf.GGMLQuantizationType[vectors]
+        writer.add_tensor(name, gguf.quants.quantize(values.astype(np.float32), vector), raw_dtype=vector)
+    elif values.ndim == 1 or qtype == "F32" or name.endswith(KEPT_F32):
         writer.add_tensor(name, values.astype(np.float32))
     elif qtype in ("F16",):
         writer.add_tensor(name, values.astype(np.float16))
@@ -210,7 +219,7 @@ EXPERT_TENSORS: dict = {"qwen3moe": _stacked_experts, "qwen2moe": _stacked_exper
 # f(model, config) -> {gguf name: values} (MoE experts: transformers' fused 3-D parameters gguf splits)
 
 
-def tensors(writer, model, tiny: Tiny, qtype: str) -> None:
+def tensors(writer, model, tiny: Tiny, qtype: str, vectors: str = "F32") -> None:
     """Every HF tensor under gguf's name for it (`get_tensor_name_map`); the head only when untied."""
     import gguf
 
@@ -224,21 +233,22 @@ def tensors(writer, model, tiny: Tiny, qtype: str) -> None:
         if target is None or (hf == "lm_head.weight" and config.tie_word_embeddings):
             continue
         name = f"{target}.{leaf}"
-        _write(writer, name, _converted(name, value.float().numpy(), tiny, config), qtype)
+        _write(writer, name, _converted(name, value.float().numpy(), tiny, config), qtype, vectors)
     for name, values in extra.items():
         _write(writer, name, values, qtype)
 
 
-def write_gguf(model, name: str, qtype: str, path: Path, general_name: str | None = None) -> Path:
+def write_gguf(model, name: str, qtype: str, path: Path, general_name: str | None = None,
+               vectors: str = "F32") -> Path:
     """Write `model` (tiny_model(name)) to a GGUF at `path`, its matrices in `qtype` (F32, F16, Q8_0, Q4_0, ...);
-    general_name: another `general.name` than the row's."""
+    general_name: another `general.name` than the row's; vectors: the type of its norms and biases."""
     import gguf
 
     tiny = {**TINY, **MOE_TINY}[name]
     writer = gguf.GGUFWriter(str(path), tiny.gguf_arch)
     metadata(writer, tiny, model.config, general_name)
     tokenizer(writer)
-    tensors(writer, model, tiny, qtype)
+    tensors(writer, model, tiny, qtype, vectors)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

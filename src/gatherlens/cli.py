@@ -17,10 +17,12 @@ its full traceback was written. gatherlens' warnings are one `warning:` line eac
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -43,6 +45,7 @@ COMMANDS = {
     "dist": "gatherlens.commands.dist:dist",
     "cache": "gatherlens.commands.cache:cache",
     "serve": "gatherlens.commands.serve:serve",
+    "chat": "gatherlens.commands.chat:chat",
 }
 
 HINTS = {
@@ -67,6 +70,18 @@ class LazyGroup(click.Group):
             return None
         module, attr = target.split(":")
         return getattr(importlib.import_module(module), attr)
+
+    def main(self, args=None, *rest, **kw):
+        """The command line's entry; run from a shell (no `args`), a stop signal once the command has
+        returned is ignored: it would only interrupt the interpreter's own shutdown, which then prints
+        "Exception ignored in ... KeyboardInterrupt" with a traceback."""
+        try:
+            return super().main(args, *rest, **kw)
+        finally:
+            if args is None:
+                for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+                    with contextlib.suppress(ValueError, OSError, AttributeError):
+                        signal.signal(getattr(signal, name), signal.SIG_IGN)
 
     def invoke(self, ctx):
         try:

@@ -535,6 +535,13 @@ STRINGS: dict[str, dict[str, str]] = {
                "每页用其键的逐元素最小值和最大值给出 q.k 的上界打分，在预算内 gather 得分最高的页"
                "（第 0 页即注意力汇聚点、最后一页即最新的 token 总会保留），再在这些键上精确计算注意力。"),
     },
+    "caption_sampling": {
+        "en": ("Sampling is a gather over the vocabulary: the chain kept {n} of {V} token ids ({stages}), "
+               "gathered their logits, renormalized them at temperature {temperature} and drew {token} "
+               "(u = {uniform})."),
+        "zh": ("采样是在词表上的一次 gather：采样链从 {V} 个 token id 中保留 {n} 个（{stages}），"
+               "gather 它们的 logits，在温度 {temperature} 下重新归一化，抽中 {token}（u = {uniform}）。"),
+    },
     # -- the pages x steps picture of a generation (render/page_trace.py) ------------------------
     "page_trace_title": {
         "en": "Pages read by every layer at every decode step ({steps} steps, page {P} tokens, {budget})",
@@ -739,6 +746,196 @@ STRINGS: dict[str, dict[str, str]] = {
                "先反量化整张表则要读 {size}、写 {float_size}。"),
     },
     "qg_hint": {"en": "Hover a cell for its byte, code or value.", "zh": "把鼠标悬停在格子上，查看字节、编码或数值。"},
+    # -- issue 39: every layer as it really attends, the model map, new gathers, sampling, phones ----------
+    "layer_full": {"en": "global", "zh": "全局"},
+    "layer_sliding": {"en": "sliding", "zh": "滑动窗口"},
+    "layer_chunked": {"en": "chunked", "zh": "分块"},
+    "layer_window": {"en": "{kind} {window}", "zh": "{kind} {window}"},
+    "scores_window_legend": {"en": "Tan: earlier keys outside this {kind} layer's window of {window} (the brown "
+                                   "line is its edge).",
+                             "zh": "浅棕色：这个{kind}层的 {window} 个 token 窗口之外的更早的键（棕线是窗口边缘）。"},
+    "lim_offline_long": {"en": "Limits: this text has {n} tokens. Past {offline} tokens an offline page keeps, for every "
+                               "layer and head, the query rows {r0}–{r1} around the drawn query (8-bit codes, each "
+                               "score at most {err} off): {size} of data here. gatherlens serve fetches any other row "
+                               "(up to {live} tokens); explain --query moves this window.",
+                         "zh": "限制：这段文本有 {n} 个 token。超过 {offline} 个 token 时，离线页面为每一层、每一个头保存所画"
+                               "查询周围的第 {r0}–{r1} 个查询行（8 位编码，每个分数最多偏差 {err}）：这里的数据共 {size}。"
+                               "gatherlens serve 可以取回其他任何行（最多 {live} 个 token）；explain --query 可以移动这个窗口。"},
+    "gal_kind_full": {"en": "G", "zh": "全"},
+    "gal_kind_sliding": {"en": "S", "zh": "滑"},
+    "gal_kind_chunked": {"en": "C", "zh": "块"},
+    "gal_kinds": {"en": "Above each layer: G = global (every earlier key), S512 = sliding window of 512 keys, "
+                        "C = chunked.",
+                  "zh": "每层上方：全 = 全局（所有更早的键），滑512 = 512 个键的滑动窗口，块 = 分块。"},
+    "gal_thumb_label": {"en": "L{layer} H{head} {tag} {kept}", "zh": "第{layer}层 头{head} {tag} {kept}"},
+    "ex_steps_ring": {"en": "Layer {layer} is {kind}: it keeps its last {window} tokens in a ring and reads all of "
+                            "them at every step (orange), so it chooses no pages; only global layers choose.",
+                      "zh": "第 {layer} 层是{kind}：它把最近的 {window} 个 token 存在一个环里，每一步全部读取（橙色），"
+                            "所以不选页；只有全局层选页。"},
+    "st_ring": {"en": "step {step} → {tok} · layer {layer} ({kind}): no page choice; its ring of tokens {ranges} "
+                      "is read whole, as dense attention reads it.",
+                "zh": "第 {step} 步 → {tok} · 第 {layer} 层（{kind}）：不选页；它的环（第 {ranges} 个 token）被整体读取，"
+                      "与稠密注意力一样。"},
+    "info_no_source": {"en": "(no source)", "zh": "（没有来源）"},
+    "info_weight": {"en": "; weight {w:.3f}", "zh": "；权重 {w:.3f}"},
+    "note_batch_head": {"en": "batch {batch}, head {head}", "zh": "批 {batch}，头 {head}"},
+    "note_value_gather": {"en": "layer {layer}, KV head {kv}, query {query} {tok}",
+                          "zh": "第 {layer} 层，键/值头 {kv}，查询 {query} {tok}"},
+    "note_last_row": {"en": "the row of the last position", "zh": "最后一个位置的那一行"},
+    "col_of": {"en": "{run}: {col}", "zh": "{run}：{col}"},
+    "ex_k_all": {"en": "This query may see only {n} keys, so top-{k} keeps them all: pick a later query, a "
+                       "smaller k or a longer text to see a choice.",
+                 "zh": "这个查询只能看到 {n} 个键，所以 top-{k} 全部保留：选一个更靠后的查询、更小的 k 或更长的文本，"
+                       "才能看到取舍。"},
+    "live_lang": {"en": "language", "zh": "语言"},
+    "map_title": {"en": "Where am I: {model}, and every gather it runs (click a tag)",
+                  "zh": "我在哪儿：{model} 和它运行的每一次 gather（点一个标签）"},
+    "map_ids": {"en": "ids", "zh": "id"},
+    "map_embed": {"en": "embedding", "zh": "嵌入"},
+    "map_attention": {"en": "attention", "zh": "注意力"},
+    "map_mlp": {"en": "MLP", "zh": "MLP"},
+    "map_mlp_moe": {"en": "MoE MLP", "zh": "MoE MLP"},
+    "map_norm": {"en": "norm", "zh": "归一化"},
+    "map_head": {"en": "LM head", "zh": "输出头"},
+    "map_next_token": {"en": "next token", "zh": "下一个 token"},
+    "map_layers": {"en": "× {n} layers", "zh": "× {n} 层"},
+    "map_layers_mixed": {"en": "× {n} layers: {local} {kind} {window}, {full} global",
+                         "zh": "× {n} 层：{local} 层{kind} {window}，{full} 层全局"},
+    "map_embedding": {"en": "W[ids]: a row per token", "zh": "W[ids]：每个 token 一行"},
+    "map_scale": {"en": "rows × √d (Gemma)", "zh": "行 × √d（Gemma）"},
+    "map_position": {"en": "position rows", "zh": "位置表的行"},
+    "map_rope": {"en": "cos/sin rows by position", "zh": "按位置取 cos/sin 行"},
+    "map_topk": {"en": "top-k keys per query", "zh": "每个查询取 top-k 个键"},
+    "map_pages": {"en": "sparse pages (decode)", "zh": "稀疏页（解码）"},
+    "map_prefill": {"en": "sparse prefill (blocks)", "zh": "稀疏预填充（块）"},
+    "map_moe": {"en": "top-k experts per token", "zh": "每个 token 取 top-k 个专家"},
+    "map_next": {"en": "top of the last logits row", "zh": "最后一行 logits 的前几名"},
+    "map_off": {"en": "(off here)", "zh": "（本页未开）"},
+    "map_own": {"en": "the model's own gather (it was trained with it)", "zh": "模型自己的 gather（训练时就有）"},
+    "map_ours": {"en": "gatherlens' change: not how the model was trained (it approximates dense attention)",
+                 "zh": "gatherlens 的改动：不是模型训练时的做法（它近似稠密注意力）"},
+    "map_section": {"en": "The model at a glance", "zh": "模型全貌"},
+    "map_body": {"en": "Every picture below is one of these gathers, from one run of {model} on your text. The "
+                       "blue ones are the model's own: it was trained with them and runs them as they are. The "
+                       "orange ones are gatherlens' change: top-k attention keeps only the k best keys of each "
+                       "query, sparse decoding reads a budget of pages of the KV cache, sparse prefill keeps some "
+                       "key blocks of the prompt. The model was trained with every key; these approximate it, and "
+                       "the page shows how close they come.",
+                 "zh": "下面每张图都是其中一次 gather，来自 {model} 在你的文本上的一次运行。蓝色的是模型自己的："
+                       "训练时就有，照原样运行。橙色的是 gatherlens 的改动：top-k 注意力让每个查询只保留得分最高的 k 个键，"
+                       "稀疏解码只读 KV 缓存中预算以内的页，稀疏预填充只保留提示的部分键块。模型训练时用的是所有键；"
+                       "这些改动只是近似，本页会显示近似得有多好。"},
+    "moe_section": {"en": "Mixture of experts: each token gathers its experts", "zh": "混合专家：每个 token gather 它的专家"},
+    "moe_body": {"en": "{model} is a mixture of experts: in each of its {layers} MoE layers a router scores the {E} "
+                       "experts for every token, and each token runs only its top {k}, their outputs summed with the "
+                       "router's weights. Choosing experts is a gather whose rows are whole matrices: index = "
+                       "topk(softmax(router(x))), then experts[index[t]] for token t, as W[ids] picks rows of the "
+                       "embedding table. Read per expert, the same choice gathers each expert's tokens into one batch, "
+                       "which is how the block runs it. Layer {layer} as this run routed it:",
+                 "zh": "{model} 是混合专家模型：在它的 {layers} 个 MoE 层里，路由器为每个 token 给 {E} 个专家打分，"
+                       "每个 token 只运行得分最高的 {k} 个专家，它们的输出按路由器的权重相加。选专家是一次 gather，"
+                       "只是每一行是一整个矩阵：index = topk(softmax(router(x)))，然后 token t 取 experts[index[t]]，"
+                       "就像 W[ids] 取嵌入表的行。按专家来读，同一个选择把每个专家的 token gather 成一批，MoE 块就是这样运行的。"
+                       "下面是这次运行中第 {layer} 层的路由："},
+    "moe_title": {"en": "router · layer {layer} ({layers} MoE layers): each token gathers its top-{k} of {E} experts",
+                  "zh": "路由器 · 第 {layer} 层（共 {layers} 个 MoE 层）：每个 token 从 {E} 个专家中 gather 前 {k} 个"},
+    "moe_axes": {"en": "tokens ↓ · experts →  (shade: router probability; red outline: picked, with its weight)",
+                 "zh": "token ↓ · 专家 →（深浅：路由概率；红框：被选中，框内是权重）"},
+    "moe_cell": {"en": "token {t} {tok} → expert {e}: probability {p:.3f}", "zh": "token {t} {tok} → 专家 {e}：概率 {p:.3f}"},
+    "moe_cell_picked": {"en": "(picked; weight {w:.3f})", "zh": "（被选中；权重 {w:.3f}）"},
+    "moe_more": {"en": "⋮ {n} more tokens", "zh": "⋮ 另有 {n} 个 token"},
+    "moe_per_expert": {"en": "each expert gathers the tokens that picked it", "zh": "每个专家 gather 选中它的 token"},
+    "moe_expert": {"en": "expert {e}", "zh": "专家 {e}"},
+    "moe_expert_info": {"en": "expert {e}: {n} tokens, one batch through its matrices",
+                        "zh": "专家 {e}：{n} 个 token，作为一批通过它的矩阵"},
+    "scale_section": {"en": "Gemma: the gathered rows, scaled", "zh": "Gemma：gather 出的行再乘一个系数"},
+    "scale_body": {"en": "{model} multiplies every row it gathers by √d = {scale:.6g} (held in the weights' dtype) "
+                         "before the first layer; the table itself is stored unscaled. The gather is the same W[ids]; "
+                         "what the layers receive is the scaled rows.",
+                   "zh": "{model} 在进入第一层之前把 gather 出的每一行乘以 √d = {scale:.6g}（用权重的数据类型保存）；"
+                         "表本身存的是未缩放的值。gather 还是同样的 W[ids]；各层收到的是缩放后的行。"},
+    "scale_title": {"en": "embed_tokens(ids) = W[ids] × {scale} (√{d})", "zh": "embed_tokens(ids) = W[ids] × {scale}（√{d}）"},
+    "scale_equal": {"en": "All {n} rows, all {d} columns: the module's output equals W[ids] × scale exactly (checked).",
+                    "zh": "全部 {n} 行、全部 {d} 列：模块的输出与 W[ids] × 系数完全相等（已核对）。"},
+    "scale_differs": {"en": "The module's output differs from W[ids] × scale (checked on all {n} rows of {d} columns).",
+                      "zh": "模块的输出与 W[ids] × 系数不同（在全部 {n} 行、{d} 列上核对）。"},
+    "rope_section": {"en": "RoPE: cos/sin rows gathered by position", "zh": "RoPE：按位置 gather cos/sin 行"},
+    "rope_body": {"en": "{model} encodes positions by rotating queries and keys with the cos and sin of position × "
+                        "frequency. transformers computes them from position_ids at every call; vLLM and llama.cpp keep "
+                        "a table with one row per position and gather the rows of position_ids. Here that table is "
+                        "built with the model's own rotary module for positions 0–{last} ({D} values a row{kind}) and "
+                        "its rows gathered: {verdict} The sin table is gathered the same way.",
+                  "zh": "{model} 用 位置 × 频率 的 cos 和 sin 旋转查询和键来编码位置。transformers 每次调用时从 position_ids "
+                        "算出它们；vLLM 和 llama.cpp 则保存一张每个位置一行的表，按 position_ids gather 出对应的行。这里用模型"
+                        "自己的旋转模块为位置 0–{last} 建出这张表（每行 {D} 个值{kind}），再 gather 出各行：{verdict}"
+                        "sin 表也是同样 gather 的。"},
+    "rope_equal": {"en": "the gathered rows are the ones the model computed, bit for bit.",
+                   "zh": "gather 出的行与模型自己算出的逐位相同。"},
+    "rope_differs": {"en": "they differ from the ones the model computed.", "zh": "它们与模型自己算出的不同。"},
+    "rope_kind": {"en": "; the frequencies of its {kind} layers", "zh": "；用的是{kind}层的频率"},
+    "note_rope": {"en": "one row per position", "zh": "每个位置一行"},
+    "smp_title": {"en": "sampling · V = {V} logits → ÷ T = {t} → cuts → {n} candidates → the draw",
+                  "zh": "采样 · V = {V} 个 logits → ÷ T = {t} → 截断 → {n} 个候选 → 抽取"},
+    "smp_logit": {"en": "logit", "zh": "logit"},
+    "smp_pt": {"en": "p at T={t}", "zh": "T={t} 时的 p"},
+    "smp_cut": {"en": "{stage}: {n}", "zh": "{stage}：{n}"},
+    "smp_p": {"en": "renorm. ({n})", "zh": "重新归一（{n}）"},
+    "smp_cum": {"en": "cumulative", "zh": "累计"},
+    "smp_kept": {"en": "{stage} keeps it", "zh": "{stage} 保留它"},
+    "smp_dropped": {"en": "{stage} cuts it", "zh": "{stage} 把它截掉"},
+    "smp_draw": {"en": "the draw: u = {u}; the first candidate whose cumulative probability passes u is {id} {tok}",
+                 "zh": "抽取：u = {u}；累计概率第一个超过 u 的候选是 {id} {tok}"},
+    "smp_greedy": {"en": "temperature 0 (greedy): the highest logit, {id} {tok}, with no draw",
+                   "zh": "温度 0（贪心）：取最高的 logit，{id} {tok}，不抽取"},
+    "smp_next": {"en": "its id gathers the next step's input: W[{id}], a row of the embedding table",
+                 "zh": "它的 id gather 出下一步的输入：W[{id}]，嵌入表的一行"},
+    "smp_section": {"en": "Sampling: the last gather", "zh": "采样：最后一次 gather"},
+    "smp_body": {"en": "Choosing the next token is a gather over the vocabulary. The logits of the last position are "
+                       "divided by the temperature; top-k keeps the k highest, top-p the fewest best whose probability "
+                       "reaches p, min-p those at least min-p times as likely as the best; the kept logits are "
+                       "gathered (logits.index_select(0, kept)), renormalized, and one is drawn with a seeded "
+                       "uniform number. The chosen id then gathers the next row of the embedding table. This is "
+                       "the sampler generate and chat run (llama.cpp's chain), drawn from its own record.",
+                 "zh": "选下一个 token 是在词表上做一次 gather。最后一个位置的 logits 先除以温度；top-k 保留最高的 k 个，"
+                       "top-p 保留概率累计达到 p 的最少几个，min-p 保留概率不低于最高者 min-p 倍的那些；被保留的 logits 被 gather 出来"
+                       "（logits.index_select(0, kept)），重新归一，再用一个带种子的均匀随机数抽出一个。选中的 id 接着 gather 出"
+                       "嵌入表的下一行。这就是 generate 和 chat 用的采样器（llama.cpp 的链），图直接来自它自己的记录。"},
+    "smp_offline": {"en": "This page shows one draw with llama-server's defaults (temperature 0.8, top-k 40, top-p 0.95, "
+                          "min-p 0.05, seed 0); in gatherlens serve the sliders redraw it.",
+                    "zh": "本页显示用 llama-server 默认设置的一次抽取（温度 0.8，top-k 40，top-p 0.95，min-p 0.05，种子 0）；"
+                          "在 gatherlens serve 中可以用滑块重画。"},
+    "smp_temperature": {"en": "temperature", "zh": "温度"},
+    "smp_seed": {"en": "seed", "zh": "种子"},
+    "chat_title": {"en": "Chat: every token drawn, every page read", "zh": "聊天：每个 token 怎么抽出、读了哪些页"},
+    "chat_body": {"en": "Your messages go through the model's own chat template; the reply is sampled with the settings "
+                        "of the sampling section above and decoded with sparse pages. Click a token of the reply to "
+                        "see the candidates it was drawn from and the pages it read (the layer chosen above).",
+                  "zh": "你的消息经过模型自己的聊天模板；回复用上面“采样”一节的设置抽取，并用稀疏页解码。点回复中的一个 token，"
+                        "就能看到它是从哪些候选中抽出的，以及它读了哪些页（按上面选的层）。"},
+    "chat_send": {"en": "Send", "zh": "发送"},
+    "chat_reset": {"en": "New chat", "zh": "新对话"},
+    "chat_placeholder": {"en": "Say something…", "zh": "说点什么…"},
+    "chat_none": {"en": "This model has no chat template, so the page offers no chat: Generate above continues text.",
+                  "zh": "这个模型没有聊天模板，所以本页不提供聊天：上面的“生成”可以续写文本。"},
+    "chat_tok": {"en": "token {i} {tok}: drawn from {kept} candidates{u}", "zh": "第 {i} 个 token {tok}：从 {kept} 个候选中抽出{u}"},
+    "chat_u": {"en": " (u = {u})", "zh": "（u = {u}）"},
+    "chat_greedy": {"en": " (greedy: no draw)", "zh": "（贪心：不抽取）"},
+    "chat_pages": {"en": "layer {layer}, KV head {kvh}: pages {pages} of {total} (pages of {P} tokens)",
+                   "zh": "第 {layer} 层，键/值头 {kvh}：读了第 {pages} 页，共 {total} 页（每页 {P} 个 token）"},
+    "chat_prefill": {"en": "the reply's first token comes from the prompt's step: the dense prefill reads every token",
+                     "zh": "回复的第一个 token 来自提示那一步：稠密预填充读取每一个 token"},
+    "chat_ring": {"en": "layer {layer} ({kind}): no page choice, its ring is read whole",
+                  "zh": "第 {layer} 层（{kind}）：不选页，整个环都被读取"},
+    "chat_dense": {"en": "layer {layer}: read every page (dense)", "zh": "第 {layer} 层：读取每一页（稠密）"},
+    "chat_kept": {"en": "kept", "zh": "保留"},
+    "chat_cut": {"en": "cut", "zh": "截掉"},
+    "chat_chosen": {"en": "chosen", "zh": "选中"},
+    "ex_step_status": {"en": "step {step}: {tok}", "zh": "第 {step} 步：{tok}"},
+    "kc_ring_label": {"en": "ring: {n} keys", "zh": "环：{n} 个键"},
+    "kc_ring_line": {"en": "{kind} layer, window {window}: sparse decoding chooses no pages here; its ring holds "
+                           "keys {a}–{b} ({tokens} keys) and reads them all, as dense attention does (error 0)",
+                     "zh": "{kind}层，窗口 {window}：稀疏解码在这里不选页；它的环保存键 {a}–{b}（{tokens} 个键），"
+                           "全部读取，与稠密注意力相同（误差 0）"},
 }
 
 

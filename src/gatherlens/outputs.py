@@ -26,6 +26,7 @@ import errno
 import os
 import re
 import secrets
+import shutil
 import tempfile
 from pathlib import Path
 from typing import IO, Iterator
@@ -33,7 +34,7 @@ from typing import IO, Iterator
 from gatherlens.errors import GatherValueError
 
 __all__ = ["output_file", "output_dir", "open_output", "write_output", "writable_file", "writable_dir",
-           "pictures_dir", "clean_stale_temps", "TEMP_PREFIX"]
+           "pictures_dir", "clean_stale_temps", "output_folder", "write_new", "TEMP_PREFIX"]
 
 TEMP_PREFIX = ".gatherlens-tmp-"   # + pid-hex-name: a late write's temporary file, beside its target
 # this module's temporary files: today's, and the ".name.pid-hex.tmp" of earlier versions
@@ -66,8 +67,9 @@ def output_dir(path: str | os.PathLike, what: str, *, force: bool = False) -> Pa
     GatherValueError: --out 'notes.txt/report' cannot be a folder: 'notes.txt' is a file
     """
     p = writable_dir(path, what)
-    if p.is_dir():
-        clean_stale_temps(p)
+    for folder in (p, p.parent):   # a killed run's temporaries: inside (files), beside (output_folder's)
+        if folder.is_dir():
+            clean_stale_temps(folder)
     present = sorted(e.name for e in p.iterdir()) if p.is_dir() else []
     if present and not force:
         shown = ", ".join(present[:5]) + (", …" if len(present) > 5 else "")
@@ -96,8 +98,13 @@ def open_output(path: str | os.PathLike, what: str, *, force: bool = False,
     mode, kw = ("b", {}) if binary else ("", {"encoding": "utf-8"})
     tmp = p.with_name(f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{p.name[:120]}")
     with _removed_on_failure(tmp):
-        with open(tmp, "x" + mode, **kw) as fh:
-            yield fh
+        try:
+            with open(tmp, "x" + mode, **kw) as fh:
+                yield fh
+        except OSError as err:   # a full disk fails a write, which names no file: name the target
+            if err.filename is None:
+                raise OSError(err.errno, err.strerror, str(p)) from None
+            raise
         _publish(tmp, p, what, force)
 
 
@@ -142,11 +149,80 @@ def clean_stale_temps(folder: str | os.PathLike) -> list[str]:
         return removed
     for entry in entries:
         m = _TEMP_NAME.match(entry.name)
-        if m and not _alive(int(m["pid"] or m["old"])) and entry.is_file(follow_symlinks=False):
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
-                removed.append(entry.name)
+        if not m or _alive(int(m["pid"] or m["old"])) or entry.is_symlink():
+            continue
+        with contextlib.suppress(OSError):
+            shutil.rmtree(entry.path) if entry.is_dir() else os.unlink(entry.path)
+            removed.append(entry.name)
     return removed
+
+
+@contextlib.contextmanager
+def output_folder(path: str | os.PathLike, what: str, *, force: bool = False,
+                  owned=lambda name: True) -> Iterator[Path]:
+    """`with output_folder("report", "--out", force=True, owned=REPORT_FILES.match) as tmp:` write every
+    file into `tmp`; the folder `path` gets them only when the block ends, complete.
+
+    `tmp` is a new hidden folder beside `path` (TEMP_PREFIX, this process's id). At the end it becomes
+    `path` by one rename when `path` is missing or empty; a folder that filled meanwhile is refused
+    (kept) without `force`. With `force`, the files of `path` that `owned(name)` calls its own (an
+    earlier run's) go and the new ones come in by renames, the user's other files stay; until the
+    block ends the earlier output is untouched. A failure (Ctrl-C, a full disk) removes `tmp`; a
+    killed run's `tmp` is removed by the next output check there (its process is gone).
+    """
+    p = Path(path).expanduser()
+    p = p.resolve() if p.is_symlink() else p   # a link to a folder: the folder it names
+    tmp = p.with_name(f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{p.name[:120]}")
+    os.mkdir(tmp)
+    try:
+        yield tmp
+        _swap_in(tmp, p, what, force, owned)
+    finally:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(tmp)
+
+
+def write_new(path: str | os.PathLike, data: str | bytes, shown: str | os.PathLike | None = None) -> Path:
+    """Write `data` (text as UTF-8, or bytes) to the new file `path` (in an output_folder's `tmp`); an
+    OSError names `shown` (the user's path the file becomes, not the temporary one), else `path` where
+    the system named no file (a full disk fails the write, not the open)."""
+    p = Path(path)
+    try:
+        with open(p, "xb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+    except OSError as err:
+        if shown is not None or err.filename is None:
+            raise OSError(err.errno, err.strerror, str(shown or p)) from None
+        raise
+    return p
+
+
+def _swap_in(tmp: Path, p: Path, what: str, force: bool, owned) -> None:
+    """Make the written folder `tmp` the output folder `p` (see output_folder)."""
+    with contextlib.suppress(OSError):
+        os.rmdir(p)                            # an empty folder (ours from the check, or the user's) goes
+    if not p.exists():
+        try:
+            os.rename(tmp, p)
+            return
+        except OSError as err:                 # filled meanwhile: as below
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+    if not p.is_dir():
+        raise GatherValueError(f"{what} {str(p)!r} cannot be a folder: a file was put there meanwhile")
+    if not force:
+        raise _made_meanwhile(p, what)
+    trash = p.with_name(f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-old-{p.name[:120]}")
+    os.mkdir(trash)
+    try:
+        for entry in os.scandir(p):            # the earlier output's files, out of the way
+            if owned(entry.name) and entry.is_file(follow_symlinks=False):
+                os.rename(entry.path, trash / entry.name)
+        for entry in os.scandir(tmp):          # the new ones in
+            os.rename(entry.path, p / entry.name)
+    finally:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(trash)
 
 
 def _alive(pid: int) -> bool:
@@ -190,6 +266,7 @@ def writable_dir(path: str | os.PathLike, what: str) -> Path:
     GatherValueError: --out 'notes.txt/report' cannot be a folder: 'notes.txt' is a file
     """
     p = Path(path).expanduser()
+    _nowhere(p, what)
     blocker = _file_on_the_way(p)
     if blocker is not None:
         raise GatherValueError(f"{what} {str(p)!r} cannot be a folder: {str(blocker)!r} is a file")
@@ -203,8 +280,17 @@ def pictures_dir(path: str | os.PathLike, what: str, force: bool) -> Path:
     return output_dir(path, what, force=force)
 
 
+def _nowhere(p: Path, what: str) -> None:
+    """A symbolic link at `p` that leads nowhere (a loop, a missing target) is refused: writing through
+    it would fail late (a loop) or create a file the user did not name (a dangling link's target)."""
+    if p.is_symlink() and not p.exists():
+        raise GatherValueError(f"{what} {str(p)!r} is a symbolic link that leads nowhere (a loop, or a target that "
+                               f"does not exist); give a plain path")
+
+
 def _check_file_path(p: Path, what: str) -> None:
     """A file can go at `p`: it is not a folder, nothing on the way is a file, its folder exists."""
+    _nowhere(p, what)
     if p.is_dir():
         raise GatherValueError(f"{what} {str(p)!r} is a folder; give a file path")
     blocker = _file_on_the_way(p.parent)

@@ -32,11 +32,14 @@ from pathlib import Path
 
 import click
 
+
 from gatherlens.bench import timing
 from gatherlens.bench.output import check_json_path, json_option, write_results
 from gatherlens.bench.plot import check_plot_path, plot_ratios
 
+from gatherlens.bench.decode import MAX_CONTEXT
 from gatherlens.bench.fresh import run_fresh
+from gatherlens.params import Int, cpu_count, positive_ints
 
 MODES = {
     # mode: (query heads, kv heads, head_dim, causal, contexts)
@@ -190,8 +193,8 @@ def _ms(s: float) -> str:
                                 "prefill 1024,4096,8192)")
 @click.option("--top-k", "top_k", help="comma-separated k values (default 64,256,1024,2048)")
 @click.option("--dtype", "dtypes", help="comma-separated dtypes (default float32,bfloat16)")
-@click.option("--threads", default=2, show_default=True, help="torch threads in each case")
-@click.option("--repeats", type=int, default=None,
+@click.option("--threads", type=Int(1, cpu_count()), default=2, show_default=True, help="torch threads in each case")
+@click.option("--repeats", type=Int(1), default=None,
               help="timed calls per op; the median is reported (default: decode 5, prefill 3, "
                    "prefill at L >= 8K 1)")
 @json_option("bench-attention.json")
@@ -207,19 +210,13 @@ def command(mode, context, top_k, dtypes, threads, repeats, json_path, force, pl
 
     check_json_path(json_path, force)
     check_plot_path(plot_path, force)
-    dtypes = tuple(x for x in dtypes.split(",") if x) if dtypes else DTYPES
+    dtypes = tuple(x for x in dtypes.split(",") if x) if dtypes is not None else DTYPES
     bad = [x for x in dtypes if x not in ("float32", "bfloat16", "float16", "float64")]
-    if bad:
-        raise click.BadParameter(f"unknown dtype(s) {bad}; choose from float32, bfloat16, float16, float64",
+    if bad or not dtypes:
+        raise click.BadParameter(f"{bad or dtypes!r}: choose from float32, bfloat16, float16, float64",
                                  param_hint="--dtype")
-    try:
-        contexts, ks = _ints(context), _ints(top_k) or TOP_K
-    except ValueError as e:
-        raise click.BadParameter(f"expected comma-separated integers ({e})") from None
-    if any(k <= 0 for k in ks):
-        raise click.BadParameter(f"top-k values must be >= 1, got {ks}", param_hint="--top-k")
-    if contexts and any(L <= 0 for L in contexts):
-        raise click.BadParameter(f"contexts must be >= 1, got {contexts}", param_hint="--context")
+    contexts = tuple(positive_ints(context, "--context", "context", hi=MAX_CONTEXT)) if context is not None else ()
+    ks = tuple(positive_ints(top_k, "--top-k", "k")) if top_k is not None else TOP_K
     if repeats is not None and repeats < 1:
         raise click.BadParameter("must be >= 1", param_hint="--repeats")
     if threads < 1:

@@ -26,12 +26,14 @@ from dataclasses import dataclass
 
 import click
 
+
 from gatherlens.bench import timing
 from gatherlens.bench.output import check_json_path, json_option, write_results
 
 from gatherlens.bench.fresh import run_fresh
 from gatherlens.ops.sparse import geometry
 from gatherlens.ops.sparse.config import OP
+from gatherlens.params import Int, cpu_count
 
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 CONTEXTS = ("8K", "32K", "128K")
@@ -137,28 +139,32 @@ def rows_of(spec: dict, result: dict) -> list[Row]:
     return rows
 
 
+MAX_CONTEXT = 1 << 30   # tokens: past any model's positions and any machine's memory
+
+
 def parse_context(text: str) -> int:
     """'32K' -> 32768, '128k' -> 131072, '4096' -> 4096."""
     t = text.strip().upper()
     mult = 1024 if t.endswith("K") else 1024 * 1024 if t.endswith("M") else 1
     t = t.rstrip("KM")
-    if not t.isdigit() or int(t) <= 0:
-        raise click.BadParameter(f"context {text!r} must be a positive integer, optionally with K or M "
-                                 f"(e.g. 32K)", param_hint="--context")
+    if not t.isascii() or not t.isdigit() or len(t) > 12 or not 0 < int(t) * mult <= MAX_CONTEXT:
+        raise click.BadParameter(f"context {text!r} must be a positive integer of ASCII digits, optionally with K "
+                                 f"or M (e.g. 32K), at most {MAX_CONTEXT:,} tokens", param_hint="--context")
     return int(t) * mult
 
 
 @click.command("decode")
 @click.option("--context", "contexts", multiple=True, help="KV cache length, repeatable: 8K, 32K, 131072 "
               "(default 8K, 32K, 128K)")
-@click.option("--budget", default=OP.budget, show_default=True,
+@click.option("--budget", type=Int(1), default=OP.budget, show_default=True,
               help="tokens sparse decode reads per KV head (default: sparse_decode's, the OP preset)")
-@click.option("--page-size", default=OP.page_size, show_default=True, help="tokens per page (the OP preset's)")
-@click.option("--top-k", "top_k", type=int, default=None, help="k of the exact top-k decode (default: budget)")
+@click.option("--page-size", type=Int(1), default=OP.page_size, show_default=True,
+              help="tokens per page (the OP preset's)")
+@click.option("--top-k", "top_k", type=Int(1), default=None, help="k of the exact top-k decode (default: budget)")
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(list(ELEMENT)),
               help="repeatable (default float32 and bfloat16)")
-@click.option("--threads", default=2, show_default=True, help="torch threads in each case")
-@click.option("--repeats", type=int, default=None,
+@click.option("--threads", type=Int(1, cpu_count()), default=2, show_default=True, help="torch threads in each case")
+@click.option("--repeats", type=Int(1), default=None,
               help="timed calls per method; the median is reported (default 10, 5 at L >= 128K)")
 @json_option("bench-decode.json")
 @click.option("--force", is_flag=True, help="overwrite an existing --json file")

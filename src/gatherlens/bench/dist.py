@@ -23,9 +23,11 @@ from dataclasses import dataclass
 
 import click
 
+
 from gatherlens.bench.decode import HEAD_DIM, KV_HEADS, Q_HEADS, parse_context
 from gatherlens.bench.output import check_json_path, json_option, write_results
 from gatherlens.ops.sparse.config import OP
+from gatherlens.params import Int
 
 RANKS = (1, 2, 4)
 
@@ -133,12 +135,14 @@ def _run(spec: dict, worlds) -> list[Row]:
 
 @click.command("dist")
 @click.option("--context", default="128K", show_default=True, help="KV cache length: 32K, 131072, ...")
-@click.option("--budget", default=OP.budget, show_default=True,
+@click.option("--budget", type=Int(1), default=OP.budget, show_default=True,
               help="tokens sparse decode reads per KV head (default: sparse_decode's, the OP preset)")
-@click.option("--page-size", default=OP.page_size, show_default=True, help="tokens per page (the OP preset's)")
-@click.option("--ranks", "worlds", multiple=True, type=int, help="world sizes, repeatable (default 1, 2, 4)")
-@click.option("--repeats", default=10, show_default=True, help="timed steps per mode; the median is reported")
-@click.option("--timeout", default=1800, show_default=True, help="seconds before every rank is stopped")
+@click.option("--page-size", type=Int(1), default=OP.page_size, show_default=True,
+              help="tokens per page (the OP preset's)")
+@click.option("--ranks", "worlds", type=Int(1, 64), multiple=True, help="world sizes, repeatable (default 1, 2, 4)")
+@click.option("--repeats", type=Int(1), default=10, show_default=True,
+              help="timed steps per mode; the median is reported")
+@click.option("--timeout", type=Int(1), default=1800, show_default=True, help="seconds before every rank is stopped")
 @json_option("bench-dist.json")
 @click.option("--force", is_flag=True, help="overwrite an existing --json file")
 def command(context, budget, page_size, worlds, repeats, timeout, json_path, force):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import click
 
+
 from gatherlens.bench import timing
 from gatherlens.bench.output import check_json_path, human_seconds, json_option, write_results
 import torch
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 
 from gatherlens.bench.plot import check_plot_path, plot_ratios
 from gatherlens.ops.embedding import METHODS, embedding_lookup, get_embeddings
+from gatherlens.params import Int, cpu_count, positive_ints
 
 GRID = {"vocab": (49152, 128256), "dim": (576, 4096), "tokens": (1, 64, 4096, 32768),
         "dtype": ("float32", "bfloat16"), "threads": (1, 2)}
@@ -141,8 +143,9 @@ def run_grid(vocab, dim, tokens, dtypes, threads, repeats, methods, backward_met
     return rows
 
 
-def _ints(text):
-    return tuple(int(x) for x in text.split(",")) if text else None
+def _ints(text, hint: str, hi: int | None = None):
+    """A given list of positive ints (the one rule, gatherlens.params); None when the option was not given."""
+    return tuple(positive_ints(text, hint, hint.removeprefix("--"), hi=hi)) if text is not None else None
 
 
 @click.command("embedding")
@@ -155,7 +158,7 @@ def _ints(text):
               show_default=True, help="forward methods to time (F.embedding and copies always run)")
 @click.option("--backward-methods", default="fast", show_default=True,
               help="methods whose backward is timed (F.embedding's always is); '' for none")
-@click.option("--repeats", default=5, show_default=True, help="samples per op; the median is reported")
+@click.option("--repeats", type=Int(1), default=5, show_default=True, help="samples per op; the median is reported")
 @click.option("--no-backward", is_flag=True, help="time the forward only")
 @json_option("bench-embedding.json")
 @click.option("--force", is_flag=True, help="overwrite an existing --json or --plot file")
@@ -171,14 +174,18 @@ def command(vocab, dim, tokens, dtypes, threads, methods, backward_methods, repe
     methods = tuple(m for m in methods.split(",") if m)
     backward_methods = () if no_backward else tuple(m for m in backward_methods.split(",") if m)
     unknown = [m for m in methods + backward_methods if m not in METHODS]
-    if unknown:
+    if unknown or not methods:
         raise click.BadParameter(f"unknown method(s) {unknown}; choose from {list(METHODS)}", param_hint="--methods")
-    dtypes = tuple(dtypes.split(",")) if dtypes else GRID["dtype"]
+    dtypes = tuple(x for x in dtypes.split(",") if x) if dtypes is not None else GRID["dtype"]
     bad = [x for x in dtypes if x not in DTYPES]
-    if bad:
+    if bad or not dtypes:
         raise click.BadParameter(f"unknown dtype(s) {bad}; choose from {list(DTYPES)}", param_hint="--dtype")
     if repeats < 1:
         raise click.BadParameter("must be >= 1", param_hint="--repeats")
+    most = {"--vocab": 1 << 31, "--dim": 1 << 20, "--tokens": 1 << 31, "--threads": cpu_count()}
+    given = {k: _ints(v, f"--{k}", most[f"--{k}"]) for k, v in (("vocab", vocab), ("dim", dim), ("tokens", tokens),
+                                                              ("threads", threads))}
+    grid = {k: v or GRID[k] for k, v in given.items()}
     console = Console()
     if not console.is_terminal:
         console = Console(width=132)
@@ -193,9 +200,8 @@ def command(vocab, dim, tokens, dtypes, threads, methods, backward_methods, repe
         written.append(case)
 
     try:
-        rows = run_grid(_ints(vocab) or GRID["vocab"], _ints(dim) or GRID["dim"], _ints(tokens) or GRID["tokens"],
-                        dtypes, _ints(threads) or GRID["threads"], repeats, methods, backward_methods,
-                        progress=save)
+        rows = run_grid(grid["vocab"], grid["dim"], grid["tokens"], dtypes, grid["threads"], repeats, methods,
+                        backward_methods, progress=save)
     finally:
         torch.set_num_threads(before)
     console.print(_table(rows))

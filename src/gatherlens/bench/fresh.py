@@ -39,6 +39,24 @@ def _run(argv: list[str], spec: dict) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]))
     proc = subprocess.run(argv, input=json.dumps(spec), capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        shown = {k: (f"({len(v)} items)" if isinstance(v, list) else v) for k, v in spec.items()}
-        raise click.ClickException(f"case {shown} failed:\n{proc.stderr[-2000:]}")
+        raise click.ClickException(failure(spec, proc.returncode, proc.stderr))
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def failure(spec: dict, returncode: int, stderr: str) -> str:
+    """One line for a case that failed: a gatherlens error's own words; anything else (a traceback, a
+    signal) as an internal error whose full output is kept in a file, never printed raw."""
+    import re
+    import tempfile
+
+    shown = ", ".join(f"{k}={v}" for k, v in spec.items() if k in ("model", "gguf", "case", "context", "threads"))
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    said = re.match(r"^(?:[\w.]+\.)?Gather\w*Error: (.*)$", last)
+    if said:
+        return f"{said[1]} (case {shown})"
+    fd, path = tempfile.mkstemp(prefix="gatherlens-bench-case-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write(f"spec: {json.dumps(spec)}\nexit status: {returncode}\n\n{stderr}")
+    why = f"exit status {returncode}" if not last else last[:200]
+    return f"internal error in a benchmark case ({shown}): {why}; its full output is in {path}. Please report it"

@@ -22,8 +22,8 @@ median round is reported):
   then on), on the quantized model where there is one, after its real prefill of the same prompt
   tokens, in a fresh process of its own (bench/generate_cli.py; off with --no-cli)
 - with --ablation, paged/hf-layers and sparse-1024/hf-layers: the same over transformers' own
-  decoder layers and output projection (lean=False), to show what the lean decode step wins; and
-  sparse-1024/hf-head: the lean layers with transformers' output projection (what decode_head wins)
+  decoder layers and output projection (step="hf"), to show what the planned decode step wins; and
+  sparse-1024/hf-head: the planned step with F.linear's output projection (what the transposed head wins)
 
 How the caches are filled: a short prefix of real text (256 tokens) is prefilled once; each
 layer's keys and values are tiled to the context length and written into the DynamicCache and
@@ -43,13 +43,18 @@ from pathlib import Path
 
 import click
 
+
 from gatherlens.bench.fresh import run_fresh
 from gatherlens.bench.generate_peers import gguf_of, llama_python, quantized_note, run_llamacpp
 from gatherlens.bench.llamacpp_case import rss_mb
-from gatherlens.bench.output import check_json_path, check_output, json_option, write_results
+from gatherlens.bench.output import (
+    check_causal_model, check_json_path, check_output, json_option, write_results,
+)
 from gatherlens.bench.plot import save_figure
 from gatherlens.errors import GatherValueError
 from gatherlens.ops.sparse.geometry import ceil_div
+from gatherlens.params import Int, cpu_count
+from gatherlens.params import budget_list as budgets_of  # make_plan takes a `budget_list`
 
 CONTEXTS = ("2K", "4K", "8K", "16K", "32K")
 BUDGETS = (512, 1024, 2048)
@@ -67,8 +72,8 @@ class Method:
     name: str
     kind: str               # "hf" or "paged"
     budget: int | str | None = None  # tokens, "auto" or None (dense)
-    lean: bool = True
-    head: bool = True       # the lean head (models/runtime/head.py) with the lean step
+    lean: bool = True       # the decode-step table's fastest row (False: step="hf", transformers' layers)
+    head: bool = True       # the head's transposed copy (models/runtime/head.py) in the planned step
 
 
 @dataclass
@@ -212,15 +217,15 @@ def fill_caches(lm, L: int, tokens: int, hf_too: bool = True):
 
 
 def _switch(model, m: Method) -> None:
-    from gatherlens.models.runtime.head import remove_lean_head
+    from gatherlens.models.runtime.step import install_step
     from gatherlens.models.runtime.decoding import use_dense_decoding, use_sparse_decoding
 
     if m.kind == "hf":
         use_dense_decoding(model)
     else:
-        use_sparse_decoding(model, budget=m.budget, lean=m.lean)
+        use_sparse_decoding(model, budget=m.budget, step="auto" if m.lean else "hf")
         if not m.head:
-            remove_lean_head(model)
+            install_step(model, transposed=False)
 
 
 def _generate(model, m: Method, ids, hf_cache, paged_cache, tokens: int, L: int) -> tuple[float, float]:
@@ -316,16 +321,7 @@ def _check_options(budgets: str, tokens: int, rounds: int, threads: int) -> list
     for name, value in (("--tokens", tokens), ("--rounds", rounds), ("--threads", threads)):
         if value < 1:
             raise click.BadParameter(f"must be >= 1, got {value}", param_hint=name)
-    words = [b.strip() for b in budgets.split(",") if b.strip()]
-    auto = ["auto"] if "auto" in words else []
-    try:
-        out = sorted({int(b) for b in words if b != "auto"})
-    except ValueError:
-        raise click.BadParameter(f"{budgets!r} is not a list of ints (or auto) like auto,512,1024",
-                                 param_hint="--budgets") from None
-    if (not out and not auto) or (out and out[0] < 1):
-        raise click.BadParameter(f"{budgets!r}: each budget must be a positive int or auto", param_hint="--budgets")
-    return auto + out
+    return budgets_of(budgets, "--budgets", hi=1 << 30)
 
 
 @dataclass(frozen=True)
@@ -385,9 +381,11 @@ def make_plan(model_name, budget_list, ablation, profile, llama_python_option, b
               "(default 2K 4K 8K 16K 32K)")
 @click.option("--budgets", default="auto,512,1024,2048", show_default=True,
               help="sparse budgets, comma-separated: tokens, or auto (the default SparseConfig's)")
-@click.option("--tokens", default=8, show_default=True, help="tokens generated per timed run")
-@click.option("--rounds", default=3, show_default=True, help="timed runs per method (the median is reported)")
-@click.option("--threads", default=2, show_default=True, help="torch threads in each case (and llama.cpp's)")
+@click.option("--tokens", type=Int(1), default=8, show_default=True, help="tokens generated per timed run")
+@click.option("--rounds", type=Int(1), default=3, show_default=True,
+              help="timed runs per method (the median is reported)")
+@click.option("--threads", type=Int(1, cpu_count()), default=2, show_default=True,
+              help="torch threads in each case (and llama.cpp's)")
 @click.option("--ablation", is_flag=True, help="also time HF's own decoder layers over the paged cache")
 @click.option("--cli/--no-cli", "cli", default=True, show_default=True,
               help="also time the loop `gatherlens generate` runs (a real prefill of the prompt, its own process)")
@@ -410,6 +408,7 @@ def command(model_name, contexts, budgets, tokens, rounds, threads, ablation, cl
     from gatherlens.bench.decode import parse_context
 
     budget_list = _check_options(budgets, tokens, rounds, threads)
+    check_causal_model(model_name, "bench generate")
     check_json_path(json_path, force)
     plot_path = check_output(plot_path or json_path.with_suffix(".png"), force, "--plot", (".png", ".svg"))
     if profile_path is not None:
@@ -460,7 +459,7 @@ def _report(console, rows: list[Row], json_path: Path, plot_path: Path, meta: di
                     "its tokens/s over tokens x rounds decode steps; cli/pages with --pages' page trace",
                 fill=f"a {PREFIX}-token prefix of real text prefilled once, each layer's K/V tiled to the context",
                 hf="transformers' DynamicCache + SDPA (the default)",
-                paged="gatherlens' paged cache, dense attention in place with GQA folded, lean decode step",
+                paged="gatherlens' paged cache, dense attention in place with GQA folded, planned decode step",
                 quantized="gatherlens.load(model, quantized=True): the model run from its GGUF blocks",
                 llama="llama-cpp-python on the same GGUF and threads: the same prompt tokens prefilled, median "
                       "of 32 greedy llm.sample(temp=0) + llm.eval([tok]) steps, run alone after our cases",

@@ -33,6 +33,11 @@ def llama_python(option: str | None) -> tuple[str | None, str]:
     if not path:
         return None, f"llama.cpp row skipped: no --llama-python and ${ENV} is not set"
     where = "--llama-python" if option else f"${ENV}"
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        what = "is a folder" if os.path.isdir(path) else "does not exist" if not os.path.lexists(path) else \
+            "is not an executable file"
+        raise click.BadParameter(f"{path!r} {what}: give the python of a virtualenv with llama-cpp-python",
+                                 param_hint=where)
     try:
         proc = subprocess.run([path, "-c", "import llama_cpp"], capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -57,3 +57,14 @@ def human_seconds(seconds: float) -> str:
         if seconds >= scale:
             return f"{seconds / scale:.3g} {unit}"
     return f"{seconds * 1e9:.3g} ns"
+
+
+def check_causal_model(model: str, what: str) -> None:
+    """One `Error:` line, before any case runs, for a --model that is not there or is not a causal LM
+    (an encoder such as minilm): `models.files.registry.check_causal`, from its config alone."""
+    from gatherlens.models.files.registry import check_causal, resolve
+
+    try:
+        check_causal(resolve(model), what)
+    except GatherValueError as e:
+        raise click.ClickException(str(e)) from None

@@ -75,7 +75,9 @@ def page(files: list[Path], notes: Path | None = None) -> str:
             raise click.UsageError(f"{f} is not a benchmark result (no 'rows'); write it with --json")
         parts.append(section(data, f.stem))
     if notes is not None:
-        parts.append(notes.read_text(encoding="utf-8"))
+        from gatherlens.eval.corpus import load_text
+
+        parts.append(load_text(path=notes))   # the one rule for a user's text file: regular, UTF-8, not empty
     return "\n".join(parts)
 
 

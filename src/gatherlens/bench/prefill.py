@@ -31,10 +31,12 @@ from pathlib import Path
 
 import click
 
+
 from gatherlens.bench.fresh import run_fresh
 from gatherlens.bench.generate_peers import gguf_of, llama_python, quantized_note, run_llamacpp
-from gatherlens.bench.output import check_json_path, json_option, write_results
+from gatherlens.bench.output import check_causal_model, check_json_path, json_option, write_results
 from gatherlens.ops.sparse.geometry import ceil_div
+from gatherlens.params import Int, Real, cpu_count
 
 CONTEXTS = ("4K", "8K", "32K")
 PREFILL_TABLES = ("block_prefill", "antidiagonal_scores")  # ops/prefill/attend.py's backend tables
@@ -166,17 +168,19 @@ def _parse(contexts, rules: str, backends: str) -> tuple[list[int], list[str], l
 @click.command("prefill")
 @click.option("--model", "model_name", default="smollm2", show_default=True,
               help='"smollm2" or a local Llama-family folder / .gguf file.')
-@click.option("--context", "contexts", multiple=True, help="prompt length, repeatable: 4K, 8K, 32768 (default: 4K, 8K, 32K)")
+@click.option("--context", "contexts", multiple=True,
+              help="prompt length, repeatable: 4K, 8K, 32768 (default: 4K, 8K, 32K)")
 @click.option("--rules", default="default", show_default=True, help="sparse prefill presets, comma-separated")
 @click.option("--backends", default="auto", show_default=True,
               help="where the sparse rows' scores and attention run, comma-separated: auto, native, torch")
-@click.option("--threshold", default=None, type=click.FloatRange(0, 1, min_open=True),
+@click.option("--threshold", default=None, type=Real(0, 1, min_open=True),
               help="the rules' mass threshold (default: each preset's)")
-@click.option("--block-size", default=None, type=click.IntRange(1), help="tokens per block (default: the preset's)")
+@click.option("--block-size", type=Int(1), default=None, help="tokens per block (default: the preset's)")
 @click.option("--float/--quantized", "use_float", default=False,
               help="float32 copy, or the GGUF blocks (default: quantized when the model is a GGUF)")
-@click.option("--rounds", default=1, show_default=True, type=click.IntRange(1), help="prefills per case (best kept)")
-@click.option("--threads", default=2, show_default=True, type=click.IntRange(1), help="torch threads (and llama.cpp's)")
+@click.option("--rounds", type=Int(1), default=1, show_default=True, help="prefills per case (best kept)")
+@click.option("--threads", type=Int(1, cpu_count()), default=2, show_default=True,
+              help="torch threads (and llama.cpp's)")
 @click.option("--llama-python", "llama_python_option", default=None, metavar="PATH",
               help="llama-cpp-python's interpreter (its own virtualenv): adds the llama.cpp row")
 @json_option("bench-prefill.json")
@@ -185,6 +189,7 @@ def command(model_name, contexts, rules, backends, threshold, block_size, use_fl
             llama_python_option, json_path, force):
     """Time to first token: dense prefill, sparse prefill and llama.cpp on the same ids (fresh process per case)."""
     Ls, names, where = _parse(contexts, rules, backends)
+    check_causal_model(model_name, "bench prefill")
     check_json_path(json_path, force)
     gguf = gguf_of(model_name)
     quantized = not use_float and gguf is not None and not quantized_note(gguf)

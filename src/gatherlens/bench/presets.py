@@ -29,6 +29,7 @@ import click
 from gatherlens.bench.fresh import run_fresh
 from gatherlens.bench.generate_peers import llama_python, run_llamacpp_greedy, run_llamacpp
 from gatherlens.bench.output import check_json_path, json_option, write_results
+from gatherlens.params import Int, cpu_count
 
 PPL_TOKENS = 1000  # tokens of Emma whose perplexity each preset reports
 GREEDY = 64  # greedy tokens compared with llama.cpp's
@@ -235,12 +236,31 @@ def print_rows(console, rows: list[dict], float_ppl: float | None) -> None:
                       f"on the same {PPL_TOKENS} tokens")
 
 
+def _check_files(files) -> None:
+    """One `Error:` line naming the first file that is not a GGUF quantized=True runs (not a GGUF,
+    empty, truncated, damaged, of a type it cannot run), from its header: before the first slow case."""
+    from gatherlens.errors import GatherLensError
+    from gatherlens.models.files.registry import check_quantizable, resolve
+    from gatherlens.models.gguf.check import open_checked
+
+    for path in files:
+        try:
+            check_quantizable(resolve(path), "bench presets")
+            open_checked(path, quantized=True)
+        except GatherLensError as err:
+            raise click.ClickException(str(err)) from None
+        except (ValueError, OSError) as err:   # a header gguf's reader cannot parse: its own words
+            raise click.ClickException(f"model file {str(path)!r} could not be read (damaged or truncated?): "
+                                       f"{err}") from None
+
+
 @click.command("presets")
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--context", "contexts", multiple=True, help="cache length, repeatable (default 4K 8K)")
-@click.option("--budget", default=512, show_default=True, help="the sparse budget (tokens per KV head)")
-@click.option("--tokens", default=16, show_default=True, help="tokens generated per timed run")
-@click.option("--threads", default=2, show_default=True, help="torch threads in each case (and llama.cpp's)")
+@click.option("--budget", default=512, show_default=True, type=Int(1), help="the sparse budget (tokens per KV head)")
+@click.option("--tokens", default=16, show_default=True, type=Int(1), help="tokens generated per timed run")
+@click.option("--threads", default=min(2, cpu_count()), show_default=True, type=Int(1, cpu_count()),
+              help="torch threads in each case (and llama.cpp's)")
 @click.option("--llama-python", "llama_python_option", default=None, metavar="PATH",
               help="the python of a virtualenv with llama-cpp-python (default: $GATHERLENS_LLAMA_PYTHON)")
 @json_option("bench-presets.json")
@@ -253,6 +273,7 @@ def command(files, contexts, budget, tokens, threads, llama_python_option, json_
 
     check_json_path(json_path, force)
     Ls = [parse_context(c) for c in (contexts or ("4K", "8K"))]
+    _check_files(files)   # every file a GGUF the quantized path runs, before any slow case
     python, note = llama_python(llama_python_option)
     console = Console(width=None if sys.stdout.isatty() else 160)
     if note:

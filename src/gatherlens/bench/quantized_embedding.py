@@ -26,6 +26,7 @@ from gatherlens.bench.output import check_json_path, json_option, write_results
 from gatherlens.bench import timing
 from gatherlens.ops.embedding import embedding_lookup
 from gatherlens.ops.quant import QuantizedTable
+from gatherlens.params import Int, cpu_count, positive_ints
 
 TOKENS = (1, 16, 512)
 TENSOR = "token_embd.weight"  # SmolLM2's tied embedding / output table (Q8_0)
@@ -87,14 +88,9 @@ def run(table: QuantizedTable, tokens, threads, repeats: int, progress=None) -> 
     return rows
 
 
-def _ints(text: str, option: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        values = ()
-    if not values or min(values) < 1:
-        raise click.BadParameter(f"{text!r} must be comma-separated integers >= 1", param_hint=option)
-    return values
+def _ints(text: str, option: str, hi: int | None = None) -> tuple[int, ...]:
+    """The option's positive ints (the one rule, gatherlens.params)."""
+    return tuple(positive_ints(text, option, option.removeprefix("--"), hi=hi))
 
 
 @click.command("quantized-embedding")
@@ -103,7 +99,7 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 @click.option("--tensor", default=TENSOR, show_default=True, help="the 2-D quantized tensor to gather from")
 @click.option("--tokens", default=",".join(map(str, TOKENS)), show_default=True, help="comma-separated id counts")
 @click.option("--threads", default="2", show_default=True, help="comma-separated torch thread counts")
-@click.option("--repeats", default=5, show_default=True, help="samples per op; the median is reported")
+@click.option("--repeats", type=Int(1), default=5, show_default=True, help="samples per op; the median is reported")
 @json_option("bench-quantized-embedding.json")
 @click.option("--force", is_flag=True, help="overwrite an existing --json file")
 def command(gguf_path, tensor, tokens, threads, repeats, json_path, force):
@@ -111,7 +107,7 @@ def command(gguf_path, tensor, tokens, threads, repeats, json_path, force):
     from rich.console import Console
 
     check_json_path(json_path, force)
-    tokens, threads = _ints(tokens, "--tokens"), _ints(threads, "--threads")
+    tokens, threads = _ints(tokens, "--tokens", 1 << 31), _ints(threads, "--threads", cpu_count())
     if repeats < 1:
         raise click.BadParameter("must be >= 1", param_hint="--repeats")
     if gguf_path is None:

@@ -4,7 +4,7 @@
     gatherlens bench qlinear --gguf path/to/model.gguf --rows 1 --json qlinear.json
     gatherlens bench qlinear --gguf synthetic             # gguf's quantizer on normal data instead
     gatherlens bench qlinear --gguf synthetic --qtype Q5_0 --routes q8act,dequant --rows 32,256,1024
-                                                          # the prefill's crossover (linear.INTEGER_GEMM_ROWS)
+                                                          # the prefill's crossover (a record's gemm_rows)
 
 One process, side by side. Shapes: SmolLM2-135M's four Q4_1 linears (N x K: 576x576 for q/o,
 192x576 for k/v, 1536x576 for gate/up, 576x1536 for down), the fused q|k|v and gate|up, and the tied
@@ -25,13 +25,15 @@ from dataclasses import dataclass
 from functools import partial
 
 import click
+
 import torch
 
 from gatherlens.bench import timing
 from gatherlens.bench.output import check_json_path, human_seconds, json_option, write_results
-from gatherlens.ops.quant.linear import LinearConfig, pack_linear, quantized_linear
-from gatherlens.ops.quant.linear_naive import naive_quantized_linear
-from gatherlens.ops.quant.sizes import SIZES
+from gatherlens.ops.quant.products.linear import LinearConfig, pack_linear, quantized_linear
+from gatherlens.ops.quant.products.linear_naive import naive_quantized_linear
+from gatherlens.ops.quant.formats.sizes import SIZES
+from gatherlens.params import Int, Real, cpu_count, positive_ints
 
 # name -> (tensors of layer 0 side by side along N, qtype when synthetic, N, K)
 SHAPES = {
@@ -167,13 +169,8 @@ def per_token(rows: list[Row], route: str, mode: str) -> float | None:
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v)
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a comma-separated list of ints", param_hint="--rows") from None
-    if not values or min(values) < 1:
-        raise click.BadParameter(f"{text!r}: every value must be >= 1", param_hint="--rows")
-    return values
+    """--rows' positive ints (the one rule, gatherlens.params)."""
+    return tuple(positive_ints(text, "--rows", "row count", hi=1 << 20))
 
 
 @click.command("qlinear")
@@ -185,10 +182,12 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.option("--rows", "rows_text", default="1,64", show_default=True, help="M values: rows of x")
 @click.option("--routes", default=",".join(LINEAR_ROUTES), show_default=True, help="routes for the Q4_1 linears")
 @click.option("--head-routes", default=",".join(HEAD_ROUTES), show_default=True, help="routes for the head")
-@click.option("--copies", default=30, show_default=True, help="weight copies in the cold loop")
-@click.option("--cold-mib", default=256.0, show_default=True, help="cap on one route's copies, MiB")
-@click.option("--repeats", default=7, show_default=True, help="round-robin samples; the median is reported")
-@click.option("--threads", default=2, show_default=True, help="torch threads")
+@click.option("--copies", type=Int(1), default=30, show_default=True, help="weight copies in the cold loop")
+@click.option("--cold-mib", default=256.0, show_default=True, type=Real(0, 1 << 20, min_open=True),
+              help="cap on one route's copies, MiB")
+@click.option("--repeats", type=Int(1), default=7, show_default=True,
+              help="round-robin samples; the median is reported")
+@click.option("--threads", type=Int(1, cpu_count()), default=2, show_default=True, help="torch threads")
 @json_option("bench-qlinear.json")
 @click.option("--force", is_flag=True, help="overwrite an existing --json file")
 def command(source, shapes, qtype, rows_text, routes, head_routes, copies, cold_mib, repeats, threads, json_path,
@@ -224,7 +223,7 @@ def command(source, shapes, qtype, rows_text, routes, head_routes, copies, cold_
 
 
 def _options(shapes, rows_text, routes, head_routes, copies, repeats, threads):
-    from gatherlens.ops.quant.matmul import ROUTES
+    from gatherlens.ops.quant.products.matmul import ROUTES
 
     names = tuple(s for s in shapes.split(",") if s)
     unknown = [s for s in names if s not in SHAPES]

@@ -16,6 +16,7 @@ SUITES = {
     "page": "gatherlens.bench.page:command",
     "presets": "gatherlens.bench.presets:command",
     "qlinear": "gatherlens.bench.quantized_linear:command",
+    "serve": "gatherlens.bench.serve:command",
 }
 
 

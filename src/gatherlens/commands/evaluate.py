@@ -14,7 +14,7 @@ from __future__ import annotations
 import click
 
 from gatherlens.commands.params import (
-    Int, number, output_file, positive_ints, print_table, progress_bar, text_source_options,
+    Int, check_model, number, output_file, positive_ints, print_table, progress_bar, text_source_options,
 )
 
 
@@ -39,7 +39,9 @@ def evaluate(model_name, corpus, text_file, ks, tokens, window, stride, out, plo
     from gatherlens.errors import GatherLensError
     from gatherlens.models.files.integrity import require_finite
 
-    ks_list = positive_ints(",".join(ks) or "8,32,128,512", "-k/--top-k", "k")
+    # -k "": an error, not the default
+    ks_list = positive_ints(",".join(ks) if ks else "8,32,128,512", "-k/--top-k", "k")
+    check_model(model_name)
     if window is not None and stride is not None and stride > window:
         raise click.BadParameter(f"stride {stride} is larger than window {window}", param_hint="--stride")
     out_path = output_file(out, force, (".csv", ".json"), "--out")

@@ -17,17 +17,19 @@ a model.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
 from gatherlens.commands.params import (
-    Int, int_list, load_kwargs, output_file, print_table, quantized_option, text_source_options, threads_option,
+    Int, int_list, load_kwargs, output_file, print_table, quantized_option, require_causal, text_source_options,
+    threads_option,
 )
 
 
 @click.command("eval-long")
 @text_source_options('"smollm2" or a local Llama-family folder / .gguf file.')
-@quantized_option
+@quantized_option()
 @click.option("--lengths", default="2048,4096,8192", show_default=True, help="Comma-separated context lengths (tokens).")
 @click.option("--samples", default=10, show_default=True, type=Int(1), help="Samples per length.")
 @click.option("--first-seed", default=0, show_default=True, type=Int(0), help="The first sample's seed.")
@@ -52,7 +54,10 @@ def evaluate_long(model_name, corpus, text_file, quantized, lengths, samples, fi
     from gatherlens.eval.long_tasks import TASKS
 
     row_list, task_list = _names(rows, ROWS, "--rows", row_setup), _names(tasks, TASKS, "--tasks")
-    length_list = sorted(set(int_list(lengths, "--lengths", lo=256)))
+    length_list = sorted(set(int_list(lengths, "--lengths", lo=256, hi=1 << 24)))
+    if not length_list:
+        raise click.BadParameter(f"{lengths!r}: give at least one length, like 2048,4096", param_hint="--lengths")
+    records = _records_file(records)
     paths = {"json": output_file(json_out, force, (".json",), "--json"),
              "csv": output_file(csv_out, force, (".csv",), "--csv"),
              "plot": output_file(plot_out, force, (".png", ".svg"), "--plot")}
@@ -76,24 +81,56 @@ def _names(text: str | None, known: tuple, hint: str, check=None) -> tuple:
     if text is None:
         return known
     names = tuple(n.strip() for n in text.split(",") if n.strip())
-    bad = [n for n in names if n not in known and not (check and n.isdigit())]
+    bad = [n for n in names if n not in known and not (check and _tokens(n, hint))]
     if bad or not names:
         raise click.BadParameter(f"{text!r}: give names from {', '.join(known)}", param_hint=hint)
     return names
+
+
+def _tokens(name: str, hint: str) -> bool:
+    """True for a budget in tokens (`gatherlens.params.parse_int`'s digits, >= 1); a clear error for digits
+    out of range; False for any other name."""
+    from gatherlens.errors import GatherValueError
+    from gatherlens.params import parse_int
+
+    if not name.isascii() or not name.isdigit():
+        return False
+    try:
+        return parse_int(name, hint, 1, 1 << 30) >= 1
+    except GatherValueError as e:
+        raise click.BadParameter(str(e).removeprefix(f"{hint} = "), param_hint=hint) from None
+
+
+def _records_file(path: str | None):
+    """--records as a file answers can be appended to (it may exist), checked before anything runs."""
+    from gatherlens.errors import GatherValueError
+    from gatherlens.outputs import writable_file
+
+    try:
+        return None if path is None else writable_file(path, "--records")
+    except GatherValueError as e:
+        raise click.BadParameter(str(e).removeprefix("--records "), param_hint="--records") from None
 
 
 def _read(path) -> list[dict]:
     """The answer records of a --records file (one JSON object a line)."""
     from gatherlens.errors import GatherValueError
 
+    if not Path(path).is_file():  # /dev/null, a pipe: nothing to read (or a read that never ends)
+        raise GatherValueError(f"--from {path}: not a regular file; give a --records file (.jsonl)")
     out = []
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise GatherValueError(f"--from {path}: line {n} is not JSON ({e.msg})") from None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        out.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise GatherValueError(f"--from {path}: line {n} is not JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise GatherValueError(f"--from {path}: not UTF-8 text ({e})") from None
+    if not out:
+        raise GatherValueError(f"--from {path}: holds no records (one JSON object a line, as --records writes)")
     return out
 
 
@@ -105,10 +142,12 @@ def _run(model_name, corpus, text_file, quantized, lengths, samples, first_seed,
     from gatherlens.models import load
     from gatherlens.models.runtime.threads import fix_threads
 
+    require_causal(model_name, "eval-long")
     if threads:
         fix_threads(threads)
+    text = load_text(corpus, path=text_file)  # a bad --corpus or --text: an error before the model loads
     lm = load(model_name, progress=True, **load_kwargs(model_name, quantized))
-    hay = Haystack(lm.tokenizer, load_text(corpus, path=text_file))
+    hay = Haystack(lm.tokenizer, text)
     found = []
     for length in lengths:
         for seed in range(first_seed, first_seed + samples):

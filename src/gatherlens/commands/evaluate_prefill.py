@@ -17,14 +17,16 @@ import time
 
 import click
 
+from gatherlens.params import Real
 from gatherlens.commands.params import (
-    Int, load_kwargs, number, output_file, print_table, quantized_option, text_source_options, threads_option,
+    Int, load_kwargs, number, output_file, print_table, quantized_option, require_causal, text_source_options,
+    threads_option,
 )
 
 
 @click.command("eval-prefill")
 @text_source_options('"smollm2" or a local Hugging Face Llama-family folder / .gguf file.')
-@quantized_option
+@quantized_option()
 @click.option("--context", default=8192, show_default=True, type=Int(64), help="Tokens of the scored context.")
 @click.option("--scored", default=512, show_default=True, type=Int(1), help="Last tokens of the context scored.")
 @click.option("--greedy", default=32, show_default=True, type=Int(0), help="Greedy tokens compared after it.")
@@ -34,7 +36,7 @@ from gatherlens.commands.params import (
               help="Also answer the passkey prompts with a dense prefill (the baseline row).")
 @click.option("--rules", default="antidiagonal,pooled", show_default=True,
               help="Comma-separated rules (presets of gatherlens.ops.prefill.config), one row each.")
-@click.option("--threshold", default=None, type=click.FloatRange(0, 1, min_open=True),
+@click.option("--threshold", default=None, type=Real(0, 1, min_open=True),
               help="Share of the estimated mass each query block keeps (default: the preset's).")
 @click.option("--budget", default=None, type=Int(1), help="Most key blocks per query block (default: none).")
 @click.option("--block-size", default=None, type=Int(1), help="Tokens per block (default: the preset's).")
@@ -53,10 +55,12 @@ def evaluate_prefill(model_name, corpus, text_file, quantized, context, scored, 
         raise click.BadParameter(f"{scored} must be smaller than --context {context}", param_hint="--scored")
     json_path = output_file(json_out, force, (".json",), "--json")
     load_kw = load_kwargs(model_name, quantized)
+    require_causal(model_name, "eval-prefill")
     console = Console(stderr=True)
     t0 = time.perf_counter()
     try:
-        lm, ids = _load(model_name, load_kw, corpus, text_file, context, threads)
+        lm, ids = _load(model_name, load_kw, corpus, text_file, context, threads,
+                        passkey_context if passkey_trials else 0)
         from gatherlens.eval.prefill_quality import evaluate_prefill_quality
 
         report = evaluate_prefill_quality(lm.model, lm.tokenizer, ids, configs, scored=scored, greedy=greedy,
@@ -90,11 +94,13 @@ def _configs(rules: str, threshold, budget, block_size) -> dict:
                if v is not None}
     try:
         return {n: PRESETS[n].replace(min_length=0, **changes) for n in names}
-    except GatherLensError as err:
-        raise click.BadParameter(str(err), param_hint="--rules") from None
+    except GatherLensError as err:  # named by the option it came from ("block_size = 7 must be ...")
+        field = next((k for k in changes if str(err).startswith(f"{k} ")), None)
+        hint = "--rules" if field is None else f"--{field.replace('_', '-')}"
+        raise click.BadParameter(str(err), param_hint=hint) from None
 
 
-def _load(model_name: str, load_kw: dict, corpus: str, text_file, context: int, threads):
+def _load(model_name: str, load_kw: dict, corpus: str, text_file, context: int, threads, passkey_context: int = 0):
     """The model and the first `context` token ids (1, S) of the text; an error if it is shorter."""
     from gatherlens.eval.corpus import load_text
     from gatherlens.models import load
@@ -104,6 +110,11 @@ def _load(model_name: str, load_kw: dict, corpus: str, text_file, context: int, 
         fix_threads(threads)
     text = load_text(corpus, path=text_file)
     lm = load(model_name, progress=True, **load_kw)
+    limit = getattr(lm.config, "max_position_embeddings", None)
+    for hint, tokens in (("--context", context), ("--passkey-context", passkey_context)):
+        if limit and tokens > limit:
+            raise click.BadParameter(f"{tokens} tokens exceed the model's {limit} positions ({lm.name})",
+                                     param_hint=hint)
     ids = lm.encode(text, truncation=False)[:, :context]                      # (1, S)
     if ids.shape[1] < context:
         raise click.BadParameter(f"the text has only {ids.shape[1]} tokens; lower --context", param_hint="--context")

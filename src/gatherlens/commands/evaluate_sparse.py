@@ -33,8 +33,8 @@ from pathlib import Path
 import click
 
 from gatherlens.commands.params import (
-    Int, budget_list, number, output_file, positive_ints, print_table, progress_bar, text_source_options,
-    threads_option,
+    Int, budget_list, number, output_file, positive_ints, print_table, progress_bar, require_causal,
+    text_source_options, threads_option,
 )
 from gatherlens.ops.sparse.config import DEFAULT, GROUP_SCORES, KV_DTYPES
 from gatherlens.errors import GatherValueError
@@ -113,6 +113,7 @@ def evaluate_sparse(model_name, corpus, text_file, context, budgets, compare, pa
     json_path = output_file(json_out, force, (".json",), "--json")
     csv_path = output_file(csv_out, force, (".csv",), "--csv")
     pic_dir = _picture_folder(pictures, force)
+    require_causal(model_name, "eval-sparse")
     console = Console(stderr=True)
     try:
         lm, ids = _load(model_name, corpus, text_file, context, threads)
@@ -121,6 +122,8 @@ def evaluate_sparse(model_name, corpus, text_file, context, budgets, compare, pa
         if not -n <= draw_layer < n:  # one policy with explain: [-n, n), negatives from the end
             raise click.BadParameter(f"layer {draw_layer} is outside [{-n}, {n})", param_hint="--layer")
         draw_layer %= n
+        if pic_dir is not None:
+            _check_head(lm.config, plan, head)
         report, passkeys, last = _measure(lm, ids, plan, draw_layer, console)
     except GatherLensError as err:
         raise click.ClickException(str(err)) from None
@@ -170,6 +173,17 @@ def _check_plan(plan: _Plan) -> None:
     if plan.decode_tokens >= plan.context:
         raise click.BadParameter(f"{plan.decode_tokens} must be smaller than --context {plan.context}",
                                  param_hint="--decode-tokens")
+
+
+def _check_head(config, plan: _Plan, head: int) -> None:
+    """--head against every drawn setting's heads (KV groups where the choice is shared, query heads where
+    each head chooses), before the evaluation: the smallest count bounds it."""
+    kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    shared = any(s.share_selection for s in plan.setups)
+    H, what = (kv, "KV groups") if shared else (config.num_attention_heads, "query heads")
+    if not -H <= head < H:
+        raise click.BadParameter(f"head {head} is outside [{-H}, {H}): the model has {H} {what} to draw "
+                                 f"(negative counts from the end)", param_hint="--head")
 
 
 def _picture_folder(pictures: str | None, force: bool) -> Path | None:

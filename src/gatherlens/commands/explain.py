@@ -10,7 +10,8 @@ Runs the model once under `gatherlens.trace()` with top-k attention on, prints a
 terminal (gatherlens.render.summary: tokens and ids, the embedding gather, one query's top-k
 keys, the next-token prediction, the table of every gather) and writes a self-contained HTML report with one SVG per
 figure to --out (default ./gatherlens-report). The page is explorable offline: pick any layer, head
-and query and move k (`gatherlens serve` is the same page, live). A folder that already holds files is refused
+and query and move k (`gatherlens serve` is the same page, live); texts up to 2,048 tokens (past 128 the page
+keeps the 16 query rows around --query). A folder that already holds files is refused
 unless --force; --force replaces only the report's own files (index.html, story.json, NN-*.svg,
 prefill-map.svg). --quantized runs a GGUF model from its blocks (float32 stays the default); the report
 then draws the embedding gather from the quantized table. --sparse-prefill also prefills the text
@@ -26,10 +27,11 @@ import time
 
 import click
 
-from gatherlens.commands.params import Int, load_kwargs, quantized_option
+from gatherlens.commands.params import (Int, check_model, load_kwargs, quantized_option, signals_as_ctrl_c,
+                                        sparse_prefill_option)
 from gatherlens.i18n import LANGS
 from gatherlens.ops.prefill.config import TOY
-from gatherlens.report.defaults import DEFAULT_TEXT
+from gatherlens.report.defaults import DEFAULT_TEXT, LIVE_MAX_TOKENS, MAX_CHARS
 
 
 def _command_line(text, model, quantized, top_k, layer, head, query, lang, out, sparse_prefill=False) -> str:
@@ -58,7 +60,7 @@ def _command_line(text, model, quantized, top_k, layer, head, query, lang, out, 
 @click.option("--model", "model", default="smollm2", show_default=True,
               help="smollm2 (SmolLM2-135M, causal LM), minilm (all-MiniLM-L6-v2, BERT encoder), or "
                    "a path to a local Hugging Face model folder or .gguf file.")
-@quantized_option
+@quantized_option("The report then draws the embedding gather from the quantized table.")
 @click.option("--top-k", "top_k", type=Int(1), default=4, show_default=True,
               help="Keys each query gathers in every attention layer.")
 @click.option("--layer", type=Int(), default=None,
@@ -74,10 +76,13 @@ def _command_line(text, model, quantized, top_k, layer, head, query, lang, out, 
               show_default=True, help="Folder for index.html, story.json and the SVG figures.")
 @click.option("--force", is_flag=True,
               help="Write into a folder that already holds files (replaces only report files).")
-@click.option("--sparse-prefill", "sparse_prefill", is_flag=True,
-              help="Also prefill TEXT block-sparsely: the page gains a map of the key blocks each query block "
-                   "gathered, for any layer and head (prefill-map.svg in --out: --layer's and --head's).")
-def explain(text, model, quantized, top_k, layer, head, query, lang, out, force, sparse_prefill=False):
+@sparse_prefill_option("The page gains a map of the key blocks each query block gathered, for any layer and head "
+                       "(prefill-map.svg in --out: --layer's and --head's).")
+@click.option("--backends", "show_backends", is_flag=True,
+              help="Also print which implementation of each native operator ran, and why the others did not "
+                   "(for developers).")
+def explain(text, model, quantized, top_k, layer, head, query, lang, out, force, sparse_prefill=False,
+            show_backends=False):
     """Explain every gather a real model runs on TEXT.
 
     TEXT defaults to "The cat sat on the mat because it was". Writes --out/index.html (one
@@ -89,58 +94,81 @@ def explain(text, model, quantized, top_k, layer, head, query, lang, out, force,
     from rich.console import Console
 
     from gatherlens.errors import GatherLensError
-    from gatherlens.models.files.integrity import require_finite
     from gatherlens.outputs import writable_dir
     from gatherlens.render.summary import print_summary
-    from gatherlens.report.build import check_out_dir, story_data, write_report
+    from gatherlens.report.build import check_out_dir
     from gatherlens.report.records import explain_summary
 
     err = Console(stderr=True, log_path=False)
-    if not text.strip():
-        raise click.BadParameter("TEXT is empty; give a sentence, or leave it out for the default",
-                                 param_hint="TEXT")
+    _check_text(text)
     try:
         check_out_dir(out, force)  # fail before the model loads, not after
         load_kw = load_kwargs(model, quantized)
+        check_model(model)
         writable_dir(out, "--out")
     except GatherLensError as e:
         raise click.ClickException(str(e)) from None
     t0 = time.perf_counter()
+    options = dict(top_k=top_k, layer=layer, head=head, query=query, lang=lang, force=force,
+                   sparse_prefill=sparse_prefill, quantized=quantized, load_kw=load_kw)
     try:
-        with err.status("loading the model", spinner="dots") as status:
+        with signals_as_ctrl_c() as stop, err.status("loading the model", spinner="dots") as status:
             def say(message: str) -> None:
                 status.update(f"[bold]{message}[/] [dim]({time.perf_counter() - t0:.1f} s)[/]")
 
-            from gatherlens.models import load
-            from gatherlens.report.collect import collect
-
-            say(f"loading {model} from its GGUF blocks" if quantized else
-                f"loading {model} (the first SmolLM2 load converts its GGUF file once)")
-            lm = load(model, progress=say, **load_kw)
-            err.log(f"loaded {lm.name} in {lm.seconds:.1f} s"
-                    + (" (from the converted copy in the cache)" if lm.from_cache else ""))
-            from gatherlens.ops import backends
-
-            backends.reset_ran()  # what ran for this text only
-            story = collect(lm, text, top_k=top_k, layer=layer, head=head, query=query, say=say,
-                            prefill=TOY if sparse_prefill else None)
-            ran = backends.describe()  # which row of each native operator's table ran, and why others did not
-            require_finite(story_data(story), "the report's numbers (story.json)")
-            say("drawing the figures and writing the report")
-            command = _command_line(text, model, quantized, top_k, layer, head, query, lang, out, sparse_prefill)
-            paths = write_report(story, out, lang=lang, force=force, command=command)
+            story, paths, ran = _run(text, model, out, options, say, err)
     except GatherLensError as e:
         raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:   # Ctrl-C, kill (SIGTERM), a closed terminal (SIGHUP): the report is whole or absent
+        raise click.ClickException(f"stopped ({stop['signal'] or 'Ctrl-C'}) before the report was complete: "
+                                   f"nothing was written to {str(out)!r} (an earlier report there is as it was)") \
+            from None
     console = Console()
     if not console.is_terminal:
         console.width = max(console.width, 110)
     print_summary(explain_summary(story), paths, console, lang)
-    for line in _closing_lines(ran, story, time.perf_counter() - t0):
+    for line in _closing_lines(ran if show_backends else "", story, time.perf_counter() - t0):
         err.log(line)
 
 
+def _check_text(text: str) -> None:
+    """An empty TEXT, or one past MAX_CHARS, refused before the model loads (the token limit comes after)."""
+    if not text.strip():
+        raise click.BadParameter("TEXT is empty; give a sentence, or leave it out for the default",
+                                 param_hint="TEXT")
+    if len(text) > MAX_CHARS:
+        raise click.BadParameter(f"TEXT has {len(text):,} characters; the explorer takes up to {MAX_CHARS:,} "
+                                 f"(and {LIVE_MAX_TOKENS:,} tokens): shorten it, or run it with gatherlens generate",
+                                 param_hint="TEXT")
+
+
+def _run(text: str, model: str, out: str, o: dict, say, err):
+    """Load, collect the story, write the report (whole, or not at all): (story, paths, what ran)."""
+    from gatherlens.models import load
+    from gatherlens.models.files.integrity import require_finite
+    from gatherlens.ops import backends
+    from gatherlens.report.build import story_data, write_report
+    from gatherlens.report.collect import collect
+
+    say(f"loading {model} from its GGUF blocks" if o["quantized"] else
+        f"loading {model} (the first SmolLM2 load converts its GGUF file once)")
+    lm = load(model, progress=say, **o["load_kw"])
+    err.log(f"loaded {lm.name} in {lm.seconds:.1f} s" + (" (from the converted copy in the cache)" if lm.from_cache
+                                                           else ""))
+    backends.reset_ran()  # what ran for this text only
+    story = collect(lm, text, top_k=o["top_k"], layer=o["layer"], head=o["head"], query=o["query"], say=say,
+                    prefill=TOY if o["sparse_prefill"] else None)
+    ran = backends.describe()  # which row of each native operator's table ran, and why others did not
+    require_finite(story_data(story), "the report's numbers (story.json)")
+    say("drawing the figures and writing the report")
+    command = _command_line(text, model, o["quantized"], o["top_k"], o["layer"], o["head"], o["query"], o["lang"],
+                            out, o["sparse_prefill"])
+    return story, write_report(story, out, lang=o["lang"], force=o["force"], command=command), ran
+
+
 def _closing_lines(ran: str, story, seconds: float) -> list[str]:
-    """What the command says after the summary: which backends ran, what --sparse-prefill kept, the time."""
+    """What the command says after the summary: which backends ran (with --backends), what --sparse-prefill
+    kept, the time."""
     lines = [f"backend {line}" for line in ran.splitlines()]
     return lines + ([_prefill_line(story)] if story.prefill is not None else []) + [f"done in {seconds:.1f} s"]
 

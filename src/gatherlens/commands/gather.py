@@ -103,8 +103,15 @@ def _build(op, shape, values, dim, index, ids, vocab, labels, lang):
                                        f"table takes at most {TOY_LIMIT:,}")
             table = _toy_table(vocab, d)
         id_t = _tensor(ids, "--ids", integer=True)
-        toks = [t for t in labels.split(",")] if labels else None
+        toks = [t for t in labels.split(",")] if labels is not None else None
+        if toks is not None and len(toks) != id_t.numel():
+            raise click.UsageError(f"--labels has {len(toks)} names for {id_t.numel()} ids; give one per id "
+                                   f"(e.g. The,cat,sat for --ids 3,1,4)")
         return record_embedding(id_t, table, labels=toks, lang=lang)
+    for name, given in (("--ids", ids), ("--vocab", vocab), ("--labels", labels)):
+        if given is not None:   # not silently ignored: it would draw something else than the user asked for
+            raise click.UsageError(f"{name} applies to --op embedding only; --op {op} takes --shape or --values "
+                                   f"and --index")
     if (shape is None) == (values is None):
         raise click.UsageError("give the source as exactly one of --shape 4,5 or --values "
                                "\"[[1,2],[3,4]]\"")

@@ -6,6 +6,8 @@
     gatherlens generate "Once upon a time" --dense
     gatherlens generate "Once upon a time" --quantized     # SmolLM2 run from its GGUF blocks
     gatherlens generate --file chapter.txt --kv-dtype float16   # the paged cache in 16 bits (int8: 8)
+    gatherlens generate "What is a gather?" --chat --quantized  # through the model's chat template
+    gatherlens generate "Once upon a time" --temperature 0.8 --top-k 40 --seed 1   # sampled (greedy by default)
 
 The continuation streams as it is generated, with tokens/s and the context length; Ctrl-C (or
 SIGTERM, SIGHUP) stops cleanly, prints what was generated so far and still writes --pages. A text longer than the model's positions keeps
@@ -24,10 +26,13 @@ from pathlib import Path
 import click
 
 from gatherlens.commands.params import (
-    Budget, Int, kv_dtype_option, load_kwargs, output_file, quantized_option, signals_as_ctrl_c, threads_option,
+    Budget, Int, kv_dtype_option, load_kwargs, output_file, quantized_option, require_causal, sampling_options,
+    signals_as_ctrl_c, sparse_prefill_option,
+    threads_option,
 )
 from gatherlens.drawable import picture_suffixes
 from gatherlens.i18n import LANGS
+from gatherlens.ops.sampling.config import GREEDY
 from gatherlens.ops.sparse.config import DEFAULT
 
 
@@ -48,24 +53,28 @@ def _prompt_text(prompt: str | None, file: str | None) -> str:
 @click.option("--file", "file", type=click.Path(dir_okay=False), default=None, help="Read the prompt from a UTF-8 text file.")
 @click.option("--model", "model_name", default="smollm2", show_default=True,
               help='"smollm2" or a local Llama-family folder / .gguf file.')
-@quantized_option
+@quantized_option()
 @click.option("--budget", type=Budget(), default=None,
               help=f'"auto" (pages until their estimated attention mass reaches {DEFAULT.mass}, '
                    f'{DEFAULT.min_pages}..{DEFAULT.max_pages} pages) or tokens each decode step reads per '
                    f'selection head (default: {DEFAULT.budget}).')
 @click.option("--dense", is_flag=True, help="Decode densely (transformers' default path) instead.")
 @kv_dtype_option
-@click.option("--sparse-prefill", "sparse_prefill", is_flag=True,
-              help="Prefill block-sparsely: each block of the prompt attends to the key blocks it needs "
-                   "(gatherlens.ops.prefill's default rule); the cache still keeps every key.")
+@sparse_prefill_option()
 @click.option("--max-new-tokens", default=64, show_default=True, type=Int(1), help="Tokens to generate.")
 @click.option("--pages", "pages", default=None, help="Write the pages x steps picture to FILE.svg or FILE.html.")
 @click.option("--lang", type=click.Choice(LANGS), default="en", show_default=True, help="Language of the picture.")
 @threads_option
 @click.option("--force", is_flag=True, help="Overwrite the --pages file if it exists.")
+@click.option("--chat", is_flag=True,
+              help="Send PROMPT as a user's message through the model's chat template (its GGUF's "
+                   "tokenizer.chat_template) and stop at the template's end of turn.")
+@click.option("--system", default=None, help="With --chat: a system message before PROMPT.")
+@sampling_options(GREEDY)
 def generate(prompt, file, model_name, quantized, budget, dense, kv_dtype, max_new_tokens, pages, lang, threads, force,
-             sparse_prefill=False):
-    """Continue PROMPT with sparse decoding, streaming tokens/s and the context length."""
+             sparse_prefill=False, chat=False, system=None, sampling=GREEDY):
+    """Continue PROMPT with sparse decoding, streaming tokens/s and the context length (greedy unless
+    given --temperature and the other sampling options)."""
     from rich.console import Console
 
     from gatherlens.errors import GatherLensError
@@ -74,14 +83,18 @@ def generate(prompt, file, model_name, quantized, budget, dense, kv_dtype, max_n
         raise click.UsageError("--budget and --dense exclude each other")
     if dense and kv_dtype is not None:
         raise click.UsageError("--kv-dtype and --dense exclude each other (dense decoding keeps transformers' cache)")
+    if system is not None and not chat:
+        raise click.UsageError("--system needs --chat (a system message belongs to a chat)")
     pages_path = output_file(pages, force, picture_suffixes("svg", "html"), "--pages")
     text = _prompt_text(prompt, file)
     load_kw = load_kwargs(model_name, quantized)  # before the model loads
+    require_causal(model_name, "generate")
     err = Console(stderr=True)
     try:
         with signals_as_ctrl_c() as stop:   # kill (SIGTERM) or a closed terminal (SIGHUP): as Ctrl-C
             result = _run(text, (model_name, load_kw), budget, dense, max_new_tokens, pages_path is not None,
-                          threads, kv_dtype, sparse_prefill=sparse_prefill)
+                          threads, kv_dtype, sparse_prefill=sparse_prefill, sampling=sampling,
+                          chat=_messages(text, system) if chat else None)
     except GatherLensError as e:
         raise click.ClickException(str(e)) from None
     _summary(result, err, stop["signal"] or "Ctrl-C")
@@ -92,8 +105,23 @@ def generate(prompt, file, model_name, quantized, budget, dense, kv_dtype, max_n
             raise click.ClickException(str(e)) from None
 
 
+def _messages(text: str, system: str | None) -> list[dict]:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+
+
+def _prompt_ids(lm, text: str, chat: list | None):
+    """The prompt's ids (1, S) and the stop ids: the text as is (the model's EOS), or the chat through the
+    model's template (its end of turn)."""
+    if chat is None:
+        return lm.encode(text, truncation=False), None
+    from gatherlens.models.runtime.chat import chat_prompt, chat_template_of
+
+    template = chat_template_of(lm)
+    return chat_prompt(lm, chat, template), template.stop_ids
+
+
 def _run(text: str, model: tuple[str, dict], budget, dense: bool, max_new_tokens: int, pages: bool, threads,
-         kv_dtype: str | None = None, sparse_prefill: bool = False):
+         kv_dtype: str | None = None, sparse_prefill: bool = False, sampling=None, chat: list | None = None):
     """Load (model: the name and load()'s keywords), fit the prompt to the model's positions, stream
     the continuation under a live status line."""
     from rich.live import Live
@@ -112,13 +140,15 @@ def _run(text: str, model: tuple[str, dict], budget, dense: bool, max_new_tokens
         from gatherlens.models.attention.prefill import use_sparse_prefill
 
         use_sparse_prefill(lm.model)
-    ids, dropped = fit_prompt(lm, lm.encode(text, truncation=False), max_new_tokens)
+    ids, stop = _prompt_ids(lm, text, chat)
+    ids, dropped = fit_prompt(lm, ids, max_new_tokens)
     if dropped:
         warnings.warn(f"the prompt has {ids.shape[1] + dropped} tokens; kept its last {ids.shape[1]} (dropped "
                       f"{dropped} from the start) so that it and {max_new_tokens} new tokens fit the model's "
                       f"{lm.config.max_position_embeddings} positions", GatherLensWarning, stacklevel=1)
     budget = None if dense else (budget or DEFAULT.budget)  # the one SparseConfig's default
     sparse = {} if dense else {"kv_dtype": kv_dtype or DEFAULT.kv_dtype}  # SparseConfig.kv_dtype
+    sparse.update(sampling=sampling, stop=stop)
     if not sys.stdout.isatty():  # a pipe or a test: the plain continuation on stdout, stats at the end
         return stream_generate(lm, ids, budget, max_new_tokens, pages=pages, on_token=_write, **sparse)
     view = _LiveView(budget)

@@ -1,5 +1,6 @@
 """What the commands share: the int type of every option (`Int`, gatherlens.params' one rule),
-lists of ints, --threads, output files never overwritten without --force, the --model/--corpus/--text options, --quantized and its check, a progress bar
+lists of ints, --threads, output files never overwritten without --force, the --model/--corpus/--text options,
+--quantized and its check, --sparse-prefill, --kv-dtype (each shared option declared once, here), a progress bar
 and the results table.
 
     >>> positive_ints("8,32,8", "-k/--top-k", "k")
@@ -10,34 +11,13 @@ and the results table.
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 
 import click
 
 from gatherlens import outputs
-from gatherlens.errors import GatherValueError, shorten
-from gatherlens.params import check_int, parse_int
-
-
-class Int(click.ParamType):
-    """click's type of every int option and argument: `gatherlens.params.parse_int`'s rule (ASCII
-    digits, an optional "-") and its one wording, `Error: --threads = 999 is outside the valid
-    range [1, 16]`. `Int(1)` is [1, inf); `Int(1, 64)` is [1, 64]; `Int()` any int."""
-
-    name = "integer"
-
-    def __init__(self, lo: int | None = None, hi: int | None = None):
-        self.lo, self.hi = lo, hi
-
-    def convert(self, value, param, ctx):
-        name = max(param.opts, key=len) if param is not None and param.opts else "value"
-        try:
-            if isinstance(value, int) and not isinstance(value, bool):   # a default, or a caller's int
-                return check_int(value, name, self.lo, self.hi)
-            return parse_int(value, name, self.lo, self.hi)
-        except GatherValueError as e:
-            raise click.UsageError(str(e), ctx) from None
+from gatherlens.errors import GatherValueError
+from gatherlens.params import Int, budget_list, cpu_count, int_list, positive_ints  # noqa: F401 - the int rules
 
 
 class Budget(Int):
@@ -57,46 +37,11 @@ class Budget(Int):
             raise click.UsageError(f'{e.message} (or "auto": pages by estimated attention mass)', ctx) from None
 
 
-def cpu_count() -> int:
-    """CPUs this process may run on (its affinity where the system tells it): --threads' ceiling."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def threads_option(command):
     """--threads N: torch threads, in [1, the CPUs this process may use]; more is refused by name."""
     return click.option("--threads", default=None, type=Int(1, cpu_count()),
                         help=f"torch threads, 1 to {cpu_count()} (default: all of them, fewer while other "
                              f"programs keep cores busy).")(command)
-
-
-def int_list(value: str, hint: str, lo: int | None = None, hi: int | None = None) -> list[int]:
-    """"3,1,4" -> [3, 1, 4]: each item by `parse_int`'s rule (spaces and empty items ignored); one
-    click error naming `hint` and the bad item otherwise."""
-    try:
-        return [parse_int(s, hint, lo, hi) for s in value.split(",") if s.strip(" \t")]
-    except GatherValueError as e:
-        kind = "positive integers" if lo == 1 and hi is None else "integers"
-        raise click.UsageError(f"{hint} = {shorten(value)} must be comma-separated {kind}: "
-                               f"{str(e).removeprefix(f'{hint} = ')}") from None
-
-
-def positive_ints(value: str, hint: str, what: str) -> list[int]:
-    """"8,32,128" -> [8, 32, 128] (sorted, unique); a clear error for anything else."""
-    values = sorted(set(int_list(value, hint, lo=1)))
-    if not values:
-        raise click.BadParameter(f"{value!r}: give at least one {what}, like 8,32,128", param_hint=hint)
-    return values
-
-
-def budget_list(value: str, hint: str) -> list:
-    """"auto,512,256" -> ["auto", 256, 512] ("auto" first, then the ints sorted, unique); a clear error else."""
-    words = [w.strip() for w in value.split(",")]
-    auto = ["auto"] if "auto" in (w.lower() for w in words) else []
-    rest = ",".join(w for w in words if w.lower() != "auto")
-    return auto + (positive_ints(rest, hint, 'budget (or "auto")') if rest or not auto else [])
 
 
 def output_file(path: str | None, force: bool, suffixes: tuple[str, ...], hint: str) -> Path | None:
@@ -126,11 +71,24 @@ def text_source_options(model_help: str):
     return apply
 
 
-def quantized_option(command):
-    """--quantized: run a GGUF model from its blocks (`load(name, quantized=True)`); float32 stays the default."""
+def quantized_option(shows: str = ""):
+    """--quantized, declared once: run a GGUF model from its blocks (`load(name, quantized=True)`); float32
+    stays the default. shows: what the command then shows differently (one sentence of its help).
+
+        >>> @quantized_option()                      # on a command; its value arrives as `quantized`
+    """
     return click.option("--quantized", is_flag=True,
                         help="Run a GGUF model (smollm2 or a .gguf file) from its quantized blocks instead of "
-                             "the float32 copy (default: float32).")(command)
+                             "the float32 copy (default: float32)." + (f" {shows}" if shows else ""))
+
+
+def sparse_prefill_option(shows: str = ""):
+    """--sparse-prefill, declared once: prefill block-sparsely (models/attention/prefill.py, the default rule
+    of gatherlens.ops.prefill). shows: what the command then shows (one sentence of its help)."""
+    return click.option("--sparse-prefill", "sparse_prefill", is_flag=True,
+                        help="Prefill block-sparsely: each block of the prompt attends to the key blocks it needs "
+                             "(gatherlens.ops.prefill's default rule); the cache still keeps every key."
+                             + (f" {shows}" if shows else ""))
 
 
 def kv_dtype_option(command):
@@ -159,6 +117,28 @@ def load_kwargs(model: str, quantized: bool) -> dict:
     except GatherValueError as e:
         raise click.BadParameter(str(e), param_hint="--quantized") from None
     return {"quantized": True}
+
+
+def check_model(model: str) -> None:
+    """A one-line error, before anything slow, for a --model that is not there: an unknown name, a folder
+    without config.json, a .gguf that is not a GGUF (`registry.resolve`)."""
+    from gatherlens.models.files.registry import resolve
+
+    try:
+        resolve(model)
+    except GatherValueError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def require_causal(model: str, what: str) -> None:
+    """A one-line error, before anything loads, when `model` is not a causal LM (an encoder such as
+    minilm) and `what` (a command) needs one to generate or decode (`registry.check_causal`)."""
+    from gatherlens.models.files.registry import check_causal, resolve
+
+    try:
+        check_causal(resolve(model), what)
+    except GatherValueError as e:
+        raise click.ClickException(str(e)) from None
 
 
 STOP_SIGNALS = ("SIGTERM", "SIGHUP")   # stop a command like Ctrl-C does (what `kill` and a closed terminal send)
@@ -224,3 +204,49 @@ def print_table(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> 
     for row in rows:
         table.add_row(*row)
     Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+# -- sampling (ops/sampling.SamplingConfig): the options of generate and chat, declared once -------------
+# option -> (SamplingConfig field, click type, help)
+SAMPLING_OPTIONS = {
+    "--temperature": ("temperature", float, "0 picks the most likely token (greedy); higher spreads the draw"),
+    "--top-k": ("top_k", Int(0), "keep the k most likely tokens (0: off)"),
+    "--top-p": ("top_p", float, "keep the most likely tokens whose probabilities add up to p (1: off)"),
+    "--min-p": ("min_p", float, "keep tokens at least this share as likely as the best one (0: off)"),
+    "--repeat-penalty": ("repeat_penalty", float, "divide a repeated token's logit by this (1: off)"),
+    "--frequency-penalty": ("frequency_penalty", float, "minus this per earlier use of a token (0: off)"),
+    "--presence-penalty": ("presence_penalty", float, "minus this once for a token used before (0: off)"),
+    "--seed": ("seed", Int(), "the draw's seed: the same seed, the same text (default: a random one)"),
+}
+
+
+def sampling_options(base):
+    """Decorator: the SAMPLING_OPTIONS on a command, handed to it as one `sampling=` SamplingConfig: `base`
+    (a preset, such as ops.sampling.GREEDY) with the options given. Each option's range comes from the
+    config's own checks, as one `Error: --top-p = 1.5 is outside the valid range (0, 1] ...`."""
+    import functools
+
+    def apply(command):
+        @functools.wraps(command)
+        def run(*args, **kw):
+            given = {field: kw.pop(field) for field, _, _ in SAMPLING_OPTIONS.values()}
+            kw["sampling"] = sampling_config(base, given)
+            return command(*args, **kw)
+
+        for option, (field, kind, words) in reversed(SAMPLING_OPTIONS.items()):
+            run = click.option(option, field, type=kind, default=None,
+                               help=f"{words} (default: {getattr(base, field)}).")(run)
+        return run
+
+    return apply
+
+
+def sampling_config(base, given: dict):
+    """`base` with the options that were given (not None); a click error naming the option otherwise."""
+    changes = {field: value for field, value in given.items() if value is not None}
+    try:
+        return base.replace(**changes)
+    except GatherValueError as e:
+        field = str(e).split(" ", 1)[0]
+        option = next((o for o, (f, _, _) in SAMPLING_OPTIONS.items() if f == field), field)
+        raise click.UsageError(f"{option}{str(e)[len(field):]}") from None

@@ -55,7 +55,7 @@ def _prefilled(lm, ids: torch.Tensor, sparse_prefill: bool):
     from gatherlens.models.runtime.decoding import SparseKVCache, use_sparse_decoding
     from gatherlens.models.runtime.generation import last_logits
 
-    use_sparse_decoding(lm.model, None, 8, kv_dtype=None)
+    use_sparse_decoding(lm.model, budget=None, page_size=8, kv_dtype=None)
     if sparse_prefill:
         use_sparse_prefill(lm.model)
     try:

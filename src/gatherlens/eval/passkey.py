@@ -104,7 +104,7 @@ def passkey_trials(model, tokenizer, context: int = 8192, trials: int = 5, budge
         for trial, depth in enumerate(depths):
             key = str(rng.randint(10000, 99999))
             ids = passkey_prompt(tokenizer, context, depth, key)  # (1, S)
-            use_sparse_decoding(model, None, page_size)
+            use_sparse_decoding(model, budget=None, page_size=page_size)
             cache0, _ = prefill(model, ids[:, :-1], page_size)
             for setup in [SparseSetup(None, page_size=page_size, label="dense"), *setups]:
                 results.append(_one_trial(model, tokenizer, cache0, ids, setup, new_tokens, trial, depth, key))
@@ -118,7 +118,7 @@ def passkey_trials(model, tokenizer, context: int = 8192, trials: int = 5, budge
 def _one_trial(model, tokenizer, cache0, ids, setup: SparseSetup, new_tokens: int, trial: int, depth: float,
                key: str) -> PasskeyResult:
     """Greedy answer of one setting from a copy of the prefilled prompt."""
-    use_sparse_decoding(model, setup.budget, **setup.options())
+    use_sparse_decoding(model, budget=setup.budget, **setup.options())
     made = greedy_decode(model, repage(cache0, setup.page_size), ids[:, -1:], new_tokens)
     answer = tokenizer.decode(made)
     found = re.findall(r"\d{5}", answer)

@@ -34,6 +34,7 @@ import torch
 from gatherlens.errors import GatherValueError
 from gatherlens.eval.passkey import passkey_prompt
 from gatherlens.eval.stats import check_ids, perplexity
+from gatherlens.models.hf_adapter import is_causal_lm
 from gatherlens.models.attention.prefill import last_prefill_selections, use_dense_prefill, use_sparse_prefill
 from gatherlens.ops.prefill.config import PrefillConfig
 from gatherlens.ops.prefill.selection import kept_share
@@ -142,6 +143,9 @@ def evaluate_prefill_quality(model, tokenizer, ids: torch.Tensor, configs: dict[
     progress(message) is called before each step.
     """
     check_ids(ids, "S")
+    if not is_causal_lm(model) and not getattr(model.config, "is_decoder", False):
+        raise GatherValueError(f"{type(model).__name__} ({model.config.model_type}) is not a causal LM: a "
+                               f"prefill's perplexity needs next-token logits; give a ...ForCausalLM model")
     if not 1 <= scored < ids.shape[1]:
         raise GatherValueError(f"scored = {scored} must be in [1, {ids.shape[1]}) for a text of {ids.shape[1]} tokens")
     say = progress or (lambda message: None)

@@ -41,6 +41,7 @@ import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.eval.stats import EvalReport, EvalRow, LayerStats, check_ids, perplexity, positive_settings
+from gatherlens.models.attention.cache import PagedLayer, WindowLayer
 from gatherlens.models.attention.sparse import meter_pages
 from gatherlens.models.runtime.decoding import (
     SparseCall, SparseKVCache, observe_sparse, use_dense_decoding, use_sparse_decoding,
@@ -191,11 +192,17 @@ def prefill(model, ids: torch.Tensor, page_size: int = QUEST.page_size) -> tuple
 
 
 def repage(cache: SparseKVCache, page_size: int, kv_dtype: str | None = None) -> SparseKVCache:
-    """A copy of `cache` (same keys and values as read) in pages of `page_size` tokens stored in `kv_dtype`."""
+    """A copy of `cache` (same keys and values as read) in pages of `page_size` tokens stored in `kv_dtype`;
+    a local (sliding-window, chunked) layer's ring is copied as it is (it has no pages)."""
     out = SparseKVCache(config=None, page_size=page_size, kv_dtype=kv_dtype)
-    for i, layer in enumerate(cache.layers):
+    for layer in cache.layers:
+        if isinstance(layer, WindowLayer):
+            out.layers.append(layer.copy())
+            continue
+        paged = PagedLayer(page_size, kv_dtype)
         if layer.paged is not None:
-            out.update(layer.paged.keys, layer.paged.values, i)
+            paged.append(layer.paged.keys, layer.paged.values)
+        out.layers.append(paged)
     return out
 
 
@@ -345,7 +352,7 @@ def evaluate_sparse_quality(model, ids: torch.Tensor, budgets=(256, 512, 1024, 2
     prefix, targets = ids[:, :S - N], ids[:, S - N:]  # (1, S-N), (1, N)
     rows: list[SparseQualityRow] = []
     try:
-        use_sparse_decoding(model, None, page_size)  # dense prefill into a paged cache
+        use_sparse_decoding(model, budget=None, page_size=page_size)  # dense prefill into a paged cache
         cache0, logits0 = prefill(model, prefix, page_size)
         dense = None
         for setup in [SparseSetup(None, page_size=page_size, label="dense"), *setups]:

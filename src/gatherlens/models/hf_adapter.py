@@ -4,7 +4,7 @@
     >>> attn_implementation(model)                          # 'sdpa'
     >>> register_attention("gatherlens_topk", topk_attention_forward)    # with SDPA's mask function
     >>> default_cache(model, lambda m: SparseKVCache(config=m.config))  # generate's cache when none is given
-    >>> replace_forward(layer, lean_forward)                # this layer only; restore_forward(layer) undoes it
+    >>> replace_forward(model, step_forward)                # this model only; restore_forward(model) undoes it
 
 Written against transformers 5.x. Public extension points where they exist: `AttentionInterface`
 and `AttentionMaskInterface` (registration, and SDPA's functions looked up by name),
@@ -18,6 +18,7 @@ So a new transformers release is checked against this file alone.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import types
 
@@ -28,7 +29,8 @@ __all__ = [
     "register_attention", "sdpa_attention", "grouped_sdpa", "attention_function", "layer_types", "default_cache",
     "restore_default_cache",
     "replace_forward", "restore_forward", "forward_replaced", "decoder_layers", "class_named", "is_causal_lm",
-    "quiet_gguf_progress", "hand_over", "handed_over", "causal_lm_output",
+    "quiet_gguf_progress", "hand_over", "handed_over", "causal_lm_output", "gguf_tokenizer_from_metadata",
+    "rotary_module", "moe_routers", "embedding_scale",
 ]
 
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # class (architecture) names of causal LMs
@@ -156,12 +158,20 @@ def restore_default_cache(model) -> None:
 
 # -- per-instance forwards ------------------------------------------------------------------------
 def replace_forward(module, forward) -> None:
-    """Run `forward(module, ...)` instead of the module's class forward, for this instance only.
+    """Run `forward(module, ...)` instead of the module's class forward, for this instance only; the
+    replacement shows the class forward's signature.
 
     relies on: `nn.Module.__call__` (and transformers' GradientCheckpointingLayer) calling
-    `self.forward`, looked up on the instance first.
+    `self.forward`, looked up on the instance first; and `generate` reading `inspect.signature(
+    self.forward)` (it passes `position_ids`, made from the attention mask, only to a forward whose
+    signature names them: a left-padded batch needs them).
     """
-    module.forward = types.MethodType(forward, module)
+    def replaced(*args, **kwargs):
+        return forward(module, *args, **kwargs)
+
+    replaced.__signature__ = inspect.signature(types.MethodType(type(module).forward, module))
+    replaced.__doc__ = forward.__doc__
+    module.forward = replaced
 
 
 def restore_forward(module) -> None:
@@ -241,6 +251,32 @@ def quiet_gguf_progress():
 _handed = threading.local()
 
 
+def gguf_tokenizer_from_metadata(path, metadata: dict, tensor_names: tuple[str, ...]):
+    """transformers' `AutoTokenizer.from_pretrained(folder, gguf_file=)` for a tokenizer gatherlens does
+    not build itself (sentencepiece: Gemma, Llama 2, Phi-3), from metadata already read, so a large
+    header (Gemma 3: 262,144 tokens) is parsed once per load, not three times.
+
+    metadata: every key as transformers' reader gives it (a string array other than tokens and merges
+    as its count). relies on: `transformers.integrations.gguf.read_gguf_metadata(path, string_arrays)`
+    -> (metadata, tensor names), looked up in that package (the config) and in its `reader` module (the
+    tokenizer) at call time; both are replaced for the call.
+    """
+    from pathlib import Path
+
+    import transformers.integrations.gguf as hf_gguf
+    import transformers.integrations.gguf.reader as hf_reader
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    given = lambda gguf_path, string_arrays=(): (metadata, tensor_names)  # noqa: E731 - the reader's signature
+    saved = hf_gguf.read_gguf_metadata, hf_reader.read_gguf_metadata
+    hf_gguf.read_gguf_metadata = hf_reader.read_gguf_metadata = given
+    try:
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    finally:
+        hf_gguf.read_gguf_metadata, hf_reader.read_gguf_metadata = saved
+
+
 def hand_over(obj, keys) -> None:
     """Give the attention call that follows (this thread) `obj`, what a cache layer's `update` made
     for the keys (B, Hkv, L, D) it returns; `handed_over(key)` takes it.
@@ -261,3 +297,41 @@ def handed_over(key):
     obj, keys = step
     same = keys is key or (keys.shape == key.shape and keys.data_ptr() == key.data_ptr())
     return obj if same else None
+
+
+# -- gathers a model runs itself (the explorer draws them: report/model_gathers.py) ------------------
+def rotary_module(model):
+    """The module that makes RoPE's (cos, sin) from position_ids, or None (no RoPE).
+
+    relies on: transformers' decoders keeping one `rotary_emb` module, called as
+    `rotary_emb(x, position_ids[, layer_type]) -> (cos, sin)`, each (B, S, D) (Gemma 3 passes its layer type).
+    """
+    return next((m for n, m in unwrap(model).named_modules() if n.rsplit(".", 1)[-1] == "rotary_emb"), None)
+
+
+def moe_routers(model) -> list:
+    """[(layer index, router module)] of a mixture-of-experts model, in layer order ([] for a dense one).
+
+    relies on: transformers' MoE blocks (Mixtral, Qwen2/3-MoE, ...; and models/gguf/moe.py's ExpertRouter)
+    holding their router as child `gate` beside `experts`, called as `gate(x) -> (logits (T, E), weights
+    (T, k), index (T, k))`, inside decoder layer `layers.<i>`.
+    """
+    out = []
+    for name, m in unwrap(model).named_modules():
+        gate = getattr(m, "gate", None)
+        if hasattr(m, "experts") and gate is not None and hasattr(gate, "top_k"):
+            parts = name.split(".")
+            layer = next((int(b) for a, b in zip(parts, parts[1:]) if a == "layers" and b.isdigit()), len(out))
+            out.append((layer, gate))
+    return out
+
+
+def embedding_scale(module) -> float | None:
+    """The factor a model multiplies its gathered embedding rows by (Gemma: sqrt(d)), or None.
+
+    relies on: Gemma's `ScaledWordEmbedding` keeping it as the buffer or float `embed_scale`.
+    """
+    scale = getattr(module, "embed_scale", None)
+    if scale is None:
+        return None
+    return float(scale)

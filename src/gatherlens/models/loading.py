@@ -25,14 +25,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from gatherlens.errors import GatherLensWarning, GatherValueError
+from gatherlens.errors import GatherLensWarning, GatherTypeError, GatherValueError
 from gatherlens.models.files import cache as _cache
 from gatherlens.models.files import locks as _locks
 from gatherlens.models.hf_adapter import (
     CAUSAL_LM_SUFFIXES, class_named, quiet_gguf_progress, set_attn_implementation,
 )
 from gatherlens.models.files.loaded import LoadedModel
-from gatherlens.models.files.integrity import nonfinite_weights, readable
+from gatherlens.models.files.integrity import as_os_error, nonfinite_weights, readable
 from gatherlens.models.files.registry import WEIGHT_FILES, ModelSource, resolve
 
 __all__ = ["load", "LoadedModel", "TRANSFORMERS_RANGE"]
@@ -66,6 +66,7 @@ def load(
         conversion or cache; use_cache_dir and rebuild do not apply.
     """
     start = time.perf_counter()
+    _check_load_args(quantized=quantized, use_cache_dir=use_cache_dir, rebuild=rebuild, top_k=top_k)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     with _reporter(progress) as say:
@@ -94,6 +95,15 @@ def load(
         lm.seconds = time.perf_counter() - start
         say(f"loaded {lm.name} in {lm.seconds:.1f} s")
     return lm
+
+
+def _check_load_args(top_k, **flags) -> None:
+    """load()'s switches are True or False (quantized="no" is a mistake, not a yes), top_k a positive int."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise GatherTypeError(f"{name} = {value!r} must be True or False")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise GatherValueError(f"top_k = {top_k!r} must be a positive int (keys each query keeps) or None")
 
 
 # -- the two kinds of source -------------------------------------------------------------------
@@ -211,7 +221,7 @@ def _convert_into_cache(source: ModelSource, folder: Path, attn_impl, digest: st
         try:
             _cache.build_atomically(folder, _saver(model, tok), _meta(source, digest))
         except OSError as err:  # a full or read-only disk: keep going with the model in memory
-            _warn(_uncached(source.name, "could not hold the converted model", err))
+            _warn(_uncached(source.name, "could not hold the converted model", err, saving=True))
             return LoadedModel(source.name, model, tok, source.path, info={"sha256": digest, "converted": True})
     if attn_impl:
         set_attn_implementation(model, attn_impl)
@@ -219,10 +229,19 @@ def _convert_into_cache(source: ModelSource, folder: Path, attn_impl, digest: st
 
 
 def _saver(model, tok) -> Callable[[Path], None]:
+    """Fill the temporary folder; a write error (a full disk, a file past `ulimit -f`) is an OSError
+    naming the file, whatever library raised it (safetensors raises its own error type)."""
     def fill(tmp: Path) -> None:
-        model.save_pretrained(tmp)
-        _cache.checkpoint("filled-model")
-        tok.save_pretrained(tmp)
+        for name, save in (("model.safetensors", model.save_pretrained), ("tokenizer.json", tok.save_pretrained)):
+            try:
+                save(tmp)
+            except Exception as err:  # noqa: BLE001 - only an OS error is mapped; anything else stays itself
+                mapped = as_os_error(err, tmp / name)
+                if mapped is None:
+                    raise
+                raise mapped from err
+            if name == "model.safetensors":
+                _cache.checkpoint("filled-model")
 
     return fill
 
@@ -237,8 +256,10 @@ def _uncached_model(source: ModelSource, digest: str, say) -> LoadedModel:
     return LoadedModel(source.name, model, tok, source.path, info={"sha256": digest, "converted": True})
 
 
-def _uncached(name: str, what: str, err: OSError) -> str:
-    return (f"the model cache {_cache.cache_root()} {what} ({err.strerror or err}); {name} will be converted "
+def _uncached(name: str, what: str, err: OSError, saving: bool = False) -> str:
+    """The warning for a cache that cannot hold the model; `saving`: name the file whose write failed."""
+    where = f" writing {str(err.filename)!r}" if saving and getattr(err, "filename", None) else ""
+    return (f"the model cache {_cache.cache_root()} {what} ({err.strerror or err}{where}); {name} will be converted "
             f"again on every run. Make room or make it writable, or set GATHERLENS_CACHE (or "
             f"XDG_CACHE_HOME) to a writable folder")
 

@@ -27,7 +27,7 @@ def _modules() -> tuple:
     from gatherlens.ops.fault import sigbus
     from gatherlens.ops.layer import fused, stack
     from gatherlens.ops.prefill import fused_prefill
-    from gatherlens.ops.quant import floatdot, q8act, q8k
+    from gatherlens.ops.quant.products import floatdot, q8act, q8k
     from gatherlens.ops.sparse import fused_decode
 
     return threshold_kernel, fused_decode, fused, q8act, q8k, floatdot, sigbus, fused_prefill, stack

@@ -81,15 +81,19 @@ def installed_dir() -> Path:
 def load_library(source: Path, on_load=None) -> bool:
     """Build (first use) and load the operators of `source`, then call on_load() once; False if it cannot be."""
     key = str(source)
-    known = _LOADED.get(key)
-    if known is not None:  # decided before: no lock on the hot path (a decode step asks ~100 times)
-        return known
+    if _LOADED.get(key):  # loaded before: no lock on the hot path (a decode step asks ~100 times)
+        return True
+    # a failure is remembered for the cache folder it was tried in ($GATHERLENS_CACHE may change in a process)
+    failed = f"{key}\0{os.environ.get('GATHERLENS_NATIVE')}\0{native_dir()}"
+    if failed in _LOADED:
+        return False
     with _LOCK:
-        if key not in _LOADED:
-            _LOADED[key] = os.environ.get("GATHERLENS_NATIVE") != "0" and _build(source)
-            if _LOADED[key] and on_load is not None:
+        if key not in _LOADED and failed not in _LOADED:
+            ok = os.environ.get("GATHERLENS_NATIVE") != "0" and _build(source)
+            _LOADED[key if ok else failed] = ok
+            if ok and on_load is not None:
                 on_load()
-        return _LOADED[key]
+        return _LOADED.get(key, False)
 
 
 def _compiler() -> str | None:

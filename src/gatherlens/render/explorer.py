@@ -25,8 +25,8 @@ from markupsafe import Markup, escape
 
 from gatherlens.i18n import STRINGS
 from gatherlens.render.templates import render_template
-from gatherlens.render.theme import (BLOCK_KEPT, BLOCK_OUTSIDE, BLOCK_SKIPPED, FONTS, MASKED, MONO, PALETTE, PICKED,
-                                     UNPICKED)
+from gatherlens.render.theme import (BAND, BLOCK_KEPT, BLOCK_OUTSIDE, BLOCK_SKIPPED, FONTS, MASKED, MONO, OUTSIDE,
+                                     PALETTE, PICKED, UNPICKED)
 
 __all__ = ["explorer_js", "fragment_script", "csp", "script_hash", "inline_scripts", "json_block", "theme_data",
            "strings_data", "Slot", "slotted", "plain", "JS_STRINGS"]
@@ -45,6 +45,11 @@ JS_STRINGS += ("gal_info", "gal_tag_sink", "gal_tag_previous", "gal_tag_copying"
                "gal_tag_mixed")                      # the head gallery's line under it
 JS_STRINGS += ("ex_window", "st_detail", "st_dense", "st_same", "st_diff", "st_dense_wait",
                "st_prefill")                         # a long text's window; a clicked generation step
+JS_STRINGS += ("layer_full", "layer_sliding", "layer_chunked", "layer_window", "scores_window_legend",
+               "scores_axes", "panel_source", "panel_index", "panel_output", "ex_step_status",
+               "ex_steps_ring", "st_ring", "ex_k_all")
+JS_STRINGS += ("chat_tok", "chat_u", "chat_greedy", "chat_pages", "chat_prefill", "chat_ring", "chat_dense", "chat_kept",
+               "chat_cut", "chat_chosen", "col_token", "col_id", "col_logit", "col_prob")   # the live page's chat   # issue 39: each layer's kind; no English
 JS_STRINGS += ("ex_prefill_title", "ex_prefill_info", "ex_prefill_kept", "ex_prefill_skipped", "ex_prefill_outside",
                "ex_prefill_dense", "prefill_map_axes")   # a sparse prefill's block map (report/prefill.py)
 
@@ -89,6 +94,7 @@ def json_block(data) -> Markup:
 def theme_data(lang: str) -> dict:
     """The theme the script draws with: the same fonts and colours as the Python figures."""
     return {"font": FONTS[lang], "mono": MONO, "palette": list(PALETTE), "masked": MASKED,
+            "outside": OUTSIDE, "band": BAND, "ring": PALETTE[5],
             "picked": PICKED, "unpicked": UNPICKED,
             "block": {"kept": BLOCK_KEPT, "skipped": BLOCK_SKIPPED, "outside": BLOCK_OUTSIDE}}
 

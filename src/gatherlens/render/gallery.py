@@ -7,7 +7,9 @@
 Layers run across, heads down. Every map is a block of one palette PNG (render/palette_png.py)
 that the SVG holds once and shows a part of per tile (a nested <svg> with a viewBox over the
 image): a few kilobytes for 270 maps. Under each map: the head's tag (its frame has the tag's
-colour) and the share of dense weight the run's top-k keeps. The page's script (explore.js)
+colour) and the share of dense weight the run's top-k keeps. Above each layer: how it attends ("G" global,
+"S512" a sliding window of 512, "C" chunked). Each tile is a button (tab, Enter) with a hit box of its own
+pitch, so neighbours never overlap. The page's script (explore.js)
 opens a clicked head in the sections below and moves the red outline to it; the outline starts
 on the head the report shows.
 """
@@ -49,8 +51,17 @@ def _tiles(g: HeadGallery, x0: int, y0: int, lang: str) -> list[dict]:
     return [dict(layer=t.layer, head=t.head, tag=t.tag, colour=TAG_COLOURS[t.tag],
                  x=x0 + t.layer * PITCH_X, y=y0 + t.head * PITCH_Y,
                  view=f"{t.layer * gk} {t.head * gq} {gk} {gq}",
-                 label=text(f"gal_short_{t.tag}", lang), kept=f"{t.kept:.0%}")
+                 label=text(f"gal_short_{t.tag}", lang), kept=f"{t.kept:.0%}",
+                 aria=text("gal_thumb_label", lang, layer=t.layer, head=t.head, tag=text(f"gal_short_{t.tag}", lang),
+                           kept=f"{t.kept:.0%}"))
             for t in g.tiles]
+
+
+def _kind_marks(g: HeadGallery, x0: int, y: int, lang: str) -> list[dict]:
+    """Above each layer's column: "G" (global) or "S512" (sliding, its window), "C" (chunked)."""
+    return [dict(x=x0 + n * PITCH_X + MAP_PX // 2, y=y, kind=kind,
+                 text=text(f"gal_kind_{kind}", lang) + ("" if window is None else str(window)))
+            for n, (kind, window) in enumerate(g.kinds)]
 
 
 def _legend(y: int, lang: str) -> list[dict]:
@@ -75,9 +86,11 @@ def gallery_svg(g: HeadGallery, lang: str = "en") -> str:
     check_lang(lang)
     head_labels = [text("gal_head", lang, h=h) for h in range(g.heads)]
     x0 = MARGIN + max(text_width(s, 11) for s in head_labels) + 10
-    y0 = MARGIN + 46
+    y0 = MARGIN + 46 + (14 if g.kinds else 0)
     title = text("gal_fig_title", lang, layers=g.layers, heads=g.heads, k=g.top_k)
     kept = text("gal_kept_dense" if g.dense_run else "gal_kept", lang, k=g.top_k)
+    if g.kinds:
+        kept += " " + text("gal_kinds", lang)
     legend_y = y0 + g.heads * PITCH_Y + 16
     legend = _legend(legend_y, lang)
     width = max(x0 + g.layers * PITCH_X + MARGIN, text_width(title, 13) + 2 * MARGIN,
@@ -91,5 +104,6 @@ def gallery_svg(g: HeadGallery, lang: str = "en") -> str:
         layers=[dict(x=x0 + n * PITCH_X + MAP_PX // 2, text=str(n)) for n in range(g.layers)],
         heads=[dict(y=y0 + h * PITCH_Y + MAP_PX // 2 + 4, text=s) for h, s in enumerate(head_labels)],
         axis=text("gal_layer_axis", lang), x0=x0, y0=y0, legend=legend, kept=kept,
-        kept_y=legend_y + 26, chosen=chosen, picked=PICKED,
+        kept_y=legend_y + 26, chosen=chosen, picked=PICKED, marks=_kind_marks(g, x0, y0 - 20, lang),
+        pitch_x=PITCH_X, pitch_y=PITCH_Y,
     )

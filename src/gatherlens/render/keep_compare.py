@@ -5,7 +5,8 @@
 Three strips over the same L keys (position 0 at the left): dense attention keeps every key,
 shaded by its weight; top-k keeps its k keys (outlined; the rest grey); sparse decoding keeps the
 keys of the pages it chose (each page outlined). A strip's shade is the dense weight it keeps,
-so what a strip loses is what is grey. Past STRIP_CELLS keys, each cell sums the weight of
+so what a strip loses is what is grey. On a local layer (sliding or chunked) the sparse strip is its ring:
+the window it keeps and reads whole, choosing no pages. Past STRIP_CELLS keys, each cell sums the weight of
 ceil(L / STRIP_CELLS) neighbouring keys (its title says so). Below: the share of the dense weight
 each keeps and the relative L2 error of its output against dense. Drawn from the record only.
 """
@@ -47,9 +48,12 @@ def _strips(rec: KeepComparison, lang: str, x0: int, top: int) -> list[dict]:
     w = rec.dense.tolist()
     allowed = {j for j in range(L) if w[j] > 0}
     pages = [(p * P, min((p + 1) * P, rec.seen or L)) for p in rec.pages]
+    sparse = text("kc_sparse_label", lang, n=len(rec.pages))
+    if rec.ring is not None:                 # a local layer: its ring, read densely (no page choice)
+        pages, sparse = [rec.ring], text("kc_ring_label", lang, n=rec.ring[1] - rec.ring[0])
     rows = [("dense", text("kc_dense_label", lang, n=len(allowed)), allowed, []),
             ("topk", text("kc_topk_label", lang, k=len(rec.topk)), set(rec.topk), [(j, j + 1) for j in rec.topk]),
-            ("sparse", text("kc_sparse_label", lang, n=len(rec.pages)), set(rec.sparse_tokens), pages)]
+            ("sparse", sparse, set(rec.sparse_tokens), pages)]
     info = text("kc_cells", lang, per=per) if per > 1 else ""
     return [dict(kind=kind, label=label, y=top + i * (STRIP_H + GAP), h=STRIP_H, info=info,
                  cells=_cells(w, kept, per, x0, cw), marks=_marks(spans, per, x0, cw))
@@ -58,8 +62,11 @@ def _strips(rec: KeepComparison, lang: str, x0: int, top: int) -> list[dict]:
 
 def _lines(rec: KeepComparison, lang: str) -> list[str]:
     keys = ", ".join(f"{j} {short(rec.labels[j], 10)}" if rec.labels else str(j) for j in rec.topk[:8])
-    return [text("kc_topk_line", lang, k=len(rec.topk), mass=rec.topk_mass, err=rec.topk_error, keys=keys),
-            text("kc_sparse_line", lang, n=len(rec.pages), P=rec.page_size, tokens=len(rec.sparse_tokens),
+    top = text("kc_topk_line", lang, k=len(rec.topk), mass=rec.topk_mass, err=rec.topk_error, keys=keys)
+    if rec.ring is not None:
+        return [top, text("kc_ring_line", lang, kind=text(f"layer_{rec.kind}", lang), window=rec.window,
+                          a=rec.ring[0], b=rec.ring[1] - 1, tokens=rec.ring[1] - rec.ring[0])]
+    return [top, text("kc_sparse_line", lang, n=len(rec.pages), P=rec.page_size, tokens=len(rec.sparse_tokens),
                  budget=rec.budget, mass=rec.sparse_mass, err=rec.sparse_error)]
 
 
@@ -68,7 +75,7 @@ def keep_comparison_svg(rec: KeepComparison, lang: str = "en") -> str:
     check_lang(lang)
     title = text("kc_title", lang, layer=rec.layer, head=rec.head, q=rec.query, tok=short(rec.query_token, 14))
     label_w = max(text_width(text(k, lang, n=9999, k=9999), 11)
-                  for k in ("kc_dense_label", "kc_topk_label", "kc_sparse_label")) + 12
+                  for k in ("kc_dense_label", "kc_topk_label", "kc_sparse_label", "kc_ring_label")) + 12
     x0, top = MARGIN + label_w, MARGIN + 30
     strips = _strips(rec, lang, x0, top)
     ticks_y = top + 3 * (STRIP_H + GAP) + 2

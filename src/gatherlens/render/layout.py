@@ -7,7 +7,8 @@
 Tensors are shown as 2-D grids (rows x last dim); 3-D and larger as a stack of 2-D slices.
 Large tensors are elided with "..." (None in `rows` / `cols` / `slices`) while the rows and
 columns that the visible output picked stay visible. Each output cell is coloured like the
-source cell it came from and shows the index that picked it.
+source cell it came from and shows the index that picked it; one palette per figure
+(theme.figure_colours), so no two source positions of a figure share a colour.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from gatherlens.i18n import text
-from gatherlens.render.theme import BLANK, UNPICKED, colour, fmt_value, short
+from gatherlens.render.theme import BLANK, UNPICKED, figure_colours, fmt_value, short
 from gatherlens.trace.record import GatherRecord
 
 
@@ -26,6 +27,7 @@ class Limits:
     rows: int = 10
     cols: int = 10
     slices: int = 3
+    most: int = 24      # a source window grows up to this so that every row / column the output picked stays
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Cell:
     info: str = ""           # tooltip / hover text
     data_src: str = ""       # output cells: key of their source cell
     data_idx: str = ""       # output cells: key of their index cell
+    ckey: int | None = None  # the source position its colour follows (figure_colours assigns the fill)
 
 
 @dataclass
@@ -78,12 +81,16 @@ def _label(labels, i: int) -> str:
     return str(labels[i]) if 0 <= i < len(labels) else ""
 
 
-def visible(n: int, keep, budget: int) -> list[int | None]:
-    """Which of n positions to show within `budget`: kept ones first, then the edges; None = gap.
+def visible(n: int, keep, budget: int, most: int = 0) -> list[int | None]:
+    """Which of n positions to show within `budget`: kept ones first, then the edges; None = gap. With
+    `most`, the budget grows (up to `most`) until every kept position fits.
 
         >>> visible(20, {7}, 5)
         [0, 1, 2, None, 7, None, 19]
+        >>> visible(40, {3, 9, 17, 22, 30, 35}, 4, most=24)[:6]
+        [0, 1, 2, 3, None, 9]
     """
+    budget = min(max(budget, len(keep) + 1), max(most, budget))
     if n <= budget:
         return list(range(n))
     chosen: set[int] = set()
@@ -151,7 +158,7 @@ class _Window:
 
 
 def _window(shape, keep: set[tuple[int, ...]], lim: Limits, rows=None, cols=None,
-            slices=None) -> _Window:
+            slices=None, most: int = 0) -> _Window:
     lead, R, C = _view_shape(shape)
     ndim = len(tuple(shape))
     keep_s, keep_r, keep_c = set(), set(), set()
@@ -169,8 +176,8 @@ def _window(shape, keep: set[tuple[int, ...]], lim: Limits, rows=None, cols=None
         else:
             slices = [()]
     return _Window(slices=slices,
-                   rows=rows if rows is not None else visible(R, keep_r, lim.rows),
-                   cols=cols if cols is not None else visible(C, keep_c, lim.cols),
+                   rows=rows if rows is not None else visible(R, keep_r, lim.rows, most),
+                   cols=cols if cols is not None else visible(C, keep_c, lim.cols, most),
                    n_slices=n_slices)
 
 
@@ -217,8 +224,25 @@ def layout(rec: GatherRecord, lang: str = "en", limits: Limits | None = None) ->
         panels.append(_index_panel(rec, vis, lang))
     panels.append(_output_panel(rec, vis, lang))
     legend = text("legend" if rec.dim is not None else "legend_nodim", lang)
-    return FigureModel(title=rec.call, caption=_caption(rec, lang), legend=legend, panels=panels,
+    _paint(panels)
+    return FigureModel(title=call_title(rec, lang), caption=_caption(rec, lang), legend=legend, panels=panels,
                        lang=lang)
+
+
+def call_title(rec: GatherRecord, lang: str) -> str:
+    """The record's call as code, with its comment in `lang` when the record names one
+    (meta["note"] = (i18n key, values)): 'V.index_select(0, topk_idx)  # 第 15 层，…'."""
+    note = rec.meta.get("note") if isinstance(rec.meta, dict) else None
+    return rec.call if not note else f"{rec.call}  # {text(note[0], lang, **note[1])}"
+
+
+def _paint(panels: list[Panel]) -> None:
+    """Fill every coloured cell from one palette for the whole figure: distinct keys, distinct colours."""
+    cells = [c for p in panels for sl in p.slices if sl is not None for c in sl.cells.values()]
+    colours = figure_colours(c.ckey for c in cells)
+    for c in cells:
+        if c.ckey is not None:
+            c.fill = colours[c.ckey]
 
 
 @dataclass
@@ -234,19 +258,37 @@ class _Visible:
 
 
 def _visible(rec: GatherRecord, lim: Limits) -> _Visible:
-    """The output window comes first: what the reader sees decides which source cells stay."""
+    """The output window first (as many rows as `lim.most` allows), then a source window that keeps every
+    row and column the visible output picked: the output gives up rows until its picks fit the source."""
     out = rec.output
-    out_win = _window(out.shape, set(), lim)
-    out_vis = list(_coords_in(out_win, out.ndim))
-    valid = rec.valid
-    src_of = {o: tuple(rec.source_coords[o].tolist()) if bool(valid[o]) else None for o in out_vis}
+    rows = max(lim.rows, min(lim.most, _view_shape(out.shape)[1]))
+    while True:
+        out_win = _window(out.shape, set(), Limits(rows=rows, cols=lim.cols, slices=lim.slices))
+        src_of = _sources(rec, list(_coords_in(out_win, out.ndim)))
+        keep = {s for s in src_of.values() if s is not None}
+        if rows <= 1 or _fits(rec.source.shape, keep, lim.most):
+            break
+        rows -= 1
     idx_of = {}
     if rec.index_coords is not None and rec.index_view is not None:
-        idx_of = {o: tuple(rec.index_coords[o].tolist()) for o in out_vis}
-    src_win = _window(rec.source.shape, {s for s in src_of.values() if s is not None}, lim)
+        idx_of = {o: tuple(rec.index_coords[o].tolist()) for o in src_of}
+    src_win = _window(rec.source.shape, keep, lim, most=lim.most)
     row_names = rec.meta.get("row_names") if isinstance(rec.meta, dict) else None
     return _Visible(out=out_win, src=src_win, idx=_index_window(rec, lim, out_win, idx_of),
                     src_of=src_of, idx_of=idx_of, row_names=row_names)
+
+
+def _sources(rec: GatherRecord, out_vis: list) -> dict:
+    """Visible output coordinate -> the source coordinate it copied (None: no source)."""
+    valid = rec.valid
+    return {o: tuple(rec.source_coords[o].tolist()) if bool(valid[o]) else None for o in out_vis}
+
+
+def _fits(shape, keep: set, most: int) -> bool:
+    """True when the distinct rows and columns of `keep` each fit within `most` (one left for an edge)."""
+    ndim = len(tuple(shape))
+    parts = [_split(c, ndim) for c in keep]
+    return len({p[1] for p in parts}) < most and len({p[2] for p in parts}) < most
 
 
 def _index_window(rec: GatherRecord, lim: Limits, out_win: _Window, idx_of) -> _Window | None:
@@ -277,7 +319,7 @@ def _source_panel(rec: GatherRecord, vis: _Visible, lang: str) -> Panel:
         v = fmt_value(src[coord].item() if src.ndim else src.item())
         is_p = coord in picked
         return Cell(key=_key("src", coord), text=v,
-                    fill=colour(_colour_key(rec, coord)) if is_p else UNPICKED, picked=is_p,
+                    fill=UNPICKED, ckey=_colour_key(rec, coord) if is_p else None, picked=is_p,
                     info=f"{rec.source_name}[{', '.join(map(str, coord))}] = {v}")
 
     return _panel("src", f"{rec.source_name} · {text('panel_source', lang)}",
@@ -292,7 +334,7 @@ def _index_panel(rec: GatherRecord, vis: _Visible, lang: str) -> Panel:
     def cell(coord) -> Cell:
         v = int(iv[coord].item()) if iv.ndim else int(iv.item())
         key = v if v >= 0 and (rec.dim is not None or rec.op == "take_along_dim") else None
-        return Cell(key=_key("idx", coord), text=str(v), fill=colour(key), picked=v >= 0,
+        return Cell(key=_key("idx", coord), text=str(v), fill=BLANK, ckey=key, picked=v >= 0,
                     info=f"{rec.index_name}[{', '.join(map(str, coord))}] = {v}")
 
     aligned = iv.ndim >= 2 and tuple(iv.shape[:-1]) == tuple(out.shape[:-1])
@@ -314,10 +356,10 @@ def _output_panel(rec: GatherRecord, vis: _Visible, lang: str) -> Panel:
         s = vis.src_of.get(coord)
         if s is None:
             return Cell(key=_key("out", coord), text="-1", sub=v, fill=BLANK,
-                        info=f"{where} (no source)", data_idx=idx)
+                        info=f"{where} {text('info_no_source', lang)}", data_idx=idx)
         top = str(s[rec.dim]) if rec.dim is not None else ",".join(map(str, s))
-        return Cell(key=_key("out", coord), text=top, sub=v, fill=colour(_colour_key(rec, s)),
-                    picked=True, info=where + _provenance(rec, coord, s, weights),
+        return Cell(key=_key("out", coord), text=top, sub=v, ckey=_colour_key(rec, s),
+                    picked=True, info=where + _provenance(rec, coord, s, weights, lang),
                     data_src=_key("src", s), data_idx=idx)
 
     p = _panel("out", f"{rec.output_name} · {text('panel_output', lang)}",
@@ -327,11 +369,11 @@ def _output_panel(rec: GatherRecord, vis: _Visible, lang: str) -> Panel:
     return p
 
 
-def _provenance(rec: GatherRecord, coord, s, weights) -> str:
+def _provenance(rec: GatherRecord, coord, s, weights, lang: str = "en") -> str:
     """' ← W[2, 0]; weight 0.310 (cat)': where an output cell came from, for its tooltip."""
     note = f" ← {rec.source_name}[{', '.join(map(str, s))}]"
     if weights is not None:
-        note += f"; weight {float(weights[coord]):.3f}"
+        note += text("info_weight", lang, w=float(weights[coord]))
     out = rec.output
     if rec.output_row_labels is not None and out.ndim >= 1:
         lab = _label(rec.output_row_labels, _flat(coord[:-1], tuple(out.shape[:-1])))

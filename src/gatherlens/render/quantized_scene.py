@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from gatherlens.i18n import text
 from gatherlens.ops.sparse.geometry import ceil_div
-from gatherlens.ops.quant.sizes import LAYOUT, SCALE_FIELDS
-from gatherlens.ops.quant.terms import GROUP
+from gatherlens.ops.quant import FORMATS
+from gatherlens.ops.quant.formats.sizes import SCALE_FIELDS
 from gatherlens.render.scene import Scene
 from gatherlens.render.theme import PICKED, UNPICKED, colour, fmt_value, human_bytes, short, text_width, wrap
 
@@ -55,7 +55,7 @@ def _strip(scene: Scene, rec, x: int, y: int, fill: str, focus: bool) -> None:
     _, width, drawn = _strip_geometry(rec)
     h, offsets = ROW_H - 8, []
     at = 0
-    for name, n in LAYOUT[rec.qtype]:
+    for name, n in ((f.name, f.size) for f in FORMATS[rec.qtype].fields):
         offsets.append((name, at, n))
         at += n
     for b in range(drawn):
@@ -104,7 +104,7 @@ def _rows_band(scene: Scene, rec, lang: str, y: int) -> int:
 def _bytes_row(scene: Scene, rec, lang: str, y: int) -> int:
     """The bytes of the written-out block, hex, named by field (legacy blocks only: <= 34 bytes)."""
     raw, at, fill = rec.terms.raw.tolist(), 0, colour(rec.position)
-    for name, n in LAYOUT[rec.qtype]:
+    for name, n in ((f.name, f.size) for f in FORMATS[rec.qtype].fields):
         for k in range(at, at + n):
             _cell(scene, MARGIN + k * BYTE_W, y, BYTE_W - 2, 20, SCALE_FILL if name in SCALE_FIELDS else fill,
                   f"{raw[k]:02x}", text("qg_byte_info", lang, k=k, value=raw[k], field=name), f"byte-{k}",
@@ -151,7 +151,7 @@ def _codes(scene: Scene, rec, lang: str, y: int) -> int:
 
 def _block_band(scene: Scene, rec, lang: str, y: int, width: int) -> int:
     terms = rec.terms
-    n = GROUP[rec.qtype]
+    n = FORMATS[rec.qtype].group  # weights per scale
     _text(scene, MARGIN, y + 12, text("qg_block_title", lang, row=rec.row, i=rec.position,
                                       block=terms.start // rec.block_elems, start=terms.start,
                                       end=terms.start + n - 1), 12, weight="bold")

@@ -39,6 +39,25 @@ class Scene:
     rects: list[dict] = field(default_factory=list)
     cells: list[dict] = field(default_factory=list)
 
+    def text(self, x: int, y: int, s: str, size: int = 11, *, fill: str = "#1a1a1a", weight: str = "normal",
+             mono: bool = False, anchor: str = "start") -> None:
+        """A line of text at (x, y) (its baseline)."""
+        self.texts.append(dict(x=x, y=y, text=s, size=size, fill=fill, weight=weight, mono=mono, anchor=anchor))
+
+    def rect(self, x: int, y: int, w: int, h: int, fill: str, stroke: str = "none", sw: float = 0,
+             info: str = "") -> None:
+        """A plain rectangle (a title when `info`)."""
+        self.rects.append(dict(x=x, y=y, w=w, h=h, fill=fill, stroke=stroke, sw=sw, rx=1, info=info))
+
+    def cell(self, x: int, y: int, w: int, h: int, fill: str, label: str, info: str, key: str, sub: str = "",
+             role: str = "code", size: int = 11, mono: bool = False, src: str = "", stroke: str = "#9a9a9a",
+             sw: float = 1) -> None:
+        """A cell with its text (and a second, smaller line `sub`); hovering or tapping it shows `info` and
+        lights the cell keyed `src` (the fragment script)."""
+        ty = y + (h // 2 + 4 if not sub else h // 2 - 2)
+        self.cells.append(dict(x=x, y=y, w=w, h=h, fill=fill, text=label, sub=sub, info=info, key=key, role=role,
+                               tx=x + w // 2, ty=ty, sy=ty + 12, size=size, mono=mono, src=src, stroke=stroke, sw=sw))
+
 
 def _panel_size(p: Panel) -> tuple[int, int, int]:
     """(width, height, row-heading width) of a panel."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["FONTS", "MONO", "PALETTE", "UNPICKED", "BLANK", "MASKED", "PICKED", "TONES", "BLOCK_KEPT",
-           "BLOCK_SKIPPED", "BLOCK_OUTSIDE", "colour", "weight_colour", "text_width", "wrap", "fmt_value", "short", "human_bytes"]
+__all__ = ["FONTS", "MONO", "PALETTE", "UNPICKED", "BLANK", "MASKED", "PICKED", "OUTSIDE", "BAND", "TONES", "BLOCK_KEPT",
+           "BLOCK_SKIPPED", "BLOCK_OUTSIDE", "colour", "palette", "figure_colours", "weight_colour", "text_width", "wrap", "fmt_value", "short", "human_bytes"]
 
 FONTS = {
     "en": "DejaVu Sans, Noto Sans, Arial, sans-serif",
@@ -28,6 +28,8 @@ UNPICKED = "#f2f2f2"     # a source cell no output copied
 BLANK = "#ffffff"
 MASKED = "#e4e4e4"       # a score a query may not look at
 PICKED = "#d62728"       # the outline of what top-k kept
+OUTSIDE = "#f4e2c4"      # an earlier key a local layer's window hides (sliding / chunked)
+BAND = "#b35806"         # the edge of a local layer's window in the score grid
 TONES = {                # text boxes: tone -> (fill, stroke)
     "error": ("#fdecea", "#d62728"),
     "warn": ("#fff4e5", "#ff7f0e"),
@@ -36,8 +38,57 @@ TONES = {                # text boxes: tone -> (fill, stroke)
 
 
 def colour(key: int | None) -> str:
-    """The palette colour of position `key` (blank for None)."""
+    """The palette colour of position `key` (blank for None): for keys below len(PALETTE) only; a figure
+    with more rows takes its colours from `figure_colours`, which never repeats one."""
     return BLANK if key is None else PALETTE[key % len(PALETTE)]
+
+
+GOLDEN = 0.6180339887498949      # hue step: consecutive colours land far apart on the wheel
+LIGHTNESS = (0.80, 0.70, 0.88)   # three light tones in turn: dark text stays readable
+
+
+def _hsl_hex(h: float, s: float, l: float) -> str:
+    """HSL in [0, 1] -> '#rrggbb' (the CSS rule, rounded to the nearest 8-bit value)."""
+    def f(n: float) -> int:
+        k = (n + h * 12) % 12
+        a = s * min(l, 1 - l)
+        return round(255 * (l - a * max(-1.0, min(k - 3, 9 - k, 1.0))))
+    return "#" + "".join(f"{f(n):02x}" for n in (0, 8, 4))
+
+
+def palette(n: int) -> list[str]:
+    """n distinct colours: PALETTE's first n when n <= len(PALETTE), else n light hues a golden step
+    apart, three lightnesses in turn (explore.js: palette, the same rule)."""
+    if n <= len(PALETTE):
+        return list(PALETTE[:n])
+    out: list[str] = []
+    seen: set[str] = set()
+    for i in range(n):
+        c = _hsl_hex((i * GOLDEN) % 1.0, 0.62, LIGHTNESS[i % 3])
+        for nudge in range(1, 8):                              # rounding met an earlier one: nudge the hue
+            if c not in seen:
+                break
+            c = _hsl_hex((i * GOLDEN + nudge * 0.37 / n) % 1.0, 0.62, LIGHTNESS[(i + nudge) % 3])
+        j = i
+        while c in seen:                                       # past ~1,000 light hues: a distinct light RGB
+            c = "#" + "".join(f"{128 + (j >> s) % 128:02x}" for s in (0, 7, 14))
+            j += 1                                             # the next code: the codes of 0..2^21 differ
+        seen.add(c)
+        out.append(c)
+    return out
+
+
+def figure_colours(keys) -> dict[int, str]:
+    """One distinct colour per key of one figure: key -> PALETTE[key] while every key is below
+    len(PALETTE) (stable across figures), else by rank among the figure's keys from `palette`.
+
+        >>> len(set(figure_colours(range(0, 300, 7)).values()))
+        43
+    """
+    keys = sorted({int(k) for k in keys if k is not None})
+    if not keys or keys[-1] < len(PALETTE):
+        return {k: PALETTE[k] for k in keys}
+    return dict(zip(keys, palette(len(keys))))
 
 
 def weight_colour(w: float) -> str:
@@ -92,13 +143,17 @@ def fmt_value(v) -> str:
     if v == int(v) and abs(v) < 1e6:
         return str(int(v))
     a = abs(v)
-    if a >= 1e6 or a < 1e-3:
-        return f"{v:.0e}"
+    if a >= 1e6 or a < 1e-3:                       # '8e-4', '-2e6': no padded exponent
+        m, e = f"{v:.0e}".split("e")
+        return f"{m}e{int(e)}"
+    if a < 0.01:                                   # one significant digit, never '-0'
+        return f"{v:.3f}".rstrip("0")
     if a >= 100:
         return f"{v:.0f}"
     if a >= 10:
         return f"{v:.1f}".rstrip("0").rstrip(".")
-    return f"{v:.2f}".rstrip("0").rstrip(".")
+    s = f"{v:.2f}".rstrip("0").rstrip(".")
+    return "0" if s in ("-0", "0") else s
 
 
 def short(s: str, n: int) -> str:

@@ -24,12 +24,16 @@ from pathlib import Path
 from markupsafe import Markup
 
 from gatherlens.i18n import check_lang, text
-from gatherlens.outputs import output_dir, write_output
+from gatherlens.outputs import output_dir, output_folder, write_new
 from gatherlens.render.explorer import (csp, explorer_js, fragment_script, inline_scripts,
                                         json_block, strings_data, theme_data)
 from gatherlens.render.templates import render_template
 from gatherlens.render.theme import FONTS, MONO
+from gatherlens.render.report_figures import layer_kind_text
+from gatherlens.report.explore import explore_run
 from gatherlens.report.long_page import limits_text, long_explore
+from gatherlens.report.run_tensors import kind_data
+from gatherlens.report.window import grid_span
 from gatherlens.report.collect import Story
 from gatherlens.report.sections import Figure, Section, sections
 
@@ -54,7 +58,7 @@ def build_report(story: Story, lang: str = "en", command: str = "", live: dict |
     live: the settings of `gatherlens serve`'s page (models, limits); None for the offline page.
     """
     check_lang(lang)
-    parts = sections(story, lang)
+    parts = sections(story, lang, live=live is not None)
     figures = [f for s in parts for f in s.all_figures]
     html, policy = _page(story, parts, figures, lang, command, live)
     return Report(html=html, figures=figures, data=story_data(story), csp=policy)
@@ -99,7 +103,9 @@ def _words(lang: str) -> dict:
     """The page's own labels (controls, live panel) from the string table."""
     keys = ("ex_controls", "ex_layer", "ex_head", "ex_query", "ex_k", "live_title", "live_text",
             "live_model", "live_topk", "live_generate", "live_tokens", "live_stop",
-            "live_steps_title", "live_steps_body", "ex_no_steps", "st_click", "live_prefill")
+            "live_steps_title", "live_steps_body", "ex_no_steps", "st_click", "live_prefill", "live_lang",
+            "smp_temperature", "smp_seed", "chat_title", "chat_body", "chat_send", "chat_placeholder", "chat_reset",
+            "chat_none")
     return {k: text(k, lang) for k in keys}
 
 
@@ -111,10 +117,17 @@ def _view_k(story: Story, live: dict | None) -> int:
 
 
 def controls(story: Story, lang: str, live: dict | None = None) -> dict:
-    """The explorer's controls (layer, head, query, k) with the run's choice selected."""
+    """The explorer's controls (layer, head, query, k) with the run's choice selected; each layer named
+    with its kind ("5 · global", "0 · sliding 512"); an offline page of a long text offers the query rows
+    it carries."""
     att, n = story.attention, story.tensors.shape
-    return {"layers": list(range(n[0])), "heads": list(range(n[1])),
-            "queries": [f"{i} {t}" for i, t in enumerate(story.shown_tokens)],
+    rows = range(len(story.shown_tokens))
+    if live is None and story.explore is None:
+        (r0, r1), _ = grid_span(story.tensors, att.query - (len(story.shown_tokens) - n[2]))
+        rows = range(len(story.shown_tokens) - n[2] + r0, len(story.shown_tokens) - n[2] + r1)
+    return {"layers": [(i, f"{i} · {layer_kind_text(k.kind, k.window, lang)}")
+                       for i, k in enumerate(story.tensors.kinds)], "heads": list(range(n[1])),
+            "queries": [(i, f"{i} {story.shown_tokens[i]}") for i in rows],
             "layer": att.layer, "head": att.head, "query": att.query, "k": _view_k(story, live),
             "k_max": n[3], "noscript": {f"{f}": text("ex_noscript", lang, file=f"{f}.svg")
                                         for f in ("03-heads", "04-scores", "05-score-gather",
@@ -124,12 +137,24 @@ def controls(story: Story, lang: str, live: dict | None = None) -> dict:
 def page_data(story: Story, lang: str, live: dict | None = None) -> dict:
     """What the page's script reads: the run's every layer and head, the words, the theme."""
     att = story.attention
-    return {"explore": story.explore.pack() if story.explore is not None else long_explore(story, _view_k(story, live)),
+    return {"explore": _explore(story, live),
             "tokens": story.shown_tokens, "text": story.text,
             "sel": {"layer": att.layer, "head": att.head, "query": att.query,
                     "k": _view_k(story, live)},
             "model": story.model_name, "strings": strings_data(lang), "theme": theme_data(lang),
             "lang": lang, "live": live, "prefill": _prefill_data(story)}
+
+
+def _explore(story: Story, live: dict | None) -> dict:
+    """The page's explorer data: every row of a short text; past MAX_TOKENS, offline, the rows around the
+    drawn query (report.window.grid_span); live, the first window the script extends from the server."""
+    if story.explore is not None:
+        return story.explore.pack()
+    if live is not None:
+        return long_explore(story, _view_k(story, live))
+    t, att = story.tensors, story.attention
+    rows, keys = grid_span(t, att.query - (len(story.shown_tokens) - t.shape[2]))
+    return explore_run(t, rows=rows, keys=keys).pack()
 
 
 def _prefill_data(story: Story) -> dict | None:
@@ -147,6 +172,7 @@ def story_data(story: Story) -> dict:
         "heads": {"query": story.heads.q_heads, "kv": story.heads.kv_heads,
                   "groups": story.heads.groups},
         "quantized": story.quantized,
+        "layer_kinds": [kind_data(k) for k in story.tensors.kinds],
         "embeddings": [{"kind": e.kind, "module": e.module, "table_shape": list(e.table_shape),
                         "ids": e.ids, **_blocks(e)} for e in story.embeddings],
         "attention": {"layer": att.layer, "module": att.module, "head": att.head,
@@ -189,12 +215,10 @@ def write_report(story: Story, out_dir: str | os.PathLike, lang: str = "en", for
     """
     report = build_report(story, lang=lang, command=command)
     out = check_out_dir(out_dir, force)  # checked again just before writing (the command checked at its start)
-    out.mkdir(parents=True, exist_ok=True)
-    if force:
-        for old in out.iterdir():
-            if old.is_file() and REPORT_FILES.match(old.name):
-                old.unlink()
     files = [(fig.filename, fig.svg) for fig in report.figures]
     files += [("story.json", json.dumps(report.data, ensure_ascii=False, indent=1) + "\n"), ("index.html", report.html)]
-    # each through a temporary file renamed over it: no half-written file
-    return [write_output(out / name, content, "--out", force=True) for name, content in files]
+    # written whole into a temporary folder, then swapped in: a stopped run leaves the earlier report as it was
+    with output_folder(out, "--out", force=force, owned=REPORT_FILES.match) as tmp:
+        for name, content in files:
+            write_new(tmp / name, content, shown=out / name)
+    return [out / name for name, _ in files]

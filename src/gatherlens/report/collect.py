@@ -17,6 +17,7 @@ prediction top-k attention is compared against. Nothing here draws or writes fil
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 import time
@@ -27,15 +28,15 @@ import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.params import head_index, layer_index, query_index
-from gatherlens.report.defaults import DEFAULT_TEXT, MAX_PICKS, MAX_TOKENS
-from gatherlens.report.explore import explore_calls
+from gatherlens.report.defaults import DEFAULT_TEXT, LIVE_MAX_TOKENS, MAX_PICKS, MAX_TOKENS
+from gatherlens.report.explore import explore_run
 from gatherlens.report.prefill import prefill_maps
 from gatherlens.report.run_tensors import run_tensors
 from gatherlens.report.scores import call_scale, layer_scores
 from gatherlens.trace.story_records import HeadMap
 
 __all__ = ["Story", "EmbeddingStep", "HeadMap", "AttentionView", "Prediction", "collect",
-           "DEFAULT_TEXT", "MAX_TOKENS", "shown_token", "token_texts"]
+           "DEFAULT_TEXT", "MAX_TOKENS", "shown_token", "token_texts", "too_long"]
 
 
 @dataclass
@@ -113,6 +114,10 @@ class Story:
     quantized: bool = False               # the model ran from its GGUF blocks (load(quantized=True))
     tensors: object = None                # RunTensors: every layer's q, k, v and picks (report.run_tensors)
     prefill: object = None                # PrefillMaps: a sparse prefill's block maps (report.prefill), or None
+    rope_record: object = None            # GatherRecord: RoPE's cos rows gathered by position_ids, or None
+    embed_scale: object = None            # ScaleRecord: Gemma's W[ids] x sqrt(d), or None
+    moe: object = None                    # MoeRouting: one MoE layer's routing, or None for a dense model
+    tokenizer: object = None              # the model's tokenizer (the sampling picture names its candidates)
 
     @property
     def shown_tokens(self) -> list[str]:
@@ -159,15 +164,15 @@ def token_texts(tokenizer, ids: list[int]) -> list[str]:
 # -- the run ---------------------------------------------------------------------------------
 def collect(lm, text: str, *, top_k: int | None = 4, layer: int | None = None, head: int = 0,
             query: int = -1, say: Callable[[str], None] | None = None,
-            max_tokens: int = MAX_TOKENS, prefill=None) -> Story:
+            max_tokens: int = LIVE_MAX_TOKENS, prefill=None) -> Story:
     """Run `lm` (a gatherlens.models.LoadedModel) once on `text` and gather the story.
 
     top_k: keys each query keeps in every layer; None keeps every allowed key (top-k off: the
     run is dense attention, drawn as a selection of all keys). layer: the attention layer
     drawn in detail (default: the middle one); head: its query head; query: the query
     position whose value gather is drawn (default: the last token). max_tokens: the longest text
-    (MAX_TOKENS, the offline page's; `gatherlens serve` passes LIVE_MAX_TOKENS); past MAX_TOKENS
-    `story.explore` is None (no full grids: the live page reads `story.tensors`). prefill: a
+    (LIVE_MAX_TOKENS, the offline and the live page's); past MAX_TOKENS `story.explore` is None (no
+    full grids: the live page reads `story.tensors`, the offline page a window of rows). prefill: a
     PrefillConfig (ops/prefill/config.py) to also prefill the text block-sparsely once and keep every
     layer's block map (`story.prefill`, report/prefill.py); None: no sparse prefill.
     """
@@ -192,12 +197,30 @@ def collect(lm, text: str, *, top_k: int | None = 4, layer: int | None = None, h
     prediction = None
     if run.dense_out is not None:
         prediction = _prediction(run.out.logits, run.dense_out.logits, lm, display)
+    tensors = dataclasses.replace(run_tensors(run.calls, top_k, dense_run), ids=tuple(ids[0].tolist()),
+                                  logits=_last_logits(run.out) if lm.is_causal else None)
+    embeddings = _embeddings(run.trace, lm.model, ids, display)
     return _story(lm, text, ids, tokens, n_layers or len(run.calls), run, heads, top_k,
-                  embeddings=_embeddings(run.trace, lm.model, ids, display),
+                  embeddings=embeddings, **_model_gathers(lm.model, run.seen, embeddings, display, layer),
                   attention=_attention(call, path, layer, head % Hq, heads, query, top_k, display),
-                  prediction=prediction, dense_run=dense_run, tensors=run_tensors(run.calls, top_k, dense_run),
-                  explore=explore_calls(run.calls, top_k, dense_run) if ids.shape[1] <= MAX_TOKENS else None,
+                  prediction=prediction, dense_run=dense_run, tensors=tensors,
+                  explore=explore_run(tensors, [p for p, _ in run.calls]) if ids.shape[1] <= MAX_TOKENS else None,
                   prefill=_prefill(lm, ids, prefill, say))
+
+
+def _last_logits(out):
+    """(V,) float32: the last position's logits of a causal LM's output (None for an encoder)."""
+    logits = getattr(out, "logits", None)
+    return None if logits is None or logits.dim() != 3 else logits[0, -1].detach().float().cpu()
+
+
+def _model_gathers(model, seen, embeddings: list, display: list[str], layer: int) -> dict:
+    """The Story's rope_record, embed_scale and moe from the run's hooks (report/model_gathers.py)."""
+    from gatherlens.report.model_gathers import moe_routing, rope_record, scale_record
+
+    word = next((e for e in embeddings if e.kind == "word"), None)
+    return {"rope_record": rope_record(model, seen, display), "embed_scale": scale_record(model, seen, word, display),
+            "moe": moe_routing(seen, layer, display)}
 
 
 def _prefill(lm, ids, config, say):
@@ -206,6 +229,13 @@ def _prefill(lm, ids, config, say):
         return None
     say("prefilling block-sparsely: the key blocks each query block gathers")
     return prefill_maps(lm, ids, config)
+
+
+def too_long(S: int, max_tokens: int = LIVE_MAX_TOKENS) -> str:
+    """The one refusal of a text past the explorer's limit (explain, serve): the range, and what runs longer."""
+    return (f"text has {S} tokens; the explorer (gatherlens explain and serve) holds every layer's queries and "
+            f"keys of one run, so keep it within [1, {max_tokens}] tokens (shorten the text); "
+            f"gatherlens generate runs longer texts")
 
 
 def _check_picks(S: int, top_k: int | None) -> None:
@@ -218,14 +248,11 @@ def _check_picks(S: int, top_k: int | None) -> None:
                                f"{MAX_PICKS:,}: use k in [1, {most}] (top-k on) for a text this long")
 
 
-def _positions(model, S: int, layer: int | None, query: int, max_tokens: int = MAX_TOKENS) -> tuple[int, int, int]:
+def _positions(model, S: int, layer: int | None, query: int,
+               max_tokens: int = LIVE_MAX_TOKENS) -> tuple[int, int, int]:
     """(number of layers, layer, query), negatives counted from the end; clear range errors."""
     if S > max_tokens:
-        where = ("the report draws a {S} x {S} score grid" if max_tokens <= MAX_TOKENS
-                 else "the live page holds every layer's queries and keys").format(S=S)
-        raise GatherValueError(
-            f"text has {S} tokens; {where}, so keep it within "
-            f"[1, {max_tokens}] tokens (shorten the text)")
+        raise GatherValueError(too_long(S, max_tokens))
     n_layers = _num_layers(model)
     if layer is None:
         layer = n_layers // 2 if n_layers else 0
@@ -240,12 +267,14 @@ class _Run:
     out: object            # its model output
     dense_out: object      # the dense forward's output (causal LMs only), else None
     seconds: float         # time of the traced forward
+    seen: object = None    # report.model_gathers.Seen: the rotary call, the routers, the embedding's output
 
 
 def _run(lm, enc, top_k: int, say) -> _Run:
     """One forward with top-k attention under trace(); a second, dense one for the prediction."""
     from gatherlens.models import observe_attention, use_dense_attention, use_topk_attention
     from gatherlens.models.attention.topk import attention_restored
+    from gatherlens.report.model_gathers import observe_model_gathers
     from gatherlens.trace.tracer import trace
 
     model = lm.model
@@ -264,7 +293,7 @@ def _run(lm, enc, top_k: int, say) -> _Run:
     t0 = time.perf_counter()
     with attention_restored(model):  # the model's attention afterwards is the one it had
         use_topk_attention(model, top_k=top_k)
-        with torch.no_grad(), observe_attention(keep), trace() as t:
+        with torch.no_grad(), observe_attention(keep), trace() as t, observe_model_gathers(model) as seen:
             out = model(**inputs)
         seconds = time.perf_counter() - t0
         dense_out = None
@@ -275,7 +304,7 @@ def _run(lm, enc, top_k: int, say) -> _Run:
             use_dense_attention(model)     # what top-k replaced
             with torch.no_grad():
                 dense_out = model(**inputs)
-    return _Run(calls=calls, trace=t, out=out, dense_out=dense_out, seconds=seconds)
+    return _Run(calls=calls, trace=t, out=out, dense_out=dense_out, seconds=seconds, seen=seen)
 
 
 def _chosen_call(calls: list, layer: int, model):
@@ -303,7 +332,7 @@ def _story(lm, text: str, ids, tokens: list[str], layers: int, run: _Run, heads:
         gathers=rows, events=len(run.trace.events), bytes_read=sum(r["bytes_read"] for r in rows),
         top_k=top_k, tied=_tied(model), rope=any("rope" in str(k) for k in cfg.to_dict()),
         seconds={"load": float(getattr(lm, "seconds", 0.0)), "forward": run.seconds},
-        quantized=bool(getattr(lm, "info", {}).get("quantized")), **steps,
+        quantized=bool(getattr(lm, "info", {}).get("quantized")), tokenizer=lm.tokenizer, **steps,
     )
 
 
@@ -402,11 +431,11 @@ def _attention(call, path, layer, head, heads: HeadMap, query, top_k, display) -
     picked = indices[qrow][indices[qrow] >= 0]                               # (k',)
     qname = display[query] if query < len(display) else str(query)
     value_record = record_index_select(
-        v, 0, picked, name="V", index_name="topk_idx",
-        call=f"V.index_select(0, topk_idx)  # layer {layer}, KV head {kv}, query {query} {qname!r}",
+        v, 0, picked, name="V", index_name="topk_idx", call="V.index_select(0, topk_idx)",
         source_row_labels=labels, output_row_labels=[labels[i] for i in picked.tolist()] if labels else None,
         source_axes=("L", "Dv"), index_axes=("k",), output_axes=("k", "Dv"),
-        meta={"weights": weights[qrow][: picked.numel()].unsqueeze(-1).expand(-1, v.shape[-1])},
+        meta={"weights": weights[qrow][: picked.numel()].unsqueeze(-1).expand(-1, v.shape[-1]),
+              "note": ("note_value_gather", {"layer": layer, "kv": kv, "query": query, "tok": repr(qname)})},
     )
     w = weights[qrow][: picked.numel()]                                      # (k',)
     output = (w.unsqueeze(-1) * value_record.output).sum(0)                  # (Dv,)
@@ -428,7 +457,7 @@ def _prediction(logits, dense_logits, lm, display) -> Prediction:
     toks = [shown_token(lm.tokenizer.decode([i])) for i in ids]
     rec = record_gather(
         row, 1, top.indices, name="logits", index_name="top5",
-        call="logits[:, -1].gather(-1, top5)  # the row of the last position",
+        call="logits[:, -1].gather(-1, top5)", meta={"note": ("note_last_row", {})},
         source_col_labels={i: s for i, s in zip(ids, toks)}, source_row_labels=[display[-1]],
         output_row_labels=[display[-1]], source_axes=("1", "V"), index_axes=("1", "5"),
         output_axes=("1", "5"),

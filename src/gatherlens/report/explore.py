@@ -3,18 +3,24 @@
     >>> story = collect(lm, "The cat sat on the mat because it was", top_k=4)
     >>> data = story.explore.pack()          # JSON-ready: base64 8-bit score codes, int16 picks
     >>> sorted(data)[:4]
-    ['allowed', 'causal', 'dv', 'heads']
+    ['causal', 'dv', 'heads', 'keys']
+    >>> explore_run(story.tensors, rows=(2032, 2048))   # a long text offline: the rows around the query
 
 The page lets a reader pick any layer, head and query and move k. Its script draws every
 attention figure from this data, so the page needs no server:
-- scores: the (Q, L) grid of every (layer, head), only the cells some head may look at (a
-  causal model stores the lower triangle), as 8-bit codes per query row: score = lo + code x
-  (hi - lo) / 255 with the row's float32 lo and hi (`quantize_rows`), so each score is at most
-  (hi - lo) / 510 off (`score_err` says the largest); half the bytes of float16;
+- masks: each distinct (rows, L) mask of the run once, and `mask_of[layer]` the one each layer used:
+  every layer keeps its own (a hybrid model's sliding layers their window, its global layers the
+  causal rule), with `kinds[layer]` what the model says the layer is;
+- scores: the grid of every (layer, head) on the stored query rows, only the cells that layer's
+  mask allows, as 8-bit codes per query row: score = lo + code x (hi - lo) / 255 with the row's
+  float32 lo and hi (`quantize_rows`), so each score is at most (hi - lo) / 510 off (`score_err`
+  says the largest); half the bytes of float16;
 - picks: the keys the model's own top-k kept, per (layer, head, query), as int16 (-1 = none),
   so the page shows exactly what the model ran with at its k; for another k the script
   selects from the scores (best first, ties to the lower key, as the model does);
 - values: the columns of every (layer, KV head)'s V that the value-gather figure shows.
+A short text stores every query row; a long one (past MAX_TOKENS, offline) the WINDOW_ROWS rows
+around the drawn query (`rows`), and its score grid shows the WINDOW_KEYS keys `keys` names.
 """
 from __future__ import annotations
 
@@ -23,11 +29,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gatherlens.report.scores import call_scale, layer_scores
+__all__ = ["ExploreData", "explore_run", "value_columns", "quantize_rows", "dequantize_rows", "FORMAT_VERSION"]
 
-__all__ = ["ExploreData", "explore_calls", "value_columns", "quantize_rows", "dequantize_rows", "FORMAT_VERSION"]
-
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3          # 3: every layer its own mask (masks, mask_of, kinds), stored rows and keys
 LEVELS = 255               # the largest 8-bit score code
 SHOWN_COLUMNS = 6          # columns of V the value figure draws: the first five and the last
 
@@ -60,12 +64,14 @@ def dequantize_rows(codes: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, row
 
 @dataclass
 class ExploreData:
-    """Every layer and head of one run, as tensors; `pack()` makes the page's JSON of it."""
+    """Every layer and head of one run on some query rows, as tensors; `pack()` makes the page's JSON."""
 
     layer_names: list[str]
-    scores: torch.Tensor       # (N, Hq, Q, L) float32, -inf where not allowed
-    allowed: torch.Tensor      # (Q, L) bool: cells any head of any layer may look at
-    picks: torch.Tensor        # (N, Hq, Q, k) int64 keys the model's top-k kept, -1 = none
+    scores: torch.Tensor       # (N, Hq, R, L) float32, -inf where not allowed
+    masks: torch.Tensor        # (M, R, L) bool: the distinct masks on the stored rows
+    mask_of: tuple[int, ...]   # (N,) each layer's own mask in `masks`
+    kinds: list[dict]          # (N,) {"kind": "full" | "sliding" | "chunked", "window": int | None}
+    picks: torch.Tensor        # (N, Hq, R, k) int64 keys the model's top-k kept, -1 = none
     values: torch.Tensor       # (N, Hkv, L, C) float32: the shown columns of V
     value_cols: list[int]
     dv: int
@@ -73,36 +79,54 @@ class ExploreData:
     run_k: int
     causal: bool
     dense_run: bool = False    # the model ran with every allowed key (top-k off)
+    queries: int = 0           # Q, every query of the run (the stored rows are rows[0] .. rows[1] - 1)
+    rows: tuple[int, int] = (0, 0)
+    keys: tuple[int, int] = (0, 0)   # the key columns the score grid draws
     meta: dict = field(default_factory=dict)
+
+    def allowed(self, layer: int) -> torch.Tensor:
+        """(R, L) bool: layer `layer`'s own mask on the stored rows."""
+        return self.masks[self.mask_of[layer]]
 
     def pack(self) -> dict:
         """JSON-ready data: shapes, then base64 little-endian arrays (see the module doc)."""
-        N, Hq, Q, L = self.scores.shape
-        cells = self.scores[:, :, self.allowed]                                # (N, Hq, cells)
-        codes, lo, hi = quantize_rows(cells, self.cell_rows())                 # (N, Hq, cells), (N, Hq, Q) x2
+        N, Hq, R, L = self.scores.shape
+        codes, lo, hi = self._codes()
         return {
             "v": FORMAT_VERSION, "layers": N, "layer_names": self.layer_names, "heads": Hq,
-            "kv_heads": self.values.shape[1], "Q": Q, "L": L, "run_k": self.run_k,
+            "kv_heads": self.values.shape[1], "Q": self.queries, "L": L, "rows": list(self.rows),
+            "keys": list(self.keys), "run_k": self.run_k,
             "k_stored": self.picks.shape[-1], "dense_run": self.dense_run, "causal": self.causal,
-            "dv": self.dv, "value_cols": self.value_cols,
+            "dv": self.dv, "value_cols": self.value_cols, "kinds": self.kinds,
             "scales": [round(s, 6) for s in self.scales],
-            "allowed": _b64(self.allowed.to(torch.uint8)),
+            "masks": [_b64(m.to(torch.uint8)) for m in self.masks], "mask_of": list(self.mask_of),
             "scores": _b64(codes), "score_lo": _b64(lo), "score_hi": _b64(hi),
             "score_err": float((hi - lo).max()) / (2 * LEVELS) if lo.numel() else 0.0,
             "picks": _b64(self.picks.to(torch.int16)),
             "values": _b64(self.values.to(torch.float16)),
         }
 
-    def cell_rows(self) -> torch.Tensor:
-        """(cells,) the query row of each stored cell, in the order `pack` stores them."""
-        return self.allowed.nonzero()[:, 0]
+    def _codes(self):
+        """(codes (cells,) uint8 layer after layer, head after head; lo, hi (N, Hq, R) float32)."""
+        codes, lo, hi = [], [], []
+        for layer in range(self.scores.shape[0]):
+            allowed = self.allowed(layer)
+            c, a, b = quantize_rows(self.scores[layer][:, allowed], allowed.nonzero()[:, 0])   # (Hq, cells)
+            if a.shape[-1] < allowed.shape[0]:                                 # rows past the last allowed cell: 0
+                a, b = (torch.nn.functional.pad(t, (0, allowed.shape[0] - t.shape[-1])) for t in (a, b))
+            codes.append(c.reshape(-1))
+            lo.append(a)
+            hi.append(b)
+        return torch.cat(codes), torch.stack(lo), torch.stack(hi)
 
     def stored_scores(self) -> torch.Tensor:
-        """(N, Hq, Q, L) float64: the scores as the page decodes them (-inf where not allowed)."""
-        rows = self.cell_rows()
-        codes, lo, hi = quantize_rows(self.scores[:, :, self.allowed], rows)
+        """(N, Hq, R, L) float64: the scores as the page decodes them (-inf where not allowed)."""
         out = torch.full(self.scores.shape, float("-inf"), dtype=torch.float64)
-        out[:, :, self.allowed] = dequantize_rows(codes, lo, hi, rows)
+        for layer in range(self.scores.shape[0]):
+            allowed = self.allowed(layer)
+            rows = allowed.nonzero()[:, 0]
+            codes, lo, hi = quantize_rows(self.scores[layer][:, allowed], rows)
+            out[layer][:, allowed] = dequantize_rows(codes, lo, hi, rows)
         return out
 
 
@@ -111,22 +135,21 @@ def _b64(t: torch.Tensor) -> str:
     return base64.b64encode(t.contiguous().numpy().tobytes()).decode("ascii")
 
 
-def explore_calls(calls: list, run_k: int, dense_run: bool = False) -> ExploreData:
-    """The explorer's data from every layer's (module path, AttentionCall), in layer order."""
-    scores, allowed, picks, values = [], None, [], []
-    for _, call in calls:
-        s, a = layer_scores(call)                                               # (Hq, Q, L)
-        scores.append(s)
-        allowed = a.any(0) if allowed is None else allowed | a.any(0)           # (Q, L)
-        picks.append(call.selection.indices[0].cpu())                           # (Hq, Q, k)
-        v = call.value[0].detach().float().cpu()                                # (Hkv, L, Dv)
-        values.append(v)
-    dv = values[0].shape[-1]
+def explore_run(run, layer_names: list[str] | None = None, rows: tuple[int, int] | None = None,
+                keys: tuple[int, int] | None = None) -> ExploreData:
+    """The explorer's data of a RunTensors (report/run_tensors.py) on query rows [rows[0], rows[1])
+    (default: every row), the grid's key columns `keys` (default: every key)."""
+    from gatherlens.report.run_tensors import kind_data
+
+    N, Hq, Q, L = run.shape
+    r0, r1 = rows or (0, Q)
+    masks = run.masks[:, r0:r1]                                                  # (M, R, L)
+    dv = run.value.shape[-1]
     cols = value_columns(dv)
-    k = max(p.shape[-1] for p in picks)
-    picks = [torch.nn.functional.pad(p, (0, k - p.shape[-1]), value=-1) for p in picks]
     return ExploreData(
-        layer_names=[path for path, _ in calls], scores=torch.stack(scores), allowed=allowed,
-        picks=torch.stack(picks), values=torch.stack(values)[..., cols], value_cols=cols, dv=dv,
-        scales=[call_scale(c) for _, c in calls], run_k=run_k,
-        causal=bool(calls[0][1].selection.is_causal), dense_run=dense_run)
+        layer_names=layer_names or [f"layer {i}" for i in range(N)],
+        scores=torch.stack([run.layer_scores(layer, slice(r0, r1)) for layer in range(N)]),   # (N, Hq, R, L)
+        masks=masks, mask_of=run.mask_of, kinds=[kind_data(k) for k in run.kinds],
+        picks=run.picks[:, :, r0:r1].long(), values=run.value[..., cols], value_cols=cols, dv=dv,
+        scales=list(run.scales), run_k=run.run_k, causal=run.causal, dense_run=run.dense_run,
+        queries=Q, rows=(r0, r1), keys=keys or (0, L))

@@ -161,7 +161,7 @@ def _layers(story, rules: HeadRules):
     rows = measured_rows(Q, rules)                                          # (R,)
     for layer in range(N):
         q = run.query[layer][:, rows]                                       # (Hq, R, D)
-        yield (score_rows(q, run.key[layer], run.scales[layer], run.allowed[rows]),
+        yield (score_rows(q, run.key[layer], run.scales[layer], run.allowed(layer)[rows]),
                run.picks[layer][:, rows].long(), rows + (L - Q))
 
 
@@ -172,7 +172,8 @@ def head_gallery(story, rules: HeadRules = RULES) -> HeadGallery:
     x = getattr(story, "tensors", None) or story.explore
     return HeadGallery(layers=len(tiles) // story.heads.q_heads, heads=story.heads.q_heads,
                        top_k=x.run_k, dense_run=x.dense_run, levels=rules.levels,
-                       tiles=tuple(tiles), layer=story.attention.layer, head=story.attention.head)
+                       tiles=tuple(tiles), layer=story.attention.layer, head=story.attention.head,
+                       kinds=tuple((k.kind, k.window) for k in story.tensors.kinds) if story.tensors else ())
 
 
 def gallery_data(gallery: HeadGallery, rules: HeadRules = RULES) -> dict:
@@ -183,6 +184,7 @@ def gallery_data(gallery: HeadGallery, rules: HeadRules = RULES) -> dict:
 
     return {"layers": gallery.layers, "heads": gallery.heads, "top_k": gallery.top_k,
             "dense_run": gallery.dense_run, "levels": gallery.levels, "tags": list(HEAD_TAGS),
+            "layer_kinds": [{"kind": k, "window": w} for k, w in gallery.kinds],
             "rules": {k: getattr(rules, k) for k in ("copying", "previous", "sink", "broad", "grid", "rows")},
             "tiles": [{"layer": t.layer, "head": t.head, "tag": t.tag, "kept": r(t.kept),
                        "sink": r(t.sink), "previous": r(t.previous), "copying": r(t.copying),

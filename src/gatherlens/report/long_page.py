@@ -17,6 +17,7 @@ from gatherlens.i18n import text
 from gatherlens.render.theme import human_bytes
 from gatherlens.report.defaults import LIVE_MAX_TOKENS, MAX_PICKS, MAX_TOKENS
 from gatherlens.report.explore import FORMAT_VERSION, value_columns
+from gatherlens.report.run_tensors import kind_data
 from gatherlens.report.window import WINDOW_KEYS, WINDOW_ROWS, attention_window
 
 __all__ = ["long_explore", "limits_text"]
@@ -31,6 +32,7 @@ def long_explore(story, k: int) -> dict:
     return {"v": FORMAT_VERSION, "remote": True, "layers": N, "heads": Hq, "kv_heads": t.key.shape[1],
             "Q": Q, "L": L, "run_k": t.run_k, "k_stored": t.picks.shape[-1], "dense_run": t.dense_run,
             "causal": t.causal, "dv": dv, "value_cols": value_columns(dv),
+            "kinds": [kind_data(k) for k in t.kinds],
             "scales": [round(s, 6) for s in t.scales], "run_bytes": t.nbytes,
             "window": attention_window(t, att.layer, att.head, qrow, k)}
 
@@ -40,6 +42,10 @@ def limits_text(story, explore: dict, lang: str, live: dict | None) -> str:
     live, the longest text, the window and what the server keeps."""
     if live is None:
         size = len(json.dumps(explore, separators=(",", ":")))
+        if explore["rows"] != [0, explore["Q"]]:                        # a long text: the rows around the query
+            r0, r1 = (len(story.ids) - explore["Q"] + r for r in explore["rows"])
+            return text("lim_offline_long", lang, n=len(story.ids), offline=MAX_TOKENS, live=LIVE_MAX_TOKENS,
+                        r0=r0, r1=r1 - 1, size=human_bytes(size), err=f"{explore.get('score_err', 0.0):.2g}")
         return text("lim_offline", lang, offline=MAX_TOKENS, live=LIVE_MAX_TOKENS, size=human_bytes(size),
                     err=f"{explore.get('score_err', 0.0):.2g}")
     S = len(story.ids)

@@ -16,11 +16,23 @@ __all__ = ["score_grid", "explain_summary", "drawn_query"]
 SHOWN_VALUES = 4  # values of each token's word-table row the summary prints
 
 
-def score_grid(view, labels: list[str]) -> ScoreGrid:
-    """The score grid of an AttentionView (gatherlens.report.collect), positions named by `labels`."""
+def score_grid(view, labels: list[str], run=None) -> ScoreGrid:
+    """The score grid of an AttentionView (gatherlens.report.collect), positions named by `labels`;
+    past MAX_TOKENS queries only the window the page draws (report.window.grid_span of `run`, the
+    story's RunTensors), which also gives the layer's kind and window."""
+    from gatherlens.report.defaults import MAX_TOKENS
+    from gatherlens.report.window import grid_span
+
+    Q, L = view.scores.shape
+    (r0, r1), (c0, c1) = (0, Q), (0, L)
+    if run is not None and Q > MAX_TOKENS:
+        (r0, r1), (c0, c1) = grid_span(run, view.query - (len(labels) - Q))
+    kind = run.kinds[view.layer] if run is not None else None
     return ScoreGrid(layer=view.layer, head=view.head, top_k=view.top_k, query=view.query,
-                     scores=view.scores, dense=view.dense, allowed=view.allowed,
-                     indices=view.indices, labels=tuple(labels))
+                     scores=view.scores[r0:r1, c0:c1], dense=view.dense[r0:r1, c0:c1],
+                     allowed=view.allowed[r0:r1, c0:c1], indices=view.indices[r0:r1], labels=tuple(labels),
+                     row0=r0, col0=c0, queries=Q, keys=L, kind=kind.kind if kind else "full",
+                     window=kind.window if kind else None)
 
 
 def explain_summary(story) -> ExplainSummary:

@@ -22,8 +22,8 @@ def call_scale(call) -> float:
 
 
 def allowed_cells(call) -> torch.Tensor:
-    """(Q, L) bool: the keys each query may attend to in every head (batch 0; the explorer's models
-    give every head the same causal rule and mask)."""
+    """(Q, L) bool: the keys each query of this call's layer may attend to, in every head (batch 0;
+    every head of a layer gets the same causal rule and mask; each layer its own)."""
     Hq, Q, L = call.query.shape[1], call.query.shape[2], call.key.shape[2]
     return _allowed(call, Hq, Q, L).all(0)
 
@@ -37,7 +37,7 @@ def _allowed(call, Hq: int, Q: int, L: int) -> torch.Tensor:
     mask = call.mask
     if mask is not None:
         m = mask[0][..., -Q:, :L].cpu()                                     # (1|Hq, Q, L)
-        allowed &= m if m.dtype == torch.bool else m > float("-inf")
+        allowed &= m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min   # eager masks: min, or -inf
     return allowed
 
 

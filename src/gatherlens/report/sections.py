@@ -1,7 +1,7 @@
 """The sections of the `explain` report, one function each: words, figures and a table per step.
 
     >>> [s.id for s in sections(story, lang="en")]
-    ['tokens', 'embedding', 'gallery', 'heads', 'scores', 'values', 'prediction', 'gathers']
+    ['map', 'tokens', 'embedding', 'gallery', 'heads', 'scores', 'values', 'prediction', 'gathers']
 
 Figures of gathers come from selection records through `gatherlens.render` (the record's SVG,
 and on the page its hover fragment: point at an output cell to see where it came from); the
@@ -24,12 +24,17 @@ from gatherlens.render.gallery import gallery_svg
 from gatherlens.render.html import svg_fragment
 from gatherlens.render.keep_compare import keep_comparison_svg
 from gatherlens.render.layout import Limits
+from gatherlens.render.model_gathers import moe_svg, scale_svg
+from gatherlens.render.model_map import model_map_svg
+from gatherlens.render.sampling import sampling_svg
 from gatherlens.render.prefill_map import prefill_map_svg
 from gatherlens.render.report_figures import heads_svg, scores_svg
 from gatherlens.render.theme import human_bytes
 from gatherlens.report.heads import RULES, head_gallery
 from gatherlens.report.records import drawn_query, score_grid
 from gatherlens.report.keep_compare import keep_comparison
+from gatherlens.report.model_map import model_map
+from gatherlens.report.sampling import OFFLINE, sample_view, shown_ids
 from gatherlens.ops.sparse.config import TOY
 
 __all__ = ["Figure", "Section", "sections"]
@@ -81,11 +86,20 @@ def _drawn_figure(name: str, title: str, picture: Callable[[], str], draw: str) 
     return Figure(name, title, picture, inline=Markup(""), draw=draw)
 
 
-def sections(story, lang: str = "en") -> list[Section]:
-    """Every section of the report of `story` (a gatherlens.report.collect.Story), in order."""
-    return [_tokens(story, lang), *_embeddings(story, lang), _gallery(story, lang),
-            _heads(story, lang), _scores(story, lang), _values(story, lang), *_prefill(story, lang),
-            _prediction(story, lang), _gathers(story, lang)]
+def sections(story, lang: str = "en", live: bool = False) -> list[Section]:
+    """Every section of the report of `story` (a gatherlens.report.collect.Story), in order; live: the
+    served page's (its map sends sparse pages to Generate)."""
+    return [_map(story, lang, live), _tokens(story, lang), *_embeddings(story, lang), *_scale(story, lang),
+            *_rope(story, lang), _gallery(story, lang), _heads(story, lang), _scores(story, lang),
+            _values(story, lang), *_prefill(story, lang), *_moe(story, lang), _prediction(story, lang),
+            *_sampling(story, lang, live), _gathers(story, lang)]
+
+
+# 0. the model at a glance: every gather on its stage, the model's own apart from gatherlens' change
+def _map(story, lang: str, live: bool) -> Section:
+    svg = model_map_svg(model_map(story, live=live), lang)
+    fig = Figure("00-model-map", text("map_section", lang), svg, inline=Markup(svg))
+    return Section("map", text("map_section", lang), [text("map_body", lang, model=story.model_name)], figures=[fig])
 
 
 # 1. text -> tokens -> ids
@@ -149,6 +163,44 @@ def _other_lookups(story, others: list, lang: str) -> Section:
                    [text("emb_extra_body", lang, model=story.model_name)], figures=figs)
 
 
+# gathers the model runs itself (report/model_gathers.py): Gemma's scaled rows, RoPE's rows, MoE routing
+def _drawn_section(sid: str, name: str, title: str, svg: str, body: str) -> list[Section]:
+    """[one section of one figure whose cells light up on hover or tap (the fragment script)]."""
+    fig = Figure(name, title, svg, inline=Markup(svg_fragment(svg)))
+    return [Section(sid, title, [body], figures=[fig])]
+
+
+def _scale(story, lang: str) -> list[Section]:
+    rec = getattr(story, "embed_scale", None)
+    if rec is None:
+        return []
+    return _drawn_section("embedding-scale", "02-embedding-scale", text("scale_section", lang), scale_svg(rec, lang),
+                          text("scale_body", lang, model=story.model_name, scale=rec.scale))
+
+
+def _rope(story, lang: str) -> list[Section]:
+    rec = getattr(story, "rope_record", None)
+    if rec is None:
+        return []
+    fig = _record_figure("02-rope", text("rope_section", lang), rec, lang, Limits(rows=12, cols=8, slices=1))
+    kind = rec.meta.get("layer_type", "")
+    kind = text("rope_kind", lang, kind=text(f"layer_{LAYER_TYPE_KIND.get(kind, 'full')}", lang)) if kind else ""
+    body = text("rope_body", lang, model=story.model_name, last=rec.source.shape[0] - 1, D=rec.source.shape[1],
+                kind=kind, verdict=text("rope_equal" if rec.meta.get("equal") else "rope_differs", lang))
+    return [Section("rope", text("rope_section", lang), [body], figures=[fig])]
+
+
+def _moe(story, lang: str) -> list[Section]:
+    r = getattr(story, "moe", None)
+    if r is None:
+        return []
+    body = text("moe_body", lang, model=story.model_name, layers=r.layers, E=r.experts, k=r.top_k, layer=r.layer)
+    return _drawn_section("moe", "07-moe-routing", text("moe_section", lang), moe_svg(r, lang), body)
+
+
+LAYER_TYPE_KIND = {"sliding_attention": "sliding", "chunked_attention": "chunked", "full_attention": "full"}
+
+
 # every layer and head at a glance: the head gallery (its rules: report/heads.py)
 def _gallery(story, lang: str) -> Section:
     g = head_gallery(story)
@@ -180,7 +232,7 @@ def _scores(story, lang: str) -> Section:
     att = story.attention
     title = text("scores_title", lang, k=Slot("k", att.top_k))
     grid = _drawn_figure("04-scores", plain(title),
-                         lambda: scores_svg(score_grid(att, story.shown_tokens), lang), "scores")
+                         lambda: scores_svg(score_grid(att, story.shown_tokens, story.tensors), lang), "scores")
     pick = _drawn_figure("05-score-gather", "scores.gather", lambda: att.score_record.to_svg(
         lang=lang, limits=Limits(rows=12, cols=10, slices=3)), "gather")
     causal = bool(torch.equal(att.allowed, torch.ones_like(att.allowed).tril()))
@@ -270,9 +322,21 @@ def _prediction(story, lang: str) -> Section:
              f"{b[2]:.2f}", f"{b[3]:.1%}"] for r, (a, b) in enumerate(zip(p.top, p.dense_top))]
     token, logit, prob = (text(k, lang) for k in ("col_token", "col_logit", "col_prob"))
     topk, dense = text("topk_run", lang, k=story.top_k), text("dense_run", lang)
-    head = [text("col_rank", lang), f"{topk}: {token}", logit, prob, f"{dense}: {token}", logit,
-            prob]
+    head = [text("col_rank", lang), text("col_of", lang, run=topk, col=token), logit, prob,
+            text("col_of", lang, run=dense, col=token), logit, prob]
     return Section("prediction", title, [body], figures=[fig], table=dict(head=head, rows=rows))
+
+
+# 6b. sampling: the sampler's cut and draw over the last logits row (report/sampling.py, render/sampling.py)
+def _sampling(story, lang: str, live: bool) -> list[Section]:
+    run = story.tensors
+    if run is None or run.logits is None or story.tokenizer is None:
+        return []
+    rec, words = sample_view(run, OFFLINE, story.tokenizer)
+    svg = sampling_svg(rec, words, lang, shown_ids(rec))
+    fig = Figure("08-sampling", text("smp_section", lang), svg, inline=Markup(svg))
+    body = [text("smp_body", lang)] + ([] if live else [text("smp_offline", lang)])
+    return [Section("sampling", text("smp_section", lang), body, figures=[fig])]
 
 
 # 7. every gather of the forward pass

@@ -20,9 +20,9 @@ import torch
 
 from gatherlens.ops.attention.select import select_topk
 from gatherlens.report.explore import value_columns
-from gatherlens.report.run_tensors import RunTensors
+from gatherlens.report.run_tensors import RunTensors, kind_data
 
-__all__ = ["attention_window", "kept_keys", "span", "WINDOW_ROWS", "WINDOW_KEYS"]
+__all__ = ["attention_window", "grid_span", "kept_keys", "span", "WINDOW_ROWS", "WINDOW_KEYS"]
 
 WINDOW_ROWS = 16     # query rows of the long score grid (the gather figure shows 12 of them)
 WINDOW_KEYS = 48     # key columns of the long score grid
@@ -33,6 +33,19 @@ def span(n: int, centre: int, size: int) -> tuple[int, int]:
     w = min(n, size)
     start = min(max(centre - w // 2, 0), n - w)
     return start, start + w
+
+
+def grid_span(run: RunTensors, query: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(rows, keys): the WINDOW_ROWS query rows around `query` and the WINDOW_KEYS key columns the grid
+    draws, each [start, stop): ending at the last row's key (causal) or centred on the query."""
+    N, Hq, Q, L = run.shape
+    r0, r1 = span(Q, query, WINDOW_ROWS)
+    if run.causal:
+        c1 = min(L, r1 + L - Q)
+        c0 = max(0, c1 - WINDOW_KEYS)
+    else:
+        c0, c1 = span(L, query + L - Q, WINDOW_KEYS)
+    return (r0, r1), (c0, c1)
 
 
 def kept_keys(run: RunTensors, layer: int, head: int, query: int, k: int, row: torch.Tensor) -> list[int]:
@@ -47,19 +60,14 @@ def kept_keys(run: RunTensors, layer: int, head: int, query: int, k: int, row: t
 def attention_window(run: RunTensors, layer: int, head: int, query: int, k: int) -> dict:
     """JSON-ready window of (layer, head) around `query` (see the module doc)."""
     run.check(layer, head, query)
-    N, Hq, Q, L = run.shape
-    r0, r1 = span(Q, query, WINDOW_ROWS)
-    if run.causal:
-        c1 = min(L, r1 + L - Q)
-        c0 = max(0, c1 - WINDOW_KEYS)
-    else:
-        c0, c1 = span(L, query + L - Q, WINDOW_KEYS)
+    (r0, r1), (c0, c1) = grid_span(run, query)
     scores = run.scores(layer, head, range(r0, r1))                           # (R, L)
     kept = kept_keys(run, layer, head, query, k, scores[query - r0])
     cols = value_columns(run.value.shape[-1])
     need = sorted({0, *kept})
     v = run.value[layer, run.kv_head(head)][need][:, cols]                    # (n, C)
     return {"layer": layer, "head": head, "query": query, "k": k, "rows": [r0, r1], "keys": [c0, c1],
+            "kind": kind_data(run.kinds[layer]),
             "scores": base64.b64encode(scores.contiguous().numpy().tobytes()).decode("ascii"),
             "picks": run.picks[layer, head, r0:r1].tolist(),
             "values": {str(j): [float(x) for x in row] for j, row in zip(need, v.tolist())}}

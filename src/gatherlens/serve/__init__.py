@@ -21,6 +21,9 @@ the page's data and HTML) and GET /api/generate (server-sent events, one per dec
 - runs.py, attention_api.py: the kept runs of the texts and GET /api/attention (a long text's window,
   dense / top-k / sparse for one query) answered from them.
 - step_detail.py: a generation step's dense weight on the pages it read; the dense choice of every step.
+- openai_api.py, openai_params.py: the OpenAI API (/v1/models, /v1/chat/completions, /v1/completions), its
+  bodies checked into OpenAI's error shape; engine.py: up to `slots` generations decoding together, a bounded
+  queue; stop_text.py: stop strings over streamed text.
 """
 from gatherlens.serve.settings import ServeSettings
 

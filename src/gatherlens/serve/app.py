@@ -8,7 +8,14 @@
     GET /api/heads        ?text=&model=&k=&topk=&lang=  -> every layer and head: tag, kept share, map
     GET /api/attention    ?text=&model=&k=&topk=&layer=&head=&query=&lang=  -> one head's rows around
                           the query and the dense / top-k / sparse figure, from the kept run (serve/runs.py)
+    GET /api/sample       ?text=&model=&k=&topk=&temperature=&top_k=&top_p=&min_p=&seed=&lang=  -> one draw of the
+                          sampler from the text's last logits row and its picture (serve/sample_api.py)
+    GET /api/chat         ?messages=<JSON>&model=&max_new=&budget=&page_size=&temperature=&top_k=&top_p=&min_p=&seed=
+                          -> server-sent events: each token with its candidates and the pages it read
     GET /api/health       the loaded models and whether one is running
+    GET /v1/models, POST /v1/chat/completions, POST /v1/completions
+                          the OpenAI API (serve/openai_api.py): answers and errors in OpenAI's shapes, up to
+                          settings.slots generations decoding together (serve/engine.py), --api-key
 
 Every answer carries a Content-Security-Policy (the page may run only its own scripts and talk
 only to this server) and refuses other Host headers. A bad argument is a 400 with
@@ -21,11 +28,13 @@ from __future__ import annotations
 import contextlib
 import html
 import json
+import time
 import traceback
 
 import anyio
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
@@ -36,8 +45,11 @@ from gatherlens.errors import GatherLensError
 from gatherlens.models.files.watch import ModelFileChanged
 from gatherlens.serve.attention_api import attention_body, run_k_param
 from gatherlens.serve.heads import heads_body
+from gatherlens.serve.engine import Engine
 from gatherlens.serve.limits import RequestLimits, protocol_class
-from gatherlens.serve.params import explain_params, generate_params
+from gatherlens.serve.openai_api import chat_completions, completions, error_response, model, models
+from gatherlens.serve.openai_params import APIError
+from gatherlens.serve.params import chat_messages, explain_params, generate_params, sampling_params
 from gatherlens.memory import release_memory
 from gatherlens.serve.pool import ModelPool
 from gatherlens.serve.runs import RunCache, run_key
@@ -46,7 +58,7 @@ from gatherlens.serve.settings import ServeSettings
 __all__ = ["create_app", "API_POLICY", "MODEL_PATHS", "http_protocol"]
 
 API_POLICY = "default-src 'none'; frame-ancestors 'none'"
-MODEL_PATHS = ("/", "/api/explain", "/api/generate", "/api/heads", "/api/attention")   # the routes that wait for the model (limits.py)
+MODEL_PATHS = ("/", "/api/explain", "/api/generate", "/api/heads", "/api/attention", "/api/sample", "/api/chat")   # the routes that wait for the model (limits.py)
 HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
            "X-Frame-Options": "DENY", "Cache-Control": "no-store"}
 
@@ -71,13 +83,25 @@ def _explain(lm, p, settings: ServeSettings, runs: RunCache | None = None) -> di
     if runs is not None:
         runs.put(run_key(p), story.tensors, story.shown_tokens)
     body = story_data(story)
-    live = settings.live(p.model, p.topk, p.k, p.prefill)
+    live = {**settings.live(p.model, p.topk, p.k, p.prefill), "chat": _has_chat(lm)}
     if p.explore:
         body["page"] = page_data(story, p.lang, live)
     if p.html:
         report = build_report(story, lang=p.lang, live=live)
         body["html"], body["csp"] = report.html, report.csp
     return body
+
+
+def _has_chat(lm) -> bool:
+    """True when the model has a chat template (the live page then offers its chat)."""
+    from gatherlens.errors import GatherValueError
+    from gatherlens.models.runtime.chat import chat_template_of
+
+    try:
+        chat_template_of(lm)
+    except GatherValueError:
+        return False
+    return bool(getattr(lm, "is_causal", False))
 
 
 async def explain(request: Request) -> Response:
@@ -117,14 +141,12 @@ async def page(request: Request) -> Response:
     return HTMLResponse(body["html"], headers=_headers(body["csp"]))
 
 
-async def _stream(request: Request, pool: ModelPool, p):
-    """Server-sent events of one generation; the model is freed when the client goes away. A bad
-    request or a model file that changed (models/files/watch.py) ends it with a "failure" event."""
-    from gatherlens.serve.decode import decode_steps
-
+async def _stream(request: Request, pool: ModelPool, model: str, make_steps):
+    """Server-sent events of one generation (`make_steps(lm)`: its events); the model is freed when the client
+    goes away. A bad request or a model file that changed (models/files/watch.py) ends it with a "failure" event."""
     try:
-        async with pool.using(p.model) as lm:
-            steps = decode_steps(lm, p.text, p.max_new, p.budget, p.page_size, pool.settings.max_tokens, detail=True)
+        async with pool.using(model) as lm:
+            steps = make_steps(lm)
             try:
                 while True:
                     if await request.is_disconnected():
@@ -148,18 +170,52 @@ async def _stream(request: Request, pool: ModelPool, p):
 
 async def generate(request: Request) -> Response:
     """GET /api/generate: one event per decode step (start, step..., done; failure on error)."""
+    from gatherlens.serve.decode import decode_steps
+
     pool: ModelPool = request.app.state.pool
     p = generate_params(request.query_params, pool.settings)
-    return EventSourceResponse(_stream(request, pool, p), ping=10, headers=_headers(API_POLICY))
+    steps = lambda lm: decode_steps(lm, p.text, p.max_new, p.budget, p.page_size, pool.settings.max_tokens,  # noqa: E731
+                                    detail=True)
+    return EventSourceResponse(_stream(request, pool, p.model, steps), ping=10, headers=_headers(API_POLICY))
+
+
+async def chat(request: Request) -> Response:
+    """GET /api/chat: the live page's chat through the model's chat template, sampled (serve/decode.chat_steps):
+    start (the first token), step..., done; failure on error."""
+    from gatherlens.serve.decode import chat_steps
+
+    pool: ModelPool = request.app.state.pool
+    q = request.query_params
+    p, config, messages = generate_params({**q, "text": "-"}, pool.settings), sampling_params(q), chat_messages(q)
+    steps = lambda lm: chat_steps(lm, messages, config, p.max_new, p.budget, p.page_size,  # noqa: E731
+                                  pool.settings.max_tokens)
+    return EventSourceResponse(_stream(request, pool, p.model, steps), ping=10, headers=_headers(API_POLICY))
+
+
+async def sample(request: Request) -> Response:
+    """GET /api/sample: one draw of the sampler from the text's last logits row, and its picture (sample_api.py)."""
+    from gatherlens.serve.sample_api import sample_body
+
+    pool: ModelPool = request.app.state.pool
+    p, config = explain_params(request.query_params, pool.settings), sampling_params(request.query_params)
+    async with pool.using(p.model) as lm:
+        body = await pool.run(sample_body, lm, p, pool.settings, request.app.state.runs, config)
+    return JSONResponse(body, headers=_headers(API_POLICY))
 
 
 async def health(request: Request) -> Response:
-    return JSONResponse({**request.app.state.pool.status(), "runs": request.app.state.runs.status()},
+    state = request.app.state
+    return JSONResponse({**state.pool.status(), "runs": state.runs.status(),
+                         "api": {**state.engine.status(), "runner": state.engine.runner_status()}},
                         headers=_headers(API_POLICY))
 
 
 def _answer(request: Request, message: str, status: int) -> Response:
-    """An error as the asker reads it: the page (GET /) as a small HTML page, the API as JSON."""
+    """An error as the asker reads it: the page (GET /) as a small HTML page, the API as JSON (the OpenAI
+    API, /v1/*, in OpenAI's shape)."""
+    if request.url.path.startswith("/v1/"):
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        return error_response(APIError(status, message, kind=kind))
     if request.url.path != "/":
         return _error(message, status)
     title = {400: "bad request", 503: "model unavailable"}.get(status, "internal error")
@@ -167,6 +223,15 @@ def _answer(request: Request, message: str, status: int) -> Response:
             f'</head>\n<body><h1>gatherlens: {title} ({status})</h1>\n<p>{html.escape(message)}</p>\n'
             f'<p><a href="/">back to the default page</a></p></body></html>\n')
     return HTMLResponse(body, status_code=status, headers=_headers(API_POLICY))
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own answers (404 no such route, 405 a method it does not take): the OpenAI API's in its
+    error shape, the rest as Starlette gives them."""
+    if request.url.path.startswith("/v1/"):
+        return error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                       code="unknown_url" if exc.status_code == 404 else None))
+    return Response(exc.detail, status_code=exc.status_code, headers=exc.headers)
 
 
 async def _bad_input(request: Request, exc: GatherLensError) -> Response:
@@ -200,16 +265,25 @@ def create_app(settings: ServeSettings | None = None, loader=None, warm: bool = 
     async def lifespan(app):
         app.state.runs = runs = RunCache(settings.run_cache_bytes)
         app.state.pool = pool = ModelPool(settings, loader=loader, on_drop=runs.forget)
+        app.state.engine, app.state.templates, app.state.started = Engine(pool, settings), {}, int(time.time())
         if warm:
             async with pool.using(settings.model):
                 pass
-        yield
+        async with anyio.create_task_group() as group:   # the API's engine runs while the app does
+            group.start_soon(app.state.engine.run)
+            yield
+            group.cancel_scope.cancel()
 
     return Starlette(
         routes=[Route("/", page), Route("/api/explain", explain), Route("/api/generate", generate),
-                Route("/api/heads", heads), Route("/api/attention", attention), Route("/api/health", health)],
+                Route("/api/heads", heads), Route("/api/attention", attention), Route("/api/health", health),
+                Route("/api/sample", sample), Route("/api/chat", chat),
+                Route("/v1/models", models), Route("/v1/models/{model:path}", model),
+                Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+                Route("/v1/completions", completions, methods=["POST"])],
         middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts),
                     Middleware(RequestLimits, settings=settings, headers=_headers(API_POLICY), paths=MODEL_PATHS)],
-        exception_handlers={ModelFileChanged: _model_changed, GatherLensError: _bad_input, Exception: _failure},
+        exception_handlers={ModelFileChanged: _model_changed, GatherLensError: _bad_input, Exception: _failure,
+                            HTTPException: _http_error},
         lifespan=lifespan,
     )

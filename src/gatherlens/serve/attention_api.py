@@ -5,7 +5,8 @@ from the text's kept run (serve/runs.py), so a change of layer, head or query ru
     -> {"window": {...}, "compare": {...}, "svg": "<svg ...>", "cached": true}
 
 window: report.window.attention_window (what the page's script draws the grid, the gather and
-the value figures from); compare: the numbers of the KeepComparison (keys each keeps, dense
+the value figures from; scores -inf where that layer's own mask forbids a key, and its kind and
+window); compare: the numbers of the KeepComparison (keys each keeps, dense
 weight on them, relative L2 of the outputs); svg: its figure (render.keep_compare). A text not
 kept (a first request, or one pushed out of the cache) is run once, then kept. k is the k the
 view selects with; run_k (default k) the k the run was made with, as the page shows it: a view
@@ -46,7 +47,8 @@ def compare_data(rec) -> dict:
             "pages": list(rec.pages), "page_size": rec.page_size, "budget": rec.budget,
             "topk_mass": round(rec.topk_mass, 6), "sparse_mass": round(rec.sparse_mass, 6),
             "topk_error": round(rec.topk_error, 6), "sparse_error": round(rec.sparse_error, 6),
-            "keys": rec.length}
+            "keys": rec.length, "kind": rec.kind, "window": rec.window,
+            "ring": list(rec.ring) if rec.ring is not None else None}
 
 
 def attention_body(lm, p, settings, runs: RunCache, run_k: int | None = None) -> dict:

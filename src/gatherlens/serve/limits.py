@@ -35,6 +35,12 @@ def check_limits(s: ServeSettings) -> None:
     """
     need = BYTES_PER_CHAR * s.max_chars + 1024
     for name, lo, hi, why in (("queue_limit", 0, 10_000, "model requests waiting while one runs"),
+                              ("slots", 1, 64, "API generations decoding together"),
+                              ("api_queue", 0, 10_000, "API requests waiting for a slot"),
+                              ("api_max_tokens", 1, 1 << 20, "tokens one API request may generate"),
+                              ("prefix_cache_bytes", 0, 1 << 40, "bytes of kept KV caches (0: none kept)"),
+                              ("max_body_bytes", 1024, 1 << 30, "bytes of an API request body"),
+                              ("prefill_chunk", 1, 8192, "prompt tokens a slot prefills per turn"),
                               ("retry_after", 1, 3600, "seconds in a 503's Retry-After"),
                               ("max_target_bytes", need, 1 << 24,
                                f"bytes of a request target: a text of max_chars = {s.max_chars:,} "

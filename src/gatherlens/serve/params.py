@@ -15,6 +15,8 @@ checks its kept run with the same functions.
 """
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -23,7 +25,8 @@ from gatherlens.i18n import check_lang
 from gatherlens.params import parse_int
 from gatherlens.serve.settings import ServeSettings
 
-__all__ = ["ExplainParams", "GenerateParams", "explain_params", "generate_params", "query_int"]
+__all__ = ["ExplainParams", "GenerateParams", "explain_params", "generate_params", "query_int", "query_float",
+           "sampling_params", "chat_messages"]
 
 
 @dataclass(frozen=True)
@@ -107,3 +110,42 @@ def generate_params(q: Mapping[str, str], s: ServeSettings) -> GenerateParams:
         max_new=query_int(q, "max_new", s.default_new_tokens, 1, s.max_new_tokens),
         page_size=query_int(q, "page_size", s.page_size, 1, 64),
         budget="auto" if q.get("budget") == "auto" else query_int(q, "budget", s.budget, 1, 4096))
+
+
+_FLOAT = re.compile(r"-?[0-9]+(\.[0-9]+)?|-?\.[0-9]+")
+
+
+def query_float(q: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
+    """Query parameter `name` as a plain decimal in [lo, hi]; `default` when missing or empty."""
+    raw = q.get(name)
+    if raw is None or raw == "":
+        return default
+    if len(raw) > 30 or not _FLOAT.fullmatch(raw):
+        raise GatherValueError(f"{name} = {raw[:40]!r} is not a number; give one in [{lo:g}, {hi:g}]")
+    value = float(raw)
+    if not lo <= value <= hi:
+        raise GatherValueError(f"{name} = {value:g} is outside the valid range [{lo:g}, {hi:g}]")
+    return value
+
+
+def sampling_params(q: Mapping[str, str]):
+    """The sampler's settings of the live page (temperature, top_k, top_p, min_p, seed) as a SamplingConfig;
+    defaults: llama-server's (report/sampling.OFFLINE). Its own checks name any value out of range."""
+    from gatherlens.report.sampling import OFFLINE
+
+    return OFFLINE.replace(
+        temperature=query_float(q, "temperature", OFFLINE.temperature, 0.0, 2.0),
+        top_k=query_int(q, "top_k", OFFLINE.top_k, 0, 1 << 20), top_p=query_float(q, "top_p", OFFLINE.top_p, 0.0, 1.0),
+        min_p=query_float(q, "min_p", OFFLINE.min_p, 0.0, 1.0), seed=query_int(q, "seed", 0, 0, (1 << 63) - 1))
+
+
+def chat_messages(q: Mapping[str, str]) -> list:
+    """The conversation of GET /api/chat: `messages`, a JSON list of {"role", "content"} (checked later by
+    models/runtime/chat.check_messages)."""
+    raw = q.get("messages")
+    if not raw:
+        raise GatherValueError('messages is missing: give a JSON list such as [{"role": "user", "content": "Hi"}]')
+    try:
+        return json.loads(raw)
+    except ValueError as e:
+        raise GatherValueError(f"messages is not JSON ({e.msg} at character {e.pos})") from None

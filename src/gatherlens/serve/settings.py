@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from gatherlens.ops.prefill.config import TOY as PREFILL_TOY, PrefillConfig
 from gatherlens.ops.sparse.config import TOY, SparseConfig
-from gatherlens.report.defaults import DEFAULT_TEXT, LIVE_MAX_TOKENS
+from gatherlens.report.defaults import DEFAULT_TEXT, LIVE_MAX_TOKENS, MAX_CHARS
 
 __all__ = ["ServeSettings", "KNOWN", "LOCAL_HOSTS"]
 
@@ -29,7 +29,7 @@ class ServeSettings:
     lang: str = "en"
     text: str = DEFAULT_TEXT        # the text the page opens with
     top_k: int = 4                  # the k the page opens with
-    max_chars: int = 16000          # longest text accepted, in characters (2,048 tokens of prose fit)
+    max_chars: int = MAX_CHARS      # longest text accepted, in characters (2,048 tokens of prose fit)
     max_tokens: int = LIVE_MAX_TOKENS  # longest text accepted, in tokens (report.defaults: the live page's)
     max_k: int = 4096
     max_new_tokens: int = 64        # most tokens one generation may produce
@@ -43,6 +43,17 @@ class ServeSettings:
     run_cache_bytes: int = 600 << 20  # the texts' kept runs (serve/runs.py): 233 MiB each at 2,048 tokens
     max_target_bytes: int = 200_000  # longest request target (path and query); longer gets 414. A text
                                     # of max_chars characters fits: percent-encoded, 12 bytes each at most
+    # the OpenAI API (/v1/*: serve/openai_api.py, serve/engine.py)
+    slots: int = 4                  # generations decoding together (llama-server's --parallel default)
+    api_queue: int = 16             # API requests that may wait for a slot; one more gets 503
+    api_key: str | None = None      # when set, /v1/* needs "Authorization: Bearer <key>"
+    api_max_tokens: int = 4096      # most tokens one API request may generate (max_tokens' default, capped by
+                                    # the room the model's positions leave)
+    prefix_cache_bytes: int = 512 << 20  # kept KV caches of finished requests, for prefix reuse (LRU)
+    prefill_chunk: int = 128        # prompt tokens a slot prefills per turn (between two decode steps of the
+                                    # others); also the grid reuse cuts at (models/runtime/prefix.py): a 1,500-token
+                                    # chat's next turn runs ~170 tokens again (its last chunk, the answer, the question)
+    max_body_bytes: int = 4 << 20   # longest API request body; longer gets 413
 
     @property
     def models(self) -> list[str]:

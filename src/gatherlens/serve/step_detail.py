@@ -16,7 +16,7 @@ selection head: its KV head's when the group shares one). Computed, not estimate
 
 dense_choices replays the generation with every step reading every key: the same prefill, then
 the generated tokens fed back one at a time through the very path the steps took (the paged cache,
-the lean decode step, the quantized model's one-row products) with the budget lifted (budget None:
+the planned decode step, the quantized model's one-row products) with the budget lifted (budget None:
 dense over the whole cache), and reads the greedy choice after each prefix: what dense decoding
 would have chosen at every step, given the same text so far. Only the budget differs, so step 0
 (the prompt's own step, dense already) and every step at a budget covering the cache agree. (A

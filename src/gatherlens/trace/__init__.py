@@ -24,6 +24,7 @@ from gatherlens.trace.diagnose import (
 from gatherlens.trace.page_trace import PageTrace, PageTraceRecorder
 from gatherlens.trace.pages import record_page_selection
 from gatherlens.trace.record import GatherRecord
+from gatherlens.trace.sampling import record_sampling
 from gatherlens.trace.tracer import TraceEvent, trace
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "GatherDiagnosticWarning",
     "explain_ndim_mismatch",
     "record_page_selection",
+    "record_sampling",
     "PageTrace",
     "PageTraceRecorder",
     "trace",

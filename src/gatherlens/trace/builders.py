@@ -19,6 +19,7 @@ import torch
 
 from gatherlens.errors import GatherIndexError, GatherTypeError, GatherValueError, position_of
 from gatherlens.i18n import check_lang
+from gatherlens.ops.tensors import require_data
 from gatherlens.trace.record import GatherRecord
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
 def _tensor(x, name: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise GatherTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    require_data(**{name: x})
     return x.detach().cpu()
 
 
@@ -473,12 +475,12 @@ def record_attention_selection(selection, batch: int = 0, head: int = 0,
     return GatherRecord(
         op="topk_attention", source=src, index=idx, output=scores, source_coords=coords.long(),
         index_coords=_stack(_grid(idx.shape), idx.shape), dim=1,
-        call=f"scores.gather(-1, topk_idx)  # batch {batch}, head {head}",
+        call="scores.gather(-1, topk_idx)",
         source_name="scores", index_name="topk_idx", output_name="picked",
         source_axes=("Q", "L"), index_axes=("Q", "k"), output_axes=("Q", "k"),
         source_row_labels=q_labels, source_col_labels=key_labels, output_row_labels=q_labels,
         lang=check_lang(lang),
         meta={"weights": weights, "top_k": int(selection.top_k), "key_len": L,
               "is_causal": bool(selection.is_causal), "batch": batch, "head": head,
-              "row_names": qnames},
+              "row_names": qnames, "note": ("note_batch_head", {"batch": batch, "head": head})},
     )

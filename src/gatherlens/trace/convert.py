@@ -15,9 +15,11 @@ from functools import singledispatch
 
 from gatherlens.errors import GatherTypeError
 from gatherlens.ops.attention.selection import AttentionSelection
+from gatherlens.ops.sampling.record import SampleRecord
 from gatherlens.ops.sparse.selection import PageSelection
 from gatherlens.trace.builders import record_attention_selection
 from gatherlens.trace.pages import record_page_selection
+from gatherlens.trace.sampling import record_sampling
 from gatherlens.trace.record import GatherRecord
 
 __all__ = ["as_record"]
@@ -30,7 +32,7 @@ def as_record(obj, **kw) -> GatherRecord:
     Keyword arguments go to the builder (`batch`, `head`, `query`, `labels`, `lang`).
     """
     raise GatherTypeError(
-        f"as_record(obj): obj must be a GatherRecord, AttentionSelection or PageSelection, "
+        f"as_record(obj): obj must be a GatherRecord, AttentionSelection, PageSelection or SampleRecord, "
         f"got {type(obj).__name__}")
 
 
@@ -51,3 +53,8 @@ def _(obj: AttentionSelection, **kw) -> GatherRecord:
 @as_record.register
 def _(obj: PageSelection, **kw) -> GatherRecord:
     return record_page_selection(obj, **kw)
+
+
+@as_record.register
+def _(obj: SampleRecord, **kw) -> GatherRecord:
+    return record_sampling(obj, **kw)

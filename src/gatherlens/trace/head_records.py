@@ -53,6 +53,7 @@ class HeadGallery:
     tiles: tuple[HeadTile, ...]
     layer: int = 0                # the head the report's sections open with
     head: int = 0
+    kinds: tuple[tuple[str, int | None], ...] = ()   # per layer (kind, window): "full", "sliding", "chunked"
 
     def tile(self, layer: int, head: int) -> HeadTile:
         return self.tiles[layer * self.heads + head]

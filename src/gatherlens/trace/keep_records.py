@@ -36,6 +36,9 @@ class KeepComparison:
     sparse_error: float           # ||o_sparse - o_dense|| / ||o_dense||
     labels: tuple[str, ...] = ()  # the L key tokens (shown), or () for numbers only
     seen: int = 0                 # keys the sparse step's cache held (up to the query's last allowed key); 0: L
+    ring: tuple[int, int] | None = None   # a local layer: the window [a, b) its ring holds, read densely (no pages)
+    kind: str = "full"            # the layer's kind: "full", "sliding" or "chunked"
+    window: int | None = None     # a local layer's window
 
     @property
     def length(self) -> int:
@@ -44,6 +47,8 @@ class KeepComparison:
     @property
     def sparse_tokens(self) -> tuple[int, ...]:
         """The key positions the chosen pages hold (the last page may be partial)."""
+        if self.ring is not None:
+            return tuple(range(*self.ring))
         P, L = self.page_size, self.seen or self.length
         return tuple(j for p in self.pages for j in range(p * P, min((p + 1) * P, L)))
 

@@ -20,8 +20,7 @@ from gatherlens.drawable import Drawable
 from gatherlens.errors import GatherIndexError, GatherTypeError, GatherValueError
 from gatherlens.i18n import check_lang, text
 from gatherlens.ops.embedding import embedding_lookup
-from gatherlens.ops.quant import SIZES, BlockTerms, QuantizedTable, block_terms
-from gatherlens.ops.quant.terms import GROUP
+from gatherlens.ops.quant import FORMATS, SIZES, BlockTerms, QuantizedTable, block_terms
 from gatherlens.trace.convert import as_record
 
 __all__ = ["QuantizedGatherRecord", "record_quantized_embedding"]
@@ -79,7 +78,7 @@ class QuantizedGatherRecord(Drawable):
 
     def focus_values(self) -> torch.Tensor:
         """(n,) float32: the output weights the written-out block became."""
-        n = GROUP[self.qtype]
+        n = FORMATS[self.qtype].group  # weights per scale
         return self.output.reshape(-1, self.dim)[self.position, self.terms.start:self.terms.start + n]  # (n,)
 
     def __repr__(self) -> str:

@@ -45,7 +45,8 @@ class HeadMap:
 class ScoreGrid:
     """One head of one layer as the score grid shows it: every score, the dense weight of every
     cell, the allowed cells and the keys top-k kept; `labels` names the positions (the last L
-    label the keys, the last Q the queries; fewer labels than positions: numbers are shown)."""
+    label the keys, the last Q the queries; fewer labels than positions: numbers are shown). A long
+    text's grid is a window (row0, col0 into `queries` x `keys`); a local layer's grid marks its window."""
 
     layer: int
     head: int
@@ -56,6 +57,12 @@ class ScoreGrid:
     allowed: torch.Tensor      # (Q, L) bool
     indices: torch.Tensor      # (Q, k) kept key positions, best first, -1 = none
     labels: tuple[str, ...]
+    row0: int = 0              # a window of a long text: its first row's index among every query row
+    col0: int = 0              # ... and its first key column's
+    queries: int = 0           # every query row of the run (0: the grid's own Q)
+    keys: int = 0              # every key of the run (0: the grid's own L)
+    kind: str = "full"         # the layer's kind: "full" (global), "sliding" or "chunked"
+    window: int | None = None  # a local layer's window
 
 
 # -- the terminal summary of `gatherlens explain` ----------------------------------------------

@@ -106,7 +106,7 @@ def global_rank(module) -> int | None:
 
 def attention_variant(module, kwargs: dict | None = None, where: str = "gatherlens attention") -> AttentionVariant:
     """The AttentionVariant of one attention call: soft-capping and sinks from its kwargs
-    (transformers' attention interface), else the module's own attributes (the lean decode step passes
+    (transformers' attention interface), else the module's own attributes (the planned decode step passes
     none), and the module's window; refuses what cannot run. Made once per module and kept on it
     (`VARIANT_ATTR`): a later call reuses it while the kwargs agree (a decode step asks every layer)."""
     if kwargs:

@@ -17,7 +17,7 @@ gather, no copy. A local layer (sliding window, chunked) reads its window densel
 (`sparse_window.window_decode`); observers see only the global layers' steps. Soft-capping and
 sinks (the layer's `AttentionVariant`, `features.attention_variant`) reach every path. Prefill
 (more than one query token) is dense, as in Quest: SDPA, or top-k attention at k = every key where SDPA lacks soft-capping or
-sinks. The lean decode step (`models/runtime/step.py`) calls `decode_attention` too, so observers
+sinks. The planned decode step (`models/runtime/step.py`) calls `decode_attention` too, so observers
 see both paths alike.
 """
 from __future__ import annotations
@@ -35,12 +35,13 @@ from gatherlens.models.hf_adapter import grouped_sdpa, handed_over, register_att
 from gatherlens.models.attention.cache import paged_cache_of
 from gatherlens.models.attention.prefill import sparse_prefill_call
 from gatherlens.models.attention.window import WindowKV, window_decode
+from gatherlens.ops.backends import EVERY_VARIANT, Impl, Operator
 from gatherlens.ops.sparse.cache import STORAGE, PagedKVCache
 from gatherlens.ops.sparse.config import SparseConfig
-from gatherlens.ops.sparse.decode import choice_of_config, decode_pages, sparse_decode
+from gatherlens.ops.sparse.decode import decode_pages, sparse_decode
 
 __all__ = ["SPARSE_ATTN_NAME", "CONFIG_ATTR", "SparseSettings", "SparseCall", "sparse_settings", "decode_attention",
-           "observed", "meter_pages", "metered", "metering",
+           "observed", "meter_pages", "metered", "metering", "DECODE_ATTENTION",
            "sparse_attention_forward", "register_sparse", "observe_sparse", "padding_mask", "stored_as_configured"]
 
 SPARSE_ATTN_NAME = "gatherlens_sparse"
@@ -88,26 +89,56 @@ def decode_attention(module, query: torch.Tensor, paged: PagedKVCache | WindowKV
     page in place) or sparse; with observers or keep_selection, a sparse-layer step also returns
     its PageSelection (every page when it ran densely). attention_mask: transformers' decode mask
     or None. variant: soft-capping and sinks (default: the module's own, `attention_variant`).
+    Which of the three runs is DECODE_ATTENTION's choice (rows window, pages, selection).
     """
     variant = variant if variant is not None else attention_variant(module, where="gatherlens_sparse attention")
     mask = padding_mask(attention_mask, paged.length)  # (B, 1, 1, L) bool or None
-    if isinstance(paged, WindowKV):
-        return window_decode(query, paged, mask, scale, variant)  # (B, Hq, 1, Dv)
+    return DECODE_ATTENTION(module, query, paged, mask, scale, variant)  # (B, Hq, 1, Dv)
+
+
+def _window_fits(module, query, paged, mask, scale, variant) -> str | None:
+    return None if isinstance(paged, WindowKV) else "a paged cache (a global layer)"
+
+
+def _window_run(module, query, paged, mask, scale, variant):
+    return window_decode(query, paged, mask, scale, variant)  # (B, Hq, 1, Dv): dense over its ring
+
+
+def _pages_fits(module, query, paged, mask, scale, variant) -> str | None:
+    if not isinstance(paged, PagedKVCache):
+        return f"the layer's cache is a {type(paged).__name__}"
+    config = sparse_settings(module) or _DENSE
+    if config.dense_at(global_rank(module)) or not (config.keep_selection or _observers):
+        return None
+    return "an observer or kept selections want this layer's PageSelection"
+
+
+def _pages_run(module, query, paged, mask, scale, variant):
+    """The op's one entrance, unchecked (this adapter made the query and the cache); dense in place when
+    the budget buys every page."""
     config = sparse_settings(module) or _DENSE
     stored_as_configured(config, paged)  # pages in the config's kv_dtype
-    rank = global_rank(module)
     key_mask = None if mask is None else mask[:, 0, 0]  # (B, L)
-    budget = config.budget_for(paged.length, rank)
-    if config.dense_at(rank) or not (config.keep_selection or _observers):
-        # the op's one entrance, unchecked (this adapter made the query and the cache); dense in place
-        # when the budget buys every page
-        q = query if query.dtype == paged.dtype else query.to(paged.dtype)  # (B, Hq, 1, D)
-        pages, _, out, _ = decode_pages(q, paged, budget, choice_of_config(config), scale, variant, key_mask)
-        if _meters:
-            _meter(module, pages, paged, query.shape[1] if not config.share_selection else paged.kv_heads)
-        return out if out.dtype == query.dtype else out.to(query.dtype)  # (B, Hq, 1, Dv)
-    out, lse, sel = sparse_decode(query, paged, budget, return_lse=True, return_selection=True, scale=scale,
-                                  key_mask=key_mask, config=config, variant=variant)
+    budget = config.budget_for(paged.length, global_rank(module))
+    q = query if query.dtype == paged.dtype else query.to(paged.dtype)  # (B, Hq, 1, D)
+    pages, _, out, _ = decode_pages(q, paged, budget, config.choice, scale, variant, key_mask)
+    if _meters:
+        _meter(module, pages, paged, query.shape[1] if not config.share_selection else paged.kv_heads)
+    return out if out.dtype == query.dtype else out.to(query.dtype)  # (B, Hq, 1, Dv)
+
+
+def _selection_fits(module, query, paged, mask, scale, variant) -> str | None:
+    return None if isinstance(paged, PagedKVCache) else f"the layer's cache is a {type(paged).__name__}"
+
+
+def _selection_run(module, query, paged, mask, scale, variant):
+    """sparse_decode (checked) with its PageSelection, kept on the module and handed to every observer."""
+    config = sparse_settings(module) or _DENSE
+    stored_as_configured(config, paged)  # pages in the config's kv_dtype
+    key_mask = None if mask is None else mask[:, 0, 0]  # (B, L)
+    out, lse, sel = sparse_decode(query, paged, config.budget_for(paged.length, global_rank(module)),
+                                  return_lse=True, return_selection=True, scale=scale, key_mask=key_mask,
+                                  config=config, variant=variant)
     if _meters:
         _meter(module, sel.pages, paged, sel.pages.shape[1])
     if mask is not None:
@@ -120,6 +151,16 @@ def decode_attention(module, query: torch.Tensor, paged: PagedKVCache | WindowKV
     for observer in list(_observers):
         observer(call)
     return out
+
+
+# one decode step of one layer: its window ring, its pages through sparse decode's one entrance, or (an
+# observer or kept selections want it) sparse_decode with the step's PageSelection. The paged rows hand the
+# variant to sparse decode's own table, which refuses what its rows lack; the window row applies it itself.
+DECODE_ATTENTION = Operator("decode_attention", [
+    Impl("window", _window_fits, _window_run, variant=frozenset({"softcap", "sinks", "window"})),
+    Impl("pages", _pages_fits, _pages_run, variant=EVERY_VARIANT),
+    Impl("selection", _selection_fits, _selection_run, variant=EVERY_VARIANT),
+], facts=lambda module, query, paged, mask, scale, variant: (variant, None))
 
 
 def sparse_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,

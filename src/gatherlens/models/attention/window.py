@@ -161,6 +161,14 @@ class WindowLayer(KeptLayer):
     def reset(self) -> None:
         self.cumulative_length = 0
 
+    def copy(self) -> "WindowLayer":
+        """An independent copy (its own ring): what a run from a shared prefilled cache extends."""
+        out = WindowLayer(self.window)
+        out.cumulative_length, out.is_initialized = self.cumulative_length, self.is_initialized
+        if self.ring is not None:
+            out.device, out.ring = self.device, (self.ring[0].clone(), self.ring[1].clone())
+        return out
+
     def _batch(self, pick) -> None:
         if self.ring is not None:
             self.ring = (pick(self.ring[0]), pick(self.ring[1]))

@@ -25,7 +25,7 @@ import torch
 
 from gatherlens.errors import GatherValueError
 
-__all__ = ["nonfinite_weights", "first_nonfinite", "require_finite", "readable", "damage"]
+__all__ = ["nonfinite_weights", "first_nonfinite", "require_finite", "readable", "damage", "as_os_error"]
 
 
 def nonfinite_weights(model: torch.nn.Module) -> str | None:
@@ -98,6 +98,31 @@ _RUNTIME_DAMAGE = {
     "PytorchStreamReader": "a PyTorch weight file is truncated or damaged (its zip archive is unreadable)",
     "ignore_mismatched_sizes": "its weights do not have the shapes config.json gives (from another model?)",
 }
+
+
+def as_os_error(err: BaseException, path) -> OSError | None:
+    """The OSError behind a library's write error, naming `path` where the system named no file:
+    safetensors' `SafetensorError: ... IoError(Os { code: 28, ... })` (a full disk, 28; a file past
+    `ulimit -f`, 27) becomes OSError(28, 'No space left on device', path); None for anything else.
+
+        >>> as_os_error(OSError(28, "No space left on device"), "m/model.safetensors").filename
+        'm/model.safetensors'
+    """
+    import errno
+    import os
+    import re
+
+    if isinstance(err, OSError):
+        code = err.errno
+    else:
+        found = re.search(r"(?:Os \{ code: |os error )(\d+)", str(err))
+        if found is None:
+            return None
+        code = int(found[1])
+    if code is None or code not in errno.errorcode:
+        return None
+    named = getattr(err, "filename", None) or str(path)
+    return OSError(code, os.strerror(code), named)
 
 
 def damage(err: BaseException, weights: str = "a weight file") -> str | None:

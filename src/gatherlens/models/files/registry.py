@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gatherlens.errors import GatherValueError, shorten
+from gatherlens.models.hf_adapter import CAUSAL_LM_SUFFIXES
 
-__all__ = ["ModelSource", "KNOWN_MODELS", "resolve", "package_dir", "check_folder", "check_quantizable"]
+__all__ = ["ModelSource", "KNOWN_MODELS", "resolve", "package_dir", "check_folder", "check_quantizable", "check_causal"]
 
 # one of these holds the weights / the tokenizer of a Hugging Face folder
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -105,6 +106,33 @@ def check_quantizable(source: ModelSource, what: str = "quantized=True") -> Mode
     return source
 
 
+def check_causal(source: ModelSource, what: str) -> ModelSource:
+    """`source` itself if it is a causal LM (a decoder that generates), else one clear error naming
+    `what` needs one, from its config.json alone: before any weight loads.
+
+        >>> check_causal(resolve("minilm"), "eval-sparse")
+        GatherValueError: model 'minilm' is an encoder (BertModel, by its config.json): it does not generate ...
+
+    A folder is causal when its config names a `...ForCausalLM` / `...LMHeadModel` architecture or
+    `is_decoder` (what `LoadedModel.is_causal` says after loading). Every GGUF architecture gatherlens
+    reads is a decoder (models/gguf/arch.py); any other is refused by the GGUF check before loading.
+    """
+    if source.kind == "gguf":
+        return source
+    try:
+        config = json.loads((source.path / "config.json").read_text(encoding="utf-8"))
+        archs = [str(a) for a in config.get("architectures") or []]
+    except (OSError, ValueError, AttributeError, TypeError) as e:
+        raise GatherValueError(f"model {source.name!r}: its config.json is unreadable ({e})") from None
+    if config.get("is_decoder") or any(a.endswith(CAUSAL_LM_SUFFIXES) for a in archs):
+        return source
+    kind = (f"an encoder ({', '.join(archs)}, by its config.json)" if archs else
+            f"not a causal LM (its config.json names no ...ForCausalLM architecture; model_type "
+            f"{config.get('model_type')!r})")
+    raise GatherValueError(f"model {source.name!r} is {kind}: it does not generate, so {what} cannot run it; "
+                           f"use a causal LM such as smollm2 (or a .gguf file)")
+
+
 def resolve(name_or_path: str | Path) -> ModelSource:
     """A known model name or a local path -> where its files are.
 
@@ -128,7 +156,11 @@ def resolve(name_or_path: str | Path) -> ModelSource:
         return ModelSource(name=known.name, kind=kind, path=path)
     path = Path(key).expanduser()
     if path.is_file() and path.suffix == ".gguf":
+        _check_magic(path)
         return ModelSource(name=path.stem, kind="gguf", path=path.resolve())
+    if path.is_symlink() and not path.exists():
+        raise GatherValueError(f"model path {str(path)!r} is a symbolic link that leads nowhere (a loop, or a "
+                               f"target that does not exist)")
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise GatherValueError(
@@ -141,6 +173,22 @@ def resolve(name_or_path: str | Path) -> ModelSource:
         f"model {shorten(key)} is neither a known name ({', '.join(sorted(KNOWN_MODELS))}) nor an "
         f"existing Hugging Face folder or .gguf file"
     )
+
+
+GGUF_MAGIC = b"GGUF"
+
+
+def _check_magic(path: Path) -> None:
+    """A .gguf path that is not a GGUF at all (empty, text, another format) is named at once, from its first 4
+    bytes, before any command starts its slow work; the contents are `gguf.check`'s."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise GatherValueError(f"model file {str(path)!r} cannot be read ({e.strerror or e})") from None
+    if head != GGUF_MAGIC:
+        what = "is empty" if not head else f"is not a GGUF file (it starts with {head!r}, not {GGUF_MAGIC!r})"
+        raise GatherValueError(f"model file {str(path)!r} {what}; give a .gguf model file")
 
 
 def check_folder(folder: Path) -> None:

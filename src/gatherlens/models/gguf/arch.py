@@ -27,9 +27,10 @@ X expert_count, FX / FS the expert and shared-expert feed_forward_length; "H*D" 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
-__all__ = ["Row", "Arch", "ARCHS", "lookup", "NOT_APPLIED", "LINEAR", "NORM", "EMBEDDING", "HEAD", "EXPERTS"]
+__all__ = ["Row", "Arch", "ARCHS", "lookup", "of_model", "LayerShape", "NOT_APPLIED", "LINEAR", "NORM", "EMBEDDING",
+           "HEAD", "EXPERTS"]
 
 EMBEDDING, HEAD, LINEAR, NORM, EXPERTS = "embedding", "head", "linear", "norm", "experts"  # the row kinds
 
@@ -78,6 +79,39 @@ class Row:
 
 
 @dataclass(frozen=True)
+class LayerShape:
+    """What one decoder layer of an architecture computes beyond Llama's (the defaults are Llama's layer:
+    RMSNorm, q/k/v/o without biases, RoPE, SiLU-gated MLP), as the decode runtime reads it
+    (models/runtime/plan.py puts it in each layer's plan; each way of running a step refuses what it
+    lacks). Derived from the architecture's rows (`Arch.layer`), so no second list states it.
+
+        >>> ARCHS["qwen2"].layer.qkv_bias, ARCHS["gemma3"].layer.activation, ARCHS["llama"].layer.llama
+        (True, 'gelu_tanh', True)
+    """
+
+    qkv_bias: bool = False        # Qwen2: biases on q, k, v
+    qk_norm: bool = False         # Qwen3, Gemma 3: an RMSNorm of each head's q and k before RoPE
+    sandwich_norms: bool = False  # Gemma 2/3: a norm after attention and before and after the MLP
+    fused_qkv: bool = False       # Phi-3: q|k|v (and gate|up) one weight in the model itself
+    activation: str = "silu"      # the gated MLP's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU: Gemma)
+    norm_offset: float = 0.0      # Gemma: each RMSNorm scales by (offset + weight)
+    embed_scale: bool = False     # Gemma: the embedding times sqrt(hidden_size)
+    experts: bool = False         # a mixture-of-experts MLP
+
+    @property
+    def llama(self) -> bool:
+        """True for Llama's layer exactly."""
+        return self == _LLAMA_LAYER
+
+    def beyond_llama(self) -> list[str]:
+        """The names of what this layer computes beyond Llama's, as a reason names them."""
+        return [f.name for f in fields(self) if getattr(self, f.name) != getattr(_LLAMA_LAYER, f.name)]
+
+
+_LLAMA_LAYER = LayerShape()
+
+
+@dataclass(frozen=True)
 class Arch:
     """One GGUF architecture (see module doc). name: our key; gguf: its `general.architecture`."""
 
@@ -91,6 +125,7 @@ class Arch:
     norm_shift: float = 0.0                           # the file's norm weights are HF's + this
     embed_scale: bool = False                         # the embedding is scaled by sqrt(hidden_size)
     moe: bool = False                                 # mixture-of-experts layers (models/gguf/moe.py)
+    activation: str = "silu"                          # the gated MLP's activation ("gelu_tanh": GeGLU)
 
     def row(self, gguf: str) -> Row | None:
         """The row of a gguf stem in template form ("blk.{i}.attn_q"), or None."""
@@ -105,6 +140,17 @@ class Arch:
             return (row, int(parts[1])) if row is not None else None
         row = self.row(stem)
         return (row, None) if row is not None else None
+
+    @property
+    def layer(self) -> LayerShape:
+        """Its decoder layer's LayerShape, read from its rows (biases, q/k norms, Gemma's norms, a fused
+        q|k|v) and conventions (norm_shift, embed_scale, moe, activation)."""
+        stems = {r.gguf: r for r in self.rows}
+        q = stems.get("blk.{i}.attn_q")
+        return LayerShape(qkv_bias=bool(q and q.bias), qk_norm="blk.{i}.attn_q_norm" in stems,
+                          sandwich_norms="blk.{i}.post_ffw_norm" in stems, fused_qkv="blk.{i}.attn_qkv" in stems,
+                          activation=self.activation, norm_offset=self.norm_shift, embed_scale=self.embed_scale,
+                          experts=self.moe)
 
     @property
     def head_dim_key(self) -> str | None:
@@ -168,10 +214,11 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("phi3", "phi3", "Phi3Config", "Phi3ForCausalLM", _globals() + _PHI3, _WINDOW),
     Arch("gemma2", "gemma2", "Gemma2Config", "Gemma2ForCausalLM", _globals(head=False) + _attention() + _GEMMA_NORMS
          + _MLP, {**_KEY_LENGTH, **_WINDOW, "{arch}.attn_logit_softcapping": "attn_logit_softcapping",
-                  "{arch}.final_logit_softcapping": "final_logit_softcapping"}, norm_shift=1.0, embed_scale=True),
+                  "{arch}.final_logit_softcapping": "final_logit_softcapping"}, norm_shift=1.0, embed_scale=True,
+         activation="gelu_tanh"),
     Arch("gemma3", "gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM",
          _globals() + _attention(qk_norm=True) + _GEMMA_NORMS + _MLP, {**_KEY_LENGTH, **_WINDOW}, norm_shift=1.0,
-         embed_scale=True),
+         embed_scale=True, activation="gelu_tanh"),
     Arch("qwen2moe", "qwen2moe", "Qwen2MoeConfig", "Qwen2MoeForCausalLM",
          _globals() + _attention(bias=True) + (_FFN_NORM, *_EXPERTS, *_SHARED),
          {**_EXPERT_KEYS, "{arch}.expert_shared_feed_forward_length": "shared_expert_intermediate_size"}, moe=True),
@@ -179,6 +226,13 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
          _globals() + _attention(qk_norm=True) + (_FFN_NORM, *_EXPERTS), {**_KEY_LENGTH, **_EXPERT_KEYS},
          defaults={"norm_topk_prob": True}, moe=True),
 )}
+
+
+def of_model(class_name: str) -> Arch | None:
+    """The Arch whose causal-LM class is `class_name` ("LlamaForCausalLM" -> the llama row), None for a
+    class no row names: the decode runtime's plan reads the layer's shape from it (fail closed: a class
+    without a row is run by transformers' own forward)."""
+    return next((a for a in ARCHS.values() if a.model_class == class_name), None)
 
 
 def lookup(architecture: str | None, name: str | None = None) -> Arch | None:

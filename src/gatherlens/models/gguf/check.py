@@ -9,7 +9,8 @@ The checks, in this order, all from the header (the reader's metadata and tensor
 1. the architecture: quantized=True runs the architectures of models/gguf/arch.py's table (`ARCHS`);
    any other is one error naming it and listing those. Then types: every tensor's ggml type is one
    the path runs. quantized=True: a matrix (or a stack of expert matrices) in a block format of
-   ops/quant's `FORMATS`, a vector in F32 or F16 (`FLOAT_TYPES`); the float path: those or any type
+   ops/quant's `FORMATS`, a vector in a plain float format (`FLOAT_TYPES`: the records with a
+   `value_dtype`, F32, F16, BF16); the float path: those or any type
    gguf's own `dequantize` takes. One error names every type it cannot run, by ggml's name, with its
    first tensor and that tensor's shape, and what would run instead.
 2. the architecture's tensors (its rows in models/gguf/arch.py: names, shapes in terms of the
@@ -42,14 +43,15 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
 from gatherlens.errors import GatherLensWarning, GatherValueError
 from gatherlens.models.gguf.arch import ARCHS, NOT_APPLIED, Arch
-from gatherlens.models.gguf.config import file_arch, metadata_value, open_gguf
-from gatherlens.ops.quant.floats import VALUE_DTYPES
-from gatherlens.ops.quant.layout import LAYOUTS
-from gatherlens.ops.quant.registry import FORMATS
+from gatherlens.models.gguf.config import config_keys, file_arch, metadata_value, open_gguf
+from gatherlens.ops.quant.formats.floats import value_dtype
+from gatherlens.ops.quant.formats.layout import LAYOUTS
+from gatherlens.ops.quant.formats.registry import FORMATS
 
 __all__ = ["TensorInfo", "check_gguf", "open_reader", "open_checked", "tensor_infos", "FLOAT_TYPES", "NOT_APPLIED"]
 
-FLOAT_TYPES = ("F32", "F16")  # read as they are: the norms of both paths (and any matrix of the float path)
+# the plain float formats (their records name a value_dtype), read as they are: the norms of both paths
+FLOAT_TYPES = tuple(q for q, fmt in FORMATS.items() if fmt.value_dtype is not None)
 ARCH_INTS = ("block_count", "embedding_length", "attention.head_count", "context_length")
 # terms of a shape (models/gguf/arch.py's rows) -> the metadata integer each needs beyond ARCH_INTS
 TERM_KEYS = {"F": "feed_forward_length", "2F": "feed_forward_length", "X": "expert_count",
@@ -237,10 +239,60 @@ def _check_arch(reader, infos: list[TensorInfo], path: Path, arch: Arch) -> None
         tail = f" ({more:,} more tensors disagree with it)" if more else ""
         raise GatherValueError(f"model file {str(path)!r} does not match its own metadata: {info.name} is "
                                f"{_words(info.dims)}; {' and '.join(why)} {verb} {_words(dims)}{tail}")
+    _check_scalars(reader, path, arch, terms["V"][0])
     H, KV = terms["H"][0], terms["KV"][0]
     if H % KV:
         raise GatherValueError(f"model file {str(path)!r} has bad metadata: head_count {H} is not a multiple of "
                                f"head_count_kv {KV} (each KV head serves a whole number of query heads)")
+
+
+# config field a metadata key fills (models/gguf/config.py's keys) -> (the values it takes, what it is);
+# "ratio": a number in (0, 1); "positive": a finite number above 0; "count": a whole number above 0;
+# "token": a token id inside the vocabulary; "finite": any finite number
+SCALARS = {
+    "rope_theta": ("positive", "RoPE's base frequency"),
+    "rms_norm_eps": ("ratio", "the epsilon RMSNorm adds to the mean square"),
+    "rope_scaling.factor": ("positive", "the RoPE scaling factor"),
+    "rope_scaling.attention_factor": ("positive", "YaRN's attention factor"),
+    "rope_scaling.beta_fast": ("finite", "YaRN's beta_fast"),
+    "rope_scaling.beta_slow": ("finite", "YaRN's beta_slow"),
+    "rope_scaling.original_max_position_embeddings": ("count", "the context the model was trained at"),
+    "sliding_window": ("count", "tokens a local layer attends to"),
+    "attn_logit_softcapping": ("positive", "the cap of attention logits"),
+    "final_logit_softcapping": ("positive", "the cap of the output logits"),
+    "num_experts_per_tok": ("count", "experts each token uses"),
+    **dict.fromkeys(("bos_token_id", "eos_token_id", "unk_token_id", "pad_token_id"), ("token", "a token id")),
+}
+_RULES = {"ratio": "a number in (0, 1)", "positive": "a finite number above 0", "count": "a whole number above 0",
+          "token": "a whole number in [0, {V})", "finite": "a finite number"}
+
+
+def _scalar_ok(kind: str, value, V: int) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if kind in ("count", "token"):
+        return isinstance(value, int) and (0 < value if kind == "count" else 0 <= value < V)
+    finite = bool(np.isfinite(value))
+    return finite and (kind == "finite" or (value > 0 and (kind == "positive" or value < 1)))
+
+
+def _check_scalars(reader, path: Path, arch: Arch, V: int) -> None:
+    """Every scalar the config reads (SCALARS) in its range: a NaN base frequency or a negative epsilon
+    would run and write garbage; a sliding window of 0 or an end-of-sequence id past the vocabulary fail
+    deep inside. One error naming the key, its value, what it is and the range."""
+    for key, target in config_keys(arch).items():
+        rule = SCALARS.get(target)
+        key = key.format(arch=arch.gguf)
+        value = metadata_value(reader, key)
+        if rule is None or value is None or _scalar_ok(rule[0], value, V):
+            continue
+        raise GatherValueError(f"model file {str(path)!r} has bad metadata: {key} is {value!r}; it must be "
+                               f"{_RULES[rule[0]].format(V=f'{V:,}')} ({rule[1]}); {HINT}")
+    used = metadata_value(reader, f"{arch.gguf}.expert_used_count")
+    experts = metadata_value(reader, f"{arch.gguf}.expert_count")
+    if isinstance(used, int) and isinstance(experts, int) and used > experts:
+        raise GatherValueError(f"model file {str(path)!r} has bad metadata: {arch.gguf}.expert_used_count {used} "
+                               f"is more than its expert_count {experts}; {HINT}")
 
 
 def _expected(name: str, terms: dict, arch: Arch) -> tuple[tuple[int, ...], list[str]]:
@@ -319,7 +371,7 @@ def _check_values(reader, infos: list[TensorInfo], path: Path) -> None:
     for info in infos:
         layout = LAYOUTS.get(info.type_name)
         count = int(np.prod(info.shape, dtype=np.int64))
-        if info.type_name in VALUE_DTYPES:
+        if layout is not None and layout.value_dtype is not None:
             _check_floats(reader, info, count, path)
         elif layout is not None:
             blocks = count // layout.weights
@@ -331,12 +383,12 @@ def _check_values(reader, infos: list[TensorInfo], path: Path) -> None:
 
 
 def _check_floats(reader, info: TensorInfo, count: int, path: Path) -> None:
-    """Every value of a plain float tensor finite, read in place as ops/quant/floats.py's VALUE_DTYPES."""
+    """Every value of a plain float tensor finite, read in place as its record's value_dtype."""
     raw = np.ndarray((count * LAYOUTS[info.type_name].block_bytes,), np.uint8, buffer=reader.data,
                      offset=info.offset)  # the tensor's bytes, in place
     with warnings.catch_warnings():  # a read-only map ("r"): torch warns of writes; this only reads
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        values = torch.from_numpy(raw).view(VALUE_DTYPES[info.type_name])  # (count,)
+        values = torch.from_numpy(raw).view(value_dtype(info.type_name))  # (count,)
     bad = ~torch.isfinite(values)  # (count,)
     if bool(bad.any()):
         at = int(bad.nonzero()[0])

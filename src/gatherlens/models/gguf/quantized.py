@@ -14,21 +14,22 @@ operator takes the format, llama.cpp's integer dot products on the blocks as sto
 8 bits per block; else PyTorch's int4 kernel on the codes, bf16 activations; formats neither takes:
 a bf16 copy), with Qwen2's q/k/v biases as float parameters; the embedding a `QuantizedEmbedding`
 over its table mapped in place (Gemma's scaled by sqrt(hidden)); the head `output.weight` or, tied,
-the embedding's blocks (q8act; else a bf16 copy); the norms the file's F32 tensors (Gemma's less 1);
+the embedding's blocks (q8act; else a bf16 copy); the norms the file's float vectors (Gemma's less 1);
 mixture-of-experts blocks models/gguf/moe.py's `fill_moe`. `ROUTE` / `HEAD_ROUTE` name another
 route ("int4" keeps x in bf16: +0.06% perplexity against q8act's +0.3%, slower). q|k|v and gate|up
 are packed fused where a layer has them in one format (`PACKED`: `qkv_proj`, `gate_up_proj`, used
-by the lean decode step) and the separate projections share their packed rows; Phi-3's are fused in
+by the decode plan) and the separate projections share their packed rows; Phi-3's are fused in
 the file and in its HF class already. Rows the table marks `permute` (Llama's attn_q / attn_k) are
 stored permuted for llama.cpp's RoPE; the same row permutation as transformers' `reverse_permute`
 undoes it (blocks run along K, so moving whole rows is exact).
 Prefill (an x of at least `PREFILL_ROWS` rows) runs the q8act kernels' blocked integer GEMM on the
-blocks where `linear.INTEGER_GEMM_ROWS` says it is faster (x rounded to 8 bits, as in decode: ~0.3%
+blocks where the format record's `gemm_rows` says it is faster (x rounded to 8 bits, as in decode: ~0.3%
 perplexity against the float model), else dequantizes each weight in tiles for the call and runs
 float32 GEMM (bit-equal to the float model's weights).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from gatherlens.errors import GatherValueError
@@ -41,18 +42,17 @@ from gatherlens.models.files.loaded import LoadedModel
 from gatherlens.models.gguf.layers import QuantizedEmbedding, QuantizedLinear
 from gatherlens.models.files.registry import ModelSource, check_quantizable
 from gatherlens.ops.quant import LinearConfig, QuantizedTable, pack_linear, split_linear
-from gatherlens.ops.quant.matmul import ROUTES
-from gatherlens.ops.quant.q8act import Q8ACT_QTYPES
-from gatherlens.ops.quant.linear import q8act_ready
+from gatherlens.ops.quant.formats.floats import float_values
+from gatherlens.ops.quant.products.matmul import pick_route
 
-__all__ = ["load_quantized", "PREFILL_ROWS", "ROUTE", "HEAD_ROUTE", "pick_route", "linear_from", "quantized_modules"]
+__all__ = ["load_quantized", "PREFILL_ROWS", "ROUTE", "HEAD_ROUTE", "linear_from", "quantized_modules"]
 
-PREFILL_ROWS = 128  # rows from which a call dequantizes to float32 (ops/quant/linear.py)
+PREFILL_ROWS = 128  # rows from which a call dequantizes to float32 (ops/quant/products/linear.py)
 ROUTE = "auto"  # the linears: "q8act" where it builds (llama.cpp's integer dot products), else "int4"
 HEAD_ROUTE = "auto"  # the tied Q8_0 head: "q8act" where it builds, else bf16 (faster than two int4 planes)
 
 
-# projections packed as one weight where a layer has them all in one format (the lean decode step's
+# projections packed as one weight where a layer has them all in one format (the decode plan's
 # fused products): (parent module, the fused module's name, its parts in order)
 PACKED = (("self_attn", "qkv_proj", ("q_proj", "k_proj", "v_proj")), ("mlp", "gate_up_proj", ("gate_proj", "up_proj")))
 _LAYER = "model.layers.{i}."  # the prefix of every block row's HF name (models/gguf/arch.py)
@@ -136,18 +136,6 @@ def _config(qtype: str, route: str | None = None) -> LinearConfig:
     return LinearConfig(route=pick_route(qtype, route or ROUTE), prefill_rows=PREFILL_ROWS)
 
 
-def pick_route(qtype: str, route: str, head: bool = False) -> str:
-    """"auto": q8act for every format whose record names it when that format's kernel can run here
-    (`q8act_ready(qtype)`), else int4 (bf16 for a head); a named route where it takes `qtype`; bf16
-    for any format no faster route takes."""
-    if route == "auto":
-        if qtype in Q8ACT_QTYPES and q8act_ready(qtype) is None:
-            return "q8act"
-        route = "bf16" if head else "int4"
-    takes = ROUTES[route].qtypes if route in ROUTES else None  # from the format records (ops/quant/layout.py)
-    return route if takes is None or qtype in takes else "bf16"
-
-
 def linear_from(raw: torch.Tensor, qtype: str, bias: torch.Tensor | None = None) -> QuantizedLinear:
     """A QuantizedLinear over raw rows of blocks (N, row_bytes) in `qtype`, its route picked here (the
     one place: `pick_route(qtype, ROUTE)`); models/gguf/moe.py makes its experts with it."""
@@ -224,8 +212,11 @@ def _fill_layer(layer, i: int, reader, tables: dict, config, arch: Arch) -> None
 
 
 def _vector(tables: dict, name: str, arch: Arch) -> torch.Tensor:
-    """A 1-D tensor of the file (a norm or a bias) as float32, copied."""
-    return torch.from_numpy(_tensor(tables, name, arch).data.astype("float32").reshape(-1).copy())  # (d,)
+    """A 1-D tensor of the file (a norm or a bias) as float32, copied: its stored values in any plain float
+    format (F32, F16, BF16: the records' `value_dtype`), widened exactly."""
+    tensor = _tensor(tables, name, arch)
+    raw = torch.from_numpy(np.array(tensor.data).view(np.uint8).reshape(1, -1))  # (1, d * bytes): a copy
+    return float_values(raw, tensor.tensor_type.name).float().reshape(-1)  # (d,)
 
 
 def _norm(tables: dict, name: str, arch: Arch) -> torch.nn.Parameter:

@@ -74,14 +74,32 @@ def gguf_tokenizer(reader):
 
 
 def load_gguf_tokenizer(path, reader):
-    """gguf_tokenizer(reader), else transformers' `AutoTokenizer.from_pretrained(folder, gguf_file=)` on `path`."""
+    """gguf_tokenizer(reader), else transformers' `AutoTokenizer.from_pretrained(folder, gguf_file=)` on `path`,
+    handed the metadata `reader` already parsed (`hf_adapter.gguf_tokenizer_from_metadata`): one parse a load."""
     tokenizer = gguf_tokenizer(reader)
     if tokenizer is None:
-        from transformers import AutoTokenizer
+        from gatherlens.models.hf_adapter import gguf_tokenizer_from_metadata
 
-        path = Path(path)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+        tokenizer = gguf_tokenizer_from_metadata(Path(path), _as_transformers_reads(reader),
+                                                 tuple(t.name for t in reader.tensors))
     return tokenizer
+
+
+KEPT_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")  # the string arrays transformers reads in full
+
+
+def _as_transformers_reads(reader) -> dict:
+    """Every metadata value as transformers' own GGUF reader gives it: a string array other than
+    KEPT_ARRAYS as its length, everything else as Python data."""
+    from gguf import GGUFValueType
+
+    out = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):  # the reader's own header fields (version, counts), not metadata
+            continue
+        strings = field.types[:2] == [GGUFValueType.ARRAY, GGUFValueType.STRING]
+        out[key] = len(field.data) if strings and key not in KEPT_ARRAYS else field.contents()
+    return out
 
 
 @functools.cache

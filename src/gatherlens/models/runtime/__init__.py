@@ -1,1 +1,2 @@
-"""The CPU decode runtime: the decode step, the one-operator stack, the head, threads and generation."""
+"""The CPU decode runtime: use_sparse_decoding, the decode plan (one walker), the decode-step table (the C++
+stack, the planned loop, transformers' forward; one installer), the head, threads and generation."""

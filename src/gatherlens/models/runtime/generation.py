@@ -17,9 +17,10 @@ consumer runs at its own pace: `gatherlens generate` prints and draws (through
 streaming.stream_generate), the explorer's server sends each event to the page and stops
 between two steps when its client goes away. Closing the generator (or an exception, Ctrl-C
 included) puts the model back to dense decoding. Greedy (argmax), like
-`generate(do_sample=False)`; it stops after max_new_tokens or after the model's end-of-sequence
-token. budget=None decodes densely (SDPA over a DynamicCache); otherwise
-`use_sparse_decoding(model, budget, **sparse)` over a SparseKVCache. The text comes from the
+`generate(do_sample=False)`, unless given a `SamplingConfig` (ops/sampling: llama.cpp's chain, a
+seeded draw); it stops after max_new_tokens or after a stop token (the model's end-of-sequence
+token, or the ids given: a chat template's end of turn). budget=None decodes densely (SDPA over
+a DynamicCache); otherwise `use_sparse_decoding(model, budget=budget, **sparse)` over a SparseKVCache. The text comes from the
 one incremental detokenizer (detokenize.py).
 
 The tokens themselves come from `greedy_tokens(model, cache, ids)`, the loop's core: forward,
@@ -31,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -43,10 +44,11 @@ from gatherlens.models.runtime.decoding import (SparseKVCache, observe_sparse, s
                                       use_sparse_decoding)
 from gatherlens.models.attention.sparse import meter_pages
 from gatherlens.models.runtime.threads import ThreadControl
+from gatherlens.ops.sampling import Sampler, SamplingConfig
 from gatherlens.ops.sparse.config import DEFAULT
 
 __all__ = ["GenerationStart", "GenerationStep", "GenerationEnd", "LayerPages", "generation_steps", "greedy_tokens",
-           "require_causal", "stop_ids", "last_logits", "PREFILL_CHUNK"]
+           "next_tokens", "chooser", "require_causal", "stop_ids", "last_logits", "PREFILL_CHUNK"]
 
 # prompt tokens per forward pass of the prefill: a long prompt runs in chunks into the cache, so its
 # activations (the MLP's (chunk, intermediate) float32 rows, attention's) are a chunk's, not the
@@ -64,6 +66,7 @@ class GenerationStart:
     budget: int | None      # None: dense
     page_size: int          # tokens per page of the paged cache (dense: the size pictures draw)
     layers: int
+    reused: int = 0         # prompt tokens already in a kept cache (prefix reuse): not prefilled again
 
 
 @dataclass(frozen=True)
@@ -137,34 +140,63 @@ def stop_ids(lm) -> set[int]:
     return set() if eos is None else {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
 
 
-def _start(model, budget: int | None, sparse: dict) -> tuple[object, int]:
-    """Switch the model (sparse or dense decoding); the cache the loop fills and its page size."""
+def _start(model, budget: int | None, sparse: dict, cache=None) -> tuple[object, int]:
+    """Switch the model (sparse or dense decoding); the cache the loop fills (`cache` when given: a
+    SparseKVCache of these settings already holding a prefix of the prompt) and its page size."""
     from transformers import DynamicCache
 
     if budget is None:
+        if cache is not None:
+            raise GatherValueError("a kept cache (prefix reuse) needs sparse decoding's paged cache: give a budget")
         use_dense_decoding(model)
         return DynamicCache(config=model.config), sparse.get("page_size", DEFAULT.page_size)
-    use_sparse_decoding(model, budget, **sparse)
+    use_sparse_decoding(model, budget=budget, **sparse)
     settings = sparse_settings(model)  # what the model now decodes with: pages made so at the prefill
+    if cache is not None:
+        if not isinstance(cache, SparseKVCache) or cache.page_size != settings.page_size:
+            raise GatherValueError(f"the kept cache must be a SparseKVCache of page size {settings.page_size}, got "
+                                   f"{type(cache).__name__} of page size {getattr(cache, 'page_size', None)}")
+        return cache, settings.page_size
     return SparseKVCache(config=model.config, page_size=settings.page_size, kv_dtype=settings.kv_dtype), \
         settings.page_size
 
 
+def chooser(sampling: SamplingConfig | None, prompt: list[int],
+            on_sample: Callable | None = None) -> Callable[[torch.Tensor], int] | None:
+    """How the next token is chosen from the logits (V,): None (argmax, greedy) for no config or plain
+    greedy; else a `Sampler` (ops/sampling: penalties, cuts, a seeded draw) that keeps the history.
+    on_sample(SampleRecord) sees every choice (the explorer's chat draws the candidates of each token);
+    with it, greedy runs through a Sampler too (the same argmax, recorded)."""
+    if on_sample is None and (sampling is None or (sampling.greedy and not sampling.penalized)):
+        return None
+    sampler = Sampler(sampling or SamplingConfig(), prompt=prompt)
+    if on_sample is None:
+        return sampler
+
+    def choose(logits: torch.Tensor) -> int:
+        token, rec = sampler(logits, record=True)
+        on_sample(rec)
+        return token
+    return choose
+
+
 @torch.no_grad()
-def greedy_tokens(model, cache, ids: torch.Tensor) -> Iterator[int]:
-    """The greedy token after ids (1, Q) in `cache`, then after each token it gave, one per `next()`; endless.
+def next_tokens(model, cache, ids: torch.Tensor, choose: Callable[[torch.Tensor], int] | None = None) -> Iterator[int]:
+    """The token after ids (1, Q) in `cache`, then after each token it gave, one per `next()`; endless.
 
-        >>> list(itertools.islice(greedy_tokens(model, prefilled_cache, last_prompt_id), 5))   # ids (1, 1)
+        >>> list(itertools.islice(next_tokens(model, prefilled_cache, last_prompt_id), 5))   # ids (1, 1)
 
-    Each `next()` runs one forward pass into the cache (the caller stops by asking no more); the
-    model decodes as it is switched (use_sparse_decoding / use_dense_decoding). On the CPU torch's
-    thread count follows the cores other programs leave free (models/runtime/threads.py; off after --threads).
+    choose(logits (V,)) -> id picks each token (None: argmax, greedy; a Sampler samples). Each `next()`
+    runs one forward pass into the cache (the caller stops by asking no more); the model decodes as it
+    is switched (use_sparse_decoding / use_dense_decoding). On the CPU torch's thread count follows the
+    cores other programs leave free (models/runtime/threads.py; off after --threads).
     """
     threads = ThreadControl.start(on=ids.device.type == "cpu")
     try:
         while True:
             threads.before_step()
-            token = int(last_logits(model, cache, ids).argmax())  # logits (V,)
+            logits = last_logits(model, cache, ids, between=threads.follow)  # (V,)
+            token = int(logits.argmax()) if choose is None else int(choose(logits))
             threads.after_step()
             yield token
             ids = torch.tensor([[token]], device=ids.device)  # (1, 1)
@@ -172,14 +204,22 @@ def greedy_tokens(model, cache, ids: torch.Tensor) -> Iterator[int]:
         threads.finish()
 
 
-def last_logits(model, cache, ids: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
+def greedy_tokens(model, cache, ids: torch.Tensor) -> Iterator[int]:
+    """`next_tokens` choosing by argmax: the greedy continuation of ids (1, Q) in `cache`."""
+    return next_tokens(model, cache, ids)
+
+
+def last_logits(model, cache, ids: torch.Tensor, chunk: int | None = None, between=None) -> torch.Tensor:
     """The forward pass of ids (1, Q) into `cache`, a prompt longer than `chunk` (PREFILL_CHUNK) in
-    chunks of it (each attends the cache and itself, causally); the last position's logits (V,)."""
+    chunks of it (each attends the cache and itself, causally); the last position's logits (V,).
+    between(): called after each chunk but the last (the thread controller's look at the machine)."""
     chunk = chunk or PREFILL_CHUNK
     while ids.shape[1] > chunk:
         model(input_ids=ids[:, :chunk], cache=cache, use_cache=True, logits_to_keep=1)
         release_memory()  # the chunk's activations back to the system, not kept for the next (memory.py)
         ids = ids[:, chunk:]  # (1, Q - chunk)
+        if between is not None:
+            between()
     return model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]  # (V,)
 
 
@@ -214,27 +254,39 @@ def _step_counts(counted: dict | None) -> tuple[torch.Tensor | None, tuple[bool,
 
 @torch.inference_mode()  # its own cache: no autograd or version counters on any op (~7% of a step at 512)
 def generation_steps(lm, ids: torch.Tensor, budget: int | None = DEFAULT.budget, max_new_tokens: int = 64, *,
-                     pages: bool = False, **sparse) -> Iterator[GenerationStart | GenerationStep | GenerationEnd]:
+                     pages: bool = False, sampling: SamplingConfig | None = None, stop: Iterable[int] | None = None,
+                     cache: SparseKVCache | None = None, on_sample: Callable | None = None, **sparse
+                     ) -> Iterator[GenerationStart | GenerationStep | GenerationEnd]:
     """GenerationStart, a GenerationStep per new token after ids (1, S), GenerationEnd (see the module doc).
 
     budget: tokens each decode step reads (None: dense). pages: record which pages every sparse
-    layer read at every decode step (GenerationStep.pages). sparse: more use_sparse_decoding
-    settings (page_size, dense_layers, ...). The loop runs in torch.inference_mode (only while the
+    layer read at every decode step (GenerationStep.pages). sampling: how each token is chosen (None:
+    greedy; ops/sampling's SamplingConfig). stop: the ids that end the generation (None: the model's
+    EOS, `stop_ids`; a chat passes its template's `stop_ids`). cache: a SparseKVCache (made with these
+    settings) that already holds the first `cache.get_seq_length()` tokens of ids (prefix reuse,
+    models/runtime/prefix.py): only the rest is prefilled, and the cache is left holding the prompt
+    and every new token but the last. on_sample(SampleRecord): sees each token's choice (chooser). sparse: more
+    use_sparse_decoding settings (page_size, ...). The loop runs in torch.inference_mode (only while the
     generator runs: a consumer's code between two events does not), as the bench's `generate` does.
     """
     require_causal(lm)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise GatherValueError(f"max_new_tokens = {max_new_tokens!r} must be an int >= 1")
-    model, S, stop = lm.model, ids.shape[1], stop_ids(lm)
+    model, S = lm.model, ids.shape[1]
+    stop = stop_ids(lm) if stop is None else {int(t) for t in stop}
     detok = Detokenizer(lm.tokenizer, context=ids[0, -CONTEXT_TOKENS:].tolist())
     new: list[int] = []
     times = [0.0, 0.0]  # prefill, decode
     try:
-        cache, page_size = _start(model, budget, sparse)
+        cache, page_size = _start(model, budget, sparse, cache)
+        kept = cache.get_seq_length()
+        if not 0 <= kept < S:
+            raise GatherValueError(f"the kept cache holds {kept} tokens; a prompt of {S} needs fewer (at least one "
+                                   f"token left to run)")
         if isinstance(cache, SparseKVCache):  # room for every token at the prefill: no decode step regrows it
             cache.reserve(S + max_new_tokens)
-        tokens = greedy_tokens(model, cache, ids)  # the prompt (1, S) first, then (1, 1) per step
-        yield GenerationStart(S, budget, page_size, model.config.num_hidden_layers)
+        tokens = next_tokens(model, cache, ids[:, kept:], chooser(sampling, ids[0].tolist(), on_sample))  # the rest
+        yield GenerationStart(S, budget, page_size, model.config.num_hidden_layers, kept)
         while len(new) < max_new_tokens and not (new and new[-1] in stop):
             t0, picked = time.perf_counter(), ([] if pages and new else None)  # the prefill reads every page
             counted = {} if new and budget is not None else None

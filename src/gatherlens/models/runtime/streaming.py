@@ -5,7 +5,7 @@
     >>> result.text, result.tokens_per_s, result.stopped       # stopped: Ctrl-C ended it early
     >>> result.trace                                           # a PageTrace (pages x steps per layer)
 
-A consumer of the one generation loop (generation.generation_steps, greedy): each new token
+A consumer of the one generation loop (generation.generation_steps): each new token
 reaches `on_token(text, result)` as soon as it exists. budget=None decodes densely (SDPA over
 a DynamicCache). Ctrl-C (KeyboardInterrupt) stops generation cleanly: the result holds what
 was generated, with `stopped=True`. With pages=True every sparse decode step is observed and
@@ -103,15 +103,16 @@ def _take(result: GenerationResult, recorder: PageTraceRecorder | None, event: G
 @torch.no_grad()
 def stream_generate(lm, ids: torch.Tensor, budget: int | None, max_new_tokens: int,
                     on_token: Callable[[str, GenerationResult], None] | None = None, pages: bool = False,
-                    **sparse) -> GenerationResult:
-    """Greedy generation of up to max_new_tokens after ids (1, S), streamed to on_token (see module doc).
+                    sampling=None, stop=None, **sparse) -> GenerationResult:
+    """Generation of up to max_new_tokens after ids (1, S), streamed to on_token (see module doc).
 
-    budget: tokens each decode step reads (None: dense). sparse: more use_sparse_decoding settings.
+    budget: tokens each decode step reads (None: dense). sampling: a SamplingConfig (None: greedy);
+    stop: the ids that end it (None: the model's EOS). sparse: more use_sparse_decoding settings.
     The model is left with dense decoding.
     """
     result = GenerationResult(prompt_tokens=ids.shape[1], budget=budget)
     recorder = None
-    steps = generation_steps(lm, ids, budget, max_new_tokens, pages=pages, **sparse)
+    steps = generation_steps(lm, ids, budget, max_new_tokens, pages=pages, sampling=sampling, stop=stop, **sparse)
     try:
         for event in steps:
             if isinstance(event, GenerationStart):

@@ -36,13 +36,29 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ThreadConfig", "DEFAULT_THREADS", "ThreadControl", "fix_threads", "threads_fixed", "MachineClock"]
+__all__ = ["ThreadConfig", "DEFAULT_THREADS", "POLICIES", "ThreadControl", "fix_threads", "threads_fixed",
+           "MachineClock"]
+
+
+POLICIES = ("follow", "one", "trial", "off")
 
 
 @dataclass(frozen=True)
 class ThreadConfig:
-    """The controller's settings (the defaults are the measured ones, scripts/busy_core.py)."""
+    """The controller's settings (scripts/busy_core.py compares the policies).
 
+    policy: "follow" (the default): every step (and between prefill chunks) the count is the cores the
+    machine left free (idle plus ours, over at least `min_span` s), rounded; down at once (a thread more
+    than the free cores waits at every barrier), up only past `hysteresis` more; our own spinning
+    threads count as ours, so they cannot hide another program; "one": every thread while the machine
+    is otherwise quiet, one while anything else takes a core; "trial": the count follows this process's
+    CPU time against threads x wall with timed trials (before issue 40; spinning OpenMP threads keep
+    that ratio high, so it missed a busy core); "off": torch's count, never changed.
+    $GATHERLENS_THREADS_POLICY chooses one for a run.
+    """
+
+    policy: str = "follow"
+    hysteresis: float = 0.35    # follow: one thread more only when the free cores reach n + 0.5 + this
     window: int = 4             # steps timed per thread count in a comparison
     probe_every: int = 16       # steps between trials of one thread more
     max_wait: int = 256         # the longest wait between trials after lost ones
@@ -50,7 +66,12 @@ class ThreadConfig:
     min_span: float = 0.2       # seconds of machine history the prefill's count needs
 
 
-DEFAULT_THREADS = ThreadConfig()
+def _default_config() -> ThreadConfig:
+    policy = os.environ.get("GATHERLENS_THREADS_POLICY", "follow")
+    return ThreadConfig(policy=policy if policy in POLICIES else "follow")
+
+
+DEFAULT_THREADS = _default_config()
 _FIXED = [False]
 
 
@@ -115,9 +136,10 @@ class ThreadControl:
 
     def __init__(self, top: int, config: ThreadConfig = DEFAULT_THREADS, *, on: bool = True,
                  clock=time.perf_counter, cpu=time.process_time, machine: MachineClock = MACHINE,
-                 set_threads=torch.set_num_threads):
-        self.top, self.config, self.on = top, config, on and top > 1
+                 set_threads=torch.set_num_threads, get_threads=torch.get_num_threads):
+        self.top, self.config, self.on = top, config, on and top > 1 and config.policy != "off"
         self.clock, self.cpu, self.machine, self.set_threads = clock, cpu, machine, set_threads
+        self.get_threads = get_threads
         self.n, self.step, self.wait, self.next_trial = top, 0, config.probe_every, 0
         self.times: list[float] = []        # this window's step times at n
         self.ratios: list[float] = []       # and their CPU / (n x wall)
@@ -131,8 +153,15 @@ class ThreadControl:
         return cls(torch.get_num_threads(), config, on=on and not threads_fixed())
 
     def before_step(self) -> None:
-        """Mark the clocks (the first step, the prefill: set its count from the machine's free cores)."""
+        """Mark the clocks (the first step, the prefill: set its count from the machine's free cores);
+        "follow" / "one": every step's count from the cores the machine leaves free."""
         if not self.on:
+            return
+        if self.get_threads() != self.n:   # a step on another thread (a server's worker pool): OpenMP's count is
+            self.set_threads(self.n)       # each thread's own, so this thread gets the controller's count too
+        if self.config.policy != "trial":
+            self.follow()
+            self.t0, self.c0 = self.clock(), self.cpu()
             return
         if self.step == 0:
             free = self.machine.free_cores(self.config.min_span)
@@ -140,9 +169,28 @@ class ThreadControl:
                 self._switch(max(1, min(self.top, int(free + 0.5))), "free cores")
         self.t0, self.c0 = self.clock(), self.cpu()
 
+    def follow(self) -> None:
+        """"follow" / "one": the count from the cores free since the last look (idle plus ours, at least
+        min_span seconds; else as it is). Also called between the chunks of a long prefill."""
+        if not self.on or self.config.policy == "trial":
+            return
+        free = self.machine.free_cores(self.config.min_span)
+        if free is None:
+            return
+        if self.config.policy == "one":
+            n = self.top if free >= self.top - 0.5 else 1
+        elif free < self.n - 0.5 or free >= self.n + 0.5 + self.config.hysteresis:   # down at once, up surely
+            n = max(1, min(self.top, int(free + 0.5)))
+        else:
+            n = self.n
+        self._switch(n, f"free cores {free:.2f}")
+
     def after_step(self) -> None:
-        """Time the step; switch the count when a window or a trial says so."""
+        """Time the step; switch the count when a window or a trial says so ("trial" only)."""
         if not self.on:
+            return
+        if self.config.policy != "trial":
+            self.step += 1
             return
         wall, cpu = self.clock() - self.t0, self.cpu() - self.c0
         self.step += 1

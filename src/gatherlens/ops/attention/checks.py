@@ -14,11 +14,12 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from gatherlens.errors import GatherTypeError, GatherValueError
+from gatherlens.ops.tensors import require_data
 from gatherlens.ops.attention.variants import PLAIN, AttentionVariant
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -83,6 +84,7 @@ def _check_tensor(name: str, t) -> None:
         raise GatherValueError(
             f"{name} has shape {tuple(t.shape)} ({t.dim()}-D); expected 4-D (batch, heads, length, head_dim)"
         )
+    require_data(**{name: t})
 
 
 def check_softcap(softcap) -> float | None:
@@ -122,7 +124,7 @@ def check_variant(variant: AttentionVariant, *, heads: int, like: torch.Tensor) 
     check_sinks(variant.sinks, heads=heads, like=like)
     if variant.softcap is None or type(variant.softcap) is float:
         return variant
-    return AttentionVariant(softcap, variant.sinks, variant.window)
+    return replace(variant, softcap=softcap)  # every other field kept (a subclass's too)
 
 
 def check_topk_args(query, key, value, top_k, *, is_causal, attn_mask, scale, enable_gqa,

@@ -24,7 +24,7 @@ Used by `topk_attention` (ops/attention) and `sparse_decode` (ops/sparse); the p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -45,6 +45,11 @@ class AttentionVariant:
     softcap: float | None = None       # Gemma 2: logits -> softcap * tanh(logits / softcap)
     sinks: torch.Tensor | None = None  # (Hq,) GPT-OSS: one logit per query head joins every softmax
     window: int | None = None          # a local layer's window (sliding or chunked); None: global
+
+    def __post_init__(self):
+        # the fields in use, every field included (a subclass's too): what a backend row must declare it
+        # applies (ops/backends.Impl.variant), or be refused; made once (a decode step asks per layer)
+        object.__setattr__(self, "used", frozenset(f.name for f in fields(self) if getattr(self, f.name) is not None))
 
     @property
     def plain(self) -> bool:

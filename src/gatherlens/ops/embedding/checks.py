@@ -19,6 +19,7 @@ import warnings
 import torch
 
 from gatherlens.errors import GatherIndexError, GatherTypeError, GatherValueError, position_of
+from gatherlens.ops.tensors import require_data
 
 __all__ = [
     "BOUNDS",
@@ -48,6 +49,7 @@ def check_table(table, name: str = "table") -> None:
         raise GatherValueError(
             f"{name} must be 2-D (vocabulary, dim), got shape {tuple(table.shape)} ({table.dim()}-D)"
         )
+    require_data(**{name: table})
 
 
 def check_ids(ids, table: torch.Tensor, name: str = "ids") -> None:
@@ -58,6 +60,7 @@ def check_ids(ids, table: torch.Tensor, name: str = "ids") -> None:
         raise GatherTypeError(f"{name} must hold integer token ids (torch.int64 or torch.int32), got dtype {ids.dtype}")
     if ids.device != table.device:
         raise GatherValueError(f"{name} are on {ids.device} but the table is on {table.device}; move one of them")
+    require_data(**{name: ids})
 
 
 def check_padding_idx(padding_idx, vocab: int) -> int | None:

@@ -12,7 +12,7 @@ from gatherlens.errors import GatherValueError
 from gatherlens.ops.embedding import checks
 from gatherlens.ops.embedding.methods import DEFAULT_METHOD, METHODS
 from gatherlens.ops.embedding.small import small_lookup
-from gatherlens.ops.quant.table import QuantizedTable
+from gatherlens.ops.quant.formats.table import QuantizedTable
 
 __all__ = ["embedding_lookup", "get_embeddings"]
 

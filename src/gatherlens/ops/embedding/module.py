@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gatherlens.errors import GatherValueError
+from gatherlens.ops.tensors import check_allocation
 from gatherlens.ops.embedding import checks
 from gatherlens.ops.embedding.lookup import embedding_lookup
 from gatherlens.ops.embedding.methods import DEFAULT_METHOD
@@ -77,6 +78,8 @@ class Embedding(nn.Module):
             raise GatherValueError(f"bounds must be one of {checks.BOUNDS}, got {bounds!r}")
         self.bounds, self.method = bounds, method
         if _weight is None:
+            check_allocation("Embedding weight", (num_embeddings, embedding_dim), dtype or torch.get_default_dtype(),
+                             device)
             self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim, device=device, dtype=dtype),
                                        requires_grad=not _freeze)
             self.reset_parameters()

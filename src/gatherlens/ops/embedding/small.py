@@ -37,5 +37,5 @@ def small_lookup(ids, table) -> torch.Tensor | None:
         return None
     try:
         return torch.embedding(table, ids)                      # (*ids.shape, d)
-    except IndexError:                                          # the kernel's bounds check failed:
-        return None                                             # the full path names the bad id
+    except (IndexError, RuntimeError):                          # the kernel's bounds check failed (a table of
+        return None                                             # 0 rows: RuntimeError): the full path names the id

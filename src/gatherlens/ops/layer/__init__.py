@@ -4,7 +4,8 @@ the rotary embedding with the paged cache's append, as C++ operators beside plai
     >>> from gatherlens.ops.layer import rms_norm_cast, add_rms_norm_cast, silu_mul_cast, rope_append
 
 `naive.py` holds the references (plain torch, what the operators must equal); `fused.py` the
-operators (layer_ops.cpp, built on first use), each falling back to its reference.
+operators (layer_ops.cpp, built on first use), one backend table each (native / torch: the reference);
+`plan.py` the record of a model's decode step; `stack.py` the whole step as one C++ operator.
 """
 from __future__ import annotations
 

@@ -21,8 +21,8 @@
 // then logits = rms_norm_cast(x, final_norm) Whead (an empty head_kernel: x itself, before the final
 // norm). `heads` is Hq, the query heads (q is Hq * D wide; k and v Hkv * D and Hkv * Dv, the cache's
 // KV heads and widths). A product is `kernels[i]` (an operator name:
-// "q8act_linear", "q8k_linear", "floatdot_linear"; ops/quant/q8act.py's KERNEL_OF says which runs a
-// format) on raws[i] (N, row_bytes) uint8 with ggml type qtypes[i]. Each layer has SLOTS = 7
+// "q8act_linear", "q8k_linear", "floatdot_linear"; a format's record names its own: `kernel` in
+// ops/quant/formats/layout.py) on raws[i] (N, row_bytes) uint8 with ggml type qtypes[i]. Each layer has SLOTS = 7
 // products in the order q, k, v, o, gate, up, down; where the model packed q|k|v (gate|up) as one
 // weight, slot q (gate) holds it and k, v (up) are empty ("" kernels). The cache storage of layer l
 // (keys, values, summaries, int8 scales: PagedKVCache.writable / scale_storage) is written at
@@ -197,7 +197,13 @@ void check_stack(const at::Tensor& x, at::TensorList norms, c10::ArrayRef<double
                   static_cast<int64_t>(pages.size()) == L && static_cast<int64_t>(firsts.size()) == L,
               "values, summaries, key_scales, value_scales, pages, firsts must hold one per layer (", L, ")");
   for (int64_t l = 0; l < L; ++l)
-    TORCH_CHECK(keys[l].size(0) == 1, "the caches must hold batch 1 (layer ", l, ")");
+    TORCH_CHECK(keys[l].dim() == 5 && keys[l].size(0) == 1 && keys[l].size(4) == keys[0].size(4),
+                "decode_stack: the caches must be (1, Hkv, cap, P, D) storage of one head size (layer ", l, ": ",
+                keys[l].sizes(), ")");
+  for (const std::string& k : kernels)
+    TORCH_CHECK(k.empty() || k == "q8act_linear" || k == "q8k_linear" || k == "floatdot_linear" ||
+                    k == "q8x8_linear", "decode_stack: kernel '", k, "' is not a product operator (q8act_linear, "
+                "q8k_linear, floatdot_linear, q8x8_linear, or '' for a slot packed into the one before)");
 }
 
 std::vector<Product> products_of(at::TensorList raws, const std::vector<std::string>& kernels, c10::IntArrayRef qtypes,
@@ -218,6 +224,10 @@ at::Tensor decode_stack_cpu(const at::Tensor& x, const at::Tensor& cos, const at
                             double mass, int64_t min_pages, const Opt& counts) {
   const std::vector<std::string> kernels(kernel_list.begin(), kernel_list.end());
   check_stack(x, norms, eps, raws, kernels, qtypes, keys, values, sums, ks, vs, pages, firsts);
+  TORCH_CHECK(heads >= 1, "decode_stack: heads = ", heads, " must be >= 1 (the query heads)");
+  TORCH_CHECK(head_kernel.empty() || head_kernel == "q8act_linear" || head_kernel == "q8k_linear" ||
+                  head_kernel == "floatdot_linear" || head_kernel == "q8x8_linear",
+              "decode_stack: head_kernel '", head_kernel, "' is not a product operator");
   const int64_t L = static_cast<int64_t>(keys.size()), D = keys.empty() ? 0 : keys[0].size(4);
   const StepArgs s{&cos, &sin, position, heads, D, scale, per_head, group_sum, mass, min_pages};
   const int64_t Hsel = L ? (per_head ? heads : keys[0].size(1)) : 0;

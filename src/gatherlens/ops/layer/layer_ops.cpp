@@ -229,6 +229,8 @@ void check_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
                   (st == at::kFloat || st == at::kHalf || st == at::kBFloat16 || st == at::kChar) &&
                   values.scalar_type() == st,
               "keys / values must be a cache's storage (B, Hkv, cap, P, D): float32, float16, bfloat16 or int8");
+  TORCH_CHECK(values.sizes().slice(0, 4) == keys.sizes().slice(0, 4), "values ", values.sizes(),
+              " must hold keys' (B, Hkv, cap, P) = ", keys.sizes().slice(0, 4));
   TORCH_CHECK((st == at::kChar) == ks.has_value() && (st == at::kChar) == vs.has_value(),
               "key_scales / value_scales must be given for int8 pages, and only for them");
   for (const auto* t : {&ks, &vs})
@@ -239,13 +241,14 @@ void check_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   const bool half = st == at::kHalf || st == at::kBFloat16;
   TORCH_CHECK(sums.dim() == 4 && sums.is_contiguous() &&
                   (sums.scalar_type() == at::kFloat || (half && sums.scalar_type() == st)) &&
-                  sums.size(3) == 2 * keys.size(4),
-              "summaries must be (B, Hkv, cap, 2D) float32 (or the 16-bit pages' dtype)");
+                  sums.size(3) == 2 * keys.size(4) && sums.sizes().slice(0, 3) == keys.sizes().slice(0, 3),
+              "summaries must be (B, Hkv, cap, 2D) float32 (or the 16-bit pages' dtype), got ", sums.sizes(),
+              " for keys ", keys.sizes());
   const int64_t B = keys.size(0), Hkv = keys.size(1), D = keys.size(4);
   TORCH_CHECK(cos.dim() == 2 && sin.dim() == 2 && cos.is_contiguous() && sin.is_contiguous() &&
                   cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.size(0) == B &&
                   cos.size(1) == D && sin.sizes() == cos.sizes(), "cos / sin must be (B, D) float32, D = ", D);
-  TORCH_CHECK(D % 2 == 0, "head_dim must be even for the rotary embedding, got ", D);
+  TORCH_CHECK(D >= 2 && D % 2 == 0, "head_dim must be even (and at least 2) for the rotary embedding, got ", D);
   TORCH_CHECK(q.size(0) == B && k.size(0) == B && v.size(0) == B && k.size(1) == Hkv * D &&
                   v.size(1) == Hkv * values.size(4) && q.size(1) % D == 0, "q, k, v do not match the cache");
   TORCH_CHECK(position >= 0 && position < keys.size(2) * keys.size(3), "position ", position,

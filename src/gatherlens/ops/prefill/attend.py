@@ -31,7 +31,8 @@ from gatherlens.ops.backends import AUTO, Impl, Operator
 from gatherlens.ops.prefill.blocked import block_prefill
 from gatherlens.ops.prefill.config import DEFAULT, PrefillConfig
 from gatherlens.ops.prefill.fused_prefill import (
-    native_antidiagonal_scores, native_block_prefill, native_fits, native_ready, scores_fit,
+    NATIVE_DTYPES, NATIVE_VARIANT, native_antidiagonal_scores, native_block_prefill, native_fits, native_ready,
+    scores_fit,
 )
 from gatherlens.ops.prefill.naive import block_prefill_reference
 from gatherlens.ops.prefill.rules import (
@@ -47,11 +48,18 @@ def _any(*args) -> None:
     return None
 
 
-# attention over the kept blocks: the C++ operator where it fits, else the torch path (takes anything)
+def _facts(q, k, v, blocks, block_size, scale=None, variant=None) -> tuple:
+    """What BLOCK_PREFILL's rows declare against: the variant's fields in use, the query's dtype."""
+    return (variant if variant is not None else frozenset()), q.dtype
+
+
+# attention over the kept blocks: the C++ operator where it fits, else the torch path (every call its
+# declaration allows); each row declares the variant fields it applies (blocked.py: all three)
 BLOCK_PREFILL = Operator("block_prefill", [
-    Impl("native", fits=native_fits, run=native_block_prefill, ready=native_ready),
-    Impl("torch", fits=_any, run=block_prefill),
-])
+    Impl("native", fits=native_fits, run=native_block_prefill, ready=native_ready, variant=NATIVE_VARIANT,
+         dtypes=NATIVE_DTYPES),
+    Impl("torch", fits=_any, run=block_prefill, variant=frozenset({"softcap", "sinks", "window"})),
+], facts=_facts)
 # the antidiagonal rule's block scores: the C++ operator (causal tiles only, softmax fused), else rules.py's
 ANTIDIAGONAL = Operator("antidiagonal_scores", [
     Impl("native", fits=scores_fit, run=native_antidiagonal_scores, ready=native_ready),

@@ -235,6 +235,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   blocks.size(0) == B && blocks.size(2) == gl::ceil_div(Q, bs) && blocks.size(3) == gl::ceil_div(L, bs),
               "block_prefill: blocks must be (B, H, ceil(Q / bs), ceil(L / bs)) bool contiguous");
   const int64_t H = blocks.size(1);
+  gl::check_heads("block_prefill", Hq, Hkv);
   TORCH_CHECK(H >= 1 && Hq % H == 0 && H % Hkv == 0, "block_prefill: the selection heads H = ", H,
               " must divide Hq = ", Hq, " and be a multiple of Hkv = ", Hkv);
   const int64_t big = std::numeric_limits<int>::max();
@@ -356,9 +357,11 @@ void score_task(const Scores& p, int64_t t, ScoreScratch& sc) {
     }
 }
 void check_scores(const at::Tensor& q, const at::Tensor& k, int64_t bs, int64_t S, int64_t key_len) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
-                  q.stride(3) == 1 && k.is_contiguous() && q.size(0) == k.size(0) && q.size(3) == k.size(3) &&
-                  q.size(1) % k.size(1) == 0,
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "antidiagonal_scores: q and k must be 4-d, got ", q.sizes(), ", ",
+              k.sizes());
+  gl::check_heads("antidiagonal_scores", q.size(1), k.size(1));
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                  q.stride(3) == 1 && k.is_contiguous() && q.size(0) == k.size(0) && q.size(3) == k.size(3),
               "antidiagonal_scores: q (B, Hq, Q, D) float32 (last dim contiguous), k (B, Hkv, T, D) float32 contiguous");
   TORCH_CHECK(S >= 1 && bs % S == 0 && k.size(2) == gl::ceil_div(key_len, S) * S && q.size(2) <= key_len &&
                   q.size(2) >= 1 && k.size(2) * k.size(3) < std::numeric_limits<int>::max(),

@@ -30,10 +30,12 @@ from gatherlens.ops.dtypes import compute_dtype
 from gatherlens.ops.native import load_library
 from gatherlens.ops.sparse.geometry import ceil_div
 
-__all__ = ["kernel_loaded", "native_fits", "native_ready", "native_block_prefill", "scores_fit",
+__all__ = ["NATIVE_VARIANT", "NATIVE_DTYPES", "kernel_loaded", "native_fits", "native_ready", "native_block_prefill", "scores_fit",
            "native_antidiagonal_scores", "KERNEL"]
 
 KERNEL = Path(__file__).with_name("fused_prefill.cpp")
+NATIVE_VARIANT = frozenset({"sinks", "window"})  # what block_prefill's C++ operator applies (its row's declaration)
+NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # the input dtypes it reads (computed in float32)
 
 
 def kernel_loaded() -> bool:
@@ -75,9 +77,8 @@ def _float32_cpu(*xs: torch.Tensor) -> str | None:
 def native_fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: torch.Tensor, block_size: int,
                 scale: float | None = None, variant: AttentionVariant = PLAIN) -> str | None:
     """None when `block_prefill` computes this attention, else why not: CPU tensors computed in float32
-    (float32, float16, bfloat16), no soft-capping, no autograd, the operator built."""
-    if variant.softcap is not None:
-        return f"softcap is not supported by the C++ operator (got softcap = {variant.softcap!r})"
+    (float32, float16, bfloat16), no autograd, the operator built. The variant fields it runs (a window,
+    sinks joined after it; no soft-capping) are its row's declaration (attend.BLOCK_PREFILL: NATIVE_VARIANT)."""
     return _float32_cpu(q, k, v) or native_ready()
 
 

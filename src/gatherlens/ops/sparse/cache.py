@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 
 from gatherlens.errors import GatherTypeError, GatherValueError
+from gatherlens.ops.tensors import check_allocation, require_data
 
 from .config import KV_DTYPES, OP
 from .geometry import page_count
@@ -210,6 +211,8 @@ class PagedKVCache:
     def _alloc(self, pages: int) -> None:
         B, H, P, D = self.batch, self.kv_heads, self.page_size, self.head_dim
         kw = dict(dtype=self.kv_dtype, device=self.device)
+        check_allocation("PagedKVCache storage (keys and values)", (B, H, pages, P, D + self.value_dim),
+                         self.kv_dtype, self.device)
         k = torch.zeros(B, H, pages, P, D, **kw)  # (B, Hkv, cap, P, D)
         v = torch.zeros(B, H, pages, P, self.value_dim, **kw)  # (B, Hkv, cap, P, Dv)
         s = torch.zeros(B, H, pages, 2 * D, dtype=self.summary_dtype, device=self.device)  # (B, Hkv, cap, 2D)
@@ -395,6 +398,7 @@ class PagedKVCache:
                 f"{name} has shape {tuple(x.shape)}; expected {dims} = {want} for this cache{hint}")
         if not x.dtype.is_floating_point:
             raise GatherTypeError(f"{name} must be a floating tensor, got {x.dtype}")
+        require_data(**{name: x})
 
     def workspace(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Two reusable buffers, (rows, page_size * D) for keys and (rows, page_size * Dv) for

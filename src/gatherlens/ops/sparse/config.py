@@ -30,8 +30,9 @@ from dataclasses import dataclass
 
 from gatherlens.errors import GatherTypeError, GatherValueError
 
-__all__ = ["SparseConfig", "DEFAULT", "OP", "QUEST", "SHARDED", "TOY", "DIST_DEMO", "PRESETS", "GROUP_SCORES", "CHOOSERS",
-           "KV_DTYPES", "AUTO", "FIXED", "check_budget", "check_choice", "check_page_size", "check_kv_dtype", "check_mass"]
+__all__ = ["SparseConfig", "PageChoice", "SETTINGS", "DEFAULT", "OP", "QUEST", "SHARDED", "TOY", "DIST_DEMO", "PRESETS",
+           "GROUP_SCORES", "CHOOSERS", "KV_DTYPES", "AUTO", "check_budget", "check_choice", "check_page_size",
+           "check_kv_dtype", "check_mass"]
 
 GROUP_SCORES = ("max", "sum")   # how a KV group's page bounds combine (shared choice)
 CHOOSERS = ("bound", "oracle")  # what ranks the pages: Quest's bound, or the true attention mass
@@ -95,6 +96,43 @@ def check_kv_dtype(kv_dtype) -> str | None:
     return kv_dtype
 
 
+@dataclass(frozen=True)
+class PageChoice:
+    """The page-choice rule of one decode step, as every row of sparse decode reads it (owned by a
+    SparseConfig: `config.choice`, made once; `sparse_decode`'s keywords build one without a config).
+
+        >>> SparseConfig(512).choice
+        PageChoice(share_selection=False, group_score='max', recent=128, choose='bound', mass=None, min_pages=1)
+        >>> PageChoice(share_selection=True, recent=0).kwargs()   # select_pages' keywords
+        {'share_selection': True, 'group_score': 'max', 'recent': 0, 'choose': 'bound', 'mass': None, 'min_pages': 1}
+
+    share_selection: one choice per KV group (True) or per query head. group_score: "max" or "sum" of a
+    group's page bounds. recent: the newest tokens always read (the window itself, not None). choose:
+    "bound" (Quest) or "oracle" (true attention mass). mass, min_pages: the auto budget (issue 38,
+    SparseConfig.step_mass()): each selection head reads pages until their estimated attention mass
+    reaches `mass`, at least `min_pages`, at most the step's budget (page_choice.mass_counts); mass None:
+    a fixed budget.
+    """
+
+    share_selection: bool = True
+    group_score: str = "max"
+    recent: int = 0
+    choose: str = "bound"
+    mass: float | None = None
+    min_pages: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.share_selection, bool):
+            raise GatherTypeError(f"share_selection must be a bool, got {self.share_selection!r}")
+        check_choice(self.recent, self.choose, self.group_score)
+        check_mass(self.mass, self.min_pages)
+
+    def kwargs(self) -> dict:
+        """The rule as keywords (select_pages, PageSelection)."""
+        return {"share_selection": self.share_selection, "group_score": self.group_score, "recent": self.recent,
+                "choose": self.choose, "mass": self.mass, "min_pages": self.min_pages}
+
+
 def check_page_size(page_size) -> int:
     """`page_size` itself if it is an int >= 1 (tokens per page), else a clear error."""
     _check_count("page_size", page_size, 1, "tokens per page")
@@ -130,6 +168,8 @@ class SparseConfig:
         a third, with one scale per page). Page summaries stay exact for the stored values.
         Measured on Austen (`gatherlens eval-sparse --kv-dtype`): float16 and bfloat16 within 0.5%
         perplexity of float32 pages, int8 about 1% at budget 512.
+    choice: the page-choice rule these settings make (`PageChoice`: share_selection, group_score,
+        recent_window(), choose), made once at construction; what every decode step reads.
     """
 
     budget: int | str | None = AUTO
@@ -145,9 +185,13 @@ class SparseConfig:
     mass: float = 0.998
     min_pages: int = 32
     max_pages: int = 512
+    choice: PageChoice = dataclasses.field(init=False, repr=False, compare=False)  # made from the above, once
 
     def __post_init__(self):
         _check(self)
+        object.__setattr__(self, "choice", PageChoice(self.share_selection, self.group_score, self.recent_window(),
+                                                      self.choose, self.step_mass(),
+                                                      self.min_pages if self.auto else 1))  # fixed: no floor
 
     @property
     def auto(self) -> bool:
@@ -192,7 +236,11 @@ class SparseConfig:
         return length if self.budget >= self.dense_share * length else self.budget
 
     def replace(self, **changes) -> "SparseConfig":
-        """A copy with `changes` (checked like any other)."""
+        """A copy with `changes` (checked like any other; a name that is not a setting is refused by name)."""
+        unknown = sorted(set(changes) - set(SETTINGS))
+        if unknown:
+            raise GatherTypeError(f"{', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} not "
+                                  f"a SparseConfig setting; the settings are {', '.join(SETTINGS)}")
         return dataclasses.replace(self, **changes)
 
 
@@ -212,6 +260,8 @@ def _check(c: SparseConfig) -> None:
     _check_count("dense_layers", c.dense_layers, 0, "leading layers kept dense")
     check_kv_dtype(c.kv_dtype)
 
+
+SETTINGS = tuple(f.name for f in dataclasses.fields(SparseConfig) if f.init)  # what a caller may set
 
 DEFAULT = SparseConfig()
 # sparse_decode's own keyword defaults (one call, no model): one choice per KV group, no window,

@@ -5,8 +5,8 @@
     >>> out = sparse_decode(q, cache, budget=2048)          # q (B, Hq, 1, D) -> (B, Hq, 1, D)
     >>> out, lse, sel = sparse_decode(q, cache, budget=2048, return_lse=True, return_selection=True)
     >>> out = sparse_decode(q, cache, budget=2048, softcap=50.0, sinks=s_aux)   # Gemma 2, GPT-OSS
-    >>> pages, bounds, out, lse = decode_pages(q, cache, 2048, how, 0.125)      # unchecked: the model's step
-    >>> SPARSE_DECODE.why(q, cache, 2048, how, 0.125, PLAIN, None, False)       # which rows can run, and why not
+    >>> pages, bounds, out, lse = decode_pages(q, cache, 2048, config.choice, 0.125)   # unchecked: the model's step
+    >>> SPARSE_DECODE.why(q, cache, 2048, config.choice, 0.125, PLAIN, None, False)    # which rows run, why not
 
 Reads the page summaries (2D per page) plus `budget` tokens of K and V, instead of all of K and V.
 With budget >= cache.length every page is read and the result is dense attention. Pages stored in
@@ -14,7 +14,8 @@ With budget >= cache.length every page is read and the result is dense attention
 Pieces: checks.py (arguments), page_choice.py (which pages), torch_decode.py (gather + attend),
 fused_decode.py (the C++ operator) and triton_decode.py (the GPU kernels, imported only when that
 backend runs). Where a call runs is decided by ONE backend table, `SPARSE_DECODE` (ops/backends.py):
-rows triton, native, torch, each with its `fits` rule; `decode_pages` is the one function that
+rows triton, native, torch, each declaring the variant fields and query dtypes it runs (anything else
+is refused before its `fits` rule: fail closed); `decode_pages` is the one function that
 selects and runs, called by `sparse_decode` after its argument checks and by the model adapter
 (models/sparse_attention.decode_attention) directly: the checks cost more than the operator at one
 token a step (~90 us against ~20 us a layer), and the adapter made its query and cache itself.
@@ -31,14 +32,14 @@ from gatherlens.ops.backends import AUTO, Impl, Operator
 
 from .cache import PagedKVCache
 from .checks import check_decode_args
-from .config import OP, SparseConfig, check_mass
-from .fused_decode import fused_dense, fused_select_attend, native_fits, native_ready
+from .config import OP, PageChoice, SparseConfig
+from .fused_decode import NATIVE_DTYPES, fused_dense, fused_select_attend, native_fits, native_ready
 from .page_choice import pages_to_read, select_pages, sorted_pages
 from .selection import PageSelection
 from .torch_decode import attend_all, attend_pages
 
 __all__ = ["sparse_decode", "sparse_decode_triton", "sparse_decode_native", "reads_every_page", "decode_pages",
-           "choice_of_config", "SPARSE_DECODE"]
+           "SPARSE_DECODE"]
 
 
 def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = OP.budget,
@@ -98,25 +99,24 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = OP.bud
         >>> out, sel = sparse_decode(torch.randn(1, 8, 1, 64), cache, budget=128, return_selection=True)
         >>> out.shape, sel.pages.shape
         (torch.Size([1, 8, 1, 64]), torch.Size([1, 2, 8]))"""
-    how = _choice_of(config, share_selection, group_score, recent, choose, mass, min_pages)  # the rule, one dict
+    choice = _choice_of(config, share_selection, group_score, recent, choose, mass, min_pages)  # the rule, one record
     variant = variant_of(softcap, sinks, variant)  # one object from here down
-    return _run(query, cache, budget, page_size, how, backend, scale, key_mask, return_lse, return_selection, variant)
+    return _run(query, cache, budget, page_size, choice, backend, scale, key_mask, return_lse, return_selection, variant)
 
 
-def _run(query, cache, budget, page_size, how: dict, backend, scale, key_mask, return_lse, return_selection,
-         variant: AttentionVariant):
-    """sparse_decode once its choice rule is one dict and its variant one object: checks, decode, results."""
-    scale = check_decode_args(query, cache, budget, page_size, how["group_score"], scale, key_mask,
-                              how["recent"], how["choose"], variant=variant)
-    check_mass(how["mass"], how["min_pages"])
+def _run(query, cache, budget, page_size, choice: PageChoice, backend, scale, key_mask, return_lse,
+         return_selection, variant: AttentionVariant):
+    """sparse_decode once its choice rule is one record and its variant one object: checks, decode, results."""
+    scale = check_decode_args(query, cache, budget, page_size, choice.group_score, scale, key_mask,
+                              choice.recent, choice.choose, variant=variant)
     q = query.to(cache.dtype)  # (B, Hq, 1, D)
-    pages, bounds, out, lse = decode_pages(q, cache, budget, how, scale, variant, key_mask, return_selection,
+    pages, bounds, out, lse = decode_pages(q, cache, budget, choice, scale, variant, key_mask, return_selection,
                                            backend)  # (B, Hq, 1, Dv), (B, Hq, 1): sinks joined
     lse = lse.float()  # (B, Hq, 1) float32, as documented
     result = [out.to(query.dtype)] + ([lse] if return_lse else [])
     if return_selection:
         result.append(PageSelection(pages, bounds, lse, cache.page_size, cache.length, budget, query.shape[1],
-                                    cache.kv_heads, **how))
+                                    cache.kv_heads, **choice.kwargs()))
     return result[0] if len(result) == 1 else tuple(result)
 
 
@@ -125,53 +125,35 @@ _KEYWORDS = dict(share_selection=OP.share_selection, group_score=OP.group_score,
 
 
 def _choice_of(config: SparseConfig | None, share_selection, group_score, recent, choose, mass=None,
-               min_pages=1) -> dict:
-    """{share_selection, group_score, recent, choose, mass, min_pages}: the keywords' without a config,
-    else `config`'s (an error if a keyword also set one)."""
+               min_pages=1) -> PageChoice:
+    """The PageChoice of the keywords without a config, else `config.choice` (an error if a keyword also
+    set one)."""
     given = dict(share_selection=share_selection, group_score=group_score, recent=recent, choose=choose, mass=mass,
                  min_pages=min_pages)
     if config is None:
-        return given
+        return PageChoice(**given)
     if not isinstance(config, SparseConfig):
         raise GatherTypeError(f"config must be a SparseConfig, got {type(config).__name__}")
     for name, value in given.items():
         if value != _KEYWORDS[name]:
             raise GatherValueError(f"{name} = {value!r} was given with config=; set it in the SparseConfig instead "
                                    f"(config.{name} = {getattr(config, name)!r})")
-    return dict(share_selection=config.share_selection, group_score=config.group_score,
-                recent=config.recent_window(), choose=config.choose, mass=config.step_mass(),
-                min_pages=config.min_pages)
+    return config.choice
 
 
-def choice_of_config(config: SparseConfig) -> dict:
-    """{share_selection, group_score, recent, choose, mass, min_pages} of a SparseConfig, made once per config object
-    (the model's decode step asks every layer, every token; the dict is shared: do not change it)."""
-    held = _CHOICES.get(id(config))
-    if held is not None and held[0] is config:
-        return held[1]
-    if len(_CHOICES) > 256:  # configs made in a loop (tests, sweeps): start again
-        _CHOICES.clear()
-    how = _choice_of(config, **_KEYWORDS)
-    _CHOICES[id(config)] = (config, how)
-    return how
-
-
-_CHOICES: dict[int, tuple[SparseConfig, dict]] = {}
-
-
-def decode_pages(q: torch.Tensor, cache: PagedKVCache, budget: int, how: dict, scale: float,
+def decode_pages(q: torch.Tensor, cache: PagedKVCache, budget: int, choice: PageChoice, scale: float,
                  variant: AttentionVariant = PLAIN, key_mask: torch.Tensor | None = None,
                  want_selection: bool = False, backend: str = AUTO):
     """pages (B, Hsel, n) ascending (None unless wanted or on the sparse rows), bounds (B, Hsel, N)
     (None unless wanted), out (B, Hq, 1, Dv) in the compute dtype, lse (B, Hq, 1) with the sinks joined.
 
     The one function that picks where sparse decode runs (SPARSE_DECODE's rows) and runs it, for q
-    (B, Hq, 1, D) already in the cache's dtype; no argument checks (sparse_decode makes them). `how`:
-    the choice rule ({share_selection, group_score, recent, choose, mass, min_pages}, `choice_of_config`;
-    mass not None: the auto budget, `budget` its ceiling, pages padded with -1). A budget that buys every
-    page is dense attention in place (no scoring unless the selection is wanted, no gather).
+    (B, Hq, 1, D) already in the cache's dtype; no argument checks (sparse_decode makes them). `choice`:
+    the page-choice rule (a PageChoice: a model's `SparseConfig.choice`; mass not None: the auto budget,
+    `budget` its ceiling, pages padded with -1). A budget that buys every page is dense attention in
+    place (no scoring unless the selection is wanted, no gather).
     """
-    pages, bounds, out, lse = SPARSE_DECODE(q, cache, budget, how, scale, variant, key_mask, want_selection,
+    pages, bounds, out, lse = SPARSE_DECODE(q, cache, budget, choice, scale, variant, key_mask, want_selection,
                                             backend=backend)
     if variant.sinks is None:
         return pages, bounds, out, lse
@@ -183,59 +165,62 @@ def reads_every_page(cache: PagedKVCache, budget: int, recent: int = 0) -> bool:
     return pages_to_read(cache.length, cache.page_size, budget, recent)[0] >= cache.num_pages  # the one rule
 
 
-# -- the rows of SPARSE_DECODE: fits(q, cache, budget, how, scale, variant, key_mask, want) -> None or why not --
+# -- the rows of SPARSE_DECODE: fits(q, cache, budget, choice, scale, variant, key_mask, want) -> None or why not --
 
 _TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _triton_fits(q, cache, budget, how, scale, variant, key_mask, want) -> str | None:
-    """"auto" takes Triton for CUDA tensors of a float dtype it compiles (the CPU interpreter only when asked)."""
+def _facts(q, cache, budget, choice, scale, variant, key_mask, want) -> tuple:
+    """What the rows' declarations are checked against: the variant's fields in use, the query's dtype."""
+    return variant, q.dtype
+
+
+def _triton_fits(q, cache, budget, choice, scale, variant, key_mask, want) -> str | None:
+    """"auto" takes Triton for CUDA tensors (the CPU interpreter only when asked)."""
     if not q.is_cuda:
         return "the query is not on a CUDA device"
-    if q.dtype not in _TRITON_DTYPES:
-        return f"the query is {q.dtype} (the kernels take float32, bfloat16, float16)"
-    return _triton_asked(q, cache, budget, how, scale, variant, key_mask, want)
+    return _triton_asked(q, cache, budget, choice, scale, variant, key_mask, want)
 
 
-def _triton_asked(q, cache, budget, how, scale, variant, key_mask, want) -> str | None:
+def _triton_asked(q, cache, budget, choice, scale, variant, key_mask, want) -> str | None:
     if key_mask is not None:
         return "key_mask is supported by backend='torch' only"
-    if how["choose"] != "bound":
-        return f"choose = {how['choose']!r} is supported by backend='torch' only"
+    if choice.choose != "bound":
+        return f"choose = {choice.choose!r} is supported by backend='torch' only"
     why = triton_ready()
     if why is None and not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         return f"it needs CUDA tensors, got {q.device} (or run with TRITON_INTERPRET=1 for Triton's CPU interpreter)"
     return why
 
 
-def _triton_run(q, cache, budget, how, scale, variant, key_mask, want):
+def _triton_run(q, cache, budget, choice, scale, variant, key_mask, want):
     """Scoring in one kernel too: fewer launches per step on a GPU."""
     from .triton_decode import triton_attend_pages, triton_select_pages
 
-    pages, bounds = triton_select_pages(q, cache, budget, how["share_selection"], how["group_score"],
-                                        recent=how["recent"], mass=how["mass"], min_pages=how["min_pages"],
+    pages, bounds = triton_select_pages(q, cache, budget, choice.share_selection, choice.group_score,
+                                        recent=choice.recent, mass=choice.mass, min_pages=choice.min_pages,
                                         scale=scale)  # pages unsorted (-1: none)
     out, lse = triton_attend_pages(q, cache, pages, scale, softcap=variant.softcap)  # (B, Hq, 1, Dv)
     return (sorted_pages(pages) if want else pages), bounds, out, lse
 
 
-def _native_run(q, cache, budget, how, scale, variant, key_mask, want):
+def _native_run(q, cache, budget, choice, scale, variant, key_mask, want):
     """Scoring, choice and attention in one C++ call, pages read in place; every page: dense in place."""
-    n, first = pages_to_read(cache.length, cache.page_size, budget, how["recent"])
+    n, first = pages_to_read(cache.length, cache.page_size, budget, choice.recent)
     if n < cache.num_pages:
-        return fused_select_attend(q, cache, n, first, how, scale, want)
+        return fused_select_attend(q, cache, n, first, choice, scale, want)
     out, lse = fused_dense(q, cache, scale)  # (B, Hq, 1, Dv), (B, Hq, 1)
-    pages, bounds = select_pages(q, cache, budget, scale=scale, **how) if want else (None, None)
+    pages, bounds = select_pages(q, cache, budget, scale=scale, **choice.kwargs()) if want else (None, None)
     return pages, bounds, out, lse
 
 
-def _torch_run(q, cache, budget, how, scale, variant, key_mask, want):
+def _torch_run(q, cache, budget, choice, scale, variant, key_mask, want):
     """select_pages, then the gather and exact attention; every page: dense in place (no gather)."""
-    if reads_every_page(cache, budget, how["recent"]):
+    if reads_every_page(cache, budget, choice.recent):
         out, lse = attend_all(q, cache, scale, key_mask, variant=variant)  # (B, Hq, 1, Dv), (B, Hq, 1)
-        pages, bounds = select_pages(q, cache, budget, scale=scale, **how) if want else (None, None)
+        pages, bounds = select_pages(q, cache, budget, scale=scale, **choice.kwargs()) if want else (None, None)
         return pages, bounds, out, lse
-    pages, bounds = select_pages(q, cache, budget, scale=scale, **how)  # ascending
+    pages, bounds = select_pages(q, cache, budget, scale=scale, **choice.kwargs())  # ascending
     return (pages, bounds, *attend_pages(q, cache, pages, scale, key_mask, variant=variant))
 
 
@@ -258,11 +243,14 @@ def triton_ready() -> str | None:
 
 _TRITON_READY: str | None | bool = False  # False: not asked yet
 
+# every row declares the variant fields it applies: sinks join after every row (decode_pages), soft-capping
+# inside the kernels that have it; a window never reaches a paged decode (a local layer reads its ring)
 SPARSE_DECODE = Operator("sparse_decode", [
-    Impl("triton", _triton_fits, _triton_run, ready=triton_ready, asked=_triton_asked),
-    Impl("native", native_fits, _native_run, ready=native_ready),
-    Impl("torch", lambda *args: None, _torch_run),  # takes everything
-])
+    Impl("triton", _triton_fits, _triton_run, ready=triton_ready, asked=_triton_asked,
+         variant=frozenset({"softcap", "sinks"}), dtypes=_TRITON_DTYPES),
+    Impl("native", native_fits, _native_run, ready=native_ready, variant=frozenset({"sinks"}), dtypes=NATIVE_DTYPES),
+    Impl("torch", lambda *args: None, _torch_run, variant=frozenset({"softcap", "sinks"})),  # the rest: any call
+], facts=_facts)
 
 
 def sparse_decode_triton(query, cache, budget: int = OP.budget, page_size=None, share_selection=OP.share_selection,

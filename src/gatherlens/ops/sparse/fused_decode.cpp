@@ -289,18 +289,26 @@ void check_inputs(const at::Tensor& q, const at::Tensor& pk, const at::Tensor& p
               "paged_decode: page_keys / page_values must be (B, Hkv, N, P, D) float32, float16, bfloat16 or int8");
   check_scales("paged_decode", pk, ks, vs);
   const int64_t P = pk.size(3), D = pk.size(4);
+  gl::check_heads("paged_decode", q.size(1), pk.size(1));
+  TORCH_CHECK(P >= 1 && D >= 1 && pv.size(4) >= 1, "paged_decode: pages of at least one token of one value, "
+              "got page_keys ", pk.sizes(), ", page_values ", pv.sizes());
   TORCH_CHECK(pk.stride(4) == 1 && pk.stride(3) == D && pv.stride(4) == 1 && pv.stride(3) == pv.size(4),
               "paged_decode: each page's (P, D) block must be contiguous");
   const bool half = pk.scalar_type() == at::kHalf || pk.scalar_type() == at::kBFloat16;
   TORCH_CHECK(s.dim() == 4 && (s.scalar_type() == at::kFloat || (half && s.scalar_type() == pk.scalar_type())) &&
-                  s.stride(3) == 1 && s.size(3) == 2 * D && s.size(2) == pk.size(2),
-              "paged_decode: summaries must be (B, Hkv, N, 2D) float32 (or the 16-bit pages' dtype)");
+                  s.stride(3) == 1 && s.size(3) == 2 * D && s.sizes().slice(0, 3) == pk.sizes().slice(0, 3),
+              "paged_decode: summaries must be (B, Hkv, N, 2D) float32 (or the 16-bit pages' dtype), got ", s.sizes(),
+              " for page_keys ", pk.sizes());
   TORCH_CHECK(q.size(0) == pk.size(0) && q.size(2) == D && q.size(1) % pk.size(1) == 0,
               "paged_decode: q (B, Hq, D) does not match the cache");
   TORCH_CHECK(length >= 1 && length <= pk.size(2) * P, "paged_decode: length ", length,
               " is outside the ", pk.size(2), " pages of ", P, " the storage holds");
   TORCH_CHECK(n >= 1, "paged_decode: n must be >= 1");
 }
+
+// Tasks a split-K aims at, fixed (what 16 threads would want): the partial sums, and so the result, are the
+// same whatever the thread count (the thread controller changes it mid-run; --threads 1 and 2 agree).
+constexpr int64_t kSplitTasks = 32;
 
 struct Shape {                                    // of one paged_decode call
   int64_t B, Hq, Hkv, G, D, Dv, P, N, length;
@@ -393,7 +401,8 @@ template <typename T>
 void attend_all(const Shape& s, const float* qp, const at::Tensor& pk, const at::Tensor& pv, const Scales& ks,
                 const Scales& vs, const int64_t* pg, int64_t nn, bool per_head, float scale, float* op, float* lp) {
   const int64_t sels = s.B * (per_head ? s.Hq : s.Hkv), G = per_head ? 1 : s.G;
-  const int64_t parts = std::max<int64_t>(1, std::min(nn / 8, gl::ceil_div(2 * at::get_num_threads(), sels)));
+  // parts from the sizes alone (as if 16 threads), never the thread count: the same sums whatever runs them
+  const int64_t parts = std::max<int64_t>(1, std::min(nn / 8, gl::ceil_div(kSplitTasks, sels)));
   std::vector<float> part[3] = {std::vector<float>(sels * parts * G), std::vector<float>(sels * parts * G),
                                 std::vector<float>(sels * parts * G * s.Dv)};  // max, sum, weighted values
   gl::for_each_task<GroupScratch>(sels * parts, [&](int64_t t, GroupScratch& sc) {
@@ -456,8 +465,12 @@ void check_dense(const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv
               "dense_decode: page_keys / page_values must be float32, float16, bfloat16 or int8 storage with contiguous "
               "pages");
   check_scales("dense_decode", pk, ks, vs);
-  TORCH_CHECK(pk.size(0) == q.size(0) && pk.size(4) == q.size(2) && q.size(1) % pk.size(1) == 0,
-              "dense_decode: q does not match the cache");
+  TORCH_CHECK(pv.sizes().slice(0, 4) == pk.sizes().slice(0, 4) && pk.size(4) >= 1 && pv.size(4) >= 1,
+              "dense_decode: page_values ", pv.sizes(), " must hold page_keys' ", pk.sizes().slice(0, 4),
+              " pages, each row at least one wide");
+  gl::check_heads("dense_decode", q.size(1), pk.size(1));
+  TORCH_CHECK(pk.size(0) == q.size(0) && pk.size(4) == q.size(2), "dense_decode: q ", q.sizes(),
+              " does not match the cache ", pk.sizes());
   TORCH_CHECK(length >= 1 && length <= pk.size(2) * pk.size(3), "dense_decode: length ", length, " is outside the storage");
 }
 
@@ -487,7 +500,7 @@ std::tuple<at::Tensor, at::Tensor> dense_decode_cpu(const at::Tensor& q, const a
   const int64_t B = q.size(0), Hq = q.size(1), Hkv = pk.size(1), Dv = pv.size(4), G = Hq / Hkv;
   constexpr int64_t kRows = 512, kMinRows = 64;     // rows per task (whole pages): at most, and at least when
   const int64_t P = pk.size(3), N = gl::page_count(length, P);  // splitting more keeps every thread busy
-  const int64_t tasks_wanted = 4 * at::get_num_threads(), heads = B * Hkv;
+  const int64_t tasks_wanted = 2 * kSplitTasks, heads = B * Hkv;  // the sizes alone, not the thread count
   const int64_t rows = std::clamp(gl::ceil_div(length, gl::ceil_div(tasks_wanted, heads)), kMinRows, kRows);
   const int64_t per_chunk = std::max<int64_t>(1, std::min(N, rows / P));
   const int64_t chunks = gl::ceil_div(N, per_chunk), tasks = B * Hkv * chunks;

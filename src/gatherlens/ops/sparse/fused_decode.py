@@ -1,7 +1,7 @@
 """The native CPU path of sparse decode: scoring, choice and attention in one C++ operator.
 
-    >>> native_fits(q, cache, budget, how, scale, variant, key_mask=None, want=False)   # None: it runs
-    >>> pages, bounds, out, lse = fused_select_attend(q, cache, n, first, how, scale=0.125)
+    >>> native_fits(q, cache, budget, choice, scale, variant, key_mask=None, want=False)   # None: it runs
+    >>> pages, bounds, out, lse = fused_select_attend(q, cache, n, first, choice, scale=0.125)
 
 `torch.ops.gatherlens.paged_decode` (fused_decode.cpp) reads the page summaries and the chosen pages
 where they lie in the cache: no gather copy, and one call instead of the ~25 small torch calls the
@@ -10,9 +10,10 @@ token a step is most of a sparse layer's time. Same choice rule (page_choice.pag
 tie and non-finite rules of page_choice.rankable), same attention; results equal the torch path's
 up to float rounding (the sums run in another order), tested against naive.py. It runs for caches
 read in float32 on the CPU (pages stored in float32, float16, bfloat16 or int8: the operator reads
-each page as the cache's `read_pages` does), without key_mask, with choose="bound" and no softcap
-(`native_fits`: the "native" row of decode.SPARSE_DECODE, the one table that decides where sparse
-decode runs); anything else takes the torch path.
+each page as the cache's `read_pages` does), without key_mask, with choose="bound" (`native_fits`: the
+"native" row of decode.SPARSE_DECODE, the one table that decides where sparse decode runs; the row
+declares the variant fields it runs: sinks, joined after it, and no soft-capping); anything else takes
+the torch path.
 """
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ from gatherlens.ops.native import load_library
 from .cache import PagedKVCache
 from .geometry import page_count
 
-__all__ = ["kernel_loaded", "native_fits", "native_ready", "fused_select_attend", "fused_dense", "KERNEL"]
+__all__ = ["kernel_loaded", "native_fits", "native_ready", "fused_select_attend", "fused_dense", "KERNEL",
+           "NATIVE_DTYPES"]
 
 KERNEL = Path(__file__).with_name("fused_decode.cpp")
+NATIVE_DTYPES = (torch.float32,)  # the query dtypes the operator runs (a cache read in float32)
 _STORED = (torch.float32, torch.float16, torch.bfloat16, torch.int8)  # the page dtypes the operator reads
 _HALF = (torch.float16, torch.bfloat16)  # pages whose summaries may be stored in their own dtype
 
@@ -57,11 +60,13 @@ def fake_paged_decode(q, page_keys, page_values, summaries, length, n, first_rec
             q.new_empty(B, Hkv, Hq // Hkv, N))
 
 
-def native_fits(q: torch.Tensor, cache: PagedKVCache, budget, how: dict, scale, variant, key_mask, want) -> str | None:
+def native_fits(q: torch.Tensor, cache: PagedKVCache, budget, choice, scale, variant, key_mask,
+                want) -> str | None:
     """None when the native operator computes this sparse decode call (the "native" row of
     decode.SPARSE_DECODE's table), else why not: CPU, a cache read in float32 (pages stored in
     float32, float16, bfloat16 or int8) with float32 summaries (or 16-bit ones of 16-bit pages), no
-    key_mask, the bound choice, no soft-capping, no autograd through the query, and the operator built."""
+    key_mask, the bound choice, no autograd through the query, and the operator built (the variant
+    fields it runs are the row's declaration, checked before)."""
     if not q.is_cpu:
         return f"the query is on {q.device} (the C++ operator runs on the CPU)"
     why = native_cache_fits(cache)
@@ -69,10 +74,8 @@ def native_fits(q: torch.Tensor, cache: PagedKVCache, budget, how: dict, scale, 
         return why
     if key_mask is not None:
         return "key_mask given (the C++ operator does not mask keys; backend='torch' does)"
-    if how["choose"] != "bound":
-        return f"choose = {how['choose']!r} (the C++ operator ranks pages by their bound only)"
-    if variant.softcap is not None:
-        return f"softcap is not supported by the C++ operator (got softcap = {variant.softcap!r})"
+    if choice.choose != "bound":
+        return f"choose = {choice.choose!r} (the C++ operator ranks pages by their bound only)"
     if q.requires_grad and torch.is_grad_enabled():
         return "the query needs a gradient (the C++ operator has no backward)"
     return native_ready()
@@ -95,27 +98,27 @@ def native_ready() -> str | None:
     return None if kernel_loaded() else "its C++ operator did not build (see the warning)"
 
 
-def fused_select_attend(q: torch.Tensor, cache: PagedKVCache, n: int, first: int, how: dict, scale: float,
+def fused_select_attend(q: torch.Tensor, cache: PagedKVCache, n: int, first: int, choice, scale: float,
                         want_selection: bool = False):
-    """pages (B, Hsel, n) ascending (the auto budget, how["mass"] not None: each head's own, then -1),
+    """pages (B, Hsel, n) ascending (the auto budget, choice.mass not None: each head's own, then -1),
     bounds (B, Hsel, N) float32 (None unless want_selection), out (B, Hq, 1, Dv) float32, lse (B, Hq, 1)
     float32, for q (B, Hq, 1, D) in the cache's dtype; n, first: `pages_to_read` of the step (fewer
     pages than the cache holds)."""
     B, Hq, _, D = q.shape
     keys, values, summaries = cache.writable(0)  # the whole storage: the operator reads its first pages
     key_scales, value_scales = cache.scale_storage()  # (B, Hkv, cap, D | P) float32 for int8 pages, else None
-    per_head = not how["share_selection"]
+    per_head = not choice.share_selection
     out, lse, pages, bounds = torch.ops.gatherlens.paged_decode(
         q.reshape(B, Hq, D).contiguous(), keys, values, summaries, cache.length, n,
-        first, scale, per_head, how["group_score"] == "sum", key_scales, value_scales,
-        how["mass"] or 0.0, how["min_pages"])  # (B, Hq, Dv), (B, Hq), (B, Hsel, n), (B, Hkv, G, N)
+        first, scale, per_head, choice.group_score == "sum", key_scales, value_scales,
+        choice.mass or 0.0, choice.min_pages)  # (B, Hq, Dv), (B, Hq), (B, Hsel, n), (B, Hkv, G, N)
     out, lse = out.view(B, Hq, 1, -1), lse.view(B, Hq, 1)  # (B, Hq, 1, Dv), (B, Hq, 1)
     if not want_selection:
         return pages, None, out, lse
     if per_head:
         scores = bounds.reshape(B, Hq, -1)  # (B, Hq, N)
     else:
-        scores = bounds.amax(dim=2) if how["group_score"] == "max" else bounds.sum(dim=2)  # (B, Hkv, N)
+        scores = bounds.amax(dim=2) if choice.group_score == "max" else bounds.sum(dim=2)  # (B, Hkv, N)
     return pages, scores, out, lse
 
 

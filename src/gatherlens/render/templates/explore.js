@@ -21,28 +21,34 @@
     if (e === 31) { return f ? NaN : sign * Infinity; }
     return sign * (1 + f / 1024) * Math.pow(2, e - 15);
   }
+  // the page's own data (report/explore.py): every layer's own masks, 8-bit score codes of the stored rows
   function Model(x) {
-    var allowed = bytes(x.allowed), n = 0, i;
-    this.x = x; this.cell = new Int32Array(x.Q * x.L);
-    for (i = 0; i < allowed.length; i++) { this.cell[i] = allowed[i] ? n++ : -1; }
-    this.cells = n;
+    var R = x.rows[1] - x.rows[0], self = this, off = 0;
+    this.x = x; this.r0 = x.rows[0]; this.R = R;
+    this.masks = x.masks.map(function (m) {
+      var a = bytes(m), idx = new Int32Array(R * x.L), n = 0;
+      for (var i = 0; i < a.length; i++) { idx[i] = a[i] ? n++ : -1; }
+      return {idx: idx, cells: n};
+    });
+    this.base = x.mask_of.map(function (m) { var b = off; off += x.heads * self.masks[m].cells; return b; });
     this.codes = bytes(x.scores);
     this.lo = new DataView(bytes(x.score_lo).buffer); this.hi = new DataView(bytes(x.score_hi).buffer);
     this.picksView = new DataView(bytes(x.picks).buffer);
     this.valuesView = new DataView(bytes(x.values).buffer);
   }
   Model.prototype.row = function (l, h, i) {
-    var x = this.x, out = new Float64Array(x.L), base = (l * x.heads + h) * this.cells, r = ((l * x.heads + h) * x.Q + i) * 4;
-    var lo = this.lo.getFloat32(r, true), span = this.hi.getFloat32(r, true) - lo;
+    var x = this.x, r = i - this.r0, m = this.masks[x.mask_of[l]], out = new Float64Array(x.L);
+    var base = this.base[l] + h * m.cells, at = ((l * x.heads + h) * this.R + r) * 4;
+    var lo = this.lo.getFloat32(at, true), span = this.hi.getFloat32(at, true) - lo;
     for (var j = 0; j < x.L; j++) {
-      var c = this.cell[i * x.L + j];
+      var c = m.idx[r * x.L + j];
       out[j] = c < 0 ? -Infinity : lo + this.codes[base + c] * span / 255;   // report/explore.py: dequantize_rows
     }
     return out;
   };
-  Model.prototype.has = function () { return true; };
-  Model.prototype.rowSpan = function () { return [0, this.x.Q]; };
-  Model.prototype.keySpan = function () { return [0, this.x.L]; };
+  Model.prototype.has = function (l, h, i) { return i >= this.x.rows[0] && i < this.x.rows[1]; };
+  Model.prototype.rowSpan = function () { return this.x.rows; };
+  Model.prototype.keySpan = function () { return this.x.keys; };
   // a long text (report/window.py): the full score rows of a window of queries, fetched per choice
   function Remote(x) { this.x = x; this.remote = true; this.set(x.window); }
   Remote.prototype.set = function (w) { this.w = w; this.sc = new DataView(bytes(w.scores).buffer); };
@@ -65,7 +71,7 @@
     return r ? r[c] : NaN;
   };
   Model.prototype.picks = function (l, h, i) {
-    var x = this.x, ks = x.k_stored, base = ((l * x.heads + h) * x.Q + i) * ks, out = [];
+    var x = this.x, ks = x.k_stored, base = ((l * x.heads + h) * this.R + i - this.r0) * ks, out = [];
     for (var m = 0; m < ks; m++) {
       var j = this.picksView.getInt16((base + m) * 2, true);
       if (j >= 0) { out.push(j); }
@@ -121,10 +127,19 @@
     if (isNaN(v)) { return ""; }
     if (!isFinite(v)) { return v > 0 ? "∞" : "-∞"; }
     if (v === Math.trunc(v) && Math.abs(v) < 1e6) { return String(v); }
-    var a = Math.abs(v);
-    if (a >= 1e6 || a < 1e-3) { return expo(v.toExponential(0)); }
+    var a = Math.abs(v), s;
+    if (a >= 1e6 || a < 1e-3) { return v.toExponential(0).replace("e+", "e"); }   // '8e-4': theme.fmt_value's rule
+    if (a < 0.01) { return v.toFixed(3).replace(/0+$/, ""); }
     if (a >= 100) { return v.toFixed(0); }
-    return stripZeros(v.toFixed(a >= 10 ? 1 : 2));
+    s = stripZeros(v.toFixed(a >= 10 ? 1 : 2));
+    return s === "-0" ? "0" : s;
+  }
+  // a score as precise as the page holds it: the offline page's 8-bit codes are score_err off at most, so
+  // no digit finer than that is printed (3 decimals for the exact float32 rows a server sends)
+  function fmtScore(v) {
+    var err = M.remote ? 0 : D.explore.score_err || 0;
+    var digits = err > 0 ? Math.max(0, Math.min(3, Math.floor(-Math.log10(err)))) : 3, s = v.toFixed(digits);
+    return /^-0\.?0*$/.test(s) ? s.slice(1) : s;
   }
   function textWidth(s, size) {
     var w = 0;
@@ -142,7 +157,34 @@
       return ("0" + Math.round(a + (hi[i] - a) * w).toString(16)).slice(-2);
     }).join("");
   }
-  function colour(key) { return T.palette[key % T.palette.length]; }
+  // one distinct colour per key of a figure (render/theme.py: palette, figure_colours, the same rule)
+  function hslHex(h, s, l) {
+    var a = s * Math.min(l, 1 - l);
+    return "#" + [0, 8, 4].map(function (n) {
+      var k = (n + h * 12) % 12, v = Math.round(255 * (l - a * Math.max(-1, Math.min(k - 3, 9 - k, 1))));
+      return ("0" + v.toString(16)).slice(-2);
+    }).join("");
+  }
+  function palette(n) {
+    if (n <= T.palette.length) { return T.palette.slice(0, n); }
+    var out = [], seen = {}, L = [0.80, 0.70, 0.88], G = 0.6180339887498949;
+    for (var i = 0; i < n; i++) {
+      var c = hslHex((i * G) % 1, 0.62, L[i % 3]), j = i;
+      for (var nudge = 1; nudge < 8 && seen[c]; nudge++) { c = hslHex((i * G + nudge * 0.37 / n) % 1, 0.62, L[(i + nudge) % 3]); }
+      while (seen[c]) {                  // past ~1,000 light hues: a distinct light RGB (theme.palette's rule)
+        c = "#" + [0, 7, 14].map(function (s) { return (128 + Math.floor(j / Math.pow(2, s)) % 128).toString(16); }).join("");
+        j += 1;
+      }
+      seen[c] = 1; out.push(c);
+    }
+    return out;
+  }
+  function figureColours(keys) {
+    var ks = Array.from(new Set(keys.filter(function (k) { return k !== null && k >= 0; }))).sort(function (a, b) { return a - b; });
+    var cs = ks.length && ks[ks.length - 1] >= T.palette.length ? palette(ks.length) : null, map = {};
+    ks.forEach(function (k, r) { map[k] = cs ? cs[r] : T.palette[k]; });
+    return function (k) { return map[k] || "#ffffff"; };
+  }
 
   // -- SVG ----------------------------------------------------------------------------------------
   function E(tag, attrs, text) {
@@ -180,6 +222,12 @@
     Object.keys(attrs || {}).forEach(function (k) { a[k] = attrs[k]; });
     parent.appendChild(E("text", a, s));
   }
+  // a pointer's place in the SVG's own units: a figure scaled to a phone's width keeps its hit boxes
+  function point(svg, ev) {
+    var r = svg.getBoundingClientRect(), vb = svg.viewBox && svg.viewBox.baseVal;
+    var sx = vb && vb.width && r.width ? vb.width / r.width : 1, sy = vb && vb.height && r.height ? vb.height / r.height : 1;
+    return {x: (ev.clientX - r.left) * sx, y: (ev.clientY - r.top) * sy};
+  }
   function place(name, svg) {
     var box = document.querySelector('.gl-draw[data-draw="' + name + '"]');
     if (!box) { return null; }
@@ -193,6 +241,12 @@
 
   // -- the view ------------------------------------------------------------------------------------
   function tokens() { return D.tokens; }
+  // how a layer attends (report/run_tensors.py: its kind and window): "global", "sliding 512"
+  function kindOf(l) { return (D.explore.kinds || [])[l] || {kind: "full", window: null}; }
+  function kindText(l) {
+    var k = kindOf(l), name = S["layer_" + k.kind] || k.kind;
+    return k.window ? fill(S.layer_window, {kind: name, window: k.window}) : name;
+  }
   function qoff() { return tokens().length - D.explore.Q; }
   function keyLabel(j) { return tokens()[tokens().length - D.explore.L + j]; }
   function view() {
@@ -223,15 +277,16 @@
     for (i = 0; i < Q; i++) { qlab.push((off + r0 + i) + " " + short(tokens()[off + r0 + i], 12)); }
     for (j = 0; j < L; j++) { klab.push((c0 + j) + " " + short(keyLabel(c0 + j), 12)); }
     var g = grid(qlab, klab, L);
-    var title = fill(S.ex_scores_title, {layer: st.layer, head: st.head, k: st.k});
-    var legend = fill(S.scores_legend, {k: st.k}) + (M.remote ? " · " + fill(S.ex_window, {r0: off + r0,
+    var title = fill(S.ex_scores_title, {layer: st.layer, head: st.head, k: st.k}) + " · " + kindText(st.layer);
+    var kind = kindOf(st.layer), legend = fill(S.scores_legend, {k: st.k}) + (rs[1] - rs[0] < x.Q || L < x.L ? " · " + fill(S.ex_window, {r0: off + r0,
                       r1: off + rs[1] - 1, c0: c0, c1: ks[1] - 1, L: x.L}) : "");
+    if (kind.window) { legend += " " + fill(S.scores_window_legend, {window: kind.window, kind: S["layer_" + kind.kind]}); }
     var width = Math.max(g.x0 + L * g.cw + MARGIN, textWidth(title, 13) + 2 * MARGIN,
                          textWidth(legend, 11) + 2 * MARGIN);
     var svg = root(width, g.y0 + Q * g.ch + 44, title, "gl-scores");
     var f = {g: g, r0: r0, c0: c0, Q: Q, L: L, off: off, mid: Math.floor(g.ch / 2) + Math.floor(g.font / 3)};
     var rows = [], outlines = [];
-    label(svg, MARGIN, MARGIN + 26, "queries ↓ · keys →", {"font-size": 10, fill: "#555555"});
+    label(svg, MARGIN, MARGIN + 26, S.scores_axes, {"font-size": 10, fill: "#555555"});
     for (j = 0; j < L; j++) {
       var cx = g.x0 + j * g.cw + Math.floor(g.cw / 2) + (g.angle === -45 ? 0 : Math.floor(g.font / 3));
       label(svg, cx, g.y0 - 6, klab[j], {"font-size": g.font,
@@ -243,25 +298,41 @@
                                  height: g.ch - 2, fill: "none", stroke: T.picked, "stroke-width": 2.5,
                                  "pointer-events": "none"}));
     });
+    if (kind.window) { windowEdge(svg, f, rows); }
     svg.appendChild(E("rect", {x: g.x0, y: g.y0, width: L * g.cw, height: Q * g.ch, fill: "none",
                                stroke: "#999999", "stroke-width": 1}));
     label(svg, MARGIN, g.y0 + (v.qrow - r0) * g.ch + f.mid, "▶", {"font-size": 12, fill: T.picked, "font-weight": "bold"});
     label(svg, MARGIN, g.y0 + Q * g.ch + 22, legend, {fill: "#555555"});
     bindScores(svg, place("scores", svg), f, rows);
   }
+  // a local layer's window edge: a step line left of each row's first allowed key (report_figures.py: _band)
+  function windowEdge(svg, f, rows) {
+    var g = f.g, d = [];
+    rows.forEach(function (r, i) {
+      var first = -1;
+      for (var j = 0; j < f.L && first < 0; j++) { if (r.row[f.c0 + j] > -Infinity) { first = j; } }
+      if (first > 0) { d.push("M" + (g.x0 + first * g.cw) + "," + (g.y0 + i * g.ch) + " V" + (g.y0 + (i + 1) * g.ch)); }
+    });
+    if (d.length) {
+      svg.appendChild(E("path", {"class": "gl-window-edge", d: d.join(" "), fill: "none", stroke: T.band,
+                                 "stroke-width": 3, "pointer-events": "none"}));
+    }
+  }
   // one query row of the score grid: its label and cells (the kept ones' corners go to outlines)
   function scoreRow(svg, v, f, i, qlab, outlines) {
     var g = f.g, ri = f.r0 + i, row = ri === v.qrow ? v.row : M.row(st.layer, st.head, ri);
     var dense = ri === v.qrow ? v.dense : softmax(Array.from(row));
-    var kept = {}, j;
+    var kept = {}, j, local = !!kindOf(st.layer).window;
     (ri === v.qrow ? v.picked : select(st.layer, st.head, ri, st.k, row)).forEach(function (k) { kept[k] = 1; });
     label(svg, g.x0 - 6, g.y0 + i * g.ch + f.mid, qlab, {"font-size": g.font, "text-anchor": "end",
           "font-weight": ri === v.qrow ? "bold" : "normal"});
     for (j = 0; j < f.L; j++) {
       var kj = f.c0 + j, ok = row[kj] > -Infinity, xx = g.x0 + j * g.cw, yy = g.y0 + i * g.ch;
-      var gg = E("g", {"class": "gl-score" + (kept[kj] ? " gl-kept" : "")});
+      var hidden = !ok && local && tokens().length - D.explore.L + kj <= f.off + ri;   // before the query: the window hid it
+      var gg = E("g", {"class": "gl-score" + (kept[kj] ? " gl-kept" : "") + (hidden ? " gl-outside" : ""),
+                       "data-q": f.off + ri, "data-k": kj, "data-ok": ok ? 1 : 0});
       gg.appendChild(E("rect", {x: xx, y: yy, width: g.cw, height: g.ch,
-                                fill: ok ? weightColour(dense[kj]) : T.masked, stroke: "#ffffff", "stroke-width": 1}));
+                                fill: ok ? weightColour(dense[kj]) : (hidden ? T.outside : T.masked), stroke: "#ffffff", "stroke-width": 1}));
       if (g.numbers && ok) {
         gg.appendChild(E("text", {x: xx + Math.floor(g.cw / 2), y: yy + Math.floor(g.ch / 2) + 4,
                                   "font-size": 10, "text-anchor": "middle",
@@ -276,21 +347,24 @@
   function bindScores(svg, box, f, rows) {
     var g = f.g, off = f.off, r0 = f.r0, c0 = f.c0;
     function at(ev) {
-      var r = svg.getBoundingClientRect();
-      var a = Math.floor((ev.clientY - r.top - g.y0) / g.ch), b = Math.floor((ev.clientX - r.left - g.x0) / g.cw);
+      var pt = point(svg, ev);
+      var a = Math.floor((pt.y - g.y0) / g.ch), b = Math.floor((pt.x - g.x0) / g.cw);
       return (a >= 0 && a < f.Q && b >= 0 && b < f.L) ? [a, b] : null;
     }
-    svg.addEventListener("mousemove", function (ev) {
+    function tell(ev) {
       var p = at(ev);
       if (!p) { info(box, ""); return; }
       var r = rows[p[0]], kj = c0 + p[1], qi = off + r0 + p[0], ok = r.row[kj] > -Infinity;
       info(box, fill(S.ex_scores_info, {q: qi, qt: tokens()[qi], j: kj, kt: keyLabel(kj),
-                     s: ok ? r.row[kj].toFixed(3) : S.ex_not_allowed, w: r.dense[kj].toFixed(3)})
+                     s: ok ? fmtScore(r.row[kj]) : S.ex_not_allowed, w: r.dense[kj].toFixed(3)})
                 + (r.kept[kj] ? " " + S.ex_kept : ""));
-    });
-    svg.addEventListener("click", function (ev) {
-      var p = at(ev);
-      if (p) { st.query = off + r0 + p[0]; syncControls(); update(); }
+    }
+    svg.addEventListener("mousemove", tell);
+    svg.addEventListener("click", function (ev) {          // a click (a tap): that query, and the cell's line
+      var p = at(ev), line;
+      if (!p) { return; }
+      tell(ev); line = box.parentNode.querySelector(".gl-figinfo").textContent;
+      st.query = off + r0 + p[0]; syncControls(); update(); info(box, line);
     });
   }
 
@@ -309,14 +383,16 @@
     var x1 = left, x2 = left + kShow * cw + 60, y0 = MARGIN + 62;
     var width = Math.max(x2 + kShow * cw + MARGIN + 70, textWidth(title, 13) + 2 * MARGIN);
     var svg = root(width, y0 + rows.length * ch + 40, title, "gl-gather");
-    label(svg, x1, y0 - 26, "topk_idx · index", {"font-weight": "bold", "font-size": 12});
-    label(svg, x2, y0 - 26, "picked · output", {"font-weight": "bold", "font-size": 12});
+    label(svg, x1, y0 - 26, "topk_idx · " + S.panel_index, {"font-weight": "bold", "font-size": 12});
+    label(svg, x2, y0 - 26, "picked · " + S.panel_output, {"font-weight": "bold", "font-size": 12});
     for (var m = 0; m < kShow; m++) {
       label(svg, x1 + m * cw + cw / 2, y0 - 6, String(m), {"font-size": 10, "text-anchor": "middle"});
       label(svg, x2 + m * cw + cw / 2, y0 - 6, String(m), {"font-size": 10, "text-anchor": "middle"});
     }
+    var picks = rows.map(function (i) { var row = M.row(st.layer, st.head, i); return [row, select(st.layer, st.head, i, st.k, row)]; });
+    var colour = figureColours([].concat.apply([], picks.map(function (p) { return p[1].slice(0, kShow); })));
     rows.forEach(function (i, r) {
-      var row = M.row(st.layer, st.head, i), picked = select(st.layer, st.head, i, st.k, row), y = y0 + r * ch;
+      var row = picks[r][0], picked = picks[r][1], y = y0 + r * ch;
       label(svg, left - 8, y + ch / 2 + 4, lab[r], {"text-anchor": "end", "font-weight": i === v.qrow ? "bold" : "normal"});
       for (var m = 0; m < kShow; m++) {
         var j = m < picked.length ? picked[m] : -1;
@@ -341,15 +417,16 @@
   }
   function drawValues(v) {
     var x = D.explore, cols = x.value_cols, C = cols.length, gap = x.dv > C ? 1 : 0, cw = 44, ch = 24;
-    var shown = v.picked.slice(0, 12), src = sourceRows(x.L, v.picked), isPicked = {};
+    var shown = v.picked.slice(0, 12), src = sourceRows(x.L, v.picked), isPicked = {}, colour = figureColours(src.concat(shown));
     v.picked.forEach(function (j) { isPicked[j] = 1; });
     var qt = tokens()[st.query];
     var title = fill(S.ex_value_title, {layer: st.layer, head: st.head, kvh: v.kvh, q: st.query, tok: qt});
     var labs = src.concat(shown).map(function (j) { return j + " " + short(keyLabel(j), 12); });
     var left = MARGIN + Math.max.apply(null, labs.map(function (s) { return textWidth(s, 11); })) + 10;
     var panelW = (C + gap) * cw, x2 = left + panelW + 40, x3 = x2 + Math.min(v.picked.length, 12) * cw + 40 + left - MARGIN;
-    var y0 = MARGIN + 62, rowsY = [], y = y0, prev = -1;
-    src.forEach(function (j) { if (prev >= 0 && j > prev + 1) { y += 14; } rowsY.push(y); y += ch; prev = j; });
+    var y0 = MARGIN + 62, rowsY = [], gaps = [], y = y0, prev = -1;
+    src.forEach(function (j) { if (prev >= 0 && j > prev + 1) { gaps.push(y); y += 14; } rowsY.push(y); y += ch; prev = j; });
+    if (src.length && src[src.length - 1] < x.L - 1) { gaps.push(y); y += 14; }   // rows after the last one shown
     var height = Math.max(y, y0 + (shown.length + 1) * ch + 10) + 40;
     var width = Math.max(x3 + (C + gap + 1) * cw + MARGIN, textWidth(title, 13) + 2 * MARGIN);
     var svg = root(width, height, title, "gl-values");
@@ -358,7 +435,10 @@
       cols.forEach(function (col, c) { label(svg, colX(x0, c) + cw / 2, y0 - 6, String(col), {"font-size": 10, "text-anchor": "middle"}); });
       if (gap) { label(svg, x0 + (C - 1) * cw + cw / 2, y0 - 6, "…", {"text-anchor": "middle"}); }
     }
-    label(svg, left, y0 - 26, "V · source", {"font-weight": "bold", "font-size": 12});
+    label(svg, left, y0 - 26, "V · " + S.panel_source, {"font-weight": "bold", "font-size": 12});
+    gaps.forEach(function (gy) {                  // elided rows are marked, never silently skipped
+      label(svg, left + (C + gap) * cw / 2, gy + 11, "⋮", {"font-size": 12, "text-anchor": "middle", fill: "#555555", "class": "gl-elided"});
+    });
     header(left);
     src.forEach(function (j, r) {
       label(svg, left - 8, rowsY[r] + ch / 2 + 4, j + " " + short(keyLabel(j), 12), {"text-anchor": "end"});
@@ -367,9 +447,9 @@
              fmtValue(M.value(st.layer, v.kvh, j, c)), undefined, "gl-c gl-src");
       });
     });
-    label(svg, x2, y0 - 26, "topk_idx · index", {"font-weight": "bold", "font-size": 12});
+    label(svg, x2, y0 - 26, "topk_idx · " + S.panel_index, {"font-weight": "bold", "font-size": 12});
     shown.forEach(function (j, m) { cell(svg, x2 + m * cw, y0, cw, ch, colour(j), String(j), undefined, "gl-c gl-idx"); });
-    label(svg, x3, y0 - 26, "out · output", {"font-weight": "bold", "font-size": 12});
+    label(svg, x3, y0 - 26, "out · " + S.panel_output, {"font-weight": "bold", "font-size": 12});
     header(x3);
     var wx = colX(x3, C - 1) + cw + 6;
     label(svg, wx + cw / 2, y0 - 6, S.ex_weight, {"font-size": 10, "text-anchor": "middle", "font-weight": "bold"});
@@ -401,7 +481,7 @@
     var title = fill(S.ex_heads_title, {q: Hq, kv: Hkv, layer: st.layer, head: st.head, kvh: v.kvh});
     var width = Math.max(x0 + Hq * bw + (Hq - 1) * gap + MARGIN, textWidth(title, 13) + 2 * MARGIN);
     var svg = root(width, kvy + bh + MARGIN, title, "gl-heads");
-    var boxes = [];
+    var boxes = [], fills = palette(Hkv);
     for (var kv = 0; kv < Hkv; kv++) {
       var first = x0 + kv * g * (bw + gap), last = x0 + ((kv + 1) * g - 1) * (bw + gap);
       var cx = Math.floor((first + last + bw) / 2);
@@ -409,9 +489,9 @@
         var chosen = m === st.head;
         svg.appendChild(E("line", {x1: x0 + m * (bw + gap) + bw / 2, y1: qy + bh, x2: cx, y2: kvy,
                                    stroke: chosen ? T.picked : "#888888", "stroke-width": chosen ? 2.5 : 1.2}));
-        boxes.push([x0 + m * (bw + gap), qy, "q" + m, colour(kv), chosen]);
+        boxes.push([x0 + m * (bw + gap), qy, "q" + m, fills[kv], chosen]);
       }
-      boxes.push([cx - bw / 2, kvy, "kv" + kv, colour(kv), kv === v.kvh]);
+      boxes.push([cx - bw / 2, kvy, "kv" + kv, fills[kv], kv === v.kvh]);
     }
     label(svg, MARGIN, qy + bh / 2 + 4, S.heads_q, {fill: "#555555"});
     label(svg, MARGIN, kvy + bh / 2 + 4, S.heads_kv, {fill: "#555555"});
@@ -433,7 +513,7 @@
     body.replaceChildren();
     v.picked.forEach(function (j, m) {
       var tr = document.createElement("tr");
-      [String(j), keyLabel(j), v.row[j].toFixed(3), v.weights[m].toFixed(3), v.dense[j].toFixed(3)].forEach(function (s, c) {
+      [String(j), keyLabel(j), fmtScore(v.row[j]), v.weights[m].toFixed(3), v.dense[j].toFixed(3)].forEach(function (s, c) {
         var td = document.createElement("td");
         td.textContent = s;
         if (c !== 1) { td.className = "num"; }
@@ -459,7 +539,8 @@
     var note = document.getElementById("gl-knote"), x = D.explore;
     if (note) {
       var key = x.dense_run ? "ex_k_dense" : (st.k === x.run_k ? "ex_k_run" : "ex_k_moved");
-      note.textContent = fill(S[key], {k: st.k, run: x.run_k});
+      note.textContent = fill(S[key], {k: st.k, run: x.run_k}) +
+        (v.picked.length >= allowed ? " " + fill(S.ex_k_all, {k: st.k, n: allowed}) : "");   // no choice to see
       note.className = "gl-knote" + (key === "ex_k_run" ? "" : " moved");
     }
   }
@@ -558,13 +639,15 @@
   // hover a block: its query and key tokens, and whether it was gathered
   function bindPrefill(svg, box, f) {
     var x = P.x, states = [S.ex_prefill_outside, S.ex_prefill_skipped, S.ex_prefill_kept];
-    svg.addEventListener("mousemove", function (ev) {
-      var r = svg.getBoundingClientRect();
-      var i = Math.floor((ev.clientY - r.top - f.y0) / f.cw), j = Math.floor((ev.clientX - r.left - f.x0) / f.cw);
+    function tell(ev) {
+      var pt = point(svg, ev);
+      var i = Math.floor((pt.y - f.y0) / f.cw), j = Math.floor((pt.x - f.x0) / f.cw);
       if (i < 0 || i >= x.nq || j < 0 || j >= x.nk) { info(box, ""); return; }
       info(box, fill(S.ex_prefill_info, {i: i, qa: x.q_spans[i][0], qb: x.q_spans[i][1], j: j, ka: x.k_spans[j][0],
                                          kb: x.k_spans[j][1], state: states[P.state(st.layer, f.g, i, j)]}));
-    });
+    }
+    svg.addEventListener("mousemove", tell);
+    svg.addEventListener("click", tell);           // a tap on a phone
   }
   function prefillSlots(n, g) {
     var values = {pf_group: g, pf_kept: n ? n[0] : 0, pf_allowed: n ? n[1] : 0, pf_share: n && n[1] ? n[0] / n[1] : 0};
@@ -578,11 +661,16 @@
   function bindGallery() {
     document.querySelectorAll(".gl-thumb").forEach(function (g) {
       var l = parseInt(g.getAttribute("data-layer"), 10), h = parseInt(g.getAttribute("data-head"), 10);
-      g.addEventListener("mouseenter", function () { galleryInfo(g, l, h); });
-      g.addEventListener("click", function () {
+      function open() {
         st.layer = l; st.head = h; syncControls(); update(); galleryInfo(g, l, h);
         var f = controls();
         if (f && f.scrollIntoView) { f.scrollIntoView({block: "start"}); }
+      }
+      g.addEventListener("mouseenter", function () { galleryInfo(g, l, h); });
+      g.addEventListener("focus", function () { galleryInfo(g, l, h); });
+      g.addEventListener("click", open);
+      g.addEventListener("keydown", function (ev) {
+        if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); open(); }
       });
     });
   }
@@ -627,7 +715,7 @@
   }
   function bind() {
     var f = controls();
-    bindGallery();
+    bindGallery(); bindSampling();
     if (!f) { return; }
     f.addEventListener("submit", function (ev) { ev.preventDefault(); });
     f.addEventListener("input", onControl);
@@ -694,7 +782,7 @@
       s.textContent = old.textContent;
       old.replaceWith(s);
     });
-    load(document); bind(); update();
+    load(document); bind(); bindMap(); update();
     var again = active && controls() && controls().elements[active];
     if (again && again.focus) { again.focus(); }
   }
@@ -732,9 +820,14 @@
     if (!f) { return; }
     f.addEventListener("submit", function (ev) { ev.preventDefault(); });
     f.elements.text.addEventListener("input", function () { schedule(350, {query: -1}); });
-    f.elements.model.addEventListener("change", function () { schedule(0, {query: -1, reset: true}); });
+    f.elements.model.addEventListener("change", function () { clearGeneration(); schedule(0, {query: -1, reset: true}); });
     f.elements.topk.addEventListener("change", function () { schedule(0, {}); });
     f.elements.prefill.addEventListener("change", function () { schedule(0, {}); });
+    f.elements.lang.addEventListener("change", function () {   // the whole page in the other language
+      var p = params({});
+      p.set("lang", f.elements.lang.value);
+      window.location.assign("/?" + p.toString());
+    });
     var g = document.getElementById("gl-gen");
     g.addEventListener("submit", function (ev) { ev.preventDefault(); generate(); });
     g.elements.stop.addEventListener("click", function () { stop(S.ex_stopped); });
@@ -746,6 +839,18 @@
     var g = document.getElementById("gl-gen");
     g.elements.generate.disabled = false; g.elements.stop.disabled = true;
     if (message !== undefined) { status("gl-gen-status", message); }
+  }
+  // another model: the last generation was another model's, so it goes (its steps, text, clicked step)
+  function clearGeneration() {
+    stop();
+    steps = []; genInfo = null; denseSteps = null; picked = null;
+    var box = document.querySelector('.gl-draw[data-draw="steps"]'), t = document.getElementById("gl-gen-text");
+    if (box) { box.replaceChildren(); }
+    if (t) { t.textContent = ""; }
+    status("gl-gen-status", S.ex_no_steps);
+    showStep();
+    if (chatSource) { chatSource.close(); chatSource = null; }
+    chatLog = []; chatPick = null; drawChat(); showChatStep();
   }
   function generate() {
     stop();
@@ -765,7 +870,7 @@
       var s = JSON.parse(ev.data);
       steps.push(s);
       document.getElementById("gl-gen-text").textContent += s.token;
-      status("gl-gen-status", "step " + s.step + ": " + JSON.stringify(s.token));
+      status("gl-gen-status", fill(S.ex_step_status, {step: s.step, tok: JSON.stringify(s.token)}));
       drawSteps();
     });
     source.addEventListener("done", function (ev) {
@@ -789,17 +894,21 @@
     for (var p = 0; p < pages; p++) {
       if (pages <= 40 || p % 5 === 0) { label(svg, left + p * cw + cw / 2, y0 - 4, String(p), {"font-size": 9, "text-anchor": "middle"}); }
     }
+    var ring = stepRing(layer);
     labs.forEach(function (s, r) {
       label(svg, left - 6, y0 + r * ch + ch / 2 + 4, s, {"text-anchor": "end", "font-family": T.mono, "font-size": 10});
-      var have = r === 0 ? genInfo.pages : steps[r - 1].pages_total, share = {};
-      if (r > 0) {
+      var have = r === 0 ? genInfo.pages : steps[r - 1].pages_total, share = {}, inRing = {};
+      if (r > 0 && ring) {                         // a local layer: its ring, read whole, no page chosen
+        ringPages(steps[r - 1].length, ring, P).forEach(function (q) { inRing[q] = 1; });
+      } else if (r > 0) {
         var heads = steps[r - 1].layers[layer] || [];
         heads.forEach(function (ids) { ids.forEach(function (id) { share[id] = (share[id] || 0) + 1 / heads.length; }); });
       }
       for (var q = 0; q < pages; q++) {
-        var w = r === 0 ? (q < have ? 1 : 0) : (share[q] || 0);
-        svg.appendChild(E("rect", {x: left + q * cw, y: y0 + r * ch, width: cw, height: ch, "class": w > 0 ? "gl-page gl-read" : "gl-page",
-                                   fill: q < have ? (w > 0 ? weightColour(w) : T.unpicked) : "#ffffff",
+        var w = r === 0 ? (q < have ? 1 : 0) : (share[q] || 0), rq = !!inRing[q];
+        svg.appendChild(E("rect", {x: left + q * cw, y: y0 + r * ch, width: cw, height: ch,
+                                   "class": rq ? "gl-page gl-read gl-ring" : (w > 0 ? "gl-page gl-read" : "gl-page"),
+                                   fill: q < have ? (rq ? T.ring : (w > 0 ? weightColour(w) : T.unpicked)) : "#ffffff",
                                    stroke: "#ffffff", "stroke-width": 1}));
       }
     });
@@ -808,11 +917,22 @@
                                  height: ch, fill: "none", stroke: T.picked, "stroke-width": 2, "pointer-events": "none"}));
     }
     svg.addEventListener("click", function (ev) {
-      var r = Math.floor((ev.clientY - svg.getBoundingClientRect().top - y0) / ch);
+      var r = Math.floor((point(svg, ev).y - y0) / ch);
       if (r >= 0 && r < labs.length) { picked = r; drawSteps(); }
     });
     box.replaceChildren(svg);
+    box.scrollLeft = box.scrollWidth;              // the newest pages in view
+    var note = document.getElementById("gl-ring-note");
+    if (note) { note.textContent = ring ? fill(S.ex_steps_ring, {layer: layer, kind: kindText(layer), window: ring}) : ""; }
     showStep();
+  }
+  // the window of layer l when it is local (its ring), else 0
+  function stepRing(l) { var k = (genInfo.kinds || [])[l]; return k && k.kind !== "full" && k.window ? k.window : 0; }
+  // the pages a ring of `window` tokens covers in a cache of n tokens (pages of P)
+  function ringPages(n, window, P) {
+    var out = [];
+    for (var p = Math.floor(Math.max(0, n - window) / P); p * P < n; p++) { out.push(p); }
+    return out;
   }
 
   // -- live: a clicked generation step: the tokens its pages hold, their dense weight, the dense choice --
@@ -848,11 +968,12 @@
     } else {
       var s = steps[picked - 1], layer = Math.min(st.layer, genInfo.layers - 1), heads = s.layers[layer] || [];
       var g = heads.length ? D.explore.heads / heads.length : 1, ids = heads.length ? heads[Math.floor(st.head / g)] : [];
-      var rs = heads.length ? ranges(ids, genInfo.page_size, n) : [[0, n]], mass = s.mass ? s.mass[layer][st.head] : 1;
-      lines.push(fill(S.st_detail, {step: s.step, tok: JSON.stringify(s.token), layer: layer, head: st.head,
-                                    kvh: Math.floor(st.head / g), n: heads.length ? ids.length : s.pages_total,
-                                    ranges: rs.map(function (r) { return r[1] - r[0] > 1 ? r[0] + "–" + (r[1] - 1) : String(r[0]); }).join(", "),
-                                    mass: pyfmt(mass, ".1%")}));
+      var ring = stepRing(layer), rs = heads.length ? ranges(ids, genInfo.page_size, n) : [[ring ? Math.max(0, n - ring) : 0, n]];
+      var mass = s.mass ? s.mass[layer][st.head] : 1, spans = rs.map(function (r) { return r[1] - r[0] > 1 ? r[0] + "–" + (r[1] - 1) : String(r[0]); }).join(", ");
+      lines.push(ring ? fill(S.st_ring, {step: s.step, tok: JSON.stringify(s.token), layer: layer, kind: kindText(layer), ranges: spans}) :
+        fill(S.st_detail, {step: s.step, tok: JSON.stringify(s.token), layer: layer, head: st.head,
+                           kvh: Math.floor(st.head / g), n: heads.length ? ids.length : s.pages_total,
+                           ranges: spans, mass: pyfmt(mass, ".1%")}));
       stepTokens(n, function (j) { return rs.some(function (r) { return j >= r[0] && j < r[1]; }); });
     }
     var d = denseSteps && denseSteps[picked];
@@ -864,10 +985,165 @@
     lines.forEach(function (t) { var p = document.createElement("p"); p.textContent = t; el.appendChild(p); });
   }
 
+  // -- live: the sampling sliders (GET /api/sample redraws render/sampling.py's figure) -------------------
+  var sampling = null, sseq = 0;
+  function samplingParams(p) {
+    var f = document.getElementById("gl-sampling");
+    if (!f) { return p; }
+    ["temperature", "top_k", "top_p", "min_p", "seed"].forEach(function (n) { p.set(n, f.elements[n].value); });
+    return p;
+  }
+  function bindSampling() {
+    var f = document.getElementById("gl-sampling");
+    if (!f || !D.live) { return; }
+    f.addEventListener("submit", function (ev) { ev.preventDefault(); });
+    f.addEventListener("input", function () {
+      ["temperature", "top_k", "top_p", "min_p"].forEach(function (n) { f.elements[n + "_out"].value = f.elements[n].value; });
+      if (sampling) { clearTimeout(sampling); }
+      sampling = setTimeout(function () { sampling = null; fetchSample(); }, 150);
+    });
+  }
+  function fetchSample() {
+    var mine = ++sseq, p = samplingParams(params({}));
+    p.set("text", D.text); p.set("model", D.live.model); p.set("topk", D.live.topk ? "1" : "0");
+    p.set("k", String(D.explore.run_k));                                    // the kept run: its k
+    getJSON("/api/sample", p, function () { return mine === sseq; }, function (body) {
+      var fig = document.getElementById("fig-08-sampling"), old = fig && fig.querySelector("svg");
+      if (!old) { return; }
+      var doc = new DOMParser().parseFromString(body.svg, "image/svg+xml");
+      old.replaceWith(document.importNode(doc.documentElement, true));
+      fig.setAttribute("data-token", String(body.token));
+    });
+  }
+
+  // -- live: the chat (GET /api/chat: each token with its candidates and the pages it read) ---------------
+  var chatLog = [], chatSource = null, chatPick = null;
+  function chatStatus(s, bad) { status("gl-chat-status", s, bad); }
+  function bindChat() {
+    var f = document.getElementById("gl-chat");
+    if (!f) { return; }
+    f.addEventListener("submit", function (ev) { ev.preventDefault(); sendChat(); });
+    f.elements.reset.addEventListener("click", function () {
+      if (chatSource) { chatSource.close(); chatSource = null; }
+      chatLog = []; chatPick = null; drawChat(); showChatStep(); chatStatus("");
+    });
+  }
+  function sendChat() {
+    var f = document.getElementById("gl-chat"), text = f.elements.message.value.trim();
+    if (!text || chatSource) { return; }
+    chatLog.push({role: "user", content: text, steps: []});
+    var reply = {role: "assistant", content: "", steps: []}, p = samplingParams(new URLSearchParams());
+    p.set("messages", JSON.stringify(chatLog.map(function (m) { return {role: m.role, content: m.content}; })));
+    chatLog.push(reply);
+    f.elements.message.value = ""; drawChat(); chatStatus(S.ex_busy);
+    p.set("model", live().elements.model.value); p.set("lang", D.lang);
+    p.set("max_new", document.getElementById("gl-gen").elements.max_new.value);
+    chatSource = new EventSource("/api/chat?" + p.toString());
+    function token(ev) { var s = JSON.parse(ev.data); reply.content += s.token; reply.steps.push(s); drawChat(); }
+    chatSource.addEventListener("start", token);
+    chatSource.addEventListener("step", token);
+    chatSource.addEventListener("done", function () { chatSource.close(); chatSource = null; chatStatus(""); });
+    chatSource.addEventListener("failure", function (ev) {
+      chatSource.close(); chatSource = null; chatStatus(fill(S.ex_error, {message: JSON.parse(ev.data).error}), true);
+    });
+    chatSource.onerror = function () { if (chatSource) { chatSource.close(); chatSource = null; chatStatus(S.ex_stopped); } };
+  }
+  function drawChat() {
+    var box = document.getElementById("gl-chat-log");
+    if (!box) { return; }
+    box.replaceChildren();
+    chatLog.forEach(function (m, n) {
+      var div = document.createElement("div");
+      div.className = "gl-chat-msg " + m.role;
+      if (m.role === "user") { div.textContent = m.content; }
+      m.steps.forEach(function (s, i) {
+        var span = document.createElement("span");
+        span.className = "gl-chat-tok" + (chatPick && chatPick[0] === n && chatPick[1] === i ? " gl-on" : "");
+        span.textContent = s.token; span.setAttribute("data-i", String(i)); span.tabIndex = 0;
+        span.addEventListener("click", function () { chatPick = [n, i]; drawChat(); showChatStep(); });
+        div.appendChild(span);
+      });
+      box.appendChild(div);
+    });
+  }
+  // the clicked token: its candidates (the sampler's record) and the pages the chosen layer read
+  function showChatStep() {
+    var el = document.getElementById("gl-chat-detail");
+    if (!el) { return; }
+    el.replaceChildren();
+    if (!chatPick) { return; }
+    var s = chatLog[chatPick[0]].steps[chatPick[1]], p = document.createElement("p");
+    p.textContent = fill(S.chat_tok, {i: chatPick[1], tok: JSON.stringify(s.token), kept: s.kept,
+                                      u: s.uniform === null ? S.chat_greedy : fill(S.chat_u, {u: s.uniform.toFixed(4)})});
+    el.appendChild(p); el.appendChild(candidateTable(s.candidates));
+    var q = document.createElement("p");
+    q.className = "gl-chat-pages"; q.textContent = chatPages(s); el.appendChild(q);
+  }
+  function candidateTable(cands) {
+    var t = document.createElement("table"), head = document.createElement("tr");
+    t.className = "data gl-chat-cands";
+    [S.col_id, S.col_token, S.col_logit, S.col_prob, ""].forEach(function (h) { var th = document.createElement("th"); th.textContent = h; head.appendChild(th); });
+    t.appendChild(head);
+    cands.forEach(function (c) {
+      var tr = document.createElement("tr");
+      [String(c.id), c.text, c.logit.toFixed(2), c.kept ? c.p.toFixed(3) : "–",
+       c.chosen ? S.chat_chosen : (c.kept ? S.chat_kept : S.chat_cut)].forEach(function (v) {
+        var td = document.createElement("td"); td.textContent = v; tr.appendChild(td);
+      });
+      if (c.chosen) { tr.className = "gl-chosen"; }
+      t.appendChild(tr);
+    });
+    return t;
+  }
+  function chatPages(s) {
+    var steps0 = chatLog[chatPick[0]].steps[0], kinds = (steps0 && steps0.kinds) || [];
+    var layer = Math.min(st.layer, Math.max(kinds.length, (s.layers || []).length, 1) - 1), k = kinds[layer];
+    if (s.step === 0) { return S.chat_prefill; }
+    if (k && k.kind !== "full") { return fill(S.chat_ring, {layer: layer, kind: fill(S.layer_window, {kind: S["layer_" + k.kind], window: k.window})}); }
+    var heads = (s.layers || [])[layer] || [];
+    if (!heads.length) { return fill(S.chat_dense, {layer: layer}); }
+    var g = Math.max(1, Math.floor(D.explore.heads / heads.length)), kvh = Math.min(Math.floor(st.head / g), heads.length - 1);
+    return fill(S.chat_pages, {layer: layer, kvh: kvh, pages: heads[kvh].join(", "), total: s.pages_total,
+                               P: steps0.page_size});
+  }
+
+  // -- the model map (render/model_map.py): the tag of the section in view is marked ----------------------
+  function markMap(id) {
+    document.querySelectorAll(".gl-map-gather").forEach(function (g) {
+      var t = document.getElementById(g.getAttribute("data-target") || ""), sec = t && t.closest("section");
+      g.classList.toggle("gl-here", !!t && (t.id === id || (!!sec && sec.id === id)));
+    });
+  }
+  // the section in view: the one a clicked tag went to while it is on screen; else the last one whose top
+  // passed a third of the screen (the last one at the page's end)
+  function hereNow() {
+    var all = Array.from(document.querySelectorAll("main section[id]")), here = null;
+    var hashed = location.hash && document.getElementById(location.hash.slice(1)), r = hashed && hashed.getBoundingClientRect();
+    if (r && r.bottom > 0 && r.top < window.innerHeight) {
+      here = (hashed.closest("section") || hashed).id;
+    } else {
+      all.forEach(function (s) { if (s.getBoundingClientRect().top <= window.innerHeight / 3) { here = s.id; } });
+      if (window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 2 && all.length) {
+        here = all[all.length - 1].id;
+      }
+    }
+    if (here) { markMap(here); document.body.setAttribute("data-here", here); }
+  }
+  var mapBound = false, mapFrame = 0;
+  function bindMap() {
+    if (mapBound || !document.querySelector(".gl-map-gather")) { hereNow(); return; }
+    mapBound = true;
+    window.addEventListener("hashchange", hereNow);
+    window.addEventListener("scroll", function () {
+      if (!mapFrame) { mapFrame = requestAnimationFrame(function () { mapFrame = 0; hereNow(); }); }
+    }, {passive: true});
+    hereNow();
+  }
+
   // -- start -----------------------------------------------------------------------------------------
   function start() {
     if (!document.getElementById("gl-data")) { return; }
-    load(document); bind(); bindLive(); syncControls(); update();
+    load(document); bind(); bindLive(); bindMap(); bindChat(); syncControls(); update();
   }
   if (document.readyState === "loading") { document.addEventListener("DOMContentLoaded", start); } else { start(); }
 })();

@@ -47,6 +47,7 @@ def topk_rows(x: torch.Tensor, k: int, *, lens=None, base=None, weights: bool = 
     """
     x3 = (x.unsqueeze(1) if x.dim() == 2 else x).detach()      # (N, G, W)
     N, G, W = x3.shape
+    k = min(k, W)                                               # more than a row holds keeps the row
     if not use_kernel(native):
         return numpy_topk_rows(x3.reshape(N * G, W), min(k, W), lens, base, weights)
     return kernel_rows(x3.unsqueeze(1), k, lens, base, weights)
@@ -67,6 +68,7 @@ def topk_weights_(x: torch.Tensor, k: int, *, lens=None, native=None) -> torch.T
     """In place: each row of x (R, W) becomes the softmax over its kept keys, 0 elsewhere (and past
     lens[r]); returns lse (R,). For a matmul by V when k is a large part of the row."""
     R, W = x.shape
+    k = min(k, W)                                               # more than a row holds keeps the row
     if not x.is_contiguous() or not use_kernel(native):
         vals, idx, w, lse = topk_rows(x, k, lens=lens, weights=True, native=native)
         x.zero_().scatter_add_(-1, idx.clamp_min(0), w)        # padding adds 0 at key 0

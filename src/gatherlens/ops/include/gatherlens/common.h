@@ -12,19 +12,35 @@
 //   softmax        row_max, exp_sum, scale_by, lse_of, softmax_row (weights and log-sum-exp of a
 //                  row), sigmoid, and merge_partials: split-K partials (max, sum, weighted values)
 //                  combined by their log-sum-exp;
-//   thread split   parallel_chunks / for_each_task: independent tasks over torch's threads
-//                  (at::parallel_for); a thread makes its scratch once and runs its tasks in order.
+//   thread split   parallel_chunks / for_each_task: independent tasks over torch's threads, handed out
+//                  from a shared counter (or, GATHERLENS_SCHEDULE=static, at::parallel_for's even
+//                  split); a thread makes its scratch once; results never depend on the thread count;
+//   input checks   check_heads: query and KV head counts every attention operator checks before it
+//                  divides by them (each operator checks its own inputs: a bad shape is a RuntimeError
+//                  naming the operator, never an out-of-bounds read or write, a SIGFPE or a SIGSEGV).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 namespace gatherlens {
+
+// ---- input checks ----
+
+// Hq query heads over Hkv KV heads: both at least 1, Hq a multiple of Hkv (each KV head serves Hq / Hkv).
+inline void check_heads(const char* op, int64_t Hq, int64_t Hkv) {
+  TORCH_CHECK(Hkv >= 1 && Hq >= 1 && Hq % Hkv == 0, op, ": needs at least one query head and one KV head, the "
+              "query heads a multiple of the KV heads; got ", Hq, " query heads over ", Hkv, " KV heads");
+}
 
 // ---- page geometry (ops/sparse/geometry.py) ----
 
@@ -146,17 +162,49 @@ inline float merge_partials(const float* m, const float* s, const float* acc, in
 }
 
 // ---- the thread split ----
+//
+// How tasks meet torch's threads: "dynamic" (the default) hands chunks out from one shared counter,
+// about 4 a thread, so a thread the OS preempted (another program on its core) takes fewer of them;
+// "static" is at::parallel_for's even split, one range a thread. GATHERLENS_SCHEDULE=static|dynamic,
+// read once per process (scripts/busy_core.py compares them). Either way no result depends on which
+// thread ran a task, nor on how many threads there are: every split of a sum is fixed by the sizes.
+
+inline bool dynamic_schedule() {
+  static const bool dynamic = [] {
+    const char* s = std::getenv("GATHERLENS_SCHEDULE");
+    return s == nullptr || std::strcmp(s, "static") != 0;
+  }();
+  return dynamic;
+}
 
 template <typename Body>
 inline void parallel_chunks(int64_t total, int64_t grain, const Body& body) {  // body(i0, i1) on a thread
-  at::parallel_for(0, total, grain, body);
+  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  if (!dynamic_schedule() || threads <= 1 || total <= grain) {
+    at::parallel_for(0, total, grain, body);
+    return;
+  }
+  const int64_t chunk = std::max(grain, ceil_div(total, 4 * threads)), chunks = ceil_div(total, chunk);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min(threads, chunks), 1, [&](int64_t, int64_t) {  // one worker a thread
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) body(c * chunk, std::min(total, (c + 1) * chunk));
+  });
 }
 
 struct NoScratch {};
 
 template <typename Scratch, typename Body>
 inline void for_each_task(int64_t tasks, const Body& body) {  // body(t, scratch), one task a grain
-  parallel_chunks(tasks, 1, [&](int64_t t0, int64_t t1) {
+  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  if (dynamic_schedule() && threads > 1 && tasks > 1) {
+    std::atomic<int64_t> next{0};
+    at::parallel_for(0, std::min(threads, tasks), 1, [&](int64_t, int64_t) {  // a worker a thread, its scratch
+      Scratch scratch{};
+      for (int64_t t = next.fetch_add(1); t < tasks; t = next.fetch_add(1)) body(t, scratch);
+    });
+    return;
+  }
+  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
     Scratch scratch{};
     for (int64_t t = t0; t < t1; ++t) body(t, scratch);
   });

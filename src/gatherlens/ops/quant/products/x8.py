@@ -1,0 +1,86 @@
+"""GGUF blocks repacked in panels of 8 weight rows, for the decode product (`gatherlens::q8x8_linear`).
+
+    >>> packed = pack_x8(raw, "Q4_1")            # raw (N, row_bytes) uint8 -> (N, row_bytes), N % 8 == 0
+    >>> torch.equal(unpack_x8(packed, "Q4_1"), raw)
+    True
+    >>> y = x8_matmul(x, packed, "Q4_1")         # x (M, K) float32 -> (M, N), as q8act_matmul(x, raw, ...)
+
+A decode step multiplies one row of x by every weight row. Row by row (q8act.cpp's row_dot) each
+32-weight block costs ~20 instructions: its nibbles, one multiply-add, and its scale and min turned
+from fp16 and applied one block at a time. In a panel, block b of 8 consecutive rows is stored
+together, the codes interleaved so that one 32-byte load holds 4 codes of each of the 8 rows (an
+int32 lane a row): x's 4 codes broadcast meet all 8 rows in one multiply-add, and the 8 scales are
+one fp16 load and one conversion. The bytes are the blocks' own, moved (the same size as raw):
+
+    panel block (8 rows, block b):  d[8] fp16 | m[8] fp16 (formats with a min) | codes
+    codes, 4-bit (Q4_0, Q4_1, IQ4_NL): 4 chunks of 32 bytes, chunk c = bytes 4c .. 4c+3 of each row's 16
+        (a byte holds weight 4c+i in its low nibble and 16+4c+i in its high one, as stored)
+    codes, Q8_0: 8 steps of 32 bytes, step s = int8 values 4s .. 4s+3 of each row
+
+`X8_QTYPES` are the formats whose records have `panels` (the 4- and 8-bit 32-weight blocks; 5-bit
+formats keep row_dot: their fifth bits would need spreading per lane). The product's integer sums equal row_dot's; its float sums over blocks run
+in another order (float32 rounding). `unpack_x8` is the exact inverse (the tests hold them so).
+"""
+from __future__ import annotations
+
+import torch
+
+from gatherlens.ops.quant.formats.layout import LAYOUTS, PANEL_OP, QK, formats_run_by
+
+__all__ = ["X8_QTYPES", "PANEL", "X8_OP", "pack_x8", "unpack_x8", "x8_fits", "x8_matmul"]
+
+PANEL = 8  # weight rows a panel (one per int32 lane of a 256-bit register)
+X8_OP = PANEL_OP  # its operator, torch.ops.gatherlens.<X8_OP>(x, packed, ggml type), in q8act.cpp
+X8_QTYPES = formats_run_by(PANEL_OP)  # the records with panels
+assert all(LAYOUTS[q].weights == QK and LAYOUTS[q].bits in (4, 8) for q in X8_QTYPES), "panels: 4/8-bit blocks of 32"
+
+
+def x8_fits(raw: torch.Tensor, qtype: str) -> bool:
+    """True when `raw` (N, row_bytes) of `qtype` can be packed: a panel format and N a multiple of 8."""
+    return qtype in X8_QTYPES and raw.dim() == 2 and raw.shape[0] % PANEL == 0 and raw.shape[0] > 0
+
+
+def _parts(qtype: str) -> tuple[list[str], int]:
+    """The scale fields in panel order (d, then m where the format has one) and the codes' step width."""
+    lay = LAYOUTS[qtype]
+    scales = [f.name for f in lay.fields if f.kind == "fp16"]  # "d" (, "m")
+    return scales, (16 if lay.bits == 4 else 32) // 4  # a 4-bit row's 16 code bytes: 4 chunks; Q8_0's 32: 8 steps
+
+
+def pack_x8(raw: torch.Tensor, qtype: str) -> torch.Tensor:
+    """raw (N, nb * block_bytes) uint8 blocks -> the same bytes in panels (N, nb * block_bytes), contiguous."""
+    lay = LAYOUTS[qtype]
+    N, nb = raw.shape[0], raw.shape[1] // lay.block_bytes
+    blocks = raw.reshape(N // PANEL, PANEL, nb, lay.block_bytes)  # (P, 8, nb, bytes)
+    scales, steps = _parts(qtype)
+    pieces = [blocks[..., lay.field(n).offset:lay.field(n).end].permute(0, 2, 1, 3) for n in scales]  # (P, nb, 8, 2)
+    qs = lay.field("qs")
+    codes = blocks[..., qs.offset:qs.end].reshape(N // PANEL, PANEL, nb, steps, 4)  # (P, 8, nb, steps, 4)
+    pieces.append(codes.permute(0, 2, 3, 1, 4))  # (P, nb, steps, 8, 4)
+    flat = [p.reshape(N // PANEL, nb, -1) for p in pieces]  # (P, nb, bytes of the piece)
+    return torch.cat(flat, dim=-1).reshape(N, nb * lay.block_bytes).contiguous()  # (N, row_bytes)
+
+
+def unpack_x8(packed: torch.Tensor, qtype: str) -> torch.Tensor:
+    """pack_x8's inverse: the blocks as stored, (N, nb * block_bytes)."""
+    lay = LAYOUTS[qtype]
+    N, nb = packed.shape[0], packed.shape[1] // lay.block_bytes
+    panel = packed.reshape(N // PANEL, nb, PANEL * lay.block_bytes)  # (P, nb, 8 * bytes)
+    scales, steps = _parts(qtype)
+    out = torch.empty(N // PANEL, PANEL, nb, lay.block_bytes, dtype=torch.uint8)  # (P, 8, nb, bytes)
+    at = 0
+    for name in scales:
+        f = lay.field(name)
+        out[..., f.offset:f.end] = panel[..., at:at + PANEL * f.size].reshape(N // PANEL, nb, PANEL, f.size).permute(0, 2, 1, 3)
+        at += PANEL * f.size
+    qs = lay.field("qs")
+    codes = panel[..., at:].reshape(N // PANEL, nb, steps, PANEL, 4).permute(0, 3, 1, 2, 4)  # (P, 8, nb, steps, 4)
+    out[..., qs.offset:qs.end] = codes.reshape(N // PANEL, PANEL, nb, qs.size)
+    return out.reshape(N, nb * lay.block_bytes)
+
+
+def x8_matmul(x: torch.Tensor, packed: torch.Tensor, qtype: str) -> torch.Tensor:
+    """x (M, K) -> (M, N) float32 for panels `packed` of `qtype` (the operator in q8act.cpp). Unchecked."""
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        x = x.float().contiguous()  # (M, K)
+    return getattr(torch.ops.gatherlens, X8_OP)(x, packed, LAYOUTS[qtype].ggml_type)  # (M, N)
