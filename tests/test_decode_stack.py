@@ -18,6 +18,7 @@ import torch  # noqa: E402
 
 gguf = pytest.importorskip("gguf")
 
+from lanes import sweep  # noqa: E402
 from tiny_gguf import tiny_model, write_gguf  # noqa: E402
 
 from gatherlens.errors import GatherValueError  # noqa: E402
@@ -96,7 +97,7 @@ def test_the_stack_equals_the_planned_loop(models, qtype, kv_dtype, budget):
     model = models("llama", qtype)
     use_sparse_decoding(model, budget=budget, page_size=4, dense_layers=1, recent=4, kv_dtype=kv_dtype, **AUTO)
     try:
-        assert step.step_declarations(model) == {"stack": None, "planned": None, "hf": None}
+        assert step.step_declarations(model) == {"stack": None, "planned": None, "hf": None, "chunk": step.row_refusal(step.installed_plan(model), "chunk")}
         native_cache = _prefilled(model, kv_dtype)
         planned_cache = copy.deepcopy(native_cache)
         tokens = torch.randint(0, 317, (STEPS,), generator=torch.Generator().manual_seed(5)).tolist()
@@ -111,6 +112,25 @@ def test_the_stack_equals_the_planned_loop(models, qtype, kv_dtype, budget):
     assert all(not chose for layer, _, chose in counts["stack"] if layer == 0)  # layer 0 dense: every page
     if budget == "auto":  # the second layer chooses per head, within [min_pages, max_pages]
         assert all(chose and all(2 <= c <= 8 for c in row) for layer, row, chose in counts["stack"] if layer == 1)
+
+
+@pytest.mark.parametrize("arch", sweep(["qwen2", "qwen3", "phi3"], fast="qwen3"))
+def test_other_layers_on_every_row(models, arch):
+    """Qwen2's q/k/v biases, Qwen3's q/k head norms (head_dim 128), Phi-3's fused q|k|v and gate|up, walked from
+    transformers' modules: the stack equals the planned loop bit for bit, and the planned loop equals
+    transformers' layers up to the order of sums (F32 weights: nothing rounds x)."""
+    model = models(arch, "F32")
+    use_sparse_decoding(model, budget=8, page_size=4, dense_layers=0, recent=0, kv_dtype="float32")
+    try:
+        assert {k: v for k, v in step.step_declarations(model).items() if k != "chunk"} == \
+            {"stack": None, "planned": None, "hf": None}
+        caches = [_prefilled(model, "float32") for _ in range(3)]
+        rows = [_rows(model, cache, [3, 8, 13], row) for cache, row in zip(caches, ("stack", "planned", "hf"))]
+    finally:
+        use_dense_decoding(model)
+    assert all(torch.equal(a, b) for a, b in zip(rows[0], rows[1]))
+    for a, b in zip(rows[1], rows[2]):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))
 
 
 def test_the_plan_rows_equal_transformers(models):
@@ -156,14 +176,15 @@ def test_steps_needing_each_layer_take_the_planned_loop(models):
 
 
 def test_layers_the_stack_lacks_are_refused_by_name(models):
-    """Qwen2's q/k/v biases: no stack (the planned loop runs them). Mistral's sliding-window layers keep a
-    ring, not pages: both plan rows refuse the window, and transformers' forward runs the steps."""
-    model = models("qwen2", "Q8_0")
+    """What a row does not compute is refused by name: Gemma 2's soft-capping (a variant field the stack lacks;
+    the planned loop applies it). Mistral's sliding-window layers in transformers' cache are transformers'
+    window layers, not rings of pages: both plan rows pass each step to transformers' forward, saying why."""
+    model = models("gemma2", "Q8_0")
     use_sparse_decoding(model, budget=8, page_size=4)
     try:
         rows = step.step_declarations(model)
-        assert "qkv_bias" in rows["stack"] and rows["planned"] is None
-        with pytest.raises(GatherValueError, match="step = 'stack' cannot run Qwen2ForCausalLM: .*qkv_bias"):
+        assert "softcap" in rows["stack"] and rows["planned"] is None
+        with pytest.raises(GatherValueError, match="step = 'stack' cannot run Gemma2ForCausalLM: .*softcap"):
             use_sparse_decoding(model, budget=8, page_size=4, step="stack")
     finally:
         use_dense_decoding(model)
@@ -172,11 +193,12 @@ def test_layers_the_stack_lacks_are_refused_by_name(models):
     try:
         assert model.config.sliding_window is not None
         rows = step.step_declarations(model)
-        assert "window" in rows["stack"] and "window" in rows["planned"] and rows["hf"] is None
+        assert rows["stack"] is None and rows["planned"] is None and rows["hf"] is None
         cache = _prefilled(model, "float16")
         backends.reset_ran()
         _steps(model, cache, [4, 6])
         assert backends.ran()["decode_step"] == {"hf": 2}
+        assert "transformers' window layer" in backends.describe()
     finally:
         use_dense_decoding(model)
 
@@ -197,9 +219,9 @@ def test_a_stack_that_cannot_run_is_passed_over_saying_why(models, monkeypatch):
             use_sparse_decoding(model, budget=8, page_size=4, step="stack")
     finally:
         use_dense_decoding(model)
-    plan = step.plan_model(models("qwen2", "Q8_0"))
+    plan = step.plan_model(tiny_model("llama"))  # float weights: nothing the operator multiplies
     view = stack.StackCaches.of([layer.paged for layer in _prefilled(models("llama", "Q8_0"), "float16").layers])
-    with pytest.raises(GatherValueError, match="decode_stack cannot run this model: layer 0 qkv_proj is not a "
-                                               "bias-free q8act weight"):
-        stack.decode_stack(torch.zeros(1, 64), torch.zeros(1, 16), torch.zeros(1, 16), plan, view, [None, None],
-                           OP.choice, 0.25)
+    angles = [(torch.zeros(1, 16), torch.zeros(1, 16))] * 2
+    with pytest.raises(GatherValueError, match="decode_stack cannot run this model: layer 0 q_proj is not a "
+                                               "q8act weight"):
+        stack.decode_stack(torch.zeros(1, 64), angles, plan, view, [None, None], OP.choice, 0.25)

@@ -49,6 +49,16 @@ def test_silu_mul_cast(shape, dtype, gdtype):
     close_as(dtype, fused.silu_mul_cast(gu, dtype), naive.silu_mul_cast_reference(gu, dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("gdtype", DTYPES, ids=lambda d: f"in-{d}")
+@pytest.mark.parametrize("shape", [(1, 4096), (2, 6), (2, 1, 10)], ids=str)
+def test_gelu_mul_cast(shape, dtype, gdtype):
+    """GeGLU (Gemma's MLP) against torch's gelu(approximate="tanh"), through the activation table too."""
+    gu = (torch.randn(shape) * 4).to(gdtype)
+    close_as(dtype, fused.glu_cast(gu, "gelu_tanh", dtype), naive.gelu_mul_cast_reference(gu, dtype))
+    assert fused.glu_cast(gu, "silu", dtype).equal(fused.silu_mul_cast(gu, dtype))
+
+
 def rope_inputs(B, Hq, Hkv, D, Dv, dtype, seed=0):
     g = torch.Generator().manual_seed(seed)
     qkv = torch.randn(B, (Hq + Hkv) * D + Hkv * Dv, generator=g).to(dtype)  # (B, q|k|v) as a fused matmul gives

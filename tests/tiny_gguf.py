@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gatherlens.bench.model_files import convert_values, write_metadata
+
 VOCAB = 256 + 61 + 3  # bytes, merges, control tokens
 BOS, EOS, PAD = VOCAB - 3, VOCAB - 2, VOCAB - 1
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -83,47 +85,10 @@ def tiny_model(name: str, seed: int = 0, **kw):
 
 
 # -- metadata --------------------------------------------------------------------------------------
-def _head_dim(c) -> int:
-    return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-
-
-# gguf key (after "{arch}.") -> (the architectures that write it (None: all), its value from the HF config)
-METADATA = {
-    "context_length": (None, lambda c: c.max_position_embeddings),
-    "embedding_length": (None, lambda c: c.hidden_size),
-    "block_count": (None, lambda c: c.num_hidden_layers),
-    "feed_forward_length": (None, lambda c: c.intermediate_size),
-    "attention.head_count": (None, lambda c: c.num_attention_heads),
-    "attention.head_count_kv": (None, lambda c: c.num_key_value_heads),
-    "attention.layer_norm_rms_epsilon": (None, lambda c: float(c.rms_norm_eps)),
-    "rope.freq_base": (None, lambda c: float(_rope_theta(c))),
-    "vocab_size": (None, lambda c: c.vocab_size),
-    "rope.dimension_count": (("llama",), _head_dim),
-    "attention.key_length": (("qwen3", "gemma2", "gemma3", "qwen3moe"), _head_dim),
-    "attention.value_length": (("qwen3", "gemma2", "gemma3", "qwen3moe"), _head_dim),
-    "attention.sliding_window": (("gemma2", "gemma3"), lambda c: c.sliding_window),
-    "attn_logit_softcapping": (("gemma2",), lambda c: float(c.attn_logit_softcapping)),
-    "final_logit_softcapping": (("gemma2",), lambda c: float(c.final_logit_softcapping)),
-    # mixture of experts (engineer D2); transformers 5.24's GGUF config mapping reads the first two only
-    "expert_count": (("qwen3moe", "qwen2moe"), lambda c: c.num_experts),
-    "expert_used_count": (("qwen3moe", "qwen2moe"), lambda c: c.num_experts_per_tok),
-    "expert_feed_forward_length": (("qwen3moe", "qwen2moe"), lambda c: c.moe_intermediate_size),
-    "expert_shared_feed_forward_length": (("qwen2moe",), lambda c: c.shared_expert_intermediate_size),
-}
-
-
-def _rope_theta(c) -> float:
-    rope = c.rope_parameters
-    return (rope.get("full_attention") or rope)["rope_theta"]
-
-
 def metadata(writer, tiny: Tiny, config, general_name: str | None = None) -> None:
-    """The architecture's keys, typed as convert writes them (uint32 counts, float32 values)."""
+    """The architecture's keys (bench/model_files.py's `METADATA`: what llama.cpp's convert writes)."""
     writer.add_name(general_name or tiny.general_name)
-    for key, (archs, value) in METADATA.items():
-        if archs is None or tiny.gguf_arch in archs:
-            v = value(config)
-            (writer.add_float32 if isinstance(v, float) else writer.add_uint32)(f"{tiny.gguf_arch}.{key}", v)
+    write_metadata(writer, tiny.gguf_arch, config)
 
 
 # -- tokenizer -------------------------------------------------------------------------------------
@@ -165,23 +130,6 @@ def tokenizer(writer) -> None:
 
 
 # -- tensors ---------------------------------------------------------------------------------------
-def _permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp convert's `permute` of q / k rows for its RoPE (the inverse of transformers' reverse_permute)."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _converted(gguf_name: str, values: np.ndarray, tiny: Tiny, config) -> np.ndarray:
-    """What convert does to one tensor before writing it (llama: q/k permuted; Gemma: norms + 1)."""
-    if tiny.gguf_arch == "llama" and gguf_name.endswith((".attn_q.weight", ".attn_k.weight")):
-        heads = config.num_attention_heads if ".attn_q." in gguf_name else config.num_key_value_heads
-        return _permute(values, heads)
-    if tiny.gguf_arch.startswith("gemma") and gguf_name.endswith("norm.weight"):
-        return values + 1
-    if gguf_name.endswith(".ffn_gate_inp_shexp.weight"):  # the shared expert's gate: HF (1, d), gguf (d,)
-        return values.reshape(-1)
-    return values
-
-
 def _write(writer, name: str, values: np.ndarray, qtype: str, vectors: str = "F32") -> None:
     """2-D weights in `qtype` (gguf.quants.quantize), every vector (norms, biases) F32, as convert keeps them
     (`vectors`: another plain float type for them, F16 or BF16)."""
@@ -233,7 +181,7 @@ def tensors(writer, model, tiny: Tiny, qtype: str, vectors: str = "F32") -> None
         if target is None or (hf == "lm_head.weight" and config.tie_word_embeddings):
             continue
         name = f"{target}.{leaf}"
-        _write(writer, name, _converted(name, value.float().numpy(), tiny, config), qtype, vectors)
+        _write(writer, name, convert_values(name, value.float().numpy(), tiny.gguf_arch, config), qtype, vectors)
     for name, values in extra.items():
         _write(writer, name, values, qtype)
 

@@ -21,7 +21,7 @@ import ctypes
 import functools
 import mmap
 
-__all__ = ["release_memory", "release_mapping"]
+__all__ = ["release_memory", "release_mapping", "release_pages"]
 
 
 @functools.cache
@@ -42,15 +42,38 @@ def release_memory() -> bool:
     return True
 
 
+def _mmap_of(array):
+    """The `mmap.mmap` a numpy array (np.memmap, or a view of it) lies in, or None."""
+    mapping = array
+    while mapping is not None and not isinstance(mapping, mmap.mmap):
+        mapping = getattr(mapping, "base", None)
+    return mapping
+
+
+def release_pages(array, address: int, nbytes: int) -> bool:
+    """`release_mapping` for the bytes [address, address + nbytes) of the mapping `array` (the whole
+    file's np.memmap) lies in, the whole pages inside them: a weight let go once it is packed, while
+    the others stay. False where there is no such mapping, no madvise, or the range is outside it."""
+    mapping = _mmap_of(array)
+    if mapping is None or not hasattr(mapping, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    base = array.ctypes.data - getattr(array, "offset", 0)  # the mapping's first byte
+    page = mmap.PAGESIZE
+    start = (address - base + page - 1) // page * page  # whole OS pages only (rounded up): a neighbour's bytes stay
+    end = (address - base + nbytes) // page * page
+    if start < 0 or end > len(mapping) or end <= start:
+        return False
+    mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
+    return True
+
+
 def release_mapping(array) -> bool:
     """Let a file mapping's pages go from this process's resident memory (madvise MADV_DONTNEED): the
     mapping stays, and a page read again comes back from the file (the page cache). `array`: a numpy
     array over an `mmap.mmap` (np.memmap, or views of it). False where there is no such mapping or no
     madvise. A quantized model calls it once its weights are repacked (models/gguf/quantized.py): what it
     still reads in place (an embedding's rows, blocks without panels) comes back as it is read."""
-    mapping = array
-    while mapping is not None and not isinstance(mapping, mmap.mmap):
-        mapping = getattr(mapping, "base", None)
+    mapping = _mmap_of(array)
     if mapping is None or not hasattr(mapping, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
         return False
     mapping.madvise(mmap.MADV_DONTNEED)

@@ -3,8 +3,9 @@
     >>> cache_root()              # $GATHERLENS_CACHE, else $XDG_CACHE_HOME/gatherlens, else ~/.cache/gatherlens
     PosixPath('/root/.cache/gatherlens')
 
-The converted models (`models/files/cache.py`: `<root>/models`) and the built native kernels
-(`ops/native.py`: `<root>/native`) both live under it; the environment is read on each call.
+The converted models (`models/files/cache.py`: `<root>/models`), the built native kernels
+(`ops/native.py`: `<root>/native`) and a sentencepiece vocabulary's merges (`models/gguf/spm.py`:
+`<root>/spm-merges`) live under it; the environment is read on each call.
 """
 from __future__ import annotations
 

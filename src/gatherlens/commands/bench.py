@@ -17,6 +17,7 @@ SUITES = {
     "presets": "gatherlens.bench.presets:command",
     "qlinear": "gatherlens.bench.quantized_linear:command",
     "serve": "gatherlens.bench.serve:command",
+    "models": "gatherlens.bench.models:command",
 }
 
 

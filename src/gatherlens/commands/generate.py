@@ -89,6 +89,8 @@ def generate(prompt, file, model_name, quantized, budget, dense, kv_dtype, max_n
     text = _prompt_text(prompt, file)
     load_kw = load_kwargs(model_name, quantized)  # before the model loads
     require_causal(model_name, "generate")
+    if quantized:  # only text is generated: gatherlens' own runtime where it runs the file (models/loading.py)
+        load_kw["runtime"] = "transformers" if sparse_prefill else "auto"
     err = Console(stderr=True)
     try:
         with signals_as_ctrl_c() as stop:   # kill (SIGTERM) or a closed terminal (SIGHUP): as Ctrl-C

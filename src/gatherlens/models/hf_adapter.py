@@ -30,7 +30,8 @@ __all__ = [
     "restore_default_cache",
     "replace_forward", "restore_forward", "forward_replaced", "decoder_layers", "class_named", "is_causal_lm",
     "quiet_gguf_progress", "hand_over", "handed_over", "causal_lm_output", "gguf_tokenizer_from_metadata",
-    "rotary_module", "moe_routers", "embedding_scale",
+    "rotary_module", "moe_routers", "embedding_scale", "layer_type_names", "rotary_angles", "tokenizer_over",
+    "rope_inverse_frequencies",
 ]
 
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # class (architecture) names of causal LMs
@@ -123,6 +124,29 @@ def layer_types(config) -> tuple[list, list]:
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     return get_layer_types_and_kwargs(config)
+
+
+def layer_type_names(config) -> list[str]:
+    """The layer type name of each decoder layer ("full_attention", "sliding_attention", ...): `layer_types`'."""
+    return list(layer_types(config.get_text_config(decoder=True))[0])
+
+
+def rotary_angles(rotary, layer_type: str):
+    """positions (B, T) -> (cos, sin) (B, T, D) float32 of a model's rotary module, for the layers of
+    `layer_type` (Gemma 3's module makes each layer type's angles from its own base).
+
+    relies on: the rotary module's forward `(x, position_ids)` (x read for its dtype and device only),
+    or `(x, position_ids, layer_type)` where the module keeps angles per layer type.
+    """
+    import torch
+
+    typed = "layer_type" in inspect.signature(rotary.forward).parameters
+    probe = torch.empty(0)  # float32 on the CPU: the dtype and device of the angles
+
+    def angles(positions):
+        return rotary(probe, positions, layer_type) if typed else rotary(probe, positions)  # (B, T, D) x2
+
+    return angles
 
 
 # -- generate's default cache ---------------------------------------------------------------------
@@ -245,6 +269,40 @@ def quiet_gguf_progress():
     finally:
         if bar is not None:
             gguf_utils.tqdm = bar
+
+
+def rope_inverse_frequencies(config):
+    """The inverse frequencies (head_dim / 2,) float32 transformers' rotary embedding uses for `config`
+    (its rope type's scaling applied: llama3, linear, yarn, ...).
+
+    relies on: `transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS` (type name -> init function).
+    """
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope_type == "default":
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        import torch
+
+        theta = config.rope_parameters["rope_theta"]
+        return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))  # (D/2,)
+    inv_freq, _ = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+    return inv_freq  # (D/2,)
+
+
+def tokenizer_over(backend, **kwargs):
+    """A `PreTrainedTokenizerFast(**kwargs)` over the `tokenizers.Tokenizer` `backend` itself, not a copy
+    (its `tokenizer_object=` deep-copies the backend: seconds for a 262K-token vocabulary and its merges).
+
+    relies on: `TokenizersBackend.__init__` (transformers 5.x) taking a `_tokenizer` already set on the
+    instance when no tokenizer_object, file or vocab is given (how its model-specific subclasses work).
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast.__new__(PreTrainedTokenizerFast)
+    tokenizer._tokenizer = backend
+    tokenizer.__init__(**kwargs)
+    return tokenizer
 
 
 # -- a cache layer's step, handed to the attention function ---------------------------------------

@@ -6,6 +6,12 @@
     >>> lm = load("minilm")                           # all-MiniLM-L6-v2, a BERT encoder
     >>> lm = load("/path/to/hf-folder")               # any local Hugging Face model folder
 
+`load(path, quantized=True, runtime="auto")` runs a GGUF from its blocks in gatherlens' own runtime
+where it can (`LOAD_QUANTIZED`, a backend table: the "native" row, models/gguf/native.py: no
+transformers module imported, a file of an architecture, tokenizer and rope it runs, for a caller
+that only generates text) and in transformers' modules otherwise ("transformers": tracing, the
+explorer, top-k attention, any file the native runtime refuses, saying why: `backends.describe()`).
+
 A GGUF source (SmolLM2, or any .gguf path) is dequantized once (a few seconds; `_convert_gguf`)
 and saved as a plain safetensors folder in the user cache (see `gatherlens.models.files.cache`); later
 loads read that folder, re-hashing its files meanwhile: a damaged copy is reported in one
@@ -22,6 +28,7 @@ import os
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -34,8 +41,11 @@ from gatherlens.models.hf_adapter import (
 from gatherlens.models.files.loaded import LoadedModel
 from gatherlens.models.files.integrity import as_os_error, nonfinite_weights, readable
 from gatherlens.models.files.registry import WEIGHT_FILES, ModelSource, resolve
+from gatherlens.ops.backends import Impl, Operator
 
-__all__ = ["load", "LoadedModel", "TRANSFORMERS_RANGE"]
+__all__ = ["load", "LoadedModel", "TRANSFORMERS_RANGE", "LOAD_QUANTIZED", "RUNTIMES"]
+
+RUNTIMES = ("auto", "native", "transformers")  # load(runtime=): LOAD_QUANTIZED's rows, or the first that fits
 
 # The transformers line this module is written against (5.x changed the cache objects, the
 # attention interface's mask handling and `dtype=` in from_pretrained); checked at load time.
@@ -53,6 +63,7 @@ def load(
     rebuild: bool = False,
     progress: bool | Progress | None = None,
     quantized: bool = False,
+    runtime: str = "transformers",
 ) -> LoadedModel:
     """Load a model by name ("smollm2", "minilm") or local path, offline, in float32.
 
@@ -64,7 +75,13 @@ def load(
         one message per stage.
     quantized: run a GGUF source from its blocks (gatherlens.models.gguf.quantized): no float32
         conversion or cache; use_cache_dir and rebuild do not apply.
+    runtime: with quantized, which runtime runs the blocks (`LOAD_QUANTIZED`): "transformers" (the
+        default: transformers' modules, what tracing, the explorer and top-k read), "native" (gatherlens'
+        own, models/gguf/native.py: an error naming why where it cannot) or "auto" (native where it
+        runs the file and nothing asks for transformers' modules, else transformers').
     """
+    if runtime not in RUNTIMES:
+        raise GatherValueError(f"runtime = {runtime!r} must be one of {RUNTIMES}")
     start = time.perf_counter()
     _check_load_args(quantized=quantized, use_cache_dir=use_cache_dir, rebuild=rebuild, top_k=top_k)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -72,26 +89,11 @@ def load(
     with _reporter(progress) as say:
         say("finding the model files")
         source = resolve(name_or_path)
-        _check_transformers()
-        if attn_implementation == "gatherlens_topk" or top_k is not None:
-            from gatherlens.models.attention.topk import register
-
-            register()
-        with _quiet_transformers():
-            if quantized:
-                from gatherlens.models.gguf.quantized import load_quantized
-
-                lm = load_quantized(source, attn_implementation, say)
-            elif source.kind == "gguf":
-                lm = _load_gguf(source, attn_implementation, use_cache_dir, rebuild, say)
-            else:
-                say(f"reading {source.path.name}")
-                model, tok = _from_folder(source.path, attn_implementation)
-                lm = LoadedModel(source.name, model, tok, source.path)
-        if top_k is not None:
-            from gatherlens.models.attention.topk import use_topk_attention
-
-            use_topk_attention(lm.model, top_k=top_k)
+        lm = None
+        if quantized and runtime != "transformers":
+            lm = LOAD_QUANTIZED(source, _Asked(runtime, top_k, attn_implementation), say,
+                                backend="native" if runtime == "native" else "auto")
+        lm = lm or _load_transformers(source, top_k, attn_implementation, use_cache_dir, rebuild, quantized, say)
         lm.seconds = time.perf_counter() - start
         say(f"loaded {lm.name} in {lm.seconds:.1f} s")
     return lm
@@ -104,6 +106,68 @@ def _check_load_args(top_k, **flags) -> None:
             raise GatherTypeError(f"{name} = {value!r} must be True or False")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise GatherValueError(f"top_k = {top_k!r} must be a positive int (keys each query keeps) or None")
+
+
+def _load_transformers(source: ModelSource, top_k, attn_implementation, use_cache_dir: bool, rebuild: bool,
+                       quantized: bool, say) -> LoadedModel:
+    """The source in transformers' modules (quantized: from its GGUF blocks)."""
+    _check_transformers()
+    if attn_implementation == "gatherlens_topk" or top_k is not None:
+        from gatherlens.models.attention.topk import register
+
+        register()
+    with _quiet_transformers():
+        if quantized:
+            from gatherlens.models.gguf.quantized import load_quantized
+
+            lm = load_quantized(source, attn_implementation, say)
+        elif source.kind == "gguf":
+            lm = _load_gguf(source, attn_implementation, use_cache_dir, rebuild, say)
+        else:
+            say(f"reading {source.path.name}")
+            model, tok = _from_folder(source.path, attn_implementation)
+            lm = LoadedModel(source.name, model, tok, source.path)
+    if top_k is not None:
+        from gatherlens.models.attention.topk import use_topk_attention
+
+        use_topk_attention(lm.model, top_k=top_k)
+    return lm
+
+
+# -- which runtime runs a quantized model -----------------------------------------------------------
+@dataclass(frozen=True)
+class _Asked:
+    """What a load(quantized=True) call asks of its runtime."""
+
+    runtime: str
+    top_k: int | None
+    attn_implementation: str | None
+
+
+def _native_fits(source: ModelSource, asked: _Asked, say) -> str | None:
+    """None when the native runtime runs this load, else why not."""
+    if asked.top_k is not None or asked.attn_implementation:
+        return "top-k attention or an attention implementation was asked for (they run in transformers' modules)"
+    if source.kind != "gguf":
+        return f"{source.name} is not a GGUF file"
+    from gatherlens.models.gguf.config import open_gguf
+    from gatherlens.models.gguf.native import native_refusal
+
+    with readable(source.path):
+        return native_refusal(open_gguf(source.path, mode="c"))  # the header, kept for the load that follows
+
+
+def _native_load(source: ModelSource, asked: _Asked, say) -> LoadedModel:
+    from gatherlens.models.gguf.native import load_native
+
+    return load_native(source, say)
+
+
+# a quantized load's runtime: gatherlens' own (no transformers module), or transformers' (load() goes on: None)
+LOAD_QUANTIZED = Operator("load_quantized", [
+    Impl("native", _native_fits, _native_load),
+    Impl("transformers", lambda source, asked, say: None, lambda source, asked, say: None),
+])
 
 
 # -- the two kinds of source -------------------------------------------------------------------

@@ -25,21 +25,13 @@ import torch
 from transformers import Cache
 
 from gatherlens.models.attention.features import layer_kinds, unsupported
+from gatherlens.models.attention.kv import paged_cache_of
 from gatherlens.models.hf_adapter import hand_over
 from gatherlens.models.attention.window import KeptLayer, WindowLayer
 from gatherlens.ops.sparse import PagedKVCache
 from gatherlens.ops.sparse.config import OP, check_kv_dtype, check_page_size
 
 __all__ = ["PagedLayer", "SparseKVCache", "WindowLayer", "paged_cache_of"]
-
-
-def paged_cache_of(keys: torch.Tensor, values: torch.Tensor, page_size: int, capacity: int,
-                   kv_dtype: str | None = None) -> PagedKVCache:
-    """An empty PagedKVCache shaped for keys (B, Hkv, T, D) and values (B, Hkv, T, Dv), room for `capacity`,
-    read in the keys' dtype and stored in `kv_dtype` (None: the keys' dtype)."""
-    B, H, _, D = keys.shape
-    return PagedKVCache(batch=B, kv_heads=H, head_dim=D, page_size=page_size, dtype=keys.dtype, device=keys.device,
-                        capacity=capacity, value_dim=values.shape[-1], kv_dtype=kv_dtype)
 
 
 class PagedLayer(KeptLayer):

@@ -27,6 +27,7 @@ from gatherlens.errors import GatherValueError
 from gatherlens.models.hf_adapter import layer_types
 from gatherlens.ops.attention.checks import check_softcap
 from gatherlens.ops.attention.variants import PLAIN, AttentionVariant
+from gatherlens.ops.layer.plan import LayerHandle
 
 __all__ = ["LayerKind", "AttentionVariant", "LOCAL_TYPES", "VARIANT_ATTR", "layer_kinds", "module_kind",
            "global_rank", "attention_variant", "unsupported"]
@@ -95,8 +96,11 @@ def module_kind(module) -> LayerKind:
 def global_rank(module) -> int | None:
     """The module's index among the model's global (full-attention) layers: what `dense_layers` counts.
 
-    Equals `layer_idx` when every layer is global; None for a module without a layer index.
+    Equals `layer_idx` when every layer is global; None for a module without a layer index. A LayerHandle
+    states it.
     """
+    if isinstance(module, LayerHandle):
+        return module.rank
     config, layer = getattr(module, "config", None), getattr(module, "layer_idx", None)
     if not isinstance(layer, int) or config is None or not hasattr(config, "get_text_config"):
         return layer

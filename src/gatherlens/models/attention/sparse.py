@@ -32,9 +32,8 @@ import torch
 from gatherlens.models.attention.topk import exact_attention
 from gatherlens.models.attention.features import AttentionVariant, attention_variant, global_rank
 from gatherlens.models.hf_adapter import grouped_sdpa, handed_over, register_attention
-from gatherlens.models.attention.cache import paged_cache_of
+from gatherlens.models.attention.kv import WindowKV, paged_cache_of, window_decode
 from gatherlens.models.attention.prefill import sparse_prefill_call
-from gatherlens.models.attention.window import WindowKV, window_decode
 from gatherlens.ops.backends import EVERY_VARIANT, Impl, Operator
 from gatherlens.ops.sparse.cache import STORAGE, PagedKVCache
 from gatherlens.ops.sparse.config import SparseConfig

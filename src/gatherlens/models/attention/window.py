@@ -19,34 +19,15 @@ the sequence (docs/bench/notes.md, "Sliding-window layers": bytes per layer kind
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 from transformers import CacheLayerMixin
 
 from gatherlens.errors import GatherValueError
+from gatherlens.models.attention.kv import WindowKV, window_decode
 from gatherlens.models.hf_adapter import hand_over
-from gatherlens.ops.attention.variants import PLAIN, AttentionVariant
 
 __all__ = ["WindowKV", "KeptLayer", "WindowLayer", "window_decode"]
-
-
-@dataclass(frozen=True)
-class WindowKV:
-    """What one step of a local layer reads: keys (B, Hkv, n, D), values (B, Hkv, n, Dv) and the
-    rotation from position order to slot order (slot s holds mask column (s - shift) % n)."""
-
-    keys: torch.Tensor
-    values: torch.Tensor
-    shift: int = 0
-
-    @property
-    def length(self) -> int:
-        return self.keys.shape[2]
-
-    def slot_mask(self, mask: torch.Tensor | None) -> torch.Tensor | None:
-        """A (..., n) mask in position order -> the same mask in slot order."""
-        return mask if mask is None or not self.shift else mask.roll(self.shift, dims=-1)
 
 
 class KeptLayer(CacheLayerMixin):
@@ -181,17 +162,3 @@ class WindowLayer(KeptLayer):
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self._batch(lambda t: t[indices])
-
-
-def window_decode(query: torch.Tensor, kv: WindowKV, mask: torch.Tensor | None, scale: float,
-                  variant: AttentionVariant = PLAIN) -> torch.Tensor:
-    """Dense attention of query (B, Hq, 1, D) over a local layer's window -> (B, Hq, 1, Dv).
-
-    mask: (B, 1, 1, n) bool in position order (True = attend) or None. Every allowed key is
-    kept (top_k = n), so this is the exact softmax, with the layer's soft-capping and sinks.
-    """
-    from gatherlens.ops.attention import topk_attention
-
-    n = kv.length
-    return topk_attention(query, kv.keys, kv.values, n, attn_mask=kv.slot_mask(mask), scale=scale,
-                          enable_gqa=query.shape[1] != kv.keys.shape[1], variant=variant)  # (B, Hq, 1, Dv)

@@ -36,8 +36,8 @@ EMBEDDING, HEAD, LINEAR, NORM, EXPERTS = "embedding", "head", "linear", "norm", 
 
 # tensors a file may carry that no model reads, each with what the user loses (gguf_check warns once)
 NOT_APPLIED = {
-    "rope_freqs.weight": "Llama 3.x's RoPE frequency factors are not applied (as in transformers): "
-                         "positions past the original training context differ from llama.cpp",
+    "rope_freqs.weight": "these RoPE frequency factors are none of Llama 3's settings (models/gguf/rope.py), "
+                         "so they are not applied (as in transformers): positions differ from llama.cpp",
     "rope_factors_long.weight": "Phi-3's long-context RoPE factors are not applied (as in transformers): "
                                 "positions past the original training context differ from llama.cpp",
     "rope_factors_short.weight": "Phi-3's short-context RoPE factors are not applied (as in transformers): "
@@ -126,6 +126,10 @@ class Arch:
     embed_scale: bool = False                         # the embedding is scaled by sqrt(hidden_size)
     moe: bool = False                                 # mixture-of-experts layers (models/gguf/moe.py)
     activation: str = "silu"                          # the gated MLP's activation ("gelu_tanh": GeGLU)
+    # where a file states a sliding window, which layers are global (llama.cpp's and transformers' rule
+    # alike; models/gguf/spec.py reads it): every `global_every`-th one; None: no layer (every layer local)
+    global_every: int | None = None
+    local_rope_base: float | None = None              # the local layers' rope base, where the file states none
 
     def row(self, gguf: str) -> Row | None:
         """The row of a gguf stem in template form ("blk.{i}.attn_q"), or None."""
@@ -215,10 +219,10 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("gemma2", "gemma2", "Gemma2Config", "Gemma2ForCausalLM", _globals(head=False) + _attention() + _GEMMA_NORMS
          + _MLP, {**_KEY_LENGTH, **_WINDOW, "{arch}.attn_logit_softcapping": "attn_logit_softcapping",
                   "{arch}.final_logit_softcapping": "final_logit_softcapping"}, norm_shift=1.0, embed_scale=True,
-         activation="gelu_tanh"),
+         activation="gelu_tanh", global_every=2),
     Arch("gemma3", "gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM",
          _globals() + _attention(qk_norm=True) + _GEMMA_NORMS + _MLP, {**_KEY_LENGTH, **_WINDOW}, norm_shift=1.0,
-         embed_scale=True, activation="gelu_tanh"),
+         embed_scale=True, activation="gelu_tanh", global_every=6, local_rope_base=10000.0),
     Arch("qwen2moe", "qwen2moe", "Qwen2MoeConfig", "Qwen2MoeForCausalLM",
          _globals() + _attention(bias=True) + (_FFN_NORM, *_EXPERTS, *_SHARED),
          {**_EXPERT_KEYS, "{arch}.expert_shared_feed_forward_length": "shared_expert_intermediate_size"}, moe=True),

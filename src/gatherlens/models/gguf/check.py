@@ -42,8 +42,10 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
 from gatherlens.errors import GatherLensWarning, GatherValueError
+from gatherlens.memory import release_pages
 from gatherlens.models.gguf.arch import ARCHS, NOT_APPLIED, Arch
 from gatherlens.models.gguf.config import config_keys, file_arch, metadata_value, open_gguf
+from gatherlens.models.gguf.rope import ROPE_FREQS, llama3_scaling, rope_freqs
 from gatherlens.ops.quant.formats.floats import value_dtype
 from gatherlens.ops.quant.formats.layout import LAYOUTS
 from gatherlens.ops.quant.formats.registry import FORMATS
@@ -57,6 +59,7 @@ ARCH_INTS = ("block_count", "embedding_length", "attention.head_count", "context
 TERM_KEYS = {"F": "feed_forward_length", "2F": "feed_forward_length", "X": "expert_count",
              "FX": "expert_feed_forward_length", "FS": "expert_shared_feed_forward_length"}
 HINT = "reinstall the package that ships it, or use another file"
+_FLOAT_CHUNK = 1 << 22  # values of a float tensor checked at a time
 
 
 @dataclass(frozen=True)
@@ -107,17 +110,19 @@ def open_checked(path, mode: str = "c", quantized: bool = False):
     return reader
 
 
-def check_gguf(reader, path, quantized: bool = False) -> None:
+def check_gguf(reader, path, quantized: bool = False, applied: tuple[str, ...] = ()) -> None:
     """Every check of the module doc on an open reader of `path`; one GatherValueError at the first fault.
+    applied: tensors of NOT_APPLIED the caller does apply (no warning for them: the native runtime's
+    rope_freqs).
 
     >>> check_gguf(open_gguf(path), path, quantized=True)     # None for a sound file
     """
     infos = tensor_infos(reader)
-    _check_header(reader, infos, Path(path), quantized)
+    _check_header(reader, infos, Path(path), quantized, applied)
     _check_values(reader, infos, Path(path))
 
 
-def _check_header(reader, infos: list[TensorInfo], path: Path, quantized: bool) -> None:
+def _check_header(reader, infos: list[TensorInfo], path: Path, quantized: bool, applied: tuple = ()) -> None:
     arch = file_arch(reader)
     if arch is None and quantized:
         said = metadata_value(reader, "general.architecture")
@@ -126,7 +131,7 @@ def _check_header(reader, infos: list[TensorInfo], path: Path, quantized: bool) 
                                f"the float32 path reads every architecture transformers reads")
     _check_types(infos, path, quantized)
     if arch is not None:
-        _check_arch(reader, infos, path, arch)
+        _check_arch(reader, infos, path, arch, applied)
     _check_extents(infos, int(reader.alignment), len(reader.data), path)
 
 
@@ -228,9 +233,12 @@ def _head_dim(reader, path: Path, arch: Arch, E: int, H: int) -> int:
     return E // H
 
 
-def _check_arch(reader, infos: list[TensorInfo], path: Path, arch: Arch) -> None:
+def _check_arch(reader, infos: list[TensorInfo], path: Path, arch: Arch, applied: tuple = ()) -> None:
     terms = _arch_terms(reader, path, arch)
-    _check_tensor_set(infos, terms["L"][0], path, arch)
+    theta = metadata_value(reader, f"{arch.gguf}.rope.freq_base", 10000.0)
+    if llama3_scaling(rope_freqs(reader), theta) is not None:  # Llama 3's scaling, read into the config
+        applied = (*applied, ROPE_FREQS)
+    _check_tensor_set(infos, terms["L"][0], path, arch, applied)
     wrong = [(info, _expected(info.name, terms, arch)) for info in infos if info.name not in NOT_APPLIED]
     wrong = [(info, want) for info, want in wrong if info.dims != want[0]]
     if wrong:
@@ -309,8 +317,9 @@ def _words(dims: tuple[int, ...]) -> str:
     return f"{dims[0]:,} weights" if len(dims) == 1 else f"of shape {list(dims)}"
 
 
-def _check_tensor_set(infos: list[TensorInfo], blocks: int, path: Path, arch: Arch) -> None:
-    """Each tensor of the architecture's rows for `blocks` blocks once (optional rows may be absent), nothing else."""
+def _check_tensor_set(infos: list[TensorInfo], blocks: int, path: Path, arch: Arch, applied: tuple = ()) -> None:
+    """Each tensor of the architecture's rows for `blocks` blocks once (optional rows may be absent), nothing else;
+    a NOT_APPLIED tensor warns unless `applied` names it (Llama 3's rope_freqs read as its scaling)."""
     names = [info.name for info in infos]
     twice = sorted(n for n, count in Counter(names).items() if count > 1)
     if twice:
@@ -323,7 +332,7 @@ def _check_tensor_set(infos: list[TensorInfo], blocks: int, path: Path, arch: Ar
     if missing:
         raise GatherValueError(f"model file {str(path)!r} does not match its own metadata: it lacks "
                                f"{_some(missing)}, which block_count {blocks} and the {arch.name} architecture need")
-    for name in sorted(have & set(NOT_APPLIED)):
+    for name in sorted(have & set(NOT_APPLIED) - set(applied)):
         warnings.warn(f"{path.name}: {name}: {NOT_APPLIED[name]}", GatherLensWarning, stacklevel=2)
     unused = [n for n in names if n not in set(expected) and n not in NOT_APPLIED]
     if unused:
@@ -380,6 +389,8 @@ def _check_values(reader, infos: list[TensorInfo], path: Path) -> None:
                                     strides=(layout.block_bytes,))  # one fp16 a block, in place
                 if not np.isfinite(scales).all():
                     _bad_scale(info, scales, field.name, info.shape[0] // layout.weights, path)
+            # its pages let go: checking a file never holds all of it in memory at once
+            release_pages(reader.data, reader.data.ctypes.data + info.offset, blocks * layout.block_bytes)
 
 
 def _check_floats(reader, info: TensorInfo, count: int, path: Path) -> None:
@@ -389,11 +400,12 @@ def _check_floats(reader, info: TensorInfo, count: int, path: Path) -> None:
     with warnings.catch_warnings():  # a read-only map ("r"): torch warns of writes; this only reads
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         values = torch.from_numpy(raw).view(value_dtype(info.type_name))  # (count,)
-    bad = ~torch.isfinite(values)  # (count,)
-    if bool(bad.any()):
-        at = int(bad.nonzero()[0])
-        raise GatherValueError(f"model file {str(path)!r} is damaged: {info.name} holds {float(values[at])} at "
-                               f"{_position(at, info)}; every weight must be finite; {HINT}")
+    for start in range(0, count, _FLOAT_CHUNK):  # a piece at a time: no (count,) mask of a 262K x 640 table
+        finite = torch.isfinite(values[start:start + _FLOAT_CHUNK])  # (chunk,)
+        if not bool(finite.all()):
+            at = start + int((~finite).nonzero()[0])
+            raise GatherValueError(f"model file {str(path)!r} is damaged: {info.name} holds {float(values[at])} at "
+                                   f"{_position(at, info)}; every weight must be finite; {HINT}")
 
 
 def _bad_scale(info: TensorInfo, scales: np.ndarray, field: str, per_row: int, path: Path) -> None:

@@ -5,9 +5,9 @@
     >>> config.num_attention_heads, config.num_key_value_heads, config.tie_word_embeddings
     (9, 3, True)
 
-`open_gguf` is a `gguf.GGUFReader` that parses the header from a plain numpy view of the mapped
-file (numpy's memmap subclass costs a Python call per slice: ~3x slower on a 49k-token
-vocabulary); afterwards `.data` is the memmap again. It keeps the last file it opened. `gguf_config` maps the metadata with one
+`open_gguf` is a `gguf.GGUFReader` whose header parses in one pass (models/gguf/reader.py: a
+262K-token vocabulary in a fraction of a second); afterwards `.data` is the memmap again. It keeps
+the last file it opened. `gguf_config` maps the metadata with one
 table, `CONFIG_KEYS` (a key, "{arch}" standing for `general.architecture` -> a config field,
 "a.b" for a field inside a dict field), the same fields transformers' `AutoConfig.from_pretrained(
 folder, gguf_file=)` sets (its `GGUF_CONFIG_MAPPING` was the reference), plus rope scaling where
@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 from gguf import GGUFReader
 
 from gatherlens.models.files.watch import file_identity
 from gatherlens.models.gguf.arch import ARCHS, Arch, lookup
+from gatherlens.models.gguf.reader import FastReader
+from gatherlens.models.gguf.rope import llama3_scaling, rope_freqs
 
 __all__ = ["open_gguf", "gguf_config", "load_gguf_config", "metadata_value", "file_arch", "config_keys",
            "CONFIG_KEYS", "CONFIG_CLASSES"]
@@ -60,25 +61,8 @@ CONFIG_KEYS = {
 _KEPT: dict = {}  # the last open_gguf: {(path, mode, file identity): (header bytes, reader)}
 
 
-class _FastReader(GGUFReader):
-    """GGUFReader parsing from a plain ndarray view of its memmap; `.data` is the memmap afterwards."""
-
-    def __init__(self, path, mode: str = "r"):
-        super().__init__(path, mode=mode)
-        self._gguf_view = self._gguf_map  # parsed: callers get the memmap (its .filename) back
-
-    @property
-    def data(self):
-        return self._gguf_view
-
-    @data.setter
-    def data(self, value) -> None:
-        self._gguf_map = value
-        self._gguf_view = value.view(np.ndarray)  # (file bytes,) uint8, same memory, no memmap hooks
-
-
 def open_gguf(path, mode: str = "r") -> GGUFReader:
-    """`gguf.GGUFReader(path, mode)`, its header parsed ~3x faster ("c": copy-on-write, never written).
+    """`gguf.GGUFReader(path, mode)`, its header parsed in one pass ("c": copy-on-write, never written).
 
     The last file opened is kept: opening it again (the quantized load reads the config, then the
     blocks) costs one read of its header, which must be byte-equal to the kept one (same file,
@@ -94,7 +78,7 @@ def open_gguf(path, mode: str = "r") -> GGUFReader:
             if f.read(len(header)) == header:
                 return reader
     try:
-        reader = _FastReader(path, mode=mode)
+        reader = FastReader(path, mode=mode)
     except IndexError as err:
         raise ValueError(f"the GGUF header ends early ({err}): the file is truncated") from None
     _KEPT.clear()
@@ -161,12 +145,15 @@ def load_gguf_config(path, reader: GGUFReader):
 
 
 def _settle(fields: dict, reader: GGUFReader) -> None:
-    """What no single key states: the vocabulary from the token list, the tied head, the rope type."""
+    """What no single key states: the vocabulary from the token list, the tied head, the rope type (Llama
+    3's from its rope_freqs.weight)."""
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     if "vocab_size" not in fields and tokens is not None:
         fields["vocab_size"] = len(tokens.data)
     # llama.cpp writes the output projection only when it is not the embedding matrix
     fields["tie_word_embeddings"] = all(t.name != "output.weight" for t in reader.tensors)
     scaling = fields.pop("rope_scaling", {})
+    if scaling.get("rope_type") in (None, "none"):  # Llama 3's scaling is a tensor, not metadata (models/gguf/rope.py)
+        scaling = llama3_scaling(rope_freqs(reader), fields.get("rope_theta", 10000.0)) or {}
     if scaling.get("rope_type") not in (None, "none"):  # no scaling: any other rope key means nothing
         fields["rope_scaling"] = scaling  # the config class merges it with rope_theta (per layer type for Gemma 3)

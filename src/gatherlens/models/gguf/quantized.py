@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from gatherlens.errors import GatherValueError
-from gatherlens.memory import release_mapping
+from gatherlens.memory import release_mapping, release_memory, release_pages
 from gatherlens.models.hf_adapter import preset_attn_implementation
 from gatherlens.models.gguf.arch import HEAD, LINEAR, NORM, Arch, Row
 from gatherlens.models.gguf.weights import embed_scale, fresh_rotary, permuted_heads, unpermute_rows
@@ -44,8 +44,10 @@ from gatherlens.models.files.registry import ModelSource, check_quantizable
 from gatherlens.ops.quant import LinearConfig, QuantizedTable, pack_linear, split_linear
 from gatherlens.ops.quant.formats.floats import float_values
 from gatherlens.ops.quant.products.matmul import pick_route
+from gatherlens.ops.quant.products.x8 import after_packing
 
-__all__ = ["load_quantized", "PREFILL_ROWS", "ROUTE", "HEAD_ROUTE", "linear_from", "quantized_modules"]
+__all__ = ["load_quantized", "PREFILL_ROWS", "ROUTE", "HEAD_ROUTE", "linear_from", "quantized_modules", "weight_rows",
+           "packed_weight", "head_weight"]
 
 PREFILL_ROWS = 128  # rows from which a call dequantizes to float32 (ops/quant/products/linear.py)
 ROUTE = "auto"  # the linears: "q8act" where it builds (llama.cpp's integer dot products), else "int4"
@@ -70,10 +72,12 @@ def load_quantized(source: ModelSource, attn_implementation: str | None, say) ->
     with readable(source.path):
         reader = open_reader(source.path, quantized=True)  # a gguf.GGUFReader ("c": copy-on-write)
     check_gguf(reader, source.path, quantized=True)  # types, architecture, metadata, shapes, scales: before anything slow
+    release_mapping(reader.data)  # the scale checks touched every page: the packing reads what it needs again
     config, tokenizer, folder = _config_and_tokenizer(source, say)
+    release_memory()  # the tokenizer's temporaries (a 262K vocabulary's merges) back to the system
     arch = _arch(reader)
     say(f"mapping the blocks of {source.path.name}")
-    with readable(source.path):
+    with readable(source.path), after_packing(lambda rows: _let_go(rows, reader)):
         tables = {t.name: t for t in reader.tensors}
         model = _build(config, reader, tables, attn_implementation, arch)
         watch_model(model, watch, reader.data)  # it reads the mapping in place (models/files/watch.py)
@@ -119,8 +123,7 @@ def _build(config, reader, tables: dict, attn_implementation: str | None, arch: 
     inner.embed_tokens = QuantizedEmbedding(embed, embed_scale(config) if arch.embed_scale else None)
     untied = any(r.kind == HEAD for r in arch.rows) and "output.weight" in tables
     head = QuantizedTable.from_reader(reader, "output.weight") if untied else embed
-    head_config = LinearConfig(route=pick_route(head.qtype, HEAD_ROUTE, head=True), prefill_rows=PREFILL_ROWS)
-    model.lm_head = QuantizedLinear(pack_linear(head.raw, head.qtype, head_config))
+    model.lm_head = QuantizedLinear(head_weight(head))
     for i, layer in enumerate(inner.layers):
         _fill_layer(layer, i, reader, tables, config, arch)
     inner.norm.weight = _norm(tables, "output_norm.weight", arch)
@@ -129,6 +132,13 @@ def _build(config, reader, tables: dict, attn_implementation: str | None, arch: 
     if left:
         raise GatherValueError(f"{len(left)} tensors of the model have no data in the file (first: {left[0]})")
     return model.eval()
+
+
+def _let_go(rows: torch.Tensor, reader) -> None:
+    """The file's pages of rows a route has just copied (panels: ops/quant/products/x8.py) let go at once: loading
+    never holds a weight's pages and its copy together (a 262K-row head would be 178 MB twice)."""
+    if rows.is_contiguous():
+        release_pages(reader.data, rows.data_ptr(), rows.numel())
 
 
 def _config(qtype: str, route: str | None = None) -> LinearConfig:
@@ -142,11 +152,16 @@ def linear_from(raw: torch.Tensor, qtype: str, bias: torch.Tensor | None = None)
     return QuantizedLinear(pack_linear(raw, qtype, _config(qtype)), bias)
 
 
-def _rows(reader, name: str, config, arch: Arch) -> torch.Tensor:
-    """The blocks of a linear (N, row_bytes), q and k rows back in HF's order where the row says (reverse_permute)."""
+def weight_rows(reader, name: str, config, arch: Arch) -> torch.Tensor:
+    """The blocks of a linear (N, row_bytes), q and k rows back in HF's order where the row says (reverse_permute);
+    config: anything with num_attention_heads / num_key_value_heads (a transformers config, a ModelSpec)."""
     raw = QuantizedTable.from_reader(reader, name).raw  # (N, row_bytes), mapped in place
     heads = permuted_heads(name, config, arch)
-    return raw if heads is None else unpermute_rows(raw, heads)  # (N, row_bytes): whole rows move, exact
+    if heads is None:
+        return raw
+    moved = unpermute_rows(raw, heads)  # (N, row_bytes): whole rows move, exact
+    _let_go(raw, reader)  # the copy is what runs: the file's pages need not stay
+    return moved
 
 
 def _tensor(tables: dict, name: str, arch: Arch):
@@ -160,7 +175,7 @@ def _parts(row: Row, i: int, reader, tables: dict, config, arch: Arch) -> tuple:
     stem = row.gguf.format(i=i)
     qtype = _tensor(tables, f"{stem}.weight", arch).tensor_type.name
     bias = _vector(tables, f"{stem}.bias", arch) if row.bias else None  # (N,) float32
-    return _rows(reader, f"{stem}.weight", config, arch), qtype, bias
+    return weight_rows(reader, f"{stem}.weight", config, arch), qtype, bias
 
 
 def _joined(reader, raws: list[torch.Tensor]) -> torch.Tensor:
@@ -172,14 +187,30 @@ def _joined(reader, raws: list[torch.Tensor]) -> torch.Tensor:
         a.data_ptr() + a.numel() == b.data_ptr() for a, b in zip(raws, raws[1:]))
     rows = sum(r.shape[0] for r in raws)
     if not adjacent or start < 0 or start + rows * width > base.size:
-        return torch.cat(raws)  # (sum N, row_bytes): q and k rows un-permuted, or apart in the file
+        joined = torch.cat(raws)  # (sum N, row_bytes): q and k rows un-permuted, or apart in the file
+        for r in raws:  # llama.cpp's quantizer orders a block's tensors by name: q, k, v are never adjacent
+            _let_go(r, reader)
+        return joined
     return torch.from_numpy(base[start:start + rows * width].reshape(rows, width))  # (sum N, row_bytes), no copy
+
+
+def packed_weight(reader, raws: list[torch.Tensor], qtype: str):
+    """One QuantizedWeight of several projections' rows of one format (a view of the file where they lie side
+    by side, `_joined`), its route picked here as every linear's."""
+    return pack_linear(raws[0] if len(raws) == 1 else _joined(reader, raws), qtype, _config(qtype))
+
+
+def head_weight(table: QuantizedTable):
+    """The output projection's QuantizedWeight over a table (`output.weight`, or the tied embedding's blocks):
+    the head's route (`HEAD_ROUTE`)."""
+    config = LinearConfig(route=pick_route(table.qtype, HEAD_ROUTE, head=True), prefill_rows=PREFILL_ROWS)
+    return pack_linear(table.raw, table.qtype, config)
 
 
 def _fused(parent, names: list[str], parts: list[tuple], reader) -> QuantizedLinear:
     """Pack the rows of several projections as one weight; each projection a view of its rows."""
     raws, qtype, biases = [p[0] for p in parts], parts[0][1], [p[2] for p in parts]
-    fused = pack_linear(_joined(reader, raws), qtype, _config(qtype))  # (sum N, row_bytes)
+    fused = packed_weight(reader, raws, qtype)  # (sum N, row_bytes)
     for name, part, bias in zip(names, split_linear(fused, [r.shape[0] for r in raws]), biases):
         setattr(parent, name, QuantizedLinear(part, bias))
     joined = None if any(b is None for b in biases) else torch.cat(biases)  # (sum N,)

@@ -10,8 +10,16 @@ tokens the file marks CONTROL (3) added as special tokens and USER_DEFINED (4) a
 tokens, the pre-tokenizer picked by `tokenizer.ggml.pre` from `PRE_TOKENIZER_SPLITS` (GPT-2's
 byte-level split for any other), exactly as transformers' GGUF converter builds it (its
 `gguf_tokenizer_mapping` was the reference); the special tokens, `add_bos_token` /
-`add_eos_token` and the chat template come from the metadata too. Any other tokenizer model
-(sentencepiece "llama", ...) gives None (`load_gguf_tokenizer` then asks transformers).
+`add_eos_token` and the chat template come from the metadata too.
+
+`tokenizer.ggml.model` "llama" (SentencePiece, with `tokenizer.ggml.scores`): BPE with byte fallback
+over the merges the vocabulary implies (`spm_merges`: every split of a token into two tokens, best
+score first; Gemma's in token order, its tokens of spaces spelled with U+2581), with Gemma's or
+Llama's normalizer, pre-tokenizer and decoder: what transformers' GGUF converter builds (its
+`gemma_tokenizer` / `sentencepiece_tokenizer` are the reference), in a fraction of its time for
+Gemma 3's 262,144 tokens (one array sort for the merges, no copy of the built tokenizer). Any other
+tokenizer model (Phi-3's sentencepiece, "t5", ...) gives None (`load_gguf_tokenizer` then asks
+transformers).
 """
 from __future__ import annotations
 
@@ -19,8 +27,10 @@ import functools
 from pathlib import Path
 
 from gatherlens.models.gguf.config import metadata_value
+from gatherlens.models.gguf.spm import sentencepiece_backend, spm_style
+from gatherlens.models.hf_adapter import tokenizer_over
 
-__all__ = ["gguf_tokenizer", "load_gguf_tokenizer", "PRE_TOKENIZER_SPLITS", "SPECIAL_TOKENS"]
+__all__ = ["gguf_tokenizer", "gguf_backend", "load_gguf_tokenizer", "PRE_TOKENIZER_SPLITS", "SPECIAL_TOKENS"]
 
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
 
@@ -57,20 +67,37 @@ PRE_TOKENIZER_SPLITS = {
 
 def gguf_tokenizer(reader):
     """The file's tokenizer as a transformers.PreTrainedTokenizerFast (see module doc), or None."""
-    from transformers import PreTrainedTokenizerFast
-
-    if metadata_value(reader, "tokenizer.ggml.model") != "gpt2" or "tokenizer.ggml.merges" not in reader.fields:
+    built = gguf_backend(reader)
+    if built is None:
         return None
+    backend, settings = built
+    return tokenizer_over(backend, **settings)
+
+
+def gguf_backend(reader):
+    """(the file's `tokenizers.Tokenizer`, its settings: the special tokens by name, add_bos_token /
+    add_eos_token where the file states them, the chat template), or None for a tokenizer model this
+    module does not build (byte-level BPE, "gpt2", and sentencepiece, "llama"). The transformers wrapper
+    (`gguf_tokenizer`) and the native runtime's (models/gguf/text.py) both take these."""
+    model = metadata_value(reader, "tokenizer.ggml.model")
     tokens = metadata_value(reader, "tokenizer.ggml.tokens")
-    backend = _byte_level_bpe(tokens, metadata_value(reader, "tokenizer.ggml.merges"),
-                              metadata_value(reader, "tokenizer.ggml.pre"))
-    _add_marked_tokens(backend, tokens, metadata_value(reader, "tokenizer.ggml.token_type") or ())
+    types = metadata_value(reader, "tokenizer.ggml.token_type") or ()
+    if model == "gpt2" and "tokenizer.ggml.merges" in reader.fields:
+        backend = _byte_level_bpe(tokens, metadata_value(reader, "tokenizer.ggml.merges"),
+                                  metadata_value(reader, "tokenizer.ggml.pre"))
+        _add_marked_tokens(backend, tokens, types)
+    elif model == "llama" and "tokenizer.ggml.scores" in reader.fields and spm_style(reader) is not None:
+        backend = sentencepiece_backend(tokens, reader)
+        _add_marked_tokens(backend, tokens, types, byte_level=False)
+    else:
+        return None
     ids = {name: metadata_value(reader, key) for name, key in SPECIAL_TOKENS.items()}
     specials = {name: tokens[i] if i is not None else None for name, i in ids.items()}
     extra = {key: value for key in ("add_bos_token", "add_eos_token")
              if (value := metadata_value(reader, f"tokenizer.ggml.{key}")) is not None}
-    return PreTrainedTokenizerFast(tokenizer_object=backend, chat_template=metadata_value(
-        reader, "tokenizer.chat_template"), **specials, **extra)
+    if model == "llama":
+        extra.setdefault("add_bos_token", True)  # llama.cpp adds BOS to a sentencepiece vocabulary unless told
+    return backend, {"chat_template": metadata_value(reader, "tokenizer.chat_template"), **specials, **extra}
 
 
 def load_gguf_tokenizer(path, reader):
@@ -135,17 +162,18 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str | None):
     return backend
 
 
-def _add_marked_tokens(backend, tokens: list[str], types) -> None:
-    """CONTROL tokens as special added tokens (one spelled outside the byte alphabet is a llama.cpp
-    mislabel, skipped), USER_DEFINED ones in the vocabulary as plain added tokens: both stay whole."""
+def _add_marked_tokens(backend, tokens: list[str], types, byte_level: bool = True) -> None:
+    """CONTROL tokens as special added tokens (in a byte-level vocabulary one spelled outside the byte
+    alphabet is a llama.cpp mislabel, skipped), USER_DEFINED ones in the vocabulary as plain added
+    tokens: both stay whole."""
     from tokenizers import AddedToken
 
     alphabet = set(_byte_alphabet().values())
     control = [AddedToken(t, normalized=False, special=True) for t, kind in zip(tokens, types)
-               if kind == CONTROL and set(t) <= alphabet]
-    vocab = backend.get_vocab()
-    user = [AddedToken(t, normalized=False, special=False) for t, kind in zip(tokens, types)
-            if kind == USER_DEFINED and t in vocab]
+               if kind == CONTROL and (not byte_level or set(t) <= alphabet)]
+    marked = [t for t, kind in zip(tokens, types) if kind == USER_DEFINED]
+    vocab = backend.get_vocab() if marked else {}  # a dict of every token: only when some are marked
+    user = [AddedToken(t, normalized=False, special=False) for t in marked if t in vocab]
     if control:
         backend.add_special_tokens(control)
     if user:

@@ -32,20 +32,23 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.memory import release_memory
-from gatherlens.models.runtime.detokenize import CONTEXT_TOKENS, Detokenizer
+from gatherlens.models.attention.sparse import meter_pages, observe_sparse, sparse_settings
 from gatherlens.models.files.watch import check_unchanged
-from gatherlens.models.runtime.decoding import (SparseKVCache, observe_sparse, sparse_settings, use_dense_decoding,
-                                      use_sparse_decoding)
-from gatherlens.models.attention.sparse import meter_pages
+from gatherlens.models.runtime.detokenize import CONTEXT_TOKENS, Detokenizer
+from gatherlens.models.runtime.native import is_native, native_cache, native_config, use_native_decoding, \
+    use_native_dense
 from gatherlens.models.runtime.threads import ThreadControl
 from gatherlens.ops.sampling import Sampler, SamplingConfig
 from gatherlens.ops.sparse.config import DEFAULT
+
+if TYPE_CHECKING:
+    from gatherlens.models.runtime.decoding import SparseKVCache
 
 __all__ = ["GenerationStart", "GenerationStep", "GenerationEnd", "LayerPages", "generation_steps", "greedy_tokens",
            "next_tokens", "chooser", "require_causal", "stop_ids", "last_logits", "PREFILL_CHUNK"]
@@ -140,10 +143,21 @@ def stop_ids(lm) -> set[int]:
     return set() if eos is None else {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
 
 
-def _start(model, budget: int | None, sparse: dict, cache=None) -> tuple[object, int]:
-    """Switch the model (sparse or dense decoding); the cache the loop fills (`cache` when given: a
-    SparseKVCache of these settings already holding a prefix of the prompt) and its page size."""
+def _start(model, budget: int | str | None, sparse: dict, tokens: int, cache=None) -> tuple[object, int]:
+    """Switch the model (sparse or dense decoding); the cache the loop fills (room for `tokens`; `cache`
+    when given: a SparseKVCache of these settings already holding a prefix of the prompt) and its page
+    size. The native runtime's model (models/runtime/native.py) decodes over its own cache; a
+    transformers model over transformers' DynamicCache (dense) or a SparseKVCache."""
+    if is_native(model):
+        if cache is not None:
+            raise GatherValueError("a kept cache (prefix reuse) runs in transformers' modules; the native runtime "
+                                   "makes its own cache: load with runtime='transformers'")
+        config = native_config(budget, **sparse)
+        use_native_decoding(model, config)
+        return native_cache(model, tokens, config), config.page_size
     from transformers import DynamicCache
+
+    from gatherlens.models.runtime.decoding import SparseKVCache, use_dense_decoding, use_sparse_decoding
 
     if budget is None:
         if cache is not None:
@@ -156,9 +170,20 @@ def _start(model, budget: int | None, sparse: dict, cache=None) -> tuple[object,
         if not isinstance(cache, SparseKVCache) or cache.page_size != settings.page_size:
             raise GatherValueError(f"the kept cache must be a SparseKVCache of page size {settings.page_size}, got "
                                    f"{type(cache).__name__} of page size {getattr(cache, 'page_size', None)}")
-        return cache, settings.page_size
-    return SparseKVCache(config=model.config, page_size=settings.page_size, kv_dtype=settings.kv_dtype), \
-        settings.page_size
+    else:
+        cache = SparseKVCache(config=model.config, page_size=settings.page_size, kv_dtype=settings.kv_dtype)
+    cache.reserve(tokens)  # room for every token at the prefill: no decode step regrows it
+    return cache, settings.page_size
+
+
+def _stop(model) -> None:
+    """Back to dense decoding (transformers' model), or no decode step (the native runtime's)."""
+    if is_native(model):
+        use_native_dense(model)
+        return
+    from gatherlens.models.runtime.decoding import use_dense_decoding
+
+    use_dense_decoding(model)
 
 
 def chooser(sampling: SamplingConfig | None, prompt: list[int],
@@ -278,13 +303,11 @@ def generation_steps(lm, ids: torch.Tensor, budget: int | None = DEFAULT.budget,
     new: list[int] = []
     times = [0.0, 0.0]  # prefill, decode
     try:
-        cache, page_size = _start(model, budget, sparse, cache)
+        cache, page_size = _start(model, budget, sparse, S + max_new_tokens, cache)
         kept = cache.get_seq_length()
         if not 0 <= kept < S:
             raise GatherValueError(f"the kept cache holds {kept} tokens; a prompt of {S} needs fewer (at least one "
                                    f"token left to run)")
-        if isinstance(cache, SparseKVCache):  # room for every token at the prefill: no decode step regrows it
-            cache.reserve(S + max_new_tokens)
         tokens = next_tokens(model, cache, ids[:, kept:], chooser(sampling, ids[0].tolist(), on_sample))  # the rest
         yield GenerationStart(S, budget, page_size, model.config.num_hidden_layers, kept)
         while len(new) < max_new_tokens and not (new and new[-1] in stop):
@@ -297,4 +320,4 @@ def generation_steps(lm, ids: torch.Tensor, budget: int | None = DEFAULT.budget,
                                  tuple(sorted(picked or (), key=lambda p: p.layer)), seconds, *_step_counts(counted))
         yield GenerationEnd(tuple(new), detok.text, S, "eos" if new[-1] in stop else "length", *times)
     finally:
-        use_dense_decoding(model)
+        _stop(model)

@@ -26,14 +26,14 @@ import torch.nn.functional as F
 
 from gatherlens.models.attention.features import attention_variant, global_rank, layer_kinds
 from gatherlens.models.gguf.arch import LayerShape, of_model
-from gatherlens.models.hf_adapter import class_named, decoder_layers
+from gatherlens.models.hf_adapter import class_named, decoder_layers, layer_type_names, rotary_angles
 from gatherlens.models.runtime.head import transposed_head
-from gatherlens.ops.layer.plan import Blocks, DecodePlan, LayerPlan, Product
-from gatherlens.ops.quant.products.linear import linear_product
+from gatherlens.ops.layer.plan import DecodePlan, LayerPlan, Product
 
 __all__ = ["plan_model"]
 
-_SILU_CLASSES = ("SiLU", "SiLUActivation")  # torch's or transformers' SiLU module
+# the gated MLP's activation a row names (LayerShape.activation) -> the module classes that compute it
+_ACTIVATION_CLASSES = {"silu": ("SiLU", "SiLUActivation"), "gelu_tanh": ("GELUTanh", "PytorchGELUTanh")}
 
 
 def plan_model(model, asked: str = "auto", transposed: bool = True) -> DecodePlan:
@@ -47,19 +47,22 @@ def plan_model(model, asked: str = "auto", transposed: bool = True) -> DecodePla
     if refusal is not None:
         return _refused(refusal, asked)
     kinds = layer_kinds(model.config, "the decode plan")  # use_sparse_decoding refused any other layer type
-    planned = [_layer_plan(layer, arch.layer, kind.window) for layer, kind in zip(layers, kinds)]
+    names = layer_type_names(model.config)
+    planned = [_layer_plan(layer, arch.layer, kind.window, name) for layer, kind, name in zip(layers, kinds, names)]
     refusal = next((why for _, why in planned if why is not None), None)
     if refusal is not None:
         return _refused(refusal, asked)
     norm, rotary, layer_plans = inner.norm, inner.rotary_emb, tuple(p for p, _ in planned)
-    return DecodePlan(layer_plans, norm.weight.detach(), float(norm.variance_epsilon), _head(model, transposed),
-                      inner.embed_tokens, rotary, _embed_scale(inner.embed_tokens), _rope_type(rotary),
+    factor, eps = _norm(norm, arch.layer)
+    angles = {p.angles: rotary_angles(rotary, p.angles) for p in layer_plans}
+    return DecodePlan(layer_plans, factor, eps, _head(model, transposed), inner.embed_tokens, angles,
+                      _embed_scale(inner.embed_tokens), _rope_type(rotary),
                       getattr(model.config, "final_logit_softcapping", None), None, asked,
                       frozenset().union(*(p.variant.used for p in layer_plans)))
 
 
 def _refused(why: str, asked: str) -> DecodePlan:
-    return DecodePlan((), None, 0.0, None, None, None, refusal=why, asked=asked)
+    return DecodePlan((), None, 0.0, None, None, refusal=why, asked=asked)
 
 
 def _model_refusal(model, layers, inner, arch) -> str | None:
@@ -72,45 +75,80 @@ def _model_refusal(model, layers, inner, arch) -> str | None:
     for part in ("embed_tokens", "rotary_emb", "norm"):
         if getattr(inner, part, None) is None:
             return f"{name}.model has no {part}"
-    if not hasattr(inner.norm, "variance_epsilon"):
-        return f"the final norm is a {type(inner.norm).__name__} (the plan reads Llama's RMSNorm: variance_epsilon)"
+    if _norm_refusal(inner.norm) is not None:
+        return f"the final norm: {_norm_refusal(inner.norm)}"
     if model.get_output_embeddings() is None:
         return f"{name} has no output projection"
     return None
 
 
-def _layer_plan(layer, shape: LayerShape, window: int | None) -> tuple[LayerPlan | None, str | None]:
-    """(the layer's plan, None) or (None, why the walker cannot describe it)."""
+def _layer_plan(layer, shape: LayerShape, window: int | None, kind: str) -> tuple[LayerPlan | None, str | None]:
+    """(the layer's plan, None) or (None, why the walker cannot describe it). kind: its layer type's name
+    (the key of the rotary angles it reads)."""
     i = getattr(getattr(layer, "self_attn", None), "layer_idx", None)
     why = _parts_refusal(layer, shape)
     if why is not None:
         return None, f"layer {i}: {why}"
     attn, mlp = layer.self_attn, layer.mlp
-    n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
+    (n1, e1), (n2, e2) = _norm(layer.input_layernorm, shape), _norm(_pre_mlp_norm(layer, shape), shape)
     heads, kv_heads, D = attn.config.num_attention_heads, attn.config.num_key_value_heads, attn.head_dim
     qkv = _group(attn, "qkv_proj", ("q_proj", "k_proj", "v_proj"), f"layer {i}")
     gate_up = _group(mlp, "gate_up_proj", ("gate_proj", "up_proj"), f"layer {i}")
     o, down = _product(attn.o_proj, f"layer {i} o_proj"), _product(mlp.down_proj, f"layer {i} down_proj")
     dv = getattr(attn.o_proj, "in_features", heads * D) // heads  # the value width (latent attention: another)
     variant = attention_variant(attn, where="the decode plan")
-    return LayerPlan(shape, (n1.weight.detach(), n2.weight.detach()), (float(n1.variance_epsilon),
-                     float(n2.variance_epsilon)), qkv, o, gate_up, down, (heads * D, kv_heads * D, kv_heads * dv),
-                     heads, kv_heads, D, float(attn.scaling), i, global_rank(attn), window, variant, attn, o.act), None
+    qk = _pair(attn, ("q_norm", "k_norm"), shape) if shape.qk_norm else (None, (0.0, 0.0))
+    sandwich = _pair(layer, ("post_attention_layernorm", "post_feedforward_layernorm"), shape) \
+        if shape.sandwich_norms else (None, (0.0, 0.0))
+    return LayerPlan(shape, (n1, n2), (e1, e2), qkv, o, gate_up, down, (heads * D, kv_heads * D, kv_heads * dv),
+                     heads, kv_heads, D, float(attn.scaling), i, global_rank(attn), window, variant, attn, o.act,
+                     qk[0], qk[1][0], sandwich[0], sandwich[1], shape.activation, kind), None
+
+
+def _pre_mlp_norm(layer, shape: LayerShape):
+    """The norm before the MLP: Llama's post_attention_layernorm; Gemma's pre_feedforward_layernorm (its
+    post_attention_layernorm is the sandwich norm of the attention's output)."""
+    return layer.pre_feedforward_layernorm if shape.sandwich_norms else layer.post_attention_layernorm
+
+
+def _norm(module, shape: LayerShape) -> tuple[torch.Tensor, float]:
+    """(the factor an RMSNorm module multiplies by, its epsilon): its weight, plus the row's offset (Gemma: 1 +
+    w, as its RMSNorm computes it)."""
+    weight = module.weight.detach().float()  # (d,)
+    eps = getattr(module, "variance_epsilon", None)
+    return (weight + shape.norm_offset if shape.norm_offset else weight), float(eps if eps is not None else module.eps)
+
+
+def _pair(owner, names: tuple[str, str], shape: LayerShape) -> tuple[tuple, tuple[float, float]]:
+    """((factor, factor), (eps, eps)) of two norms of `owner`."""
+    (a, ea), (b, eb) = (_norm(getattr(owner, n), shape) for n in names)
+    return (a, b), (ea, eb)
+
+
+def _norm_refusal(module) -> str | None:
+    """Why `module` is not an RMSNorm the plan reads (a weight and Llama's variance_epsilon or Gemma's eps)."""
+    if class_named(module, suffix=("RMSNorm",)) and getattr(module, "weight", None) is not None and (
+            hasattr(module, "variance_epsilon") or hasattr(module, "eps")):
+        return None
+    return f"it is a {type(module).__name__} (the plan reads RMSNorms: a weight and its epsilon)"
 
 
 def _parts_refusal(layer, shape: LayerShape) -> str | None:
     """Why this layer's modules are not what its architecture's row says (fail closed), else None."""
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    norms = (getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None))
     for owner, part in ((attn, "o_proj"), (mlp, "down_proj"), (attn, "head_dim"), (attn, "scaling"), (attn, "config")):
         if getattr(owner, part, None) is None:
             return f"it has no {part}"
-    if not all(class_named(n, suffix=("RMSNorm",)) and hasattr(n, "variance_epsilon") for n in norms):
-        return f"its norms are {type(norms[0]).__name__} (the plan reads Llama's RMSNorm: variance_epsilon)"
-    act = getattr(mlp, "act_fn", None)
-    if shape.activation == "silu" and not class_named(act, _SILU_CLASSES):
-        return f"its MLP's activation is {type(act).__name__} (its architecture's row says silu)"
-    bias = getattr(getattr(attn, "q_proj", None), "bias", None) is not None
+    norms = ["input_layernorm", "post_attention_layernorm"] + (
+        ["pre_feedforward_layernorm", "post_feedforward_layernorm"] if shape.sandwich_norms else [])
+    for name in norms:
+        why = _norm_refusal(getattr(layer, name, None))
+        if why is not None:
+            return f"its {name}: {why}"
+    act = getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
+    if not class_named(act, _ACTIVATION_CLASSES.get(shape.activation, ())):
+        return f"its MLP's activation is {type(act).__name__} (its architecture's row says {shape.activation})"
+    bias = getattr(getattr(attn, "q_proj", getattr(attn, "qkv_proj", None)), "bias", None) is not None
     if bias != shape.qkv_bias:
         return f"q_proj {'has' if bias else 'lacks'} a bias (its architecture's row says qkv_bias={shape.qkv_bias})"
     if (hasattr(attn, "q_norm") or hasattr(attn, "k_norm")) != shape.qk_norm:
@@ -128,27 +166,16 @@ def _group(parent, packed: str, names: tuple[str, ...], where: str) -> tuple[Pro
 
 
 def _product(lin, name: str) -> Product:
-    """One weight's Product: a QuantizedLinear's blocks through `linear_product` (its table picks the row),
-    with the C++ stack's Blocks where it is bias-free on the q8act route; a float module through F.linear."""
+    """One weight's Product: a QuantizedLinear's through `Product.of_weight` (the one rule: its blocks where
+    the C++ stack multiplies them), a float module through F.linear."""
     weight = lin.__dict__.get("qweight")
-    bias = getattr(lin, "bias", None)
     if weight is None:
         return Product(name, functools.partial(_float_linear, lin))
-    run = functools.partial(linear_product, weight=weight) if bias is None else functools.partial(_biased, weight, bias)
-    blocks = None
-    if weight.route == "q8act" and bias is None:
-        blocks = Blocks(weight.tensors[0], weight.qtype, panels=True) if weight.tensors else Blocks(weight.raw,
-                                                                                                    weight.qtype)
-    return Product(name, run, blocks, weight.activation_dtype)
+    return Product.of_weight(name, weight, getattr(lin, "bias", None))
 
 
 def _float_linear(lin: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, lin.weight, lin.bias)  # (M, N): the module's parameters as they are now
-
-
-def _biased(weight, bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    y = linear_product(x, weight)  # (M, N)
-    return y + bias.to(y.dtype)  # (M, N): Qwen2's q/k/v biases
 
 
 def _head(model, transposed: bool) -> Product:

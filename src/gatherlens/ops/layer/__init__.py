@@ -1,4 +1,4 @@
-"""The elementwise pieces of one decoder-layer step: RMSNorm, the residual sum, SiLU-gating and
+"""The elementwise pieces of one decoder-layer step: RMSNorm, the residual sum, SiLU- and GELU-gating and
 the rotary embedding with the paged cache's append, as C++ operators beside plain references.
 
     >>> from gatherlens.ops.layer import rms_norm_cast, add_rms_norm_cast, silu_mul_cast, rope_append
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from gatherlens.lazy import lazy_exports
 
-_EXPORTS = {"rms_norm_cast": "fused", "add_rms_norm_cast": "fused", "silu_mul_cast": "fused", "rope_append": "fused"}
+_EXPORTS = {"rms_norm_cast": "fused", "add_rms_norm_cast": "fused", "silu_mul_cast": "fused", "gelu_mul_cast": "fused",
+            "glu_cast": "fused", "rope_append": "fused"}
 
-__all__ = ["rms_norm_cast", "add_rms_norm_cast", "silu_mul_cast", "rope_append"]
+__all__ = ["rms_norm_cast", "add_rms_norm_cast", "silu_mul_cast", "gelu_mul_cast", "glu_cast", "rope_append"]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -3,6 +3,7 @@
     >>> h = rms_norm_cast(x, w, 1e-5, torch.bfloat16)         # x (..., d) float32 -> (..., d) bf16
     >>> x2, h = add_rms_norm_cast(x, y, w, 1e-5, torch.bfloat16)
     >>> a = silu_mul_cast(gu, torch.bfloat16)                  # (..., 2I) -> (..., I)
+    >>> a = glu_cast(gu, "gelu_tanh", torch.float32)           # the gated MLP's activation by name (GeGLU)
     >>> q = rope_append(q, k, v, cos, sin, cache)              # (B, Hq, D); k, v in the cache
 
 A decode step moves one token through a layer: each of these is a few thousand floats, and what
@@ -11,7 +12,7 @@ each does the same float32 arithmetic as naive.py (equal up to the order of a su
 `rope_append` also writes the rotated key and the value into a PagedKVCache in place, with its
 page summary, through the cache's public `writable` / `advance`. Where each call runs is decided by
 one backend table per operator (ops/backends.py: `RMS_NORM_CAST`, `ADD_RMS_NORM_CAST`, `SILU_MUL_CAST`,
-`ROPE_APPEND`), rows "native" (the C++ operator, where it fits: CPU, float32 inputs, no autograd, an
+`GELU_MUL_CAST`, `ROPE_APPEND`), rows "native" (the C++ operator, where it fits: CPU, float32 inputs, no autograd, an
 output dtype it writes, the operator built) and "torch" (the reference, every call): no silent
 fallback, `backends.describe()` says which ran and why the native row did not.
 """
@@ -26,8 +27,9 @@ from gatherlens.ops.native import load_library
 
 from . import naive
 
-__all__ = ["kernel_loaded", "kernel_ready", "rms_norm_cast", "add_rms_norm_cast", "silu_mul_cast", "rope_append",
-           "KERNEL", "RMS_NORM_CAST", "ADD_RMS_NORM_CAST", "SILU_MUL_CAST", "ROPE_APPEND"]
+__all__ = ["kernel_loaded", "kernel_ready", "rms_norm_cast", "add_rms_norm_cast", "silu_mul_cast", "gelu_mul_cast",
+           "glu_cast", "rope_append", "KERNEL", "RMS_NORM_CAST", "ADD_RMS_NORM_CAST", "SILU_MUL_CAST", "GELU_MUL_CAST",
+           "ROPE_APPEND", "ACTIVATIONS"]
 
 KERNEL = Path(__file__).with_name("layer_ops.cpp")
 _OUT = (torch.float32, torch.bfloat16)
@@ -48,6 +50,7 @@ def register_fakes() -> None:
     torch.library.register_fake("gatherlens::rms_norm_cast", _fake_norm)
     torch.library.register_fake("gatherlens::add_rms_norm_cast", _fake_add_norm)
     torch.library.register_fake("gatherlens::silu_mul_cast", _fake_silu)
+    torch.library.register_fake("gatherlens::gelu_mul_cast", _fake_silu)
     torch.library.register_fake("gatherlens::rope_append", _fake_rope)
 
 
@@ -114,9 +117,11 @@ def _silu_fits(gu, dtype) -> str | None:
     return _fits(gu, dtype=dtype)
 
 
-def _silu_run(gu, dtype):
-    a = torch.ops.gatherlens.silu_mul_cast(_rows(gu), dtype == torch.bfloat16)  # (R, I)
-    return a if gu.dim() == 2 else a.view(*gu.shape[:-1], gu.shape[-1] // 2)
+def _glu_run(op):
+    def run(gu, dtype):
+        a = op(_rows(gu), dtype == torch.bfloat16)  # (R, I)
+        return a if gu.dim() == 2 else a.view(*gu.shape[:-1], gu.shape[-1] // 2)
+    return run
 
 
 def _rope_fits(q, k, v, cos, sin, cache) -> str | None:
@@ -147,8 +152,12 @@ RMS_NORM_CAST = Operator("rms_norm_cast", [Impl("native", _norm_fits, _norm_run,
                                            Impl("torch", _any, naive.rms_norm_cast_reference)])
 ADD_RMS_NORM_CAST = Operator("add_rms_norm_cast", [Impl("native", _add_norm_fits, _add_norm_run, ready=kernel_ready),
                                                    Impl("torch", _any, naive.add_rms_norm_cast_reference)])
-SILU_MUL_CAST = Operator("silu_mul_cast", [Impl("native", _silu_fits, _silu_run, ready=kernel_ready),
-                                           Impl("torch", _any, naive.silu_mul_cast_reference)])
+SILU_MUL_CAST = Operator("silu_mul_cast", [
+    Impl("native", _silu_fits, _glu_run(lambda *a: torch.ops.gatherlens.silu_mul_cast(*a)), ready=kernel_ready),
+    Impl("torch", _any, naive.silu_mul_cast_reference)])
+GELU_MUL_CAST = Operator("gelu_mul_cast", [
+    Impl("native", _silu_fits, _glu_run(lambda *a: torch.ops.gatherlens.gelu_mul_cast(*a)), ready=kernel_ready),
+    Impl("torch", _any, naive.gelu_mul_cast_reference)])
 ROPE_APPEND = Operator("rope_append", [Impl("native", _rope_fits, _rope_run, ready=kernel_ready),
                                        Impl("torch", _any, naive.rope_append_reference)])
 
@@ -166,6 +175,20 @@ def add_rms_norm_cast(x, y, weight, eps: float, dtype: torch.dtype):
 def silu_mul_cast(gu: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """silu(gate) * up of gu = [gate | up] (..., 2I), in float32, as `dtype`: (..., I)."""
     return SILU_MUL_CAST(gu, dtype)
+
+
+def gelu_mul_cast(gu: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """gelu_tanh(gate) * up of gu = [gate | up] (..., 2I), in float32, as `dtype`: (..., I) (GeGLU)."""
+    return GELU_MUL_CAST(gu, dtype)
+
+
+# the gated MLP's activation (LayerShape.activation) -> its operator; the C++ stack numbers them in this order
+ACTIVATIONS = {"silu": silu_mul_cast, "gelu_tanh": gelu_mul_cast}
+
+
+def glu_cast(gu: torch.Tensor, activation: str, dtype: torch.dtype) -> torch.Tensor:
+    """act(gate) * up of gu = [gate | up] (..., 2I) for an activation of ACTIVATIONS ("silu", "gelu_tanh")."""
+    return ACTIVATIONS[activation](gu, dtype)
 
 
 def rope_append(q, k, v, cos, sin, cache) -> torch.Tensor:

@@ -3,6 +3,7 @@
 //   torch.ops.gatherlens.rms_norm_cast(x, w, eps, bf16) -> h
 //   torch.ops.gatherlens.add_rms_norm_cast(x, y, w, eps, bf16) -> (x + y, h)
 //   torch.ops.gatherlens.silu_mul_cast(gu, bf16) -> a
+//   torch.ops.gatherlens.gelu_mul_cast(gu, bf16) -> a
 //   torch.ops.gatherlens.rope_append(q, k, v, cos, sin, keys, values, summaries, position, key_scales,
 //                                    value_scales) -> q_rot
 //
@@ -13,6 +14,8 @@
 //                      matmul's activation dtype), else float32; rows of x (R, d) float32;
 //   add_rms_norm_cast: the residual x + y (y float32 or bfloat16) in float32, and h of it;
 //   silu_mul_cast:     silu(gu[:, :I]) * gu[:, I:] for gu (R, 2I) float32 or bfloat16;
+//   gelu_mul_cast:     the same with gelu's tanh approximation (GeGLU: Gemma's MLP),
+//                      0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) * u;
 //   rope_append:       transformers' rotary embedding x cos + rotate_half(x) sin of q (B, Hq*D) and
 //                      k (B, Hkv*D) (float32 or bfloat16 rows, last dim contiguous), k and v written
 //                      at `position` of a PagedKVCache's storage keys (B, Hkv, cap, P, D), values
@@ -106,27 +109,40 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_cast_cpu(const at::Tensor& x, co
   return {s, h};
 }
 
-template <typename T, typename O>
-void silu_rows(const T* gu, int64_t gs, O* out, int64_t R, int64_t I) {
+struct Silu {
+  static float apply(float g) { return g * gl::sigmoid(g); }
+};
+
+struct GeluTanh {  // gelu's tanh approximation, as torch's gelu(approximate="tanh")
+  static float apply(float g) { return 0.5f * g * (1.f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g))); }
+};
+
+template <typename Act, typename T, typename O>
+void glu_rows(const T* gu, int64_t gs, O* out, int64_t R, int64_t I) {
   for (int64_t r = 0; r < R; ++r)
     for (int64_t i = 0; i < I; ++i) {
       const float g = load(gu + r * gs, i), u = load(gu + r * gs, I + i);
-      out[r * I + i] = static_cast<O>((g * gl::sigmoid(g)) * u);
+      out[r * I + i] = static_cast<O>(Act::apply(g) * u);
     }
 }
 
-at::Tensor silu_mul_cast_cpu(const at::Tensor& gu, bool bf16) {
+template <typename Act>
+at::Tensor glu_cast_cpu(const at::Tensor& gu, bool bf16) {
   check_rows(gu, "gu");
   TORCH_CHECK(gu.size(1) % 2 == 0, "gu must be (R, 2I): gate | up, got width ", gu.size(1));
   const int64_t R = gu.size(0), I = gu.size(1) / 2;
   at::Tensor out = rows_out(gu, R, I, bf16);
   const bool in_bf = gu.scalar_type() == at::kBFloat16;
-  if (in_bf && bf16) silu_rows(gu.data_ptr<c10::BFloat16>(), gu.stride(0), out.data_ptr<c10::BFloat16>(), R, I);
-  else if (in_bf) silu_rows(gu.data_ptr<c10::BFloat16>(), gu.stride(0), out.data_ptr<float>(), R, I);
-  else if (bf16) silu_rows(gu.data_ptr<float>(), gu.stride(0), out.data_ptr<c10::BFloat16>(), R, I);
-  else silu_rows(gu.data_ptr<float>(), gu.stride(0), out.data_ptr<float>(), R, I);
+  if (in_bf && bf16) glu_rows<Act>(gu.data_ptr<c10::BFloat16>(), gu.stride(0), out.data_ptr<c10::BFloat16>(), R, I);
+  else if (in_bf) glu_rows<Act>(gu.data_ptr<c10::BFloat16>(), gu.stride(0), out.data_ptr<float>(), R, I);
+  else if (bf16) glu_rows<Act>(gu.data_ptr<float>(), gu.stride(0), out.data_ptr<c10::BFloat16>(), R, I);
+  else glu_rows<Act>(gu.data_ptr<float>(), gu.stride(0), out.data_ptr<float>(), R, I);
   return out;
 }
+
+at::Tensor silu_mul_cast_cpu(const at::Tensor& gu, bool bf16) { return glu_cast_cpu<Silu>(gu, bf16); }
+
+at::Tensor gelu_mul_cast_cpu(const at::Tensor& gu, bool bf16) { return glu_cast_cpu<GeluTanh>(gu, bf16); }
 
 // x (D,) rotated into o: o[i] = x[i] cos[i] - x[i + D/2] sin[i] (first half), x[i] cos[i] + x[i - D/2] sin[i]
 template <typename T>
@@ -316,6 +332,7 @@ TORCH_LIBRARY_FRAGMENT(gatherlens, m) {
   m.def("rms_norm_cast(Tensor x, Tensor w, float eps, bool bf16) -> Tensor");
   m.def("add_rms_norm_cast(Tensor x, Tensor y, Tensor w, float eps, bool bf16) -> (Tensor, Tensor)");
   m.def("silu_mul_cast(Tensor gu, bool bf16) -> Tensor");
+  m.def("gelu_mul_cast(Tensor gu, bool bf16) -> Tensor");
   m.def("rope_append(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, "
         "Tensor(c!) summaries, int position, Tensor(d!)? key_scales=None, Tensor(e!)? value_scales=None) -> Tensor");
 }
@@ -324,5 +341,6 @@ TORCH_LIBRARY_IMPL(gatherlens, CPU, m) {
   m.impl("rms_norm_cast", &rms_norm_cast_cpu);
   m.impl("add_rms_norm_cast", &add_rms_norm_cast_cpu);
   m.impl("silu_mul_cast", &silu_mul_cast_cpu);
+  m.impl("gelu_mul_cast", &gelu_mul_cast_cpu);
   m.impl("rope_append", &rope_append_cpu);
 }

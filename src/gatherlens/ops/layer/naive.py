@@ -3,10 +3,11 @@
     >>> h = rms_norm_cast_reference(x, w, 1e-5, torch.bfloat16)       # x (R, d) float32 -> (R, d)
     >>> s, h = add_rms_norm_cast_reference(x, y, w, 1e-5, torch.bfloat16)
     >>> a = silu_mul_cast_reference(gu, torch.bfloat16)               # gu (R, 2I) -> (R, I)
+    >>> a = gelu_mul_cast_reference(gu, torch.float32)                # GeGLU (Gemma's MLP)
     >>> q = rope_append_reference(q, k, v, cos, sin, cache)           # q (B, Hq*D) -> (B, Hq, D)
 
 Plain torch, in float32, as transformers' Llama layer computes them: RMSNorm (x / rms(x) times the
-weight), the residual sum, SiLU(gate) * up, the rotary embedding (x cos + rotate_half(x) sin) and
+weight), the residual sum, SiLU(gate) * up (GELU-tanh(gate) * up: Gemma's), the rotary embedding (x cos + rotate_half(x) sin) and
 the paged cache's `append` of the rotated key and the value.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["rms_norm_cast_reference", "add_rms_norm_cast_reference", "silu_mul_cast_reference",
+__all__ = ["rms_norm_cast_reference", "add_rms_norm_cast_reference", "silu_mul_cast_reference", "gelu_mul_cast_reference",
            "rope_reference", "rope_append_reference"]
 
 
@@ -35,6 +36,13 @@ def silu_mul_cast_reference(gu: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
     """silu(gate) * up for gu = [gate | up] (..., 2I), in float32, cast to `dtype`: (..., I)."""
     gate, up = gu.float().chunk(2, dim=-1)  # (..., I) x2
     return (F.silu(gate) * up).to(dtype)
+
+
+def gelu_mul_cast_reference(gu: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """gelu_tanh(gate) * up for gu = [gate | up] (..., 2I), in float32, cast to `dtype`: (..., I) (Gemma's GeGLU,
+    transformers' GELUTanh: F.gelu(approximate="tanh"))."""
+    gate, up = gu.float().chunk(2, dim=-1)  # (..., I) x2
+    return (F.gelu(gate, approximate="tanh") * up).to(dtype)
 
 
 def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

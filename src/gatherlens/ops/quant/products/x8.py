@@ -23,13 +23,19 @@ in another order (float32 rounding). `unpack_x8` is the exact inverse (the tests
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
+
 import torch
 
 from gatherlens.ops.quant.formats.layout import LAYOUTS, PANEL_OP, QK, formats_run_by
 
-__all__ = ["X8_QTYPES", "PANEL", "X8_OP", "pack_x8", "unpack_x8", "x8_fits", "x8_matmul"]
+__all__ = ["X8_QTYPES", "PANEL", "X8_OP", "pack_x8", "unpack_x8", "x8_fits", "x8_matmul", "after_packing"]
 
 PANEL = 8  # weight rows a panel (one per int32 lane of a 256-bit register)
+PACK_ROWS = 8192  # rows pack_x8 moves at a time (a multiple of PANEL)
+PACKED_ROWS: contextvars.ContextVar = contextvars.ContextVar("gatherlens_packed_rows", default=None)
 X8_OP = PANEL_OP  # its operator, torch.ops.gatherlens.<X8_OP>(x, packed, ggml type), in q8act.cpp
 X8_QTYPES = formats_run_by(PANEL_OP)  # the records with panels
 assert all(LAYOUTS[q].weights == QK and LAYOUTS[q].bits in (4, 8) for q in X8_QTYPES), "panels: 4/8-bit blocks of 32"
@@ -48,7 +54,41 @@ def _parts(qtype: str) -> tuple[list[str], int]:
 
 
 def pack_x8(raw: torch.Tensor, qtype: str) -> torch.Tensor:
-    """raw (N, nb * block_bytes) uint8 blocks -> the same bytes in panels (N, nb * block_bytes), contiguous."""
+    """raw (N, nb * block_bytes) uint8 blocks -> the same bytes in panels (N, nb * block_bytes), contiguous.
+    Written PACK_ROWS rows at a time into the output: no whole-weight temporaries (a 262K-row head is 178 MB)."""
+    N, row_bytes = raw.shape
+    out = torch.empty(raw.shape, dtype=torch.uint8)  # (N, row_bytes)
+    order, done = _panel_order(qtype, row_bytes), PACKED_ROWS.get()
+    for start in range(0, N, PACK_ROWS):
+        rows = raw[start:start + PACK_ROWS]  # (n, row_bytes), n a multiple of 8
+        out[start:start + PACK_ROWS] = rows.reshape(-1, PANEL * row_bytes).index_select(1, order).view(rows.shape)
+        if done is not None:
+            done(rows)
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _panel_order(qtype: str, row_bytes: int) -> torch.Tensor:
+    """Where each byte of a packed panel comes from in its 8 stored rows, (8 * row_bytes,) int64: `_panels`
+    (the layout, in permutes) applied once to the bytes' own positions, then one gather a chunk."""
+    where = torch.arange(PANEL * row_bytes, dtype=torch.int32).reshape(PANEL, row_bytes)  # (8, row_bytes)
+    return _panels(where, qtype).reshape(-1).long()  # (8 * row_bytes,)
+
+
+@contextlib.contextmanager
+def after_packing(done):
+    """Inside the block, pack_x8 calls done(rows) with each piece of raw rows once it has moved them (a
+    loader lets a mapped file's pages go as it packs: models/gguf/quantized.py)."""
+    token = PACKED_ROWS.set(done)
+    try:
+        yield
+    finally:
+        PACKED_ROWS.reset(token)
+
+
+def _panels(raw: torch.Tensor, qtype: str) -> torch.Tensor:
+    """The panel layout of whole panels of rows, (n, row_bytes) -> (n, row_bytes), any dtype (the bytes, or
+    their positions)."""
     lay = LAYOUTS[qtype]
     N, nb = raw.shape[0], raw.shape[1] // lay.block_bytes
     blocks = raw.reshape(N // PANEL, PANEL, nb, lay.block_bytes)  # (P, 8, nb, bytes)
@@ -58,7 +98,7 @@ def pack_x8(raw: torch.Tensor, qtype: str) -> torch.Tensor:
     codes = blocks[..., qs.offset:qs.end].reshape(N // PANEL, PANEL, nb, steps, 4)  # (P, 8, nb, steps, 4)
     pieces.append(codes.permute(0, 2, 3, 1, 4))  # (P, nb, steps, 8, 4)
     flat = [p.reshape(N // PANEL, nb, -1) for p in pieces]  # (P, nb, bytes of the piece)
-    return torch.cat(flat, dim=-1).reshape(N, nb * lay.block_bytes).contiguous()  # (N, row_bytes)
+    return torch.cat(flat, dim=-1).reshape(N, nb * lay.block_bytes)  # (N, row_bytes)
 
 
 def unpack_x8(packed: torch.Tensor, qtype: str) -> torch.Tensor:

@@ -1,0 +1,63 @@
+"""`gatherlens bench models`: its pieces on fake results, and one run on tiny files (slow: fresh processes)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gatherlens.bench.model_files import REAL_MODELS, hf_config, model_vocab, write_model
+from gatherlens.bench.models import agree_cells, markdown, reference_of
+from gatherlens.cli import main
+
+
+def test_reference_is_the_f16_file_beside_it(tmp_path):
+    for name in ("m.Q4_K_M.gguf", "m.F16.gguf"):
+        (tmp_path / name).write_bytes(b"")
+    assert reference_of(tmp_path / "m.Q4_K_M.gguf", None) == tmp_path / "m.F16.gguf"
+    assert reference_of(tmp_path / "m.F16.gguf", None) is None  # never itself
+    assert reference_of(tmp_path / "other.Q8_0.gguf", None) is None
+    assert reference_of(tmp_path / "m.Q4_K_M.gguf", tmp_path / "x.gguf") == tmp_path / "x.gguf"
+
+
+def test_agreement_splits_at_the_window(monkeypatch, tmp_path):
+    import gatherlens.bench.models as bm
+
+    monkeypatch.setattr(bm, "_ours", lambda case, **spec: {"top1": [1, 2, 3, 9]})
+    monkeypatch.setattr(bm, "_theirs", lambda python, **spec: {"top1": [1, 9, 3, 4]})
+    reference = {"ids": list(range(10)), "top1": [1, 2, 3, 4]}
+    spec = dict(prefix=6, steps=4, threads=1, budget=8)
+    row = agree_cells(tmp_path / "f.gguf", reference, spec, window=8, python="py")  # steps 0, 1 before 8
+    assert row == {"agree": 0.75, "agree_before": 1.0, "agree_after": 0.5,
+                   "llama_agree": 0.75, "llama_agree_before": 0.5, "llama_agree_after": 1.0}
+    assert "agree_before" not in agree_cells(tmp_path / "f.gguf", reference, spec, window=None, python=None)
+
+
+def test_markdown_table_has_one_line_a_file():
+    row = {"file": "m.Q4_K_M.gguf", "ms_512": 10.0, "llama_ms_512": 15.0, "x_decode_512": 1.5, "prefill_s_512": 1.0,
+           "llama_prefill_s_512": 2.0, "x_prefill_512": 2.0, "load_warm_s": 1.5, "load_cold_s": 4.0,
+           "rss_mb_512": 500.0, "llama_rss_mb_512": 400.0, "agree": 0.95, "llama_agree": 0.97}
+    lines = markdown([row], [512])
+    assert len(lines) == 3 and "10.0 (15.0, 1.50x)" in lines[2] and "0.95 (0.97)" in lines[2]
+    assert "1.5 / 4.0 (- / -)" in lines[2]
+
+
+@pytest.mark.slow
+def test_bench_models_runs_on_tiny_files(tmp_path, monkeypatch):
+    monkeypatch.delenv("GATHERLENS_LLAMA_PYTHON", raising=False)
+    spec = REAL_MODELS["gemma3-270m"]
+    config = hf_config(spec, num_hidden_layers=2, hidden_size=256, intermediate_size=256, vocab_size=2048,
+                       sliding_window=16, layer_types=["sliding_attention", "full_attention"], bos_token_id=None,
+                       eos_token_id=None, pad_token_id=None)
+    vocab = model_vocab(spec, 2048, base=False)
+    for dtype in ("F16", "Q8_0"):
+        write_model(spec, tmp_path / f"g.{dtype}.gguf", config=config, dtype=dtype, vocab=vocab)
+    out = tmp_path / "models.json"
+    result = CliRunner().invoke(main, ["bench", "models", str(tmp_path / "g.Q8_0.gguf"), "--context", "64",
+                                       "--tokens", "2", "--agree-prefix", "8", "--agree-steps", "16",
+                                       "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["file"] == "g.Q8_0.gguf" and row["ms_64"] > 0 and row["load_warm_s"] > 0
+    assert 0 <= row["agree"] <= 1 and "agree_before" in row  # the window splits the steps
+    assert "| g.Q8_0.gguf |" in result.output
