@@ -130,3 +130,13 @@ def test_cli_verdicts_compare_with_the_bench_row_and_llama():
     assert v["target"] == 1.5 and v["met"] is False
     rows[1].ms = 11.0
     assert not g.cli_verdicts(rows)[0]["near"]
+
+
+def test_budgets_take_auto_first_then_the_ints():
+    import click
+
+    assert g._check_options("1024,auto,512", 1, 1, 1) == ["auto", 512, 1024]
+    assert [m.name for m in g.quantized_methods(["auto", 512])] == ["quantized-dense", "quantized-sparse-auto",
+                                                                     "quantized-sparse-512"]
+    with pytest.raises(click.UsageError, match="--budgets = 'fast' must be comma-separated positive integers"):
+        g._check_options("auto,fast", 1, 1, 1)  # the one int rule (gatherlens.params), "auto" taken out first

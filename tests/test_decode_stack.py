@@ -23,6 +23,7 @@ from tiny_gguf import tiny_model, write_gguf  # noqa: E402
 
 from gatherlens.errors import GatherValueError  # noqa: E402
 from gatherlens.models import load  # noqa: E402
+from gatherlens.models.attention.sparse import meter_pages  # noqa: E402
 from gatherlens.models.runtime import step  # noqa: E402
 from gatherlens.models.runtime.decoding import (SparseKVCache, observe_sparse, use_dense_decoding,  # noqa: E402
                                                 use_sparse_decoding)
@@ -70,34 +71,47 @@ def _same_cache(a: SparseKVCache, b: SparseKVCache) -> bool:
                for x, y in zip(pa, pb))
 
 
-def _rows(model, cache, tokens, row) -> list[torch.Tensor]:
-    """The steps' logits with the model's steps kept at `row` (the table's fastest row it may take)."""
+AUTO = dict(mass=0.6, min_pages=2, max_pages=8)  # the auto budget on a 45-token cache in pages of 4 (12 pages)
+
+
+def _rows(model, cache, tokens, row, metered: list | None = None) -> list[torch.Tensor]:
+    """The steps' logits with the model's steps kept at `row` (the table's fastest row it may take);
+    `metered` gets (layer, pages each selection head read, chose) of every layer's step (meter_pages)."""
     use_sparse_decoding(model, config=model.gatherlens_sparse, step=row)
     backends.reset_ran()
-    out = _steps(model, cache, tokens)
+    meter = (lambda layer, counts, chose: metered.append((layer, counts.tolist(), chose))) if metered is not None \
+        else (lambda *args: None)
+    with meter_pages(meter):
+        out = _steps(model, cache, tokens)
     assert backends.ran()["decode_step"] == {row: len(tokens)}  # every step ran on that row
     return out
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
 @pytest.mark.parametrize("kv_dtype", ["float32", "float16", "int8"])
-@pytest.mark.parametrize("budget", [8, 12, None], ids=["sparse", "sparse-wider", "dense"])
+@pytest.mark.parametrize("budget", [8, 12, "auto", None], ids=["sparse", "sparse-wider", "auto", "dense"])
 def test_the_stack_equals_the_planned_loop(models, qtype, kv_dtype, budget):
-    """The same tokens through both rows of one plan: bit-equal logits, and the caches bit-equal after
-    every step (the planned loop is the C++ stack's reference: the same operators in the same order)."""
+    """The same tokens through both rows of one plan: bit-equal logits, the caches bit-equal after every
+    step (the planned loop is the C++ stack's reference: the same operators in the same order), and the
+    same pages read by each head of each layer (the stack's counts against the planned loop's selections)."""
     model = models("llama", qtype)
-    use_sparse_decoding(model, budget=budget, page_size=4, dense_layers=1, recent=4, kv_dtype=kv_dtype)
+    use_sparse_decoding(model, budget=budget, page_size=4, dense_layers=1, recent=4, kv_dtype=kv_dtype, **AUTO)
     try:
         assert step.step_declarations(model) == {"stack": None, "planned": None, "hf": None, "chunk": step.row_refusal(step.installed_plan(model), "chunk")}
         native_cache = _prefilled(model, kv_dtype)
         planned_cache = copy.deepcopy(native_cache)
         tokens = torch.randint(0, 317, (STEPS,), generator=torch.Generator().manual_seed(5)).tolist()
-        native = _rows(model, native_cache, tokens, "stack")
-        planned = _rows(model, planned_cache, tokens, "planned")
+        counts = {"stack": [], "planned": []}
+        native = _rows(model, native_cache, tokens, "stack", counts["stack"])
+        planned = _rows(model, planned_cache, tokens, "planned", counts["planned"])
     finally:
         use_dense_decoding(model)
     assert _same_cache(native_cache, planned_cache)
     assert all(torch.equal(a, b) for a, b in zip(native, planned))
+    assert counts["stack"] == counts["planned"] and len(counts["stack"]) == 2 * STEPS
+    assert all(not chose for layer, _, chose in counts["stack"] if layer == 0)  # layer 0 dense: every page
+    if budget == "auto":  # the second layer chooses per head, within [min_pages, max_pages]
+        assert all(chose and all(2 <= c <= 8 for c in row) for layer, row, chose in counts["stack"] if layer == 1)
 
 
 @pytest.mark.parametrize("arch", sweep(["qwen2", "qwen3", "phi3"], fast="qwen3"))

@@ -61,6 +61,7 @@ TEXT_OPTIONS = {
     "--system": [],                                   # any text is a system prompt
     "--api-key": ["", "  "],
     "--reference": TEXT_INPUTS,
+    "--lengths": INT_LISTS, "--tasks": ["", "nope"], "--records": OUTPUTS, "--from": TEXT_INPUTS,   # eval-long
 }
 TEXT_ARGUMENTS = {"text": ["", " "], "prompt": ["", "   "], "files": TEXT_INPUTS}
 

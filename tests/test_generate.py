@@ -147,6 +147,36 @@ def test_the_loop_equals_transformers_generate(lm):
     assert lm.model.config._attn_implementation == "sdpa"
 
 
+def test_the_auto_budget_reports_pages_per_step_and_head(lm, tiny):
+    """budget "auto": every decode step's pages per selection head (GenerationStep.page_counts, with or
+    without --pages), each head's own count within [min_pages, max_pages], the same as its page ids; the
+    summary line of `generate` says the mean."""
+    from gatherlens.models.runtime.generation import GenerationStep, generation_steps
+
+    auto = dict(page_size=4, dense_layers=1, mass=0.5, min_pages=2, max_pages=5)
+    for pages in (False, True):
+        steps = [e for e in generation_steps(lm, lm.encode(PROMPT), "auto", 6, pages=pages, **auto)
+                 if isinstance(e, GenerationStep)]
+        assert steps[0].page_counts is None  # the prefill
+        for e in steps[1:]:
+            assert e.page_counts.shape == (2, 4) and e.chose == (False, True)  # (layers, query heads)
+            assert bool((e.page_counts[1] >= 2).all()) and bool((e.page_counts[1] <= 5).all())
+            if pages:
+                assert [len(h) for h in e.page_ids()[1]] == e.page_counts[1].tolist()
+    from gatherlens.models.runtime.streaming import stream_generate
+
+    result = stream_generate(lm, lm.encode(PROMPT), "auto", 6, pages=True, **auto)
+    read = result.pages_per_step()
+    assert read["layers"] == 1 and read["heads"] == 4 and 2 <= read["min"] <= read["mean"] <= read["max"] <= 5
+    assert result.trace.counts.shape == (2, 5, 4) and result.trace.mean_pages() == pytest.approx(read["mean"])
+    assert f"budget auto: {read['mean']:.1f} pages a head a step" in page_trace_svg(result.trace)
+    res = CliRunner().invoke(generate, [PROMPT, "--model", str(tiny), "--budget", "auto", "--max-new-tokens", "4"])
+    assert res.exit_code == 0, res.output  # the default ceiling covers this short context: every page, densely
+    assert "pages read per step" not in res.output
+    bad = CliRunner().invoke(generate, [PROMPT, "--model", str(tiny), "--budget", "automatic"])
+    assert bad.exit_code == 2 and "--budget = 'automatic' is not an integer" in bad.output and '"auto"' in bad.output
+
+
 def test_closing_the_loop_midway_leaves_the_model_dense(lm):
     """The explorer stops between two steps when its client goes away: closing the generator."""
     from gatherlens.models.runtime.generation import GenerationStep, generation_steps

@@ -1,4 +1,5 @@
-"""KV pages stored in 16 bits (float16, bfloat16) or int8 with per-page scales (PagedKVCache(kv_dtype=)).
+"""KV pages stored in 16 bits (float16, bfloat16) or int8 with scales as KIVI (keys per page channel, values
+per token) (PagedKVCache(kv_dtype=)).
 
 The summaries are exact for the stored values (so the page bound holds for every key attention
 reads), every backend equals the float64 reference over the same stored values, each storage dtype
@@ -94,19 +95,29 @@ def test_every_summary_stays_exact_through_truncate_and_store_as(kv):
 
 # -- the int8 rule: scales only grow, the error stays within a step ----------------------------------
 
-def test_a_page_written_whole_gets_its_best_scale_and_half_a_step():
+def test_a_page_written_whole_gets_its_best_scales_and_half_a_step():
+    """Keys: one scale per page channel (amax / 127 of that channel in that page); values: one per token."""
     k, v, cache = filled("int8", L=64, D=32, P=8)
-    amax = k.abs().view(1, 2, 8, 8, 32).amax(dim=(3, 4))  # (B, Hkv, N)
+    k[:, :, :, 5] *= 40  # an outlier channel keeps its own scale
+    cache = PagedKVCache(1, 2, 32, page_size=8, kv_dtype="int8")
+    cache.append(k, v)
+    amax = k.abs().view(1, 2, 8, 8, 32).amax(dim=3)  # (B, Hkv, N, D)
     torch.testing.assert_close(cache.key_scales, amax / INT8_MAX, rtol=0, atol=0)
-    step = cache.key_scales.repeat_interleave(8, dim=-1).unsqueeze(-1)  # (B, Hkv, L, 1)
+    step = cache.key_scales.repeat_interleave(8, dim=2)  # (B, Hkv, L, D)
     assert bool(((cache.keys - k).abs() <= 0.5 * step * (1 + 1e-6)).all())
-    assert int(cache.page_keys.abs().max()) <= 127
+    torch.testing.assert_close(cache.value_scales.reshape(1, 2, 64), v.abs().amax(-1) / INT8_MAX, rtol=0, atol=0)
+    vstep = cache.value_scales.reshape(1, 2, 64, 1)  # (B, Hkv, L, 1)
+    assert bool(((cache.values - v).abs() <= 0.5 * vstep * (1 + 1e-6)).all())
+    assert int(cache.page_keys.abs().max()) <= 127 and int(cache.page_values.abs().max()) <= 127
+    assert float((cache.keys - k)[..., :5].abs().max()) < 0.05  # the other channels are not rounded to the outlier's
 
 
 def test_a_page_filled_token_by_token_loses_less_than_one_step():
     k, v, cache = filled("int8", L=64, D=32, P=8, chunks=[1] * 64, growth=0.15)
-    step = cache.key_scales.repeat_interleave(8, dim=-1).unsqueeze(-1)  # (B, Hkv, L, 1) the final scales
+    step = cache.key_scales.repeat_interleave(8, dim=2)  # (B, Hkv, L, D) the final channel scales
     assert bool(((cache.keys - k).abs() < step).all())
+    vstep = cache.value_scales.reshape(1, 2, 64, 1)  # (B, Hkv, L, 1): a token's scale is set once
+    assert bool(((cache.values - v).abs() <= 0.5 * vstep * (1 + 1e-6)).all())
     assert bool((grown_scale(torch.tensor([1.0]), torch.tensor([0.5])) == 0.5).all())  # fits: kept
     assert float(grown_scale(torch.tensor([128.0]), torch.tensor([1.0]))) == 2.0  # grows: at least doubles
 
@@ -247,7 +258,8 @@ def test_bytes_per_token_halve_and_quarter():
         per_token[kv] = cache.nbytes() / 4096
     assert per_token[None] == 3 * (2 * 64 * 4 + 2 * 64 * 4 / 8)  # K + V float32 and the float32 summaries
     assert per_token["float16"] == per_token["bfloat16"] == per_token[None] / 2  # 16-bit summaries too
-    assert per_token["int8"] == 3 * (2 * 64 + 2 * 64 * 4 / 8 + 8 / 8)  # float32 summaries, two scales a page
+    assert per_token["int8"] == 3 * (2 * 64 + 2 * 64 * 4 / 8 + 4 * (64 + 8) / 8)  # float32 summaries and scales:
+    # 64 channel scales a key page, one a value token
 
 
 def test_16_bit_pages_keep_16_bit_summaries_or_float32_ones_when_asked():

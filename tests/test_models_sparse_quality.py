@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from gatherlens.commands.evaluate_sparse import evaluate_sparse  # noqa: E402
 from gatherlens.eval.passkey import greedy_decode, passkey_prompt, passkey_trials  # noqa: E402
-from gatherlens.eval.sparse_quality import evaluate_sparse_quality, prefill  # noqa: E402
+from gatherlens.eval.sparse_quality import SparseSetup, evaluate_sparse_quality, prefill  # noqa: E402
 
 
 def tiny_llama(seed: int = 0):
@@ -52,6 +52,23 @@ def test_quality_full_budget_is_dense_and_small_budget_is_not(model):
     assert small.recall < 0.999 and small.cosine < 0.9999 and abs(small.ppl_ratio - 1) > 1e-6
     assert len(small.per_layer["recall"]) == 2
     assert model.config._attn_implementation == "sdpa"  # left dense
+
+
+def test_agreement_and_pages_beside_perplexity(model):
+    """top-1 agreement (teacher-forced), greedy tokens before the first divergence with dense's logit gap
+    there, pages per step; recall=False measures the same without observers."""
+    ids = torch.randint(1, 101, (1, 120))
+    setups = [SparseSetup(4096, page_size=8, label="full"), SparseSetup(16, page_size=8, label="small"),
+              SparseSetup("auto", page_size=8, mass=0.5, min_pages=2, max_pages=4, label="auto")]
+    for recall in (True, False):
+        r = evaluate_sparse_quality(model, ids, setups=setups, page_size=8, decode_tokens=12, greedy=6, recall=recall)
+        dense, full, small, auto = r.rows
+        assert dense.top1_agree is None and full.top1_agree == 1.0 and full.greedy_prefix == 6
+        assert full.greedy_margin is None and full.pages_mean is None  # never diverged; dense in place
+        assert 0 <= small.top1_agree <= 1 and 0 <= small.greedy_prefix <= 6
+        assert small.greedy_prefix == 6 or small.greedy_margin >= 0  # dense's own token leads at its divergence
+        assert small.pages_mean == 2.0 and 2.0 <= auto.pages_mean <= 4.0  # budget 16: 2 pages of 8
+        assert (small.recall is not None) == recall
 
 
 def test_quality_bad_input(model):

@@ -26,6 +26,7 @@ from tiny_gguf import tiny_model, write_gguf  # noqa: E402
 
 from gatherlens.errors import GatherValueError  # noqa: E402
 from gatherlens.models import load  # noqa: E402
+from gatherlens.models.attention.sparse import meter_pages  # noqa: E402
 from gatherlens.models.gguf.native import NativeModel  # noqa: E402
 from gatherlens.models.runtime.native import native_cache, native_config, use_native_decoding, use_native_dense  # noqa: E402
 from gatherlens.ops import backends  # noqa: E402
@@ -110,19 +111,26 @@ def test_the_native_runtime_equals_transformers(files, arch, qtype, share):
 
 
 @pytest.mark.parametrize("arch", sweep(["gemma3", "qwen2", "phi3"], fast="gemma3"))
-@pytest.mark.parametrize("budget,kv_dtype", [(8, "float16"), (None, "float32"), (12, "int8")])
+@pytest.mark.parametrize("budget,kv_dtype", [(8, "float16"), (None, "float32"), (12, "int8"), ("auto", "float16")])
 def test_the_stack_equals_the_planned_loop(files, arch, budget, kv_dtype):
-    """The same steps on both rows of one native plan: bit-equal logits, and the same keys and values in every
-    layer's pages (a global layer's summaries too; a ring's are not read)."""
-    runs = {}
+    """The same steps on both rows of one native plan: bit-equal logits, the same pages read by each selection
+    head of each global layer (meter_pages; the auto budget's differ per head), and the same keys and values
+    in every layer's pages (a global layer's summaries too; a ring's are not read)."""
+    runs, metered = {}, {}
+    auto = dict(mass=0.6, min_pages=2, max_pages=8) if budget == "auto" else {}  # 12 pages of 4 by the end
     for row in ("stack", "planned"):
-        model = _native(files(arch), budget, kv_dtype=kv_dtype, dense_layers=0, recent=4)
+        model = _native(files(arch), budget, kv_dtype=kv_dtype, dense_layers=0, recent=4, **auto)
         use_native_decoding(model, model.__dict__["gatherlens_sparse"], step=row)
         backends.reset_ran()
-        runs[row] = _run(model, keep=1)
+        metered[row] = []
+        with meter_pages(lambda layer, counts, chose: metered[row].append((layer, counts.tolist(), chose))):
+            runs[row] = _run(model, keep=1)
         assert backends.ran()["decode_step"] == {"chunk": 1, row: len(TOKENS)}
     (_, stacked, a), (_, planned, b) = runs["stack"], runs["planned"]
     assert all(torch.equal(x, y) for x, y in zip(stacked, planned))
+    assert metered["stack"] == metered["planned"] and metered["stack"]
+    if budget == "auto":
+        assert all(2 <= c <= 8 for _, row, chose in metered["stack"] if chose for c in row)
     for x, y in zip(a.layers, b.layers):
         pages = (x.pages, y.pages) if isinstance(x, WindowRing) else (x, y)
         stored = slice(0, 2) if isinstance(x, WindowRing) else slice(0, 3)

@@ -2,6 +2,10 @@
 backend="torch"), the C++ operator (backend="native") and Triton (its interpreter, TRITON_INTERPRET=1,
 in one child process: this file run as a script) pick the SAME pages on adversarial ties.
 
+The auto budget (mass) follows one more rule in every language (`mass_reference` below): each selection
+head walks the pages in that rank order and stops once their estimated mass (tokens * exp(scale * (bound -
+the top bound)), nan weighing 0) reaches mass x the row's total, then clamps to [max(min_pages, forced), n].
+
 The rule: page 0 and the recent window's pages (at least the last page) are always read; the others
 rank by bound, nan lowest, -inf just above it, +inf just below the forced pages (`rankable`); equal
 bounds (nan with nan, -inf with -inf, +inf with +inf, -0.0 with +0.0) go to the
@@ -119,11 +123,81 @@ def expected(name):
     return rule_reference(intended_scores(case), n, first), n, first
 
 
-def pages_of(name, backend):
+def pages_of(name, backend, mass=None, min_pages=1):
     q, cache, budget, recent, share, group = build(CASES[name])
     _, sel = sparse_decode(q, cache, budget, share_selection=share, group_score=group, recent=recent,
-                           backend=backend, return_selection=True)
+                           backend=backend, return_selection=True, mass=mass, min_pages=min_pages)
     return sel.pages, sel.bounds
+
+
+# -- the auto budget: (case, mass, min_pages); head_dim 1, so the logit scale is 1 --
+MASS_CASES = {f"{name}@{mass}/{floor}": (name, mass, floor) for name in
+              ("pairs", "tie-at-the-cut", "tie-at-the-cut-batch2", "nan-and-neg-inf", "all-nan", "inf-below-forced",
+               "per-head-groups", "shared-max", "shared-sum", "all-equal-recent", "signed-zeros")
+              for mass, floor in ((0.55, 1), (0.95, 1), (0.95, 4), (0.999, 2))}
+
+
+def _rank(v: float) -> float:  # nan lowest, -inf just above it, +inf just below the forced pages
+    big = torch.finfo(torch.float32).max
+    return -INF if math.isnan(v) else (big if v == INF else (-big if v == -INF else v + 0.0))
+
+
+def mass_reference(scores: torch.Tensor, n: int, first: int, mass: float, floor: int, L: int, P: int):
+    """The auto budget in plain Python: (B, Hsel, N) scores -> (pages (B, Hsel, n) ascending then -1, the
+    smallest distance of a walked sum to its target relative to the total (how far from a rounding tie))."""
+    B, H, N = scores.shape
+    out, margin = [], INF
+    for row in scores.reshape(-1, N).tolist():
+        forced = sorted({0, *range(max(1, min(first, N - 1)), N)})
+        free = sorted((p for p in range(N) if p not in forced), key=lambda p: (-_rank(row[p]), p))
+        order, ranks = forced + free, [_rank(v) for v in row]
+        top = max(ranks)
+        w = [0.0 if top == -INF else min(P, L - p * P) * math.exp(ranks[p] - top) for p in range(N)]
+        total, acc, need = sum(w), 0.0, len(order) + 1
+        for i, p in enumerate(order):
+            acc += w[p]
+            margin = min(margin, abs(acc - mass * total) / total) if total else margin
+            if acc >= mass * total and need > len(order):
+                need = i + 1
+        count = min(N, n, max(need, floor, min(n, len(forced))))
+        out.append(sorted(order[:count]) + [-1] * (n - count))
+    return torch.tensor(out).view(B, H, n), margin
+
+
+def mass_expected(key):
+    name, mass, floor = MASS_CASES[key]
+    _, cache, budget, recent, _, _ = build(CASES[name])
+    n, first = pages_to_read(cache.length, cache.page_size, budget, recent)
+    return mass_reference(intended_scores(CASES[name]), n, first, mass, floor, cache.length, cache.page_size)
+
+
+def test_the_mass_cases_are_not_at_a_rounding_tie_and_vary():
+    """No walked sum lies within 1e-5 of its target (float32 and float64 orders agree), and the counts
+    differ between cases (the rule is exercised, not every head at its floor or ceiling)."""
+    counts = set()
+    for key in MASS_CASES:
+        want, margin = mass_expected(key)
+        assert margin > 1e-5, key
+        counts |= set((want >= 0).sum(-1).reshape(-1).tolist())
+    assert len(counts) >= 4, counts
+
+
+@pytest.mark.parametrize("key", MASS_CASES)
+def test_torch_follows_the_mass_rule(key):
+    name, mass, floor = MASS_CASES[key]
+    want, _ = mass_expected(key)
+    pages, bounds = pages_of(name, "torch", mass, floor)
+    assert _same_bounds(bounds, intended_scores(CASES[name]))
+    assert torch.equal(pages, want), (pages, want)
+
+
+@pytest.mark.skipif(not fused_decode.kernel_loaded(), reason="no C++ compiler or ninja")
+@pytest.mark.parametrize("key", MASS_CASES)
+def test_the_cpp_operator_follows_the_mass_rule(key):
+    name, mass, floor = MASS_CASES[key]
+    want, _ = mass_expected(key)
+    pages, _ = pages_of(name, "native", mass, floor)
+    assert torch.equal(pages, want), (pages, want)
 
 
 def _same_bounds(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -180,17 +254,50 @@ def test_triton_picks_the_same_pages(name, triton_results):
     assert torch.equal(pages.sort(-1).values, want)
 
 
+@pytest.mark.parametrize("key", MASS_CASES)
+def test_triton_follows_the_mass_rule(key, triton_results):
+    want, _ = mass_expected(key)
+    pages, _ = triton_results[key]
+    assert torch.equal(pages, want), (pages, want)
+
+
+def test_triton_attends_over_each_heads_own_pages(triton_results):
+    """The Triton attention over auto-budget pages (-1 padded) equals the float64 reference over each head's pages."""
+    out, ref = triton_results["attention"]
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+
+
+def _attention_case():
+    """q (1, 6, 1, 16), a cache of 101 tokens in pages of 4 with loud pages, the auto budget's pages (torch)."""
+    g = torch.Generator().manual_seed(3)
+    cache = PagedKVCache(1, 2, 16, page_size=4)
+    k = torch.randn(1, 2, 101, 16, generator=g)
+    k[:, :, 40:48] *= 4
+    cache.append(k, torch.randn(1, 2, 101, 16, generator=g))
+    q = torch.randn(1, 6, 1, 16, generator=g)
+    _, sel = sparse_decode(q, cache, 64, share_selection=False, recent=4, backend="torch", mass=0.9, min_pages=3,
+                           return_selection=True)
+    return q, cache, sel.pages
+
+
 def _child(out_path: str, device: str = "cpu") -> None:
     """Every case's pages and bounds from the Triton path (interpreted on CPU), saved for the tests."""
-    from gatherlens.ops.sparse.triton_decode import triton_select_pages
+    from gatherlens.ops.sparse.naive import sparse_attention_reference
+    from gatherlens.ops.sparse.triton_decode import triton_attend_pages, triton_select_pages
 
     results = {}
     for name, case in CASES.items():
         q, cache, budget, recent, share, group = build(case)
-        if device != "cpu":
-            cache = cache.to(device)
         pages, bounds = triton_select_pages(q.to(device), cache, budget, share, group, recent)
         results[name] = (pages.cpu(), bounds.cpu())
+    for key, (name, mass, floor) in MASS_CASES.items():
+        q, cache, budget, recent, share, group = build(CASES[name])
+        pages, _ = triton_select_pages(q, cache, budget, share, group, recent, mass=mass, min_pages=floor, scale=1.0)
+        results[key] = (pages, None)
+    q, cache, pages = _attention_case()
+    out, _ = triton_attend_pages(q, cache, pages, 0.25)
+    ref, _ = sparse_attention_reference(q, cache.keys, cache.values, pages.clamp(min=0), 4, 0.25)
+    results["attention"] = (out, ref)
     torch.save(results, out_path)
 
 

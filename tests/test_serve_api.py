@@ -217,6 +217,20 @@ def test_the_explorers_events_are_the_one_loops_steps(model_dir):
     assert events[-1] == ("done", {"message": "6 tokens generated", "tokens": 6})
 
 
+def test_the_explorer_takes_the_auto_budget_and_sends_each_heads_count(model_dir):
+    """budget "auto": every step says how many pages each head of each layer read (counts), the same as its ids."""
+    from gatherlens.models import load
+    from gatherlens.serve.decode import decode_steps
+    from gatherlens.serve.params import generate_params
+
+    assert generate_params({"text": TEXT, "budget": "auto"}, ServeSettings()).budget == "auto"
+    steps = [d for k, d in decode_steps(load(model_dir), TEXT, 5, "auto", 4) if k == "step"]
+    assert steps and all(len(d["counts"]) == len(d["layers"]) == 2 for d in steps)
+    for d in steps:
+        for layer, counts, chose in zip(d["layers"], d["counts"], d["chose"]):
+            assert [len(p) for p in layer] == counts if chose else all(c == d["pages_total"] for c in counts)
+
+
 def test_encoder_cannot_generate():
     from gatherlens.errors import GatherValueError
     from gatherlens.serve.decode import decode_steps

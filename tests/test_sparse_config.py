@@ -82,7 +82,8 @@ def test_defaults_are_the_measured_best():
     c = SparseConfig()
     assert c == DEFAULT == PRESETS["default"]
     assert (c.budget, c.page_size, c.share_selection, c.group_score, c.dense_layers, c.choose) == \
-        (1024, 8, False, "max", 2, "bound")
+        ("auto", 8, False, "max", 2, "bound")
+    assert (c.mass, c.min_pages, c.max_pages) == (0.998, 32, 512)
     assert c.recent is None and c.recent_window() == 256 and c.dense_share == pytest.approx(1 / 3)
     assert (TOY.budget, TOY.page_size) == (16, 4)
     assert (OP.budget, OP.share_selection, OP.recent, OP.dense_share) == (2048, True, 0, 1.0)
@@ -101,6 +102,18 @@ def test_recent_window_and_budget_for():
     assert c.dense_at(0) and not c.dense_at(1) and not c.dense_at(None)
 
 
+def test_the_auto_budget():
+    """budget "auto": the ceiling (max_pages' tokens) is the step's budget, dense_share does not apply, the
+    recent window is min_pages' tokens, and the choice rule (config.choice) carries the mass."""
+    c = SparseConfig("auto", page_size=8, mass=0.9, min_pages=8, max_pages=32, dense_layers=1)
+    assert c.auto and c.step_mass() == 0.9 and SparseConfig(512).step_mass() is None
+    assert c.budget_for(10_000, layer=1) == 256 and c.budget_for(300, layer=1) == 256  # 256 > 300 / 3: still sparse
+    assert c.budget_for(200, layer=1) == 200 and c.budget_for(10_000, layer=0) == 10_000
+    assert c.recent_window() == 64 and c.replace(recent=0).recent_window() == 0
+    assert (c.choice.mass, c.choice.min_pages, c.choice.recent) == (0.9, 8, 64)
+    assert SparseConfig(512).choice.mass is None
+
+
 @pytest.mark.parametrize("kw, err, words", [
     ({"budget": 0}, GatherValueError, "budget = 0"), ({"budget": 2.5}, GatherTypeError, "budget"),
     ({"budget": True}, GatherTypeError, "budget"), ({"page_size": 0}, GatherValueError, "page_size = 0"),
@@ -110,6 +123,10 @@ def test_recent_window_and_budget_for():
     ({"recent": -1}, GatherValueError, "recent = -1"), ({"choose": "best"}, GatherValueError, "choose = 'best'"),
     ({"dense_share": 0}, GatherValueError, "dense_share = 0"),
     ({"dense_layers": -1}, GatherValueError, "dense_layers = -1"),
+    ({"budget": "Auto"}, GatherTypeError, "budget must be an int number of tokens or None \\(dense\\) or \"auto\""),
+    ({"mass": 0}, GatherValueError, "mass = 0 must be None"), ({"mass": 1.5}, GatherValueError, "mass = 1.5"),
+    ({"min_pages": 0}, GatherValueError, "min_pages = 0 must be an int >= 1"),
+    ({"max_pages": 8}, GatherValueError, "max_pages = 8 must be an int >= 32"),
 ])
 def test_one_validation(kw, err, words):
     with pytest.raises(err, match=words):
@@ -137,6 +154,13 @@ def test_op_with_a_config_equals_the_keywords():
         sparse_decode(q, cache, 64, group_score="sum", config=config)
     with pytest.raises(GatherTypeError, match="config must be a SparseConfig"):
         sparse_decode(q, cache, 64, config={"budget": 64})
+    auto = SparseConfig("auto", page_size=8, mass=0.8, min_pages=3, max_pages=12)
+    out, sel = sparse_decode(q, cache, auto.budget_for(300), config=auto, return_selection=True)
+    want, want_sel = sparse_decode(q, cache, 96, share_selection=False, recent=24, mass=0.8, min_pages=3,
+                                   return_selection=True)
+    assert torch.equal(out, want) and torch.equal(sel.pages, want_sel.pages) and sel.mass == 0.8
+    with pytest.raises(GatherValueError, match="mass = 0.8 was given with config="):
+        sparse_decode(q, cache, 96, mass=0.8, config=auto)
 
 
 def test_config_and_geometry_import_without_torch():
@@ -202,7 +226,7 @@ def test_the_page_choice_is_one_record_owned_by_the_config():
     assert config.replace(recent=0).choice.recent == 0 and DEFAULT.choice.recent == DEFAULT.recent_window()
     assert "choice" not in repr(config) and config == SparseConfig(512, share_selection=True, group_score="sum")
     assert PageChoice(recent=3).kwargs() == {"share_selection": True, "group_score": "max", "recent": 3,
-                                             "choose": "bound"}
+                                             "choose": "bound", "mass": None, "min_pages": 1}
     with pytest.raises(GatherValueError, match="group_score"):
         PageChoice(group_score="mean")
     with pytest.raises(TypeError):
@@ -214,3 +238,5 @@ def test_sharded_takes_the_config_and_refuses_a_window(tiny):
 
     with pytest.raises(GatherValueError, match="recent = 256"):
         use_sharded_decoding(tiny, config=DEFAULT)
+    with pytest.raises(GatherValueError, match="budget = 'auto': sharded decoding reads a fixed budget"):
+        use_sharded_decoding(tiny, config=SHARDED.replace(budget="auto", recent=0))

@@ -49,7 +49,8 @@ def test_eval_prefill_rows(tiny, text_file, tmp_path):
     assert [r["setting"] for r in data["rows"]] == ["dense", "antidiagonal", "pooled"]
     for row in data["rows"][1:]:
         assert row["ppl_ratio"] > 0 and 0 < row["kept_share"] <= 1 and row["passkey_trials"] == 1
-        assert 0 <= row["agree_tokens"] <= 4 and len(row["ppl_ratio_ci"]) == 2
+        assert 0 <= row["agree_tokens"] <= 4 and len(row["ppl_ratio_ci"]) == 2 and 0 <= row["top1_agree"] <= 1
+        assert row["agree_prefix"] == 4 or row["agree_margin"] >= 0  # dense's token leads where they part
     assert "sparse prefill vs dense" in res.output
 
 

@@ -3,7 +3,7 @@
     gatherlens explain "The cat sat on the mat."   # the main job (a report of every gather)
     gatherlens gather --shape 4,5 --dim 0 --index 2,0,3    # draw one toy gather
     gatherlens bench embedding|attention|decode
-    gatherlens eval | eval-sparse | eval-prefill
+    gatherlens eval | eval-sparse | eval-prefill | eval-long
     gatherlens cache list|clear                    # the converted models on this machine
 
 Each command lives in its own module under `gatherlens.commands`, imported when it is asked for.
@@ -39,6 +39,7 @@ COMMANDS = {
     "eval": "gatherlens.commands.evaluate:evaluate",
     "eval-sparse": "gatherlens.commands.evaluate_sparse:evaluate_sparse",
     "eval-prefill": "gatherlens.commands.evaluate_prefill:evaluate_prefill",
+    "eval-long": "gatherlens.commands.evaluate_long:evaluate_long",
     "generate": "gatherlens.commands.generate:generate",
     "lookup": "gatherlens.commands.lookup:lookup",
     "dist": "gatherlens.commands.dist:dist",

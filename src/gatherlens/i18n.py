@@ -562,6 +562,12 @@ STRINGS: dict[str, dict[str, str]] = {
     },
     "page_trace_dense": {"en": "dense", "zh": "稠密"},
     "page_trace_budget": {"en": "budget {budget} tokens", "zh": "预算 {budget} 个 token"},
+    "page_trace_budget_auto": {"en": "budget auto: {pages:.1f} pages a head a step on average",
+                               "zh": "自动预算：每个头每步平均读取 {pages:.1f} 页"},
+    "page_trace_panel_heads": {
+        "en": "layer {layer}: {pages:.1f} of {total} pages per step on average, {head:.1f} per selecting head",
+        "zh": "第 {layer} 层：平均每步读取 {total} 页中的 {pages:.1f} 页，每个选择头 {head:.1f} 页",
+    },
     "page_trace_no_budget": {"en": "dense decoding", "zh": "稠密解码"},
     # -- the query-block x key-block map of a sparse prefill (render/prefill_map.py) ---------------
     "prefill_map_title": {

@@ -26,7 +26,7 @@ import click
 from gatherlens.errors import GatherIndexError, GatherValueError, shorten
 
 __all__ = ["parse_int", "check_int", "span", "from_end", "layer_index", "head_index", "query_index", "Int",
-           "cpu_count", "int_list", "positive_ints", "Real"]
+           "cpu_count", "int_list", "positive_ints", "budget_list", "Real"]
 
 _INT = re.compile(r"-?[0-9]+")   # ASCII only: [0-9], not \d
 _MOST_DIGITS = 30                 # longer is outside any range (and int() of 5,000 digits is refused)
@@ -131,6 +131,15 @@ def positive_ints(value: str, hint: str, what: str, hi: int | None = None) -> li
     if not values:
         raise click.BadParameter(f"{value!r}: give at least one {what}, like 8,32,128", param_hint=hint)
     return values
+
+
+def budget_list(value: str, hint: str, hi: int | None = None) -> list:
+    """"auto,512,256" -> ["auto", 256, 512] ("auto" first, then the ints sorted, unique, each in [1, hi]);
+    a clear error else (sparse budgets: SparseConfig's budget "auto" or tokens)."""
+    words = [w.strip() for w in value.split(",")]
+    auto = ["auto"] if "auto" in (w.lower() for w in words) else []
+    rest = ",".join(w for w in words if w.lower() != "auto")
+    return auto + (positive_ints(rest, hint, 'budget (or "auto")', hi=hi) if rest or not auto else [])
 
 
 class Real(click.FloatRange):

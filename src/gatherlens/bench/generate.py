@@ -53,7 +53,8 @@ from gatherlens.bench.output import (
 from gatherlens.bench.plot import save_figure
 from gatherlens.errors import GatherValueError
 from gatherlens.ops.sparse.geometry import ceil_div
-from gatherlens.params import Int, cpu_count, positive_ints
+from gatherlens.params import Int, cpu_count
+from gatherlens.params import budget_list as budgets_of  # make_plan takes a `budget_list`
 
 CONTEXTS = ("2K", "4K", "8K", "16K", "32K")
 BUDGETS = (512, 1024, 2048)
@@ -70,7 +71,7 @@ CLI, CLI_PAGES = "cli", "cli/pages"  # the loop of `gatherlens generate`, page t
 class Method:
     name: str
     kind: str               # "hf" or "paged"
-    budget: int | None = None
+    budget: int | str | None = None  # tokens, "auto" or None (dense)
     lean: bool = True       # the decode-step table's fastest row (False: step="hf", transformers' layers)
     head: bool = True       # the head's transposed copy (models/runtime/head.py) in the planned step
 
@@ -85,7 +86,7 @@ class Row:
     speedup: float          # hf ms / ms, same context, same rounds
     attention_ms: float | None     # cache appends + attention calls of every layer, per step
     attention_share: float | None  # attention_ms / ms (None for llama.cpp: not split)
-    budget: int | None
+    budget: int | str | None
     lean: bool
     speed_only: bool        # past the model's trained positions
     threads: int
@@ -315,12 +316,12 @@ def with_llama_ratios(rows: list[Row]) -> list[Row]:
     return rows
 
 
-def _check_options(budgets: str, tokens: int, rounds: int, threads: int) -> list[int]:
-    """The budgets as sorted ints; a clear error for any option out of range."""
+def _check_options(budgets: str, tokens: int, rounds: int, threads: int) -> list:
+    """The budgets: "auto" first where listed, then the ints sorted; a clear error for any option out of range."""
     for name, value in (("--tokens", tokens), ("--rounds", rounds), ("--threads", threads)):
         if value < 1:
             raise click.BadParameter(f"must be >= 1, got {value}", param_hint=name)
-    return positive_ints(budgets, "--budgets", "budget", hi=1 << 30)
+    return budgets_of(budgets, "--budgets", hi=1 << 30)
 
 
 @dataclass(frozen=True)
@@ -378,7 +379,8 @@ def make_plan(model_name, budget_list, ablation, profile, llama_python_option, b
               help='"smollm2" or a local Llama-family folder / .gguf file')
 @click.option("--context", "contexts", multiple=True, help="cache length, repeatable: 2K, 8K, 32768 "
               "(default 2K 4K 8K 16K 32K)")
-@click.option("--budgets", default="512,1024,2048", show_default=True, help="sparse budgets, comma-separated")
+@click.option("--budgets", default="auto,512,1024,2048", show_default=True,
+              help="sparse budgets, comma-separated: tokens, or auto (the default SparseConfig's)")
 @click.option("--tokens", type=Int(1), default=8, show_default=True, help="tokens generated per timed run")
 @click.option("--rounds", type=Int(1), default=3, show_default=True,
               help="timed runs per method (the median is reported)")

@@ -126,8 +126,9 @@ def _print(report, title: str) -> None:
     for r in report.rows:
         ci = "-" if r.ppl_ratio_ci is None else f"[{r.ppl_ratio_ci[0]:.4f}, {r.ppl_ratio_ci[1]:.4f}]"
         passkey = "-" if r.passkey_trials is None else f"{r.passkey_ok}/{r.passkey_trials}"
-        agree = "-" if r.agree_tokens is None else f"{r.agree_tokens}/{len(r.greedy)} (lead {r.agree_prefix})"
-        rows.append([r.setting, number(r.perplexity, 3), number(r.ppl_ratio), ci, agree, passkey,
+        agree = "-" if r.agree_tokens is None else f"{r.agree_tokens}/{len(r.greedy)} (lead {r.agree_prefix}" + (
+            ")" if r.agree_margin is None else f", gap {r.agree_margin:.2f})")
+        rows.append([r.setting, number(r.perplexity, 3), number(r.ppl_ratio), ci, number(r.top1_agree), agree, passkey,
                      number(r.kept_share, 3), number(r.prefill_s, 1)])
-    print_table(title, ("setting", "ppl", "ratio", "95% interval", "greedy agree", "passkey", "kept", "prefill s"),
-                rows)
+    print_table(title, ("setting", "ppl", "ratio", "95% interval", "top-1 agree", "greedy agree", "passkey", "kept",
+                        "prefill s"), rows)

@@ -5,6 +5,7 @@
     gatherlens eval-sparse --context 2048 --budgets 128,512 --decode-tokens 64 --passkey-trials 2
     gatherlens eval-sparse --json q.json --csv q.csv --pictures figs/ --force
     gatherlens eval-sparse --budgets 512 --kv-dtype float16,int8   # pages in 16 / 8 bits: their own rows
+    gatherlens eval-sparse --budgets auto,512,256 --greedy 64 --no-recall   # the auto budget; agreement only
 
 The first context - N tokens of the text are prefilled densely once; the last N (--decode-tokens)
 are decoded one step at a time, teacher-forced, from a copy of that cache, with dense attention
@@ -14,22 +15,26 @@ time, the oracle, the default; then the second budget); with --budgets, one row 
 --page-size, --dense-layers, --recent, --group-score, --per-head. --kv-dtype adds, for each storage
 dtype it lists, every row again with pages stored so and a dense row over such pages (the
 comparison table: float32, float16, bfloat16, int8 at the first budget). Prints perplexity and its ratio
-to dense (with a 95% interval), attention-mass recall, output cosine, passkey trials retrieved (a
-5-digit number hidden at spread depths in --context tokens of filler, greedy generation).
+to dense (with a 95% interval), teacher-forced top-1 agreement with dense, the greedy tokens equal to
+dense's before the first divergence (--greedy of them) and dense's logit gap there, the pages a head
+read per step, attention-mass recall, output cosine (--no-recall skips those two and runs the fast
+paths), passkey trials retrieved (a 5-digit number hidden at spread depths in --context tokens of
+filler, greedy generation).
 --pictures DIR saves, per setting, an SVG and HTML of the pages one layer / KV head read at the
 last decode step. The metrics live in gatherlens.eval.sparse_quality / passkey.
 """
 from __future__ import annotations
 
 import re
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
 
 from gatherlens.commands.params import (
-    Int, number, output_file, positive_ints, print_table, progress_bar, require_causal, text_source_options,
-    threads_option,
+    Int, budget_list, number, output_file, positive_ints, print_table, progress_bar, require_causal,
+    text_source_options, threads_option,
 )
 from gatherlens.ops.sparse.config import DEFAULT, GROUP_SCORES, KV_DTYPES
 from gatherlens.errors import GatherValueError
@@ -40,7 +45,7 @@ from gatherlens.outputs import output_dir, write_output
 class _Plan:
     """What eval-sparse measures, from its options."""
 
-    budgets: list[int]
+    budgets: list
     context: int
     page_size: int
     decode_tokens: int
@@ -48,6 +53,8 @@ class _Plan:
     dense_layers: int
     share_selection: bool
     setups: list = field(default_factory=list)
+    greedy: int = 0
+    recall: bool = True
 
 
 @click.command("eval-sparse")
@@ -55,7 +62,8 @@ class _Plan:
 @click.option("--context", default=8192, show_default=True, type=Int(64),
               help="Tokens of context (prefix + decoded tokens; also the passkey prompt length).")
 @click.option("--budgets", default=None,
-              help="Comma-separated token budgets, one row each with the settings below (default: the comparison table).")
+              help='Comma-separated token budgets or "auto", one row each with the settings below (default: the '
+                   'comparison table).')
 @click.option("--compare", default="512,256", show_default=True,
               help="The comparison table's two budgets: every setting at the first, the main ones at the second.")
 @click.option("--page-size", default=DEFAULT.page_size, show_default=True, type=Int(1),
@@ -64,6 +72,10 @@ class _Plan:
               help="Last N tokens of the context decoded step by step and scored; 0 skips perplexity.")
 @click.option("--passkey-trials", default=5, show_default=True, type=Int(0),
               help="Passkey prompts (needle depths spread over the context); 0 skips the test.")
+@click.option("--greedy", default=32, show_default=True, type=Int(0),
+              help="Greedy tokens after the prefix compared with dense's (first divergence and its margin); 0: none.")
+@click.option("--recall/--no-recall", default=True, show_default=True,
+              help="Measure attention-mass recall and output cosine (observers: slower paths).")
 @click.option("--dense-layers", default=DEFAULT.dense_layers, show_default=True, type=Int(0),
               help="Leading layers that decode densely (Quest keeps 2; with --budgets).")
 @click.option("--recent", default=DEFAULT.recent, type=Int(0),
@@ -87,7 +99,7 @@ class _Plan:
 @click.option("--force", is_flag=True, help="Overwrite output files that exist.")
 def evaluate_sparse(model_name, corpus, text_file, context, budgets, compare, page_size, decode_tokens,
                     passkey_trials, dense_layers, recent, group_score, per_head, kv_dtypes, threads, json_out,
-                    csv_out, pictures, layer, head, force):
+                    csv_out, pictures, layer, head, force, greedy=32, recall=True):
     """Perplexity, attention-mass recall, output cosine and passkey: sparse decoding against dense."""
     from rich.console import Console
 
@@ -96,6 +108,7 @@ def evaluate_sparse(model_name, corpus, text_file, context, budgets, compare, pa
 
     plan = _plan(budgets, compare, context, page_size, decode_tokens, passkey_trials, dense_layers, recent,
                  group_score, per_head, _kv_dtypes(kv_dtypes))
+    plan.greedy, plan.recall = greedy, recall
     _check_plan(plan)
     json_path = output_file(json_out, force, (".json",), "--json")
     csv_path = output_file(csv_out, force, (".csv",), "--csv")
@@ -146,7 +159,7 @@ def _plan(budgets, compare, context, page_size, decode_tokens, passkey_trials, d
             raise click.BadParameter(f"{compare!r}: give two budgets, like 512,256", param_hint="--compare")
         return _Plan(pair, context, page_size, decode_tokens, passkey_trials, dense_layers, not per_head,
                      comparison_setups(pair[1], pair[0], kv_dtypes or KV_PAGE_ROWS))
-    listed = positive_ints(budgets, "--budgets", "budget")
+    listed = budget_list(budgets, "--budgets")
     setups = setups_for_budgets(listed, page_size=page_size, dense_layers=dense_layers, recent=recent,
                                 group_score=group_score, share_selection=not per_head)
     setups += kv_dtype_setups(setups, kv_dtypes) if kv_dtypes else []
@@ -217,6 +230,10 @@ def _measure(lm, ids, plan: _Plan, draw_layer: int, console):
 
     report, passkeys = None, []
     total = (plan.decode_tokens + plan.passkey_trials) * (len(plan.setups) + 1)
+    if plan.decode_tokens and plan.recall:
+        keep_ctx = observe_sparse(keep)
+    else:  # no observer: the fast paths (no picture of the pages either)
+        keep_ctx = contextlib.nullcontext()
     with progress_bar(console, total, width=22) as bar:
         def advance(n, description):  # after each decode step of setting `description`
             if "sel" in pending:
@@ -224,9 +241,10 @@ def _measure(lm, ids, plan: _Plan, draw_layer: int, console):
             bar(n, description)
 
         if plan.decode_tokens:
-            with observe_sparse(keep):
+            with keep_ctx:
                 report = evaluate_sparse_quality(lm.model, ids, setups=plan.setups, page_size=plan.page_size,
-                                                 decode_tokens=plan.decode_tokens, progress=advance)
+                                                 decode_tokens=plan.decode_tokens, progress=advance,
+                                                 recall=plan.recall, greedy=plan.greedy)
         if plan.passkey_trials:
             passkeys = passkey_trials(lm.model, lm.tokenizer, context=plan.context, trials=plan.passkey_trials,
                                       setups=plan.setups, page_size=plan.page_size, progress=bar)
@@ -252,10 +270,13 @@ def _print(rows: list[dict], title: str) -> None:
         if r.get("ppl_ratio_ci"):
             lo, hi = r["ppl_ratio_ci"]
             ratio += f" [{100 * (lo - 1):+.1f}, {100 * (hi - 1):+.1f}]"
-        cells.append([r["setting"], number(r["perplexity"], 3), ratio, number(r["recall"]),
-                      number(r["recall_min_layer"]), number(r["cosine"]), pk])
-    print_table(title, ("decode", "perplexity", "vs dense [95%]", "mass recall", "min layer recall", "output cosine",
-                        "passkey"), cells)
+        greedy = "-" if r.get("greedy_prefix") is None else f"{r['greedy_prefix']}/{r['greedy_tokens']}" + (
+            "" if r.get("greedy_margin") is None else f" ({r['greedy_margin']:.2f})")
+        cells.append([r["setting"], number(r["perplexity"], 3), ratio, number(r.get("top1_agree")), greedy,
+                      number(r.get("pages_mean"), 1), number(r["recall"]), number(r["recall_min_layer"]),
+                      number(r["cosine"]), pk])
+    print_table(title, ("decode", "perplexity", "vs dense [95%]", "top-1 agree", "greedy equal (gap)", "pages/step",
+                        "mass recall", "min layer recall", "output cosine", "passkey"), cells)
 
 
 def _write(json_path, csv_path, meta: dict, rows: list[dict], passkeys, console, force: bool) -> None:

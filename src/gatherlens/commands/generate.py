@@ -1,7 +1,8 @@
 """`gatherlens generate`: continue a text with sparse decoding, live, and draw which pages it read.
 
     gatherlens generate "It is a truth universally acknowledged" --max-new-tokens 40
-    gatherlens generate --file chapter.txt --budget 512 --pages pages.svg
+    gatherlens generate --file chapter.txt --pages pages.svg        # the auto budget (the default)
+    gatherlens generate --file chapter.txt --budget 512             # a fixed budget of 512 tokens
     gatherlens generate "Once upon a time" --dense
     gatherlens generate "Once upon a time" --quantized     # SmolLM2 run from its GGUF blocks
     gatherlens generate --file chapter.txt --kv-dtype float16   # the paged cache in 16 bits (int8: 8)
@@ -25,7 +26,7 @@ from pathlib import Path
 import click
 
 from gatherlens.commands.params import (
-    Int, kv_dtype_option, load_kwargs, output_file, quantized_option, require_causal, sampling_options,
+    Budget, Int, kv_dtype_option, load_kwargs, output_file, quantized_option, require_causal, sampling_options,
     signals_as_ctrl_c, sparse_prefill_option,
     threads_option,
 )
@@ -53,8 +54,10 @@ def _prompt_text(prompt: str | None, file: str | None) -> str:
 @click.option("--model", "model_name", default="smollm2", show_default=True,
               help='"smollm2" or a local Llama-family folder / .gguf file.')
 @quantized_option()
-@click.option("--budget", type=Int(1), default=None,
-              help=f"Tokens each decode step reads per KV head (default: {DEFAULT.budget}).")
+@click.option("--budget", type=Budget(), default=None,
+              help=f'"auto" (pages until their estimated attention mass reaches {DEFAULT.mass}, '
+                   f'{DEFAULT.min_pages}..{DEFAULT.max_pages} pages) or tokens each decode step reads per '
+                   f'selection head (default: {DEFAULT.budget}).')
 @click.option("--dense", is_flag=True, help="Decode densely (transformers' default path) instead.")
 @kv_dtype_option
 @sparse_prefill_option()
@@ -170,6 +173,7 @@ class _LiveView:
         from rich.text import Text
 
         self.text, self.how = Text(), "dense" if budget is None else f"sparse, budget {budget}"
+        self.budget = budget
 
     def render(self, result, piece: str = ""):
         from rich.console import Group
@@ -189,6 +193,11 @@ def _summary(result, err, stopped_by: str = "Ctrl-C") -> None:
     head = f"stopped ({stopped_by}) after" if result.stopped else "generated"
     err.print(f"{head} {len(result.new_ids)} tokens{speed}; context {result.context} tokens "
               f"(prompt {result.prompt_tokens}, prefill {result.prefill_seconds:.2f} s)")
+    read = result.pages_per_step()
+    if read is not None:
+        err.print(f"pages read per step and head: mean {read['mean']:.1f} (min {read['min']}, max {read['max']}) "
+                  f"of {read['of']}, over {read['steps']} steps x {read['layers']} "
+                  f"sparse layers x {read['heads']} heads")
 
 
 def _write_pages(result, path: Path, lang: str, force: bool, err) -> None:

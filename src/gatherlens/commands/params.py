@@ -17,7 +17,24 @@ import click
 
 from gatherlens import outputs
 from gatherlens.errors import GatherValueError
-from gatherlens.params import Int, cpu_count, int_list, positive_ints  # noqa: F401 - the commands' int rules
+from gatherlens.params import Int, budget_list, cpu_count, int_list, positive_ints  # noqa: F401 - the int rules
+
+
+class Budget(Int):
+    """--budget: "auto" (pages by estimated attention mass, SparseConfig's default) or an int of tokens >= 1."""
+
+    name = "budget"
+
+    def __init__(self):
+        super().__init__(1)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            return super().convert(value, param, ctx)
+        except click.UsageError as e:
+            raise click.UsageError(f'{e.message} (or "auto": pages by estimated attention mass)', ctx) from None
 
 
 def threads_option(command):

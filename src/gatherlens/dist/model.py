@@ -150,6 +150,8 @@ def use_sharded_decoding(model, budget: int | None = SHARDED.budget, *,
     if config.recent_window() or config.choose != "bound":
         raise GatherValueError(f"recent = {config.recent_window()} and choose = {config.choose!r}: sharded decoding "
                                f"reads no recent window and ranks pages by their bound (use recent=0, choose='bound')")
+    if config.auto:
+        raise GatherValueError("budget = 'auto': sharded decoding reads a fixed budget (an int of tokens) or None")
     register_sharded()
     switch_attention(model, SHARDED_ATTN_NAME, remember="gatherlens_sharded_previous", what="sharded decoding")
     for m in model.modules():

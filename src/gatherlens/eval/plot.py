@@ -1,6 +1,7 @@
-"""The plot of a top-k quality report (matplotlib, imported when a plot is asked for).
+"""The plots of quality reports (matplotlib, imported when a plot is asked for).
 
     >>> plot_quality(report, "quality.png")      # perplexity and recall/cosine against k
+    >>> plot_long(long_report, "long.png")       # eval-long: accuracy against length, a panel per task
     >>> plot_quality(report, "q.png", force=False, what="--plot")   # a command without --force
 
 Written by `gatherlens.outputs.open_output`: with force=False a file that appeared since the
@@ -13,7 +14,7 @@ from pathlib import Path
 from gatherlens.eval.topk_quality import QualityReport
 from gatherlens.outputs import open_output
 
-__all__ = ["plot_quality"]
+__all__ = ["plot_quality", "plot_long"]
 
 
 def plot_quality(report: QualityReport, path: str | Path, *, force: bool = True, what: str = "output file") -> Path:
@@ -49,6 +50,48 @@ def plot_quality(report: QualityReport, path: str | Path, *, force: bool = True,
         ax.grid(True, alpha=0.3)
     fig.suptitle(f"top-k vs dense attention: {meta.get('model', meta.get('model_type', ''))}, "
                  f"{meta.get('tokens_total')} tokens, window {meta.get('window')}, stride {meta.get('stride')}")
+    return _save(fig, path, force, what)
+
+
+def plot_long(report, path: str | Path, *, force: bool = True, what: str = "output file") -> Path:
+    """eval-long's accuracy against context length, one panel per task, a line per row with its 95% interval
+    (dense black and first); `report` an eval.long_context.LongReport. force, what: as plot_quality."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    tasks = list(dict.fromkeys(r["task"] for r in report.rows))
+    settings = list(dict.fromkeys(r["setting"] for r in report.rows))
+    cols = min(3, len(tasks))
+    fig, axes = plt.subplots((len(tasks) + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.4 * ((len(tasks) + cols - 1) // cols)),
+                             squeeze=False)
+    for ax, task in zip(axes.flat, tasks):
+        for i, s in enumerate(settings):
+            mine = sorted((r for r in report.rows if r["task"] == task and r["setting"] == s), key=lambda r: r["length"])
+            x = [r["length"] * (1 + 0.03 * (i - len(settings) / 2)) for r in mine]  # side by side at each length
+            y = [r["accuracy"] for r in mine]
+            err = [[a - r["ci"][0] for a, r in zip(y, mine)], [r["ci"][1] - a for a, r in zip(y, mine)]]
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=2, label=s, color="black" if s == "dense" else None,
+                        lw=2 if s == "dense" else 1)
+        ax.set_title(task)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_xlabel("context (tokens)")
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.axis("off")
+    axes.flat[0].set_ylabel("accuracy (95% interval)")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"eval-long: {report.meta.get('model', '')} on {report.meta.get('text', '')}")
+    return _save(fig, path, force, what)
+
+
+def _save(fig, path: Path, force: bool, what: str) -> Path:
+    """Write `fig` to `path` (its suffix names the format) by the output rule, then close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     try:
         with open_output(path, what, force=force, binary=True) as fh:

@@ -20,11 +20,18 @@ predictions is made by decode steps that see the whole long context through thei
   95% interval from the paired per-token log-likelihood differences (`ppl_ratio_ci`);
 - attention-mass recall: at each layer and step, the share of the dense softmax weight (same q, all
   keys) that falls on the tokens of the pages read, averaged over query heads, steps and layers;
-- output cosine: cosine between the sparse attention output and the dense one for the same q.
-Recall and cosine are taken along the sparse run (its own hidden states), like `topk_quality.py` does.
+- output cosine: cosine between the sparse attention output and the dense one for the same q;
+- agreement, not only perplexity: `top1_agree`, the share of the N teacher-forced steps whose top-1
+  token equals dense's; and from the same prefix, `greedy` tokens decoded greedily (each run its own
+  tokens): `greedy_prefix`, how many equal dense's before the first divergence, and `greedy_margin`,
+  dense's logit gap there between its own token and the sparse run's (a near-tie is a small gap);
+- `pages_mean`: pages a selection head of a choosing layer read per step (the auto budget's own count).
+Recall and cosine are taken along the sparse run (its own hidden states), like `topk_quality.py` does;
+recall=False skips them (and the observers they need), so the steps run the fast paths.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from dataclasses import asdict, dataclass, field, replace
@@ -35,6 +42,7 @@ import torch
 from gatherlens.errors import GatherValueError
 from gatherlens.eval.stats import EvalReport, EvalRow, LayerStats, check_ids, perplexity, positive_settings
 from gatherlens.models.attention.cache import PagedLayer, WindowLayer
+from gatherlens.models.attention.sparse import meter_pages
 from gatherlens.models.runtime.decoding import (
     SparseCall, SparseKVCache, observe_sparse, use_dense_decoding, use_sparse_decoding,
 )
@@ -42,7 +50,8 @@ from gatherlens.ops.sparse.config import DEFAULT, QUEST, SparseConfig
 
 __all__ = ["SparseSetup", "SparseQualityRow", "SparseQualityReport", "SparseStats", "evaluate_sparse_quality",
            "prefill", "repage", "decode_teacher_forced", "call_recall_cosine", "setups_for_budgets",
-           "default_setup", "comparison_setups", "kv_dtype_setups", "KV_PAGE_ROWS"]
+           "default_setup", "comparison_setups", "kv_dtype_setups", "KV_PAGE_ROWS", "greedy_run", "divergence",
+           "PageCounter"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,7 @@ class SparseSetup:
     that plain setting). `config()` is the SparseConfig the row decodes with.
     """
 
-    budget: int | None
+    budget: int | str | None
     page_size: int = QUEST.page_size
     dense_layers: int = QUEST.dense_layers
     group_score: str = QUEST.group_score
@@ -67,6 +76,9 @@ class SparseSetup:
     recent: int | None = QUEST.recent
     choose: str = QUEST.choose
     kv_dtype: str | None = QUEST.kv_dtype
+    mass: float = QUEST.mass
+    min_pages: int = QUEST.min_pages
+    max_pages: int = QUEST.max_pages
     label: str | None = None
 
     @property
@@ -77,7 +89,8 @@ class SparseSetup:
             return "dense" if self.kv_dtype is None else f"dense kv_dtype={self.kv_dtype}"
         plain = SparseSetup(self.budget)
         parts = [f"budget={self.budget}"]
-        parts += [f"{k}={v}" for k, v in self.options().items() if getattr(plain, k) != v]
+        parts += [f"{k}={v}" for k, v in self.options().items() if getattr(plain, k) != v
+                  and (self.budget == "auto" or k not in ("mass", "min_pages", "max_pages"))]
         return " ".join(parts).replace("share_selection=False", "per-head")
 
     def options(self) -> dict:
@@ -94,7 +107,7 @@ def setups_for_budgets(budgets, **common) -> list[SparseSetup]:
     return [SparseSetup(b, label=f"budget={b}", **common) for b in budgets]
 
 
-def default_setup(budget: int, **change) -> SparseSetup:
+def default_setup(budget: int | str, **change) -> SparseSetup:
     """use_sparse_decoding's default settings at this budget (with `change`), labelled "... (default)"."""
     config = DEFAULT.replace(budget=budget, **change)
     options = {k: getattr(config, k) for k in SparseSetup(budget).options()}
@@ -127,7 +140,8 @@ def kv_dtype_setups(setups, kv_dtypes=KV_PAGE_ROWS) -> list[SparseSetup]:
 def comparison_setups(budget: int = 512, small: int = 256, kv_dtypes=KV_PAGE_ROWS) -> list[SparseSetup]:
     """The table `gatherlens eval-sparse` runs: what each choice does to quality at small budgets.
 
-    At `budget`: Quest's plain setting (page 16, group max, no dense layers, no window), then one
+    First the default itself (the auto budget). At `budget`: Quest's plain setting (page 16, group max,
+    no dense layers, no window), then one
     change at a time (dense first layers, group sum, page 8 and 32, a recent window of a quarter
     of the budget, per-head choice), then the default, the default with the other head choice and the
     default's oracle (pages by true attention mass: the headroom of the page choice), the default
@@ -135,7 +149,7 @@ def comparison_setups(budget: int = 512, small: int = 256, kv_dtypes=KV_PAGE_ROW
     `small`: the plain setting, the default, its other head choice and its oracle.
     """
     plain = SparseSetup(budget)
-    rows = [plain, replace(plain, dense_layers=2), replace(plain, group_score="sum"), replace(plain, page_size=8),
+    rows = [default_setup(DEFAULT.budget), plain, replace(plain, dense_layers=2), replace(plain, group_score="sum"), replace(plain, page_size=8),
             replace(plain, page_size=32), replace(plain, recent=budget // 4), replace(plain, share_selection=False)]
     for b in (budget, small):
         rows += [SparseSetup(b)] if b == small else []
@@ -153,15 +167,20 @@ def comparison_setups(budget: int = 512, small: int = 256, kv_dtypes=KV_PAGE_ROW
 
 @dataclass(kw_only=True)
 class SparseQualityRow(EvalRow):
-    budget: int | None           # None for dense
+    budget: int | str | None     # None for dense
     ppl_ratio: float = 1.0       # perplexity / dense perplexity
     ppl_ratio_ci: list | None = None  # 95% interval of ppl_ratio from paired per-token differences
+    top1_agree: float | None = None   # share of the teacher-forced steps whose top-1 token is dense's
+    greedy_prefix: int | None = None  # greedy tokens equal to dense's before the first divergence
+    greedy_tokens: int | None = None  # greedy tokens compared
+    greedy_margin: float | None = None  # dense's logit gap there: its token's logit - the sparse run's token's
+    pages_mean: float | None = None   # pages a selection head of a choosing layer read per step
     setup: dict = field(default_factory=dict)
 
 
 class SparseQualityReport(EvalReport):
-    columns = ("setting", "budget", "perplexity", "ppl_ratio", "nll", "tokens", "recall", "recall_min_layer",
-               "cosine", "cosine_min_layer")
+    columns = ("setting", "budget", "perplexity", "ppl_ratio", "nll", "tokens", "top1_agree", "greedy_prefix",
+               "greedy_margin", "pages_mean", "recall", "recall_min_layer", "cosine", "cosine_min_layer")
 
 
 @torch.no_grad()
@@ -189,21 +208,64 @@ def repage(cache: SparseKVCache, page_size: int, kv_dtype: str | None = None) ->
 
 @torch.no_grad()
 def decode_teacher_forced(model, cache, logits: torch.Tensor, targets: torch.Tensor,
-                          progress: Callable[[int], None] | None = None) -> torch.Tensor:
+                          progress: Callable[[int], None] | None = None, tops: list | None = None) -> torch.Tensor:
     """-log p(target_t) for each of targets (1, N), feeding the true token one decode step at a time.
 
     logits (1, V): the prediction for targets[:, 0] (from prefill). Extends `cache` by N - 1 tokens.
-    returns (N,) float64 negative log-likelihoods.
+    tops: a list that gets each step's top-1 token id. returns (N,) float64 negative log-likelihoods.
     """
     N = targets.shape[1]
     nll = torch.empty(N, dtype=torch.float64)
     for t in range(N):
         nll[t] = -torch.log_softmax(logits[0].double(), dim=-1)[targets[0, t]]
+        if tops is not None:
+            tops.append(int(logits[0].argmax()))
         if t + 1 < N:
             logits = model(input_ids=targets[:, t:t + 1], cache=cache, use_cache=True).logits[:, -1]  # (1, V)
         if progress:
             progress(1)
     return nll
+
+
+@torch.no_grad()
+def greedy_run(model, cache, logits: torch.Tensor, n: int, keep: bool = False):
+    """n greedy tokens after a prefilled `cache` whose last logits (1, V) are given: (token ids, the
+    logits (V,) float32 each was chosen from when `keep`, else [])."""
+    made, kept = [], []
+    for _ in range(n):
+        made.append(int(logits[0].argmax()))
+        kept += [logits[0].float().clone()] if keep else []
+        if len(made) < n:
+            logits = model(input_ids=torch.tensor([[made[-1]]]), cache=cache, use_cache=True).logits[:, -1]  # (1, V)
+    return made, kept
+
+
+def divergence(made: list, dense_made: list, dense_logits: list) -> tuple[int, float | None]:
+    """(tokens equal before the first divergence, dense's logit gap there between its token and `made`'s;
+    None when they never diverge).
+
+        >>> divergence([1, 2, 3], [1, 2, 4], [None, None, torch.tensor([0., 0., 0., 1.5, 2.0])])
+        (2, 0.5)
+    """
+    for i, (a, b) in enumerate(zip(made, dense_made)):
+        if a != b:
+            return i, float(dense_logits[i][b] - dense_logits[i][a])
+    return min(len(made), len(dense_made)), None
+
+
+class PageCounter:
+    """A `meter_pages` meter: the pages a selection head of a choosing layer read, summed over steps."""
+
+    def __init__(self):
+        self.total, self.count = 0.0, 0
+
+    def __call__(self, layer: int, counts: torch.Tensor, chose: bool) -> None:
+        if chose:
+            self.total += float(counts.sum())
+            self.count += counts.numel()
+
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
 
 
 def call_recall_cosine(call: SparseCall) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,23 +294,33 @@ class SparseStats(LayerStats):
         return call_recall_cosine(call)
 
 
-def _measure_setting(model, cache0, logits0, targets, setup: SparseSetup, dense_nll, progress):
-    """Decode the targets from a copy of the prefilled cache with the decoding the model has now.
+def _measure_setting(model, cache0, logits0, targets, setup: SparseSetup, dense, progress, recall: bool = True,
+                     greedy: int = 0):
+    """Decode the targets from a copy of the prefilled cache with the decoding the model has now, then
+    (greedy > 0) `greedy` greedy tokens from another copy. dense: the dense run's (nll, tops, greedy
+    tokens, greedy logits), None for the dense run itself.
 
-    Returns the row and the per-token negative log-likelihoods (N,)."""
-    stats = SparseStats()
+    Returns the row and this run's (nll (N,), tops, greedy tokens, greedy logits)."""
+    stats, counter, tops = SparseStats(), PageCounter(), []
     step = (lambda n: progress(n, setup.name)) if progress else None
-    with observe_sparse(stats):
-        nll = decode_teacher_forced(model, repage(cache0, setup.page_size, setup.kv_dtype), logits0, targets, step)
+    with observe_sparse(stats) if recall else contextlib.nullcontext(), meter_pages(counter):
+        nll = decode_teacher_forced(model, repage(cache0, setup.page_size, setup.kv_dtype), logits0, targets, step,
+                                    tops)
+        made, kept = greedy_run(model, repage(cache0, setup.page_size, setup.kv_dtype), logits0, greedy,
+                                keep=dense is None) if greedy else ([], [])
     mean = float(nll.mean())
     row = SparseQualityRow(setting=setup.name, budget=setup.budget, perplexity=perplexity(mean), nll=mean,
-                           tokens=targets.shape[1], setup=setup.options(), **stats.summary())
-    if dense_nll is not None:
-        diff = nll - dense_nll  # (N,) paired per-token differences
+                           tokens=targets.shape[1], setup=setup.options(), pages_mean=counter.mean(),
+                           greedy_tokens=greedy or None, **stats.summary())
+    if dense is not None:
+        diff = nll - dense[0]  # (N,) paired per-token differences
         se = float(diff.std()) / math.sqrt(len(diff)) if len(diff) > 1 else 0.0
         row.ppl_ratio = math.exp(float(diff.mean()))
         row.ppl_ratio_ci = [math.exp(float(diff.mean()) - 1.96 * se), math.exp(float(diff.mean()) + 1.96 * se)]
-    return row, nll
+        row.top1_agree = sum(a == b for a, b in zip(tops, dense[1])) / len(tops)
+        if greedy:
+            row.greedy_prefix, row.greedy_margin = divergence(made, dense[2], dense[3])
+    return row, (nll, tops, made, kept)
 
 
 @torch.no_grad()
@@ -256,14 +328,17 @@ def evaluate_sparse_quality(model, ids: torch.Tensor, budgets=(256, 512, 1024, 2
                             decode_tokens: int = 256, share_selection: bool = QUEST.share_selection,
                             group_score: str = QUEST.group_score, dense_layers: int = QUEST.dense_layers,
                             setups: list[SparseSetup] | None = None,
-                            progress: Callable[[int, str], None] | None = None) -> SparseQualityReport:
+                            progress: Callable[[int, str], None] | None = None, recall: bool = True,
+                            greedy: int = 0) -> SparseQualityReport:
     """Perplexity, recall and cosine of sparse decoding for each setup against dense (see module doc).
 
     model: a causal LM (Llama family). ids: (1, S) token ids, S > decode_tokens; the last
     `decode_tokens` are scored. setups: the rows to measure; without them, one per budget with
     page_size, share_selection, group_score and dense_layers (leading layers decoded densely; their
     defaults the QUEST preset's, as SparseSetup's).
-    progress(advance, description) is called after each decode step. The model is left dense.
+    progress(advance, description) is called after each decode step. recall: measure attention-mass
+    recall and cosine (observers: the slower paths). greedy: greedy tokens compared with dense's after
+    the prefix (0: none). The model is left dense.
     """
     check_ids(ids, "S")
     if setups is None:
@@ -279,16 +354,18 @@ def evaluate_sparse_quality(model, ids: torch.Tensor, budgets=(256, 512, 1024, 2
     try:
         use_sparse_decoding(model, budget=None, page_size=page_size)  # dense prefill into a paged cache
         cache0, logits0 = prefill(model, prefix, page_size)
-        dense_nll = None
+        dense = None
         for setup in [SparseSetup(None, page_size=page_size, label="dense"), *setups]:
             use_sparse_decoding(model, config=setup.config())
-            row, nll = _measure_setting(model, cache0, logits0, targets, setup, dense_nll, progress)
+            row, run = _measure_setting(model, cache0, logits0, targets, setup, dense, progress, recall, greedy)
             rows.append(row)
-            dense_nll = nll if dense_nll is None else dense_nll
+            dense = run if dense is None else dense
     finally:
         use_dense_decoding(model)
     meta = {"context": S, "prefix_tokens": S - N, "decode_tokens": N, "page_size": page_size,
             "share_selection": share_selection, "group_score": group_score, "dense_layers": dense_layers,
             "model_type": model.config.model_type, "protocol": "dense prefill, teacher-forced sparse decode",
-            "ppl_ratio_ci": "95% interval from the paired per-token log-likelihood differences"}
+            "ppl_ratio_ci": "95% interval from the paired per-token log-likelihood differences", "greedy": greedy,
+            "top1_agree": "share of the teacher-forced steps whose top-1 token is dense's",
+            "greedy_margin": "dense's logit gap at the first greedy divergence (its token's minus the row's)"}
     return SparseQualityReport(rows=rows, meta=meta)

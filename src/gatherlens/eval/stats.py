@@ -22,7 +22,8 @@ import torch
 
 from gatherlens.errors import GatherValueError
 
-__all__ = ["LayerStats", "EvalRow", "EvalReport", "positive_settings", "check_ids", "perplexity"]
+__all__ = ["LayerStats", "EvalRow", "EvalReport", "positive_settings", "check_ids", "perplexity", "wilson_interval",
+           "bootstrap_interval"]
 
 
 class LayerStats(abc.ABC):
@@ -113,3 +114,34 @@ def check_ids(ids: torch.Tensor, length: str) -> None:
 def perplexity(nll: float | None) -> float | None:
     """exp(mean negative log-likelihood), None when there is none."""
     return None if nll is None else math.exp(nll)
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson's score interval of a proportion (95% for z = 1.96): honest at 0 / n and n / n.
+
+        >>> [round(x, 3) for x in wilson_interval(10, 10)], [round(x, 3) for x in wilson_interval(5, 10)]
+        ([0.722, 1.0], [0.237, 0.763])
+    """
+    if n < 1 or not 0 <= successes <= n:
+        raise GatherValueError(f"successes = {successes} of n = {n}: need n >= 1 and 0 <= successes <= n")
+    p, z2 = successes / n, z * z
+    mid = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def bootstrap_interval(values, draws: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """The percentile bootstrap interval of the mean of `values` (seeded: the same on every run).
+
+        >>> bootstrap_interval([1.0, 1.0, 1.0])
+        (1.0, 1.0)
+    """
+    import random
+
+    values = [float(v) for v in values]
+    if not values:
+        raise GatherValueError("bootstrap_interval needs at least one value")
+    rng, n = random.Random(seed), len(values)
+    means = sorted(sum(rng.choice(values) for _ in range(n)) / n for _ in range(draws))
+    cut = (1 - level) / 2
+    return means[int(cut * (draws - 1))], means[int(round((1 - cut) * (draws - 1)))]

@@ -67,6 +67,9 @@ def _panels(trace: PageTrace, lang: str, columns: int, size: tuple[int, int], to
         dense = bool(trace.dense[layer].all())
         label = f"{layer}" + (f" ({text('page_trace_dense', lang)})" if dense else "")
         info = text("page_trace_panel", lang, layer=layer, pages=float(per_step[layer]), total=trace.num_pages)
+        if trace.counts is not None and not dense:  # the auto budget: each head its own count
+            info = text("page_trace_panel_heads", lang, layer=layer, pages=float(per_step[layer]),
+                        total=trace.num_pages, head=float(trace.counts[layer].float().mean()))
         out.append(dict(x=MARGIN + col * (w + GAP), y=top + row * (h + GAP + LABEL) + LABEL, w=w, h=h,
                         label=label, info=info, png=_png(panel_pixels(trace, layer), (w, h))))
     return out
@@ -98,4 +101,6 @@ def page_trace_html(trace: PageTrace, lang: str = "en", **kw) -> str:
 def _title(trace: PageTrace, lang: str) -> str:
     budget = (text("page_trace_budget", lang, budget=trace.budget) if trace.budget is not None
               else text("page_trace_no_budget", lang))
+    if trace.budget == "auto" and trace.mean_pages() is not None:
+        budget = text("page_trace_budget_auto", lang, pages=trace.mean_pages())
     return text("page_trace_title", lang, steps=trace.num_steps, P=trace.page_size, budget=budget)

@@ -60,18 +60,21 @@ def layer_kinds_data(model) -> list[dict]:
 
 
 def _step_data(step: GenerationStep, page_size: int) -> dict:
+    counts = [] if step.page_counts is None else step.page_counts.tolist()  # (layers, heads): pages each head read
     return {"step": step.index, "token_id": step.token_id, "token": step.token, "shown": shown_token(step.token),
-            "length": step.length, "pages_total": page_count(step.length, page_size), "layers": step.page_ids()}
+            "length": step.length, "pages_total": page_count(step.length, page_size), "layers": step.page_ids(),
+            "counts": counts, "chose": list(step.chose)}
 
 
-def decode_steps(lm, text: str, max_new: int, budget: int, page_size: int,
+def decode_steps(lm, text: str, max_new: int, budget: int | str, page_size: int,
                  max_tokens: int = 4096, detail: bool = False) -> Iterator[tuple[str, dict]]:
     """("start", {...}) for the prompt, then ("step", {...}) per decode step, ("done", {...}).
 
     start: prompt, prompt_tokens, page_size, budget, layers, pages (of the prompt), token (the
     first new token, from the dense prefill), kinds (each layer's {"kind", "window"}: a local layer's
     steps read its ring, no pages). step: step, token, token_id, shown, length (tokens
-    in the cache), pages_total, layers[l][h] = the page ids KV head h of layer l read.
+    in the cache), pages_total, layers[l][h] = the page ids KV head h of layer l read, counts[l][h]
+    = how many (budget "auto": each head its own), chose[l] = whether layer l chose (else every page).
     detail (the live page's): start adds tokens (the prompt's, shown); step adds mass[l][h], the
     dense weight query head h of layer l put on the pages it read (serve/step_detail.py); done
     adds dense, what dense decoding would have chosen at every step (step_detail.dense_choices).

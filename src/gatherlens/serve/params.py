@@ -50,7 +50,7 @@ class GenerateParams:
     model: str
     max_new: int
     page_size: int
-    budget: int
+    budget: int | str  # tokens a decode step reads, or "auto" (pages by estimated attention mass)
 
 
 def query_int(q: Mapping[str, str], name: str, default: int | None, lo: int, hi: int) -> int | None:
@@ -108,7 +108,8 @@ def generate_params(q: Mapping[str, str], s: ServeSettings) -> GenerateParams:
     return GenerateParams(
         text=_text(q, s), model=_model(q, s),
         max_new=query_int(q, "max_new", s.default_new_tokens, 1, s.max_new_tokens),
-        page_size=query_int(q, "page_size", s.page_size, 1, 64), budget=query_int(q, "budget", s.budget, 1, 4096))
+        page_size=query_int(q, "page_size", s.page_size, 1, 64),
+        budget="auto" if q.get("budget") == "auto" else query_int(q, "budget", s.budget, 1, 4096))
 
 
 _FLOAT = re.compile(r"-?[0-9]+(\.[0-9]+)?|-?\.[0-9]+")

@@ -35,6 +35,8 @@ class PageTrace:
     dense:     (layers, steps) bool: the layer read every page at that step without choosing.
     lengths:   tokens in the cache at each step (the step's own token included).
     tokens:    the text of the token each step produced ("" where unknown).
+    counts:    (layers, steps, selection heads) int64: pages each selection head read at that step (the
+               auto budget's per-head counts; a dense layer's every page); None for a trace made without.
     """
 
     read: torch.Tensor
@@ -44,6 +46,7 @@ class PageTrace:
     budget: int | None
     tokens: list[str] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+    counts: torch.Tensor | None = None
 
     @property
     def num_layers(self) -> int:
@@ -61,6 +64,12 @@ class PageTrace:
         """(layers, steps) int: pages each layer read at each step (by any of its selection heads)."""
         return (self.read > 0).sum(-1)
 
+    def mean_pages(self) -> float | None:
+        """Mean pages a selection head of a choosing (not dense) layer read per step; None if none chose."""
+        if self.counts is None or bool(self.dense.all()):
+            return None
+        return float(self.counts[~self.dense].float().mean())
+
 
 class PageTraceRecorder:
     """Collects a PageTrace from sparse decode steps (an observer for `observe_sparse`).
@@ -74,7 +83,10 @@ class PageTraceRecorder:
         self.num_layers, self.page_size, self.budget = num_layers, page_size, budget
         self.meta = dict(meta or {})
         self.current: dict[int, torch.Tensor] = {}  # layer -> (pages,) share read this step
+        self.counted: dict[int, torch.Tensor] = {}  # layer -> (Hsel,) pages each selection head read
         self.steps: list[tuple[int, dict[int, torch.Tensor], str]] = []
+        self.step_counts: list[dict[int, torch.Tensor]] = []
+        self.heads = 0
 
     def __call__(self, call) -> None:
         sel = call.selection
@@ -82,11 +94,14 @@ class PageTraceRecorder:
         if not 0 <= layer < self.num_layers:
             raise GatherValueError(f"layer {layer} is outside [0, {self.num_layers})")
         self.current[layer] = sel.mask()[0].float().mean(0).cpu()  # (pages,) share of batch 0's heads
+        self.counted[layer] = sel.counts[0].cpu()  # (Hsel,)
+        self.heads = max(self.heads, self.counted[layer].numel())
 
     def end_step(self, length: int, token: str = "") -> None:
         """Close the step: the cache held `length` tokens; `token` is what the step produced."""
         self.steps.append((int(length), self.current, token))
-        self.current = {}
+        self.step_counts.append(self.counted)
+        self.current, self.counted = {}, {}
 
     def record(self) -> PageTrace:
         """The PageTrace of every step so far."""
@@ -105,4 +120,14 @@ class PageTraceRecorder:
                     read[layer, s, :n] = 1.0
                     dense[layer, s] = True
         return PageTrace(read=read, dense=dense, lengths=[L for L, _, _ in self.steps], page_size=P,
-                         budget=self.budget, tokens=[t for _, _, t in self.steps], meta=dict(self.meta))
+                         budget=self.budget, tokens=[t for _, _, t in self.steps], meta=dict(self.meta),
+                         counts=self._counts())
+
+    def _counts(self) -> torch.Tensor:
+        """(layers, steps, Hsel) int64: each step's per-head counts; a layer not observed, every page."""
+        out = torch.zeros(self.num_layers, len(self.steps), max(self.heads, 1), dtype=torch.long)
+        for s, ((L, _, _), counted) in enumerate(zip(self.steps, self.step_counts)):
+            out[:, s] = page_count(L, self.page_size)
+            for layer, c in counted.items():
+                out[layer, s, :c.numel()] = c
+        return out

@@ -40,7 +40,7 @@ from gatherlens.ops.sparse.config import SparseConfig
 from gatherlens.ops.sparse.decode import decode_pages, sparse_decode
 
 __all__ = ["SPARSE_ATTN_NAME", "CONFIG_ATTR", "SparseSettings", "SparseCall", "sparse_settings", "decode_attention",
-           "observed", "DECODE_ATTENTION",
+           "observed", "meter_pages", "metered", "metering", "DECODE_ATTENTION",
            "sparse_attention_forward", "register_sparse", "observe_sparse", "padding_mask", "stored_as_configured"]
 
 SPARSE_ATTN_NAME = "gatherlens_sparse"
@@ -48,6 +48,7 @@ CONFIG_ATTR = "gatherlens_sparse"  # the one attribute use_sparse_decoding sets 
 SparseSettings = SparseConfig  # the adapter's old name for the one configuration
 _DENSE = SparseConfig(budget=None)  # a module without a configuration decodes densely
 _observers: list[Callable[["SparseCall"], None]] = []
+_meters: list[Callable[[int, torch.Tensor, bool], None]] = []  # meter(layer, counts (Hsel,), chose)
 
 
 @dataclass
@@ -119,7 +120,9 @@ def _pages_run(module, query, paged, mask, scale, variant):
     key_mask = None if mask is None else mask[:, 0, 0]  # (B, L)
     budget = config.budget_for(paged.length, global_rank(module))
     q = query if query.dtype == paged.dtype else query.to(paged.dtype)  # (B, Hq, 1, D)
-    out = decode_pages(q, paged, budget, config.choice, scale, variant, key_mask)[2]
+    pages, _, out, _ = decode_pages(q, paged, budget, config.choice, scale, variant, key_mask)
+    if _meters:
+        _meter(module, pages, paged, query.shape[1] if not config.share_selection else paged.kv_heads)
     return out if out.dtype == query.dtype else out.to(query.dtype)  # (B, Hq, 1, Dv)
 
 
@@ -135,6 +138,8 @@ def _selection_run(module, query, paged, mask, scale, variant):
     out, lse, sel = sparse_decode(query, paged, config.budget_for(paged.length, global_rank(module)),
                                   return_lse=True, return_selection=True, scale=scale, key_mask=key_mask,
                                   config=config, variant=variant)
+    if _meters:
+        _meter(module, sel.pages, paged, sel.pages.shape[1])
     if mask is not None:
         sel.meta["padded"] = True
     layer = getattr(module, "layer_idx", None)
@@ -214,6 +219,40 @@ def padding_mask(attention_mask, length: int) -> torch.Tensor | None:
 def register_sparse() -> None:
     """Register "gatherlens_sparse" with transformers' attention and mask interfaces (idempotent)."""
     register_attention(SPARSE_ATTN_NAME, sparse_attention_forward)
+
+
+def _meter(module, pages: torch.Tensor | None, paged: PagedKVCache, heads: int) -> None:
+    """Tell every meter the pages each selection head of batch 0 read (pages None, or every page: densely)."""
+    if pages is None or pages.shape[-1] >= paged.num_pages:
+        counts, chose = torch.full((heads,), paged.num_pages, dtype=torch.long), False
+    else:
+        counts, chose = (pages[0] >= 0).sum(-1), True  # (Hsel,)
+    for meter in list(_meters):
+        meter(getattr(module, "layer_idx", -1), counts, chose)
+
+
+def metered() -> bool:
+    """True while a `meter_pages` block counts the pages every decode step reads."""
+    return bool(_meters)
+
+
+def metering(layer: int, counts: torch.Tensor, chose: bool) -> None:
+    """Tell every meter what one layer read (the one-operator step reports its layers through this)."""
+    for meter in list(_meters):
+        meter(layer, counts, chose)
+
+
+@contextlib.contextmanager
+def meter_pages(meter: Callable[[int, torch.Tensor, bool], None]):
+    """Call `meter(layer, counts, chose)` for every global layer's decode step inside the block: counts
+    (Hsel,) int64 the pages each selection head read (batch 0), chose False where the layer read every
+    page without choosing. Cheap (one small sum a layer) and, unlike `observe_sparse`, it keeps the
+    fast paths (the one-operator step reports its counts too)."""
+    _meters.append(meter)
+    try:
+        yield
+    finally:
+        _meters.remove(meter)
 
 
 def observed() -> bool:

@@ -74,13 +74,15 @@ def _sparse_cache_for(model) -> SparseKVCache:
 def use_sparse_decoding(model, config: SparseConfig | None = None, *, step: str = "auto", **overrides):
     """Make `model.generate` (and any forward given a SparseKVCache) decode with page-selected attention.
 
-        >>> use_sparse_decoding(model, budget=512)                        # the defaults, another budget
+        >>> use_sparse_decoding(model, budget=512)                        # a fixed budget (default "auto")
         >>> use_sparse_decoding(model, config=SparseConfig(512, page_size=16))   # or one configuration
         >>> use_sparse_decoding(model, config=QUEST, budget=256)          # a preset, one setting changed
 
-    config: a SparseConfig (ops/sparse/config.py: budget, page_size, share_selection, group_score,
-        keep_selection, recent, choose, dense_share, dense_layers, kv_dtype; its defaults are the best
-        setting of `gatherlens eval-sparse`); None: DEFAULT.
+    config: a SparseConfig (ops/sparse/config.py: budget ("auto", the default: pages until their estimated
+        attention mass reaches `mass`, within [min_pages, max_pages]; an int: tokens a step reads per
+        selection head; None: dense over the same paged cache), page_size, share_selection, group_score,
+        keep_selection, recent, choose, dense_share, dense_layers, kv_dtype, mass, min_pages, max_pages;
+        its defaults are the best setting of `gatherlens eval-sparse`); None: DEFAULT.
     overrides: any of those settings as keywords, applied to `config` and checked like it (an unknown
         name is an error listing the settings).
     step: the fastest way the model's decode steps may run (models/runtime/step.py's DECODE_STEP):

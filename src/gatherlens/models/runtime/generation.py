@@ -38,7 +38,7 @@ import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.memory import release_memory
-from gatherlens.models.attention.sparse import observe_sparse, sparse_settings
+from gatherlens.models.attention.sparse import meter_pages, observe_sparse, sparse_settings
 from gatherlens.models.files.watch import check_unchanged
 from gatherlens.models.runtime.detokenize import CONTEXT_TOKENS, Detokenizer
 from gatherlens.models.runtime.native import is_native, native_cache, native_config, use_native_decoding, \
@@ -94,6 +94,10 @@ class GenerationStep:
     pages:      what every sparse layer read, in layer order (decode steps with pages=True; a
                 layer that is missing decoded densely without choosing).
     seconds:    the step's time (its forward pass, the choice and the text).
+    page_counts: (layers, selection heads) int64: pages each selection head of each global layer read
+                (sparse decode steps; a layer that read every page without choosing holds that count;
+                None for the prefill and dense decoding). With the auto budget they differ per head.
+    chose:      per layer of page_counts, True where the layer chose its pages (False: it read every page).
     """
 
     index: int
@@ -103,10 +107,12 @@ class GenerationStep:
     length: int
     pages: tuple[LayerPages, ...] = ()
     seconds: float = 0.0
+    page_counts: torch.Tensor | None = None
+    chose: tuple[bool, ...] = ()
 
     def page_ids(self) -> list[list[list[int]]]:
         """[layer][selection head] -> the page ids read (ascending), batch 0; [] for a dense layer."""
-        read = {p.layer: p.selection.pages[0].tolist() for p in self.pages}
+        read = {p.layer: [[i for i in row if i >= 0] for row in p.selection.pages[0].tolist()] for p in self.pages}
         return [read.get(i, []) for i in range(max(read, default=-1) + 1)]
 
 
@@ -137,7 +143,7 @@ def stop_ids(lm) -> set[int]:
     return set() if eos is None else {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
 
 
-def _start(model, budget: int | None, sparse: dict, tokens: int, cache=None) -> tuple[object, int]:
+def _start(model, budget: int | str | None, sparse: dict, tokens: int, cache=None) -> tuple[object, int]:
     """Switch the model (sparse or dense decoding); the cache the loop fills (room for `tokens`; `cache`
     when given: a SparseKVCache of these settings already holding a prefix of the prompt) and its page
     size. The native runtime's model (models/runtime/native.py) decodes over its own cache; a
@@ -242,17 +248,33 @@ def last_logits(model, cache, ids: torch.Tensor, chunk: int | None = None, betwe
     return model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]  # (V,)
 
 
-def _next(tokens: Iterator[int], picked: list | None, model) -> int:
-    """The loop's next token (one forward pass); what sparse layers read meanwhile lands in picked.
+def _next(tokens: Iterator[int], picked: list | None, model, counted: dict | None = None) -> int:
+    """The loop's next token (one forward pass); what sparse layers read meanwhile lands in picked, the
+    pages each of their selection heads read in counted (layer -> (counts, chose)).
     A model run from its file in place checks the file before and after (models/files/watch.py)."""
     def keep(call):
         picked.append(LayerPages(call.layer if call.layer is not None else len(picked), call.selection))
 
+    def count(layer, counts, chose):
+        counted[layer] = (counts, chose)
+
     check_unchanged(model)
-    with observe_sparse(keep) if picked is not None else contextlib.nullcontext():
+    with contextlib.ExitStack() as watching:
+        if picked is not None:
+            watching.enter_context(observe_sparse(keep))
+        if counted is not None:
+            watching.enter_context(meter_pages(count))
         token = next(tokens)
     check_unchanged(model)  # a file changed during the forward pass: its token is not given out
     return token
+
+
+def _step_counts(counted: dict | None) -> tuple[torch.Tensor | None, tuple[bool, ...]]:
+    """(layers, Hsel) int64 and per layer whether it chose, from one step's meter readings (layers in order)."""
+    if not counted:
+        return None, ()
+    layers = sorted(counted)
+    return torch.stack([counted[i][0] for i in layers]), tuple(bool(counted[i][1]) for i in layers)
 
 
 @torch.inference_mode()  # its own cache: no autograd or version counters on any op (~7% of a step at 512)
@@ -290,11 +312,12 @@ def generation_steps(lm, ids: torch.Tensor, budget: int | None = DEFAULT.budget,
         yield GenerationStart(S, budget, page_size, model.config.num_hidden_layers, kept)
         while len(new) < max_new_tokens and not (new and new[-1] in stop):
             t0, picked = time.perf_counter(), ([] if pages and new else None)  # the prefill reads every page
-            new.append(_next(tokens, picked, model))
+            counted = {} if new and budget is not None else None
+            new.append(_next(tokens, picked, model, counted))
             piece, seconds = detok.push(new[-1]), time.perf_counter() - t0
             times[0 if len(new) == 1 else 1] += seconds
             yield GenerationStep(len(new) - 1, new[-1], piece, detok.text, S + len(new) - 1,
-                                 tuple(sorted(picked or (), key=lambda p: p.layer)), seconds)
+                                 tuple(sorted(picked or (), key=lambda p: p.layer)), seconds, *_step_counts(counted))
         yield GenerationEnd(tuple(new), detok.text, S, "eos" if new[-1] in stop else "length", *times)
     finally:
         _stop(model)

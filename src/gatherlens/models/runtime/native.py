@@ -32,8 +32,9 @@ def is_native(model) -> bool:
     return isinstance(model, NativeModel)
 
 
-def native_config(budget: int | None, **settings) -> SparseConfig:
-    """The SparseConfig of a native generation: DEFAULT with `budget` (None: dense) and the settings given."""
+def native_config(budget: int | str | None, **settings) -> SparseConfig:
+    """The SparseConfig of a native generation: DEFAULT with `budget` (tokens, "auto": pages by estimated
+    attention mass within min_pages..max_pages, None: dense) and the settings given (mass, min_pages, ...)."""
     return DEFAULT.replace(budget=budget, **settings)
 
 

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from gatherlens.errors import GatherValueError
-from gatherlens.models.attention.sparse import decode_attention, observed, sparse_settings
+from gatherlens.models.attention.sparse import decode_attention, metered, metering, observed, sparse_settings
 from gatherlens.models.hf_adapter import causal_lm_output, is_causal_lm, replace_forward, restore_forward
 from gatherlens.models.runtime.chunk import chunk_forward
 from gatherlens.models.runtime.plan import plan_model
@@ -241,6 +241,8 @@ def _stack_fits(plan: DecodePlan, model, args: tuple, kwargs: dict) -> str | Non
         return "a batch of several rows, or gradients on (the operator runs one row without autograd)"
     if observed() or config is None or config.keep_selection:
         return "an observer or kept selections want each layer's PageSelection"
+    if config.choose != "bound":
+        return f"choose = {config.choose!r} (the operator ranks pages by their bound only)"
     if mask is not None and not bool(mask.all()):
         return "a padded row (the operator attends to every cached token)"
     view = _view(plan, _cache_of(kwargs))
@@ -282,8 +284,13 @@ def _stack_run(plan: DecodePlan, model, args: tuple, kwargs: dict):
     position = view.length
     x = plan.embed(ids)  # (1, 1, d)
     angles = _angles(plan, position)
+    budgets = _budgets(plan, config, position + 1)
+    counts = _counts(plan, config) if metered() else None  # (layers, Hsel): the pages each head read
     logits = decode_stack(x.view(1, -1).float(), [angles[layer.angles] for layer in plan.layers], plan, view,
-                          _budgets(plan, config, position + 1), config.choice, plan.layers[0].scaling)  # (1, V)
+                          budgets, config.choice, plan.layers[0].scaling, counts)  # (1, V)
+    for i, row in enumerate(counts if counts is not None else ()):  # (Hsel,) per layer; a ring is no global layer
+        if not isinstance(view.caches[i], WindowRing):
+            metering(plan.layers[i].index, row, budgets[i] < position + 1)
     products = plan.state.get("products")
     if products is None:
         products = plan.state["products"] = sum(len(l.qkv) + len(l.gate_up) + 2 for l in plan.layers) + 1
@@ -307,6 +314,13 @@ def _budgets(plan: DecodePlan, config, length: int) -> list:
         dense = plan.state["dense"] = (config, tuple(config.dense_at(layer.rank) for layer in plan.layers))
     budget = config.budget_for(length)  # a layer not among the dense ones
     return [length if d else budget for d in dense[1]]
+
+
+def _counts(plan: DecodePlan, config) -> torch.Tensor:
+    """(layers, selection heads) int64 for the operator to fill with the pages each head read."""
+    first = plan.layers[0]
+    return torch.empty(len(plan.layers), first.kv_heads if config.share_selection else first.heads,
+                       dtype=torch.long)
 
 
 def _angles(plan: DecodePlan, position: int) -> dict:

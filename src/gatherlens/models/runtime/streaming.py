@@ -20,6 +20,7 @@ import torch
 
 from gatherlens.errors import GatherValueError
 from gatherlens.models.runtime.generation import GenerationStart, GenerationStep, generation_steps
+from gatherlens.ops.sparse.geometry import page_count
 from gatherlens.trace.page_trace import PageTrace, PageTraceRecorder
 
 __all__ = ["GenerationResult", "fit_prompt", "stream_generate"]
@@ -37,6 +38,19 @@ class GenerationResult:
     decode_seconds: float = 0.0    # every later step
     stopped: bool = False          # Ctrl-C ended it early
     trace: PageTrace | None = None
+    page_size: int = 0             # tokens per page of the paged cache (GenerationStart's)
+    page_counts: list = field(default_factory=list)  # per decode step: (layers, Hsel) int64 of the choosing layers
+
+    def pages_per_step(self) -> dict | None:
+        """Pages a selection head of a choosing layer read per decode step: {"mean", "min", "max", "steps",
+        "layers", "heads"} over every step, layer and head; None when no layer chose (dense, short context)."""
+        rows = [c for c in self.page_counts if c.numel()]
+        if not rows:
+            return None
+        every = torch.cat([c.reshape(-1) for c in rows]).float()
+        return {"mean": float(every.mean()), "min": int(every.min()), "max": int(every.max()), "steps": len(rows),
+                "layers": rows[-1].shape[0], "heads": rows[-1].shape[1],
+                "of": page_count(self.context, self.page_size) if self.page_size else None}
 
     @property
     def context(self) -> int:
@@ -78,6 +92,8 @@ def _take(result: GenerationResult, recorder: PageTraceRecorder | None, event: G
         result.prefill_seconds = event.seconds
     else:
         result.decode_seconds += event.seconds
+    if event.page_counts is not None:  # the choosing layers' rows
+        result.page_counts.append(event.page_counts[torch.tensor(event.chose, dtype=torch.bool)])
     if recorder is not None and event.index > 0:  # token 0 came from the (dense) prefill
         for read in event.pages:
             recorder(read)
@@ -99,6 +115,8 @@ def stream_generate(lm, ids: torch.Tensor, budget: int | None, max_new_tokens: i
     steps = generation_steps(lm, ids, budget, max_new_tokens, pages=pages, sampling=sampling, stop=stop, **sparse)
     try:
         for event in steps:
+            if isinstance(event, GenerationStart):
+                result.page_size = event.page_size
             if isinstance(event, GenerationStart) and pages:
                 recorder = PageTraceRecorder(event.layers, event.page_size, budget,
                                              meta={"model": getattr(lm, "name", "")})

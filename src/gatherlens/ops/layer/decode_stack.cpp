@@ -3,7 +3,7 @@
 //   torch.ops.gatherlens.decode_stack(x, cos, sin, heads, norms, eps, raws, kernels, qtypes, biases, keys,
 //                                     values, summaries, key_scales, value_scales, writes, lengths, pages,
 //                                     firsts, scale, per_head, group_sum, activation, final_norm, final_eps,
-//                                     head_raw, head_kernel, head_qtype) -> logits
+//                                     head_raw, head_kernel, head_qtype, mass, min_pages, counts) -> logits
 //
 // A step of one token through L layers is ~12 operators a layer; called from Python each costs its
 // dispatch plus the Python around it (~150 us a layer, 30 layers: several ms a token). This
@@ -16,7 +16,10 @@
 //   h = rms_norm_cast(x, input);   q|k|v = h Wq|Wk|Wv (+ their biases, where given)
 //   q, k = rms_norm_cast of each head with the q and k norms (Qwen3, Gemma 3), where given
 //   q = rope_append(q, k, v, cos[l], sin[l], keys[l], values[l], summaries[l], writes[l], scales)
-//   out = paged_decode(q, ..., lengths[l], pages[l], firsts[l], ...) if pages[l] >= 0 else dense_decode(q, ...)
+//   out = paged_decode(q, ..., lengths[l], pages[l], firsts[l], ..., mass, min_pages) if pages[l] >= 0
+//         else dense_decode(q, ...)
+//   (mass > 0: the auto budget, pages[l] its ceiling; counts (L, Hsel) int64, when given, gets the pages each
+//   selection head of each layer read: every page for a dense layer)
 //   y = out Wo;   y = rms_norm_cast(y, post_attention) where given (Gemma's sandwich)
 //   s, h = add_rms_norm_cast(x, y, pre_mlp);   a = act(h Wg) * h Wu  (activation: 0 SiLU, 1 GELU-tanh)
 //   y = a Wd;   y = rms_norm_cast(y, post_mlp) where given;   x = s + y
@@ -65,7 +68,7 @@ using RopeFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor
                           const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&, int64_t, const Opt&, const Opt&);
 using PagedFn = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, double,
-    bool, bool, const Opt&, const Opt&);
+    bool, bool, const Opt&, const Opt&, double, int64_t);
 using DenseFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
                                                     double, const Opt&, const Opt&);
 
@@ -139,6 +142,7 @@ struct LayerArgs {  // what layer l reads: its norms, products, angles and cache
   at::Tensor *keys, *values, *sums;
   const Opt *ks, *vs;
   int64_t write, length, pages, first;
+  int64_t* counts;  // (Hsel,) pages each selection head read, or nullptr
 };
 
 struct StepArgs {  // what every layer shares
@@ -146,17 +150,35 @@ struct StepArgs {  // what every layer shares
   double scale;
   bool per_head, group_sum;
   int64_t activation;  // 0: SiLU, 1: GELU-tanh
+  double mass;         // > 0: the auto budget (paged_decode's), pages: its ceiling
+  int64_t min_pages;
 };
 
 bool given(const at::Tensor* t) { return t->numel() > 0; }
 
+// Each selection head's pages read (the -1 padding of the auto budget not counted) into counts (Hsel,).
+void count_pages(const at::Tensor& pages, int64_t* counts) {  // pages (1, Hsel, n)
+  const int64_t Hsel = pages.size(1), n = pages.size(2);
+  const int64_t* pg = pages.data_ptr<int64_t>();
+  for (int64_t h = 0; h < Hsel; ++h) {
+    int64_t k = 0;
+    while (k < n && pg[h * n + k] >= 0) ++k;
+    counts[h] = k;
+  }
+}
+
 at::Tensor attend(const at::Tensor& q, const LayerArgs& a, const StepArgs& s) {  // q (1, Hq, D) -> (1, Hq*Dv)
   at::Tensor out;
-  if (a.pages >= 0)
-    out = std::get<0>(ops().paged.redispatch(CPU_ONLY, q, *a.keys, *a.values, *a.sums, a.length, a.pages, a.first,
-                                             s.scale, s.per_head, s.group_sum, *a.ks, *a.vs));
-  else
+  if (a.pages >= 0) {
+    auto r = ops().paged.redispatch(CPU_ONLY, q, *a.keys, *a.values, *a.sums, a.length, a.pages, a.first, s.scale,
+                                    s.per_head, s.group_sum, *a.ks, *a.vs, s.mass, s.min_pages);
+    out = std::get<0>(r);
+    if (a.counts) count_pages(std::get<2>(r), a.counts);
+  } else {
     out = std::get<0>(ops().dense.redispatch(CPU_ONLY, q, *a.keys, *a.values, a.length, s.scale, *a.ks, *a.vs));
+    const int64_t every = (a.length + a.keys->size(3) - 1) / a.keys->size(3);
+    if (a.counts) std::fill(a.counts, a.counts + (s.per_head ? s.Hq : a.keys->size(1)), every);
+  }
   return out.view({1, -1});  // (1, Hq*Dv)
 }
 
@@ -268,7 +290,16 @@ LayerArgs layer_args(int64_t l, at::TensorList norms, c10::ArrayRef<double> eps,
   a.length = lengths[l];
   a.pages = pages[l];
   a.first = firsts[l];
+  a.counts = nullptr;
   return a;
+}
+
+// counts' first element (checked (L, Hsel) int64 contiguous), or nullptr when none is given.
+int64_t* counts_of(const Opt& counts, int64_t L, int64_t Hsel) {
+  TORCH_CHECK(!counts || (counts->dim() == 2 && counts->size(0) == L && counts->size(1) == Hsel &&
+                          counts->scalar_type() == at::kLong && counts->is_contiguous()),
+              "counts must be (layers, selection heads) = (", L, ", ", Hsel, ") int64 contiguous");
+  return counts ? counts->data_ptr<int64_t>() : nullptr;
 }
 
 at::Tensor decode_stack_cpu(const at::Tensor& x, at::TensorList cos, at::TensorList sin, int64_t heads,
@@ -278,7 +309,8 @@ at::Tensor decode_stack_cpu(const at::Tensor& x, at::TensorList cos, at::TensorL
                             const c10::List<Opt>& vs, c10::IntArrayRef writes, c10::IntArrayRef lengths,
                             c10::IntArrayRef pages, c10::IntArrayRef firsts, double scale, bool per_head,
                             bool group_sum, int64_t activation, const at::Tensor& final_norm, double final_eps,
-                            const at::Tensor& head_raw, const std::string& head_kernel, int64_t head_qtype) {
+                            const at::Tensor& head_raw, const std::string& head_kernel, int64_t head_qtype,
+                            double mass, int64_t min_pages, const Opt& counts) {
   const std::vector<std::string> kernels(kernel_list.begin(), kernel_list.end());
   check_stack(x, cos, sin, norms, eps, raws, kernels, qtypes, biases, keys, values, sums, ks, vs, writes, lengths,
               pages, firsts, activation);
@@ -287,12 +319,17 @@ at::Tensor decode_stack_cpu(const at::Tensor& x, at::TensorList cos, at::TensorL
                   head_kernel == "floatdot_linear" || head_kernel == "q8x8_linear",
               "decode_stack: head_kernel '", head_kernel, "' is not a product operator");
   const int64_t L = static_cast<int64_t>(keys.size()), D = keys.empty() ? 0 : keys[0].size(4);
-  const StepArgs s{heads, D, scale, per_head, group_sum, activation};
+  const StepArgs s{heads, D, scale, per_head, group_sum, activation, mass, min_pages};
+  const int64_t Hsel = L ? (per_head ? heads : keys[0].size(1)) : 0;
+  int64_t* cp = counts_of(counts, L, Hsel);
   Storage st{keys, values, sums, std::vector<Opt>(ks.begin(), ks.end()), std::vector<Opt>(vs.begin(), vs.end())};
   at::Tensor h = x;
-  for (int64_t l = 0; l < L; ++l)
-    h = layer_step(h, layer_args(l, norms, eps, products_of(raws, kernels, qtypes, biases, l), cos, sin, st, writes,
-                                 lengths, pages, firsts), s);
+  for (int64_t l = 0; l < L; ++l) {
+    LayerArgs a = layer_args(l, norms, eps, products_of(raws, kernels, qtypes, biases, l), cos, sin, st, writes,
+                             lengths, pages, firsts);
+    a.counts = cp ? cp + l * Hsel : nullptr;
+    h = layer_step(h, a, s);
+  }
   if (head_kernel.empty()) return h;                                      // (1, d): the last layer's output
   h = ops().norm.redispatch(CPU_ONLY, h, final_norm, final_eps, false);  // (1, d)
   static const at::Tensor none;
@@ -306,7 +343,8 @@ TORCH_LIBRARY_FRAGMENT(gatherlens, m) {
         "str[] kernels, int[] qtypes, Tensor[] biases, Tensor(a!)[] keys, Tensor(b!)[] values, Tensor(c!)[] summaries, "
         "Tensor?[] key_scales, Tensor?[] value_scales, int[] writes, int[] lengths, int[] pages, int[] firsts, "
         "float scale, bool per_head, bool group_sum, int activation, Tensor final_norm, float final_eps, "
-        "Tensor head_raw, str head_kernel, int head_qtype) -> Tensor");
+        "Tensor head_raw, str head_kernel, int head_qtype, float mass=0., int min_pages=1, "
+        "Tensor(d!)? counts=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gatherlens, CPU, m) { m.impl("decode_stack", &decode_stack_cpu); }

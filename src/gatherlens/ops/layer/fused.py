@@ -137,7 +137,7 @@ def _rope_fits(q, k, v, cos, sin, cache) -> str | None:
 
 def _rope_run(q, k, v, cos, sin, cache):
     keys, values, summaries = cache.writable(1)
-    key_scales, value_scales = cache.scale_storage()  # (B, Hkv, cap) float32 for int8 pages, else None
+    key_scales, value_scales = cache.scale_storage()  # (B, Hkv, cap, D | P) float32 for int8 pages, else None
     out = torch.ops.gatherlens.rope_append(q, k, v, cos.float().contiguous(), sin.float().contiguous(), keys,
                                            values, summaries, cache.length, key_scales, value_scales)  # (B, Hq, D)
     cache.advance(1)

@@ -22,9 +22,10 @@
 //                      (B, Hkv, cap, P, Dv) and that page's [max | min] summary (B, Hkv, cap, 2D)
 //                      updated (a new page's box is the key itself); returns q rotated (B, Hq, D) float32.
 //                      Pages are float32, float16, bfloat16 (the rounded value stored, the box of the
-//                      stored values) or int8 with key_scales / value_scales (B, Hkv, cap) float32, by
-//                      ops/sparse/cache.py's rule (kv_pages.h: grown_scale, quantize; a page whose scale
-//                      grows has its earlier codes re-rounded and its box recomputed).
+//                      stored values) or int8 with key_scales (B, Hkv, cap, D) per page channel and
+//                      value_scales (B, Hkv, cap, P) per token, float32, by ops/sparse/cache.py's rule
+//                      (kv_pages.h: grown_scale, quantize; a key page whose channel scale grows has that
+//                      channel's earlier codes re-rounded and its box recomputed).
 // Built by gatherlens/ops/native.py; fake kernels in ops/layer/fused.py.
 #include <cmath>
 #include <cstdint>
@@ -155,34 +156,48 @@ template <typename S, typename Bx>
 struct Cache {                                    // a PagedKVCache's storage, pages of S, summaries of Bx
   S *k, *v;
   Bx* s;                                          // summaries: float32, or the 16-bit pages' own type
-  float *ks, *vs;                                 // int8 scales (B, Hkv, cap) or nullptr
+  float *ks, *vs;                                 // int8 scales: keys (B, Hkv, cap, D), values (B, Hkv, cap, P)
   gl::Strides kst, vst, sst;
   int64_t P, D, Dv, cap, Hkv;
 };
 
-// An int8 page (P, W) gets x (W,) at `slot` by cache.py's rule; returns true when its scale grew (the
-// earlier codes re-rounded to it).
-bool store_int8(const float* x, int64_t W, int8_t* page, int64_t slot, float* scale) {
-  const float old = slot ? *scale : 0.f;         // a fresh page starts from 0
+// An int8 key page (P, W) gets x (W,) at `slot` by cache.py's rule, per channel (scales (W,)); returns true
+// when a channel's scale grew (that channel's earlier codes re-rounded to it).
+bool store_key_int8(const float* x, int64_t W, int8_t* page, int64_t slot, float* scales) {
+  bool grew = false;
+  for (int64_t i = 0; i < W; ++i) {
+    const float old = slot ? scales[i] : 0.f;    // a fresh page starts from 0
+    const float s = gl::grown_scale(std::fabs(x[i]), old);
+    if (!(s == old) && slot) {
+      grew = true;
+      for (int64_t r = 0; r < slot; ++r) page[r * W + i] = gl::quantize(static_cast<float>(page[r * W + i]) * old, s);
+    }
+    page[slot * W + i] = gl::quantize(x[i], s);
+    scales[i] = s;
+  }
+  return grew;
+}
+
+// An int8 value token x (W,) into `slot` of its page (P, W): its own scale max |x| / 127 (scale: the slot's).
+void store_value_int8(const float* x, int64_t W, int8_t* page, int64_t slot, float* scale) {
   float amax = 0.f;
   for (int64_t i = 0; i < W; ++i) {
     const float a = std::fabs(x[i]);
     amax = (a > amax || a != a) ? a : amax;       // torch's amax: nan wins
   }
-  const float s = gl::grown_scale(amax, old);
-  const bool grew = !(s == old);
-  if (grew)
-    for (int64_t i = 0; i < slot * W; ++i) page[i] = gl::quantize(static_cast<float>(page[i]) * old, s);
+  const float s = gl::grown_scale(amax, 0.f);
   for (int64_t i = 0; i < W; ++i) page[slot * W + i] = gl::quantize(x[i], s);
   *scale = s;
-  return grew;
 }
 
-// x (W,) float32 into `slot` of a page (P, W) of S (rounded to S); returns whether an int8 scale grew.
+// x (W,) float32 into `slot` of a page (P, W) of S (rounded to S); returns whether an int8 key scale grew.
+// scales: an int8 key page's channel scales (W,), or a value page's token scales (P,); nullptr for floats.
 template <typename S>
-bool store_row(const float* x, int64_t W, S* page, int64_t slot, float* scale) {
+bool store_row(const float* x, int64_t W, S* page, int64_t slot, float* scales, bool key) {
   if constexpr (std::is_same_v<S, int8_t>) {
-    return store_int8(x, W, page, slot, scale);
+    if (key) return store_key_int8(x, W, page, slot, scales);
+    store_value_int8(x, W, page, slot, scales + slot);
+    return false;
   } else {
     for (int64_t i = 0; i < W; ++i) page[slot * W + i] = gl::narrow<S>(x[i]);
     return false;
@@ -193,9 +208,9 @@ bool store_row(const float* x, int64_t W, S* page, int64_t slot, float* scale) {
 // page, else the new key joins the box (Bx holds them exactly: float32, or the 16-bit pages' own type).
 // row: room for D floats.
 template <typename S, typename Bx>
-void update_box(const S* page, int64_t slot, bool rescaled, float scale, int64_t D, Bx* box, float* row) {
+void update_box(const S* page, int64_t slot, bool rescaled, const float* scales, int64_t D, Bx* box, float* row) {
   for (int64_t r = rescaled ? 0 : slot; r <= slot; ++r) {
-    gl::widen(page + r * D, D, scale, row);
+    gl::widen_channels(page + r * D, D, scales, row);
     for (int64_t i = 0; i < D; ++i) {
       const float hi = static_cast<float>(box[i]), lo = static_cast<float>(box[D + i]);
       box[i] = gl::narrow<Bx>(r == 0 ? row[i] : std::max(hi, row[i]));
@@ -208,14 +223,14 @@ template <typename T, typename S, typename Bx>
 void write_token(const T* k, const T* v, int64_t b, int64_t h, const float* c, const float* s, const Cache<S, Bx>& m,
                  int64_t position, float* buf) {
   const int64_t page = position / m.P, slot = position % m.P, at = (b * m.Hkv + h) * m.cap + page;
-  float* ksc = m.ks ? m.ks + at : nullptr;
-  float* vsc = m.vs ? m.vs + at : nullptr;
+  float* ksc = m.ks ? m.ks + at * m.D : nullptr;  // the page's channel scales (D,)
+  float* vsc = m.vs ? m.vs + at * m.P : nullptr;  // its token scales (P,)
   S* kp = m.k + b * m.kst.b + h * m.kst.h + page * m.kst.n;
   rotate(k + h * m.D, c, s, m.D, buf);           // the rotated key in float32
-  const bool rescaled = store_row(buf, m.D, kp, slot, ksc);
+  const bool rescaled = store_row(buf, m.D, kp, slot, ksc, true);
   for (int64_t i = 0; i < m.Dv; ++i) buf[i] = load(v + h * m.Dv, i);
-  store_row(buf, m.Dv, m.v + b * m.vst.b + h * m.vst.h + page * m.vst.n, slot, vsc);
-  update_box(kp, slot, rescaled, ksc ? *ksc : 1.f, m.D, m.s + b * m.sst.b + h * m.sst.h + page * m.sst.n, buf);
+  store_row(buf, m.Dv, m.v + b * m.vst.b + h * m.vst.h + page * m.vst.n, slot, vsc, false);
+  update_box(kp, slot, rescaled, ksc, m.D, m.s + b * m.sst.b + h * m.sst.h + page * m.sst.n, buf);
 }
 
 void check_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
@@ -235,9 +250,10 @@ void check_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   TORCH_CHECK((st == at::kChar) == ks.has_value() && (st == at::kChar) == vs.has_value(),
               "key_scales / value_scales must be given for int8 pages, and only for them");
   for (const auto* t : {&ks, &vs})
-    TORCH_CHECK(!t->has_value() || ((*t)->is_contiguous() && (*t)->scalar_type() == at::kFloat &&
-                                    (*t)->sizes() == keys.sizes().slice(0, 3)),
-                "key_scales / value_scales must be (B, Hkv, cap) float32 contiguous");
+    TORCH_CHECK(!t->has_value() || ((*t)->is_contiguous() && (*t)->scalar_type() == at::kFloat && (*t)->dim() == 4 &&
+                                    (*t)->sizes().slice(0, 3) == keys.sizes().slice(0, 3) &&
+                                    (*t)->size(3) == (t == &ks ? keys.size(4) : keys.size(3))),
+                "key_scales (B, Hkv, cap, D) / value_scales (B, Hkv, cap, P) must be float32 contiguous");
   const bool half = st == at::kHalf || st == at::kBFloat16;
   TORCH_CHECK(sums.dim() == 4 && sums.is_contiguous() &&
                   (sums.scalar_type() == at::kFloat || (half && sums.scalar_type() == st)) &&

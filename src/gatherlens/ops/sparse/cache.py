@@ -15,19 +15,25 @@ The summaries bound every score in a page: for any query q and any key k in page
 (see `page_choice.page_bounds`), which is what lets decode skip pages without reading them.
 
 Storage (`kv_dtype`) may be narrower than the dtype keys arrive and are read in (`dtype`):
-float16 / bfloat16 (half the bytes) or int8 (a quarter) with one float32 scale per page, KV head
-and K / V. What attention reads is `read(stored)`: the 16-bit value as `dtype`, or
-`(code * scale)` computed in float32 then cast to `dtype`; the summaries are the max / min of
+float16 / bfloat16 (half the bytes) or int8 (about a third) with float32 scales as KIVI
+quantizes: keys per channel (one scale per page, KV head and channel: the outlier channels of keys
+get their own), values per token (one scale per token and KV head). What attention reads is
+`read(stored)`: the 16-bit value as `dtype`, or `code * scale` (the key's channel scale, the
+value's token scale) computed in float32 then cast to `dtype`; the summaries are the max / min of
 exactly those values, so the bound stays sound for what every backend reads.
 
-The int8 rule (its one home; ops/layer/layer_ops.cpp's rope_append follows it, tested equal): a
-page's scale only grows. Tokens written into a page that already holds s != 0 keep s when every new
-|value| <= 127 s; else the scale becomes max(amax / 127, 2 s) and the page's earlier codes are
-re-rounded to it (round(code * s / new)). A fresh page (its first slot written) starts from s = 0,
-so a page written whole (prefill) gets amax / 127, the best scale. Rounding is to nearest, ties to
-even; codes lie in [-127, 127]. Because the scale at least doubles when it grows, the re-roundings
-of a page filled token by token add up to less than one step of its final scale (a page written
-whole: half a step). A non-finite value makes its page's scale and values non-finite.
+The int8 rule (its one home; ops/layer/layer_ops.cpp's rope_append follows it, tested equal):
+- values: a token's scale is max |value| / 127 over its channels, set when it is written and never
+  changed (no re-rounding);
+- keys: a page's channel scale only grows. Tokens written into a page whose channel holds s != 0
+  keep s when every new |value| of that channel <= 127 s; else the channel's scale becomes
+  max(amax / 127, 2 s) and the page's earlier codes of that channel are re-rounded to it
+  (round(code * s / new)). A fresh page (its first slot written) starts from s = 0, so a page
+  written whole (prefill) gets amax / 127 per channel, the best scale. Because a scale at least
+  doubles when it grows, the re-roundings of a page filled token by token add up to less than one
+  step of its final scale (a page written whole: half a step).
+Rounding is to nearest, ties to even; codes lie in [-127, 127]. A non-finite value makes its
+channel's (key) or token's (value) scale and values non-finite.
 """
 from __future__ import annotations
 
@@ -69,7 +75,8 @@ def _summary_default(dtype: torch.dtype, kv_dtype: torch.dtype, device: torch.de
 
 
 def grown_scale(amax: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    """A page's int8 scale after a write whose values reach `amax` (the rule in the module doc).
+    """A key page channel's int8 scale after a write whose values reach `amax` (the rule in the module doc;
+    a value token's scale is grown_scale(amax, 0) = amax / 127).
 
         >>> grown_scale(torch.tensor([1.27, 2.0, 0.5]), torch.tensor([0.0, 0.01, 0.01]))
         tensor([0.0100, 0.0200, 0.0100])
@@ -99,8 +106,9 @@ class PagedKVCache:
         dtype (torch.dtype): the dtype keys and values are appended and read in (floating): what
             `keys`, `gather_pages` and decode's query use. Default: float32.
         kv_dtype (str or torch.dtype, optional): the dtype pages are stored in: None (``dtype``),
-            "float32", "float16", "bfloat16" or "int8" (one float32 scale per page, KV head and
-            K / V; the rounding rule is in the module doc). Summaries are exact for the stored values.
+            "float32", "float16", "bfloat16" or "int8" (float32 scales: keys per page and channel,
+            values per token; the rounding rule is in the module doc). Summaries are exact for the
+            stored values.
         device (torch.device or str, optional): where the storage lives. Default: CPU.
         capacity (int, optional): tokens to preallocate (rounded up to whole pages).
         summary_dtype (torch.dtype, optional): dtype of the page min/max (exact copies of the
@@ -115,8 +123,8 @@ class PagedKVCache:
         length (int): tokens stored, ``L``; ``num_pages`` (int): pages in use, ``N``.
         keys, values (Tensor): the first ``L`` tokens as read, in ``dtype`` (views when stored in
             ``dtype``, else converted copies); page_keys, page_values: the stored pages (views,
-            ``kv_dtype``); key_scales, value_scales: int8's (B, Hkv, N) float32 scales (None
-            otherwise); key_max, key_min, summaries: views over the first ``N`` pages;
+            ``kv_dtype``); key_scales (B, Hkv, N, D), value_scales (B, Hkv, N, P): int8's float32
+            scales per page channel and per token (None otherwise); key_max, key_min, summaries: views over the first ``N`` pages;
             ``summaries`` is ``[key_max | key_min]``, the layout scoring reads.
         storage_version (int): counts the times the storage was made anew (grown, re-stored): a caller
             holding `writable` / `scale_storage`'s tensors holds the current ones while it is unchanged.
@@ -185,13 +193,13 @@ class PagedKVCache:
         self._work: tuple[torch.Tensor, torch.Tensor] | None = None
         self._raw: tuple[torch.Tensor, torch.Tensor] | None = None  # gathered stored pages, before reading
         self._rows, self._rows_key = None, None  # gather_pages' row offsets, see _first_rows
-        self._ks = self._vs = None  # int8's scales (B, Hkv, cap)
+        self._ks = self._vs = None  # int8's scales: keys (B, Hkv, cap, D) per channel, values (B, Hkv, cap, P) per token
         self._alloc(max(1, page_count(capacity or page_size, page_size)))
         self.device = self._k.device  # "cuda" -> "cuda:0": the device the storage is on
 
     @property
     def quantized(self) -> bool:
-        """True when pages hold int8 codes with per-page scales."""
+        """True when pages hold int8 codes with their scales (keys per page channel, values per token)."""
         return self.kv_dtype == torch.int8
 
     @property
@@ -208,7 +216,8 @@ class PagedKVCache:
         k = torch.zeros(B, H, pages, P, D, **kw)  # (B, Hkv, cap, P, D)
         v = torch.zeros(B, H, pages, P, self.value_dim, **kw)  # (B, Hkv, cap, P, Dv)
         s = torch.zeros(B, H, pages, 2 * D, dtype=self.summary_dtype, device=self.device)  # (B, Hkv, cap, 2D)
-        scales = [torch.zeros(B, H, pages, device=self.device) for _ in range(2)] if self.quantized else [None, None]
+        scales = [torch.zeros(B, H, pages, D, device=self.device), torch.zeros(B, H, pages, P, device=self.device)] \
+            if self.quantized else [None, None]  # keys per page channel, values per token
         used = self.num_pages if hasattr(self, "_k") else 0
         if used:
             k[:, :, :used] = self._k[:, :, :used]
@@ -247,22 +256,24 @@ class PagedKVCache:
         """
         N, H = self.num_pages, self.batch * self.kv_heads
         per_page = self.page_size * (self.head_dim + self.value_dim) * self._k.element_size()
-        per_page += 2 * self.head_dim * self._s.element_size() + (8 if self.quantized else 0)
+        per_page += 2 * self.head_dim * self._s.element_size() + (4 * (self.head_dim + self.page_size) if self.quantized else 0)
         return N * H * per_page
 
     # -- reading the stored values --------------------------------------------------------------
-    def read_pages(self, stored: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
-        """Stored pages (..., P, W) as attention reads them, in `dtype`: a 16-bit value converted,
-        an int8 code times its page's scale (..., ) computed in float32. The one reading rule: the
-        summaries, gather_pages and the views all use it (and every kernel does the same sums)."""
+    def read_pages(self, stored: torch.Tensor, scales: torch.Tensor | None, key: bool = True) -> torch.Tensor:
+        """Stored pages (..., P, W) as attention reads them, in `dtype`: a 16-bit value converted, an
+        int8 code times its scale computed in float32: a key's channel scale (scales (..., D)), a value's
+        token scale (scales (..., P), key=False). The one reading rule: the summaries, gather_pages and
+        the views all use it (and every kernel does the same products)."""
         if scales is not None:
-            return (stored.float() * scales[..., None, None]).to(self.dtype)  # (..., P, W)
+            per = scales[..., None, :] if key else scales[..., :, None]  # (..., 1, D) | (..., P, 1)
+            return (stored.float() * per).to(self.dtype)  # (..., P, W)
         return stored if stored.dtype == self.dtype else stored.to(self.dtype)  # (..., P, W)
 
     def _read(self, key: bool, p0: int, p1: int) -> torch.Tensor:
         """Pages p0 .. p1-1 of the keys (or values) as read: (B, Hkv, n, P, D | Dv)."""
         stored, scales = (self._k, self._ks) if key else (self._v, self._vs)
-        return self.read_pages(stored[:, :, p0:p1], None if scales is None else scales[:, :, p0:p1])
+        return self.read_pages(stored[:, :, p0:p1], None if scales is None else scales[:, :, p0:p1], key)
 
     def _summarize(self, p0: int, p1: int) -> None:
         """The [max | min] of pages p0 .. p1-1 from their valid tokens as read (the last may be partial)."""
@@ -295,8 +306,8 @@ class PagedKVCache:
         L0, L1, P = self.length, self.length + T, self.page_size
         self.reserve(L1)
         if self.quantized:
-            self._write_int8(self._k, self._ks, keys.detach(), L0)
-            self._write_int8(self._v, self._vs, values.detach(), L0)
+            self._write_int8(self._k, self._ks, keys.detach(), L0, key=True)
+            self._write_int8(self._v, self._vs, values.detach(), L0, key=False)
         else:
             cap = self._k.shape[2]
             flat_k = self._k.view(self.batch, self.kv_heads, cap * P, self.head_dim)  # (B, Hkv, cap*P, D)
@@ -306,21 +317,29 @@ class PagedKVCache:
         self.length = L1
         self._summarize(L0 // P, page_count(L1, P))  # only the touched pages (<= T + P - 1 tokens)
 
-    def _write_int8(self, stored: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, L0: int) -> None:
-        """Tokens x (B, Hkv, T, W) at L0.. as int8 codes of their pages' scales (the module doc's rule)."""
+    def _write_int8(self, stored: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, L0: int, key: bool) -> None:
+        """Tokens x (B, Hkv, T, W) at L0.. as int8 codes by the module doc's rule: keys per page channel
+        (scales (B, Hkv, cap, W) only grow, earlier codes re-rounded), values per token (scales (B, Hkv, cap, P))."""
         B, H, T, W = x.shape
         P = self.page_size
         p0, p1 = L0 // P, page_count(L0 + T, P)
         head = L0 - p0 * P  # tokens page p0 already holds
+        if not key:  # each token its own scale, set once
+            flat_v = stored.view(B, H, -1, W)  # (B, Hkv, cap*P, W)
+            flat_s = scales.view(B, H, -1)  # (B, Hkv, cap*P)
+            s = grown_scale(x.float().abs().amax(dim=-1), torch.zeros(B, H, T, device=x.device))  # (B, Hkv, T)
+            flat_v[:, :, L0:L0 + T] = quantize(x.float(), s[..., None])
+            flat_s[:, :, L0:L0 + T] = s
+            return
         buf = torch.zeros(B, H, (p1 - p0) * P, W, device=x.device)  # (B, Hkv, n*P, W) the touched pages
-        old = torch.zeros(B, H, p1 - p0, device=x.device)  # (B, Hkv, n): 0 for a fresh page
+        old = torch.zeros(B, H, p1 - p0, W, device=x.device)  # (B, Hkv, n, W): 0 for a fresh page
         if head:
             buf[:, :, :head] = self.read_pages(stored[:, :, p0, :head], scales[:, :, p0]).float()  # (B, Hkv, head, W)
             old[:, :, 0] = scales[:, :, p0]
         buf[:, :, head:head + T] = x.float()
         pages = buf.view(B, H, p1 - p0, P, W)  # (B, Hkv, n, P, W)
-        new = grown_scale(pages.abs().amax(dim=(3, 4)), old)  # (B, Hkv, n)
-        stored[:, :, p0:p1] = quantize(pages, new[..., None, None])  # (B, Hkv, n, P, W)
+        new = grown_scale(pages.abs().amax(dim=3), old)  # (B, Hkv, n, W) per channel
+        stored[:, :, p0:p1] = quantize(pages, new[..., None, :])  # (B, Hkv, n, P, W)
         scales[:, :, p0:p1] = new
 
     def _append_one(self, keys: torch.Tensor, values: torch.Tensor) -> None:
@@ -416,8 +435,9 @@ class PagedKVCache:
         return self._k, self._v, self._s
 
     def scale_storage(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """int8 pages' scales over the whole storage, keys (B, Hkv, cap) and values (B, Hkv, cap)
-        float32 (what kernels read and rope_append writes); (None, None) for float pages."""
+        """int8 pages' scales over the whole storage, keys (B, Hkv, cap, D) per page channel and values
+        (B, Hkv, cap, P) per token, float32 (what kernels read and rope_append writes); (None, None) for
+        float pages."""
         return self._ks, self._vs
 
     def advance(self, tokens: int) -> None:
@@ -456,10 +476,10 @@ class PagedKVCache:
         torch.index_select(self._k.view(B * Hkv * cap, P * D), 0, rows, out=rk)  # (B*Hsel*n, P*D)
         torch.index_select(self._v.view(B * Hkv * cap, P * Dv), 0, rows, out=rv)  # (B*Hsel*n, P*Dv)
         if not self.plain:
-            ks = None if self._ks is None else self._ks.view(-1)[rows]  # (B*Hsel*n,) the pages' scales
-            vs = None if self._vs is None else self._vs.view(-1)[rows]  # (B*Hsel*n,)
+            ks = None if self._ks is None else self._ks.view(-1, D)[rows]  # (B*Hsel*n, D) the pages' channel scales
+            vs = None if self._vs is None else self._vs.view(-1, P)[rows]  # (B*Hsel*n, P) their token scales
             k.copy_(self.read_pages(rk.view(-1, P, D), ks).view(-1, P * D))  # (B*Hsel*n, P*D) as read
-            v.copy_(self.read_pages(rv.view(-1, P, Dv), vs).view(-1, P * Dv))  # (B*Hsel*n, P*Dv)
+            v.copy_(self.read_pages(rv.view(-1, P, Dv), vs, key=False).view(-1, P * Dv))  # (B*Hsel*n, P*Dv)
         return k.view(B, Hsel, n * P, D), v.view(B, Hsel, n * P, Dv)
 
     def _first_rows(self, Hsel: int, cap: int, device) -> torch.Tensor:
@@ -513,12 +533,12 @@ class PagedKVCache:
 
     @property
     def key_scales(self) -> torch.Tensor | None:
-        """(B, Hkv, N) float32: int8 key pages' scales (None for float pages)."""
+        """(B, Hkv, N, D) float32: int8 key pages' channel scales (None for float pages)."""
         return None if self._ks is None else self._ks[:, :, :self.num_pages]
 
     @property
     def value_scales(self) -> torch.Tensor | None:
-        """(B, Hkv, N) float32: int8 value pages' scales (None for float pages)."""
+        """(B, Hkv, N, P) float32: int8 values' token scales (None for float pages)."""
         return None if self._vs is None else self._vs[:, :, :self.num_pages]
 
     @property

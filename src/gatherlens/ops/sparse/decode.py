@@ -34,7 +34,7 @@ from .cache import PagedKVCache
 from .checks import check_decode_args
 from .config import OP, PageChoice, SparseConfig
 from .fused_decode import NATIVE_DTYPES, fused_dense, fused_select_attend, native_fits, native_ready
-from .page_choice import pages_to_read, select_pages
+from .page_choice import pages_to_read, select_pages, sorted_pages
 from .selection import PageSelection
 from .torch_decode import attend_all, attend_pages
 
@@ -47,7 +47,7 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = OP.bud
                   return_lse: bool = False, return_selection: bool = False, *, scale: float | None = None,
                   group_score: str = OP.group_score, backend: str = "auto", key_mask: torch.Tensor | None = None,
                   recent: int = OP.recent, choose: str = OP.choose, config: SparseConfig | None = None,
-                  softcap: float | None = None, sinks: torch.Tensor | None = None, variant=None):
+                  softcap: float | None = None, sinks: torch.Tensor | None = None, variant=None, mass=None, min_pages=1):
     r"""Decode attention over the ``budget`` cached tokens whose pages score highest.
 
     Pages are scored by an upper bound of q.k from their keys' min and max (Quest); page 0, the
@@ -56,8 +56,7 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = OP.bud
     Args:
         query (Tensor): one decode query per head, in any float dtype (cast to ``cache.dtype``).
         cache (PagedKVCache): the keys and values, holding ``L >= 1`` tokens.
-        budget (int): tokens to read per selection head (>= 1); pages are whole, at least two
-            are read. ``budget >= L`` is dense attention. Default: 2048.
+        budget (int): tokens to read per selection head (>= 1; pages whole, at least two). Default: 2048.
         page_size (int, optional): checked against ``cache.page_size`` if given.
         share_selection (bool): ``True`` (default): the ``G = Hq // Hkv`` query heads of a KV group
             read the same pages (``budget`` rows per KV head); ``False``: each head chooses its own.
@@ -74,8 +73,10 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = OP.bud
         recent (int): the ``recent`` newest tokens' pages are always read, within the budget.
         choose (str): ``"bound"`` (Quest) or ``"oracle"`` (pages by true attention mass; reads
             every key: an evaluation tool, torch backend).
-        config (SparseConfig, optional): its choice rule (share_selection, group_score,
-            recent_window(), choose) instead of those keywords; ``budget`` stays the argument.
+        config (SparseConfig, optional): its choice rule (share_selection, group_score, recent_window(),
+            choose; mass, min_pages) instead of those keywords; ``budget`` stays the argument.
+        mass, min_pages: the auto budget: each selection head reads pages until their estimated mass
+            reaches ``mass`` (page_choice.mass_counts), >= ``min_pages``, <= ``budget``'s; pages -1 padded.
         softcap (float, optional): Gemma 2's ``softcap * tanh(logit / softcap)`` of the scaled
             logits inside attention (> 0; pages are ranked by the same bounds: the cap is monotonic).
         sinks (Tensor, optional): GPT-OSS's sink logits, ``(H_q,)``: each joins its head's softmax
@@ -98,10 +99,9 @@ def sparse_decode(query: torch.Tensor, cache: PagedKVCache, budget: int = OP.bud
         >>> out, sel = sparse_decode(torch.randn(1, 8, 1, 64), cache, budget=128, return_selection=True)
         >>> out.shape, sel.pages.shape
         (torch.Size([1, 8, 1, 64]), torch.Size([1, 2, 8]))"""
-    choice = _choice_of(config, share_selection, group_score, recent, choose)  # the choice rule, one record
+    choice = _choice_of(config, share_selection, group_score, recent, choose, mass, min_pages)  # the rule, one record
     variant = variant_of(softcap, sinks, variant)  # one object from here down
-    return _run(query, cache, budget, page_size, choice, backend, scale, key_mask, return_lse, return_selection,
-                variant)
+    return _run(query, cache, budget, page_size, choice, backend, scale, key_mask, return_lse, return_selection, variant)
 
 
 def _run(query, cache, budget, page_size, choice: PageChoice, backend, scale, key_mask, return_lse,
@@ -120,16 +120,22 @@ def _run(query, cache, budget, page_size, choice: PageChoice, backend, scale, ke
     return result[0] if len(result) == 1 else tuple(result)
 
 
-def _choice_of(config: SparseConfig | None, share_selection, group_score, recent, choose) -> PageChoice:
+_KEYWORDS = dict(share_selection=OP.share_selection, group_score=OP.group_score, recent=OP.recent, choose=OP.choose,
+                 mass=None, min_pages=1)  # sparse_decode's keyword defaults of the choice rule
+
+
+def _choice_of(config: SparseConfig | None, share_selection, group_score, recent, choose, mass=None,
+               min_pages=1) -> PageChoice:
     """The PageChoice of the keywords without a config, else `config.choice` (an error if a keyword also
     set one)."""
+    given = dict(share_selection=share_selection, group_score=group_score, recent=recent, choose=choose, mass=mass,
+                 min_pages=min_pages)
     if config is None:
-        return PageChoice(share_selection, group_score, recent, choose)
+        return PageChoice(**given)
     if not isinstance(config, SparseConfig):
         raise GatherTypeError(f"config must be a SparseConfig, got {type(config).__name__}")
-    given = {"share_selection": share_selection, "group_score": group_score, "recent": recent, "choose": choose}
     for name, value in given.items():
-        if value != getattr(OP, name):
+        if value != _KEYWORDS[name]:
             raise GatherValueError(f"{name} = {value!r} was given with config=; set it in the SparseConfig instead "
                                    f"(config.{name} = {getattr(config, name)!r})")
     return config.choice
@@ -143,8 +149,9 @@ def decode_pages(q: torch.Tensor, cache: PagedKVCache, budget: int, choice: Page
 
     The one function that picks where sparse decode runs (SPARSE_DECODE's rows) and runs it, for q
     (B, Hq, 1, D) already in the cache's dtype; no argument checks (sparse_decode makes them). `choice`:
-    the page-choice rule (a PageChoice: a model's `SparseConfig.choice`). A budget that
-    buys every page is dense attention in place (no scoring unless the selection is wanted, no gather).
+    the page-choice rule (a PageChoice: a model's `SparseConfig.choice`; mass not None: the auto budget,
+    `budget` its ceiling, pages padded with -1). A budget that buys every page is dense attention in
+    place (no scoring unless the selection is wanted, no gather).
     """
     pages, bounds, out, lse = SPARSE_DECODE(q, cache, budget, choice, scale, variant, key_mask, want_selection,
                                             backend=backend)
@@ -191,9 +198,10 @@ def _triton_run(q, cache, budget, choice, scale, variant, key_mask, want):
     from .triton_decode import triton_attend_pages, triton_select_pages
 
     pages, bounds = triton_select_pages(q, cache, budget, choice.share_selection, choice.group_score,
-                                        recent=choice.recent)  # pages unsorted
+                                        recent=choice.recent, mass=choice.mass, min_pages=choice.min_pages,
+                                        scale=scale)  # pages unsorted (-1: none)
     out, lse = triton_attend_pages(q, cache, pages, scale, softcap=variant.softcap)  # (B, Hq, 1, Dv)
-    return (pages.sort(dim=-1).values if want else pages), bounds, out, lse
+    return (sorted_pages(pages) if want else pages), bounds, out, lse
 
 
 def _native_run(q, cache, budget, choice, scale, variant, key_mask, want):

@@ -1,8 +1,8 @@
 // Sparse decode in one operator: score every page's bound, choose the pages, attend over them in place.
 //
 //   torch.ops.gatherlens.paged_decode(q, page_keys, page_values, summaries, length, n, first_recent,
-//                                     scale, per_head, group_sum, key_scales, value_scales)
-//                                     -> (out, lse, pages, bounds)
+//                                     scale, per_head, group_sum, key_scales, value_scales, mass,
+//                                     min_pages) -> (out, lse, pages, bounds)
 //   torch.ops.gatherlens.dense_decode(q, page_keys, page_values, length, scale, key_scales, value_scales)
 //                                     -> (out, lse)
 //
@@ -12,13 +12,16 @@
 //      (page_choice.page_bounds term by term; only the order of the sum differs);
 //   2. per selection head (a query head, or a KV group by the max / sum of its heads' bounds): page 0
 //      and pages first_recent.. are always read, the best others fill n pages (rank: nan lowest, +inf
-//      just below the forced pages, ties to the lower page); the chosen pages sorted ascending;
+//      just below the forced pages, ties to the lower page); the chosen pages sorted ascending; with
+//      mass > 0 (the auto budget: page_choice.choose_by_mass) each head reads pages in that order until
+//      their estimated mass reaches `mass` (at least min_pages, at most n), its pages then -1 up to n;
 //   3. exact softmax attention of each query head over the rows of its chosen pages that hold one of
 //      the `length` tokens, reading K and V where they lie in the cache (no copy).
 // Inputs: q (B, Hq, D) float32 contiguous; page_keys (B, Hkv, N', P, D), page_values (B, Hkv, N', P, Dv)
 // float32, float16, bfloat16 or int8 (one dtype; a template on it), each page's block contiguous (the
 // cache's storage or views of it), each page read as float32 as the cache reads it (kv_pages.h's
-// widen: int8 codes times key_scales / value_scales (B, Hkv, N') float32, given for int8 only); summaries
+// widen: int8 key codes times key_scales (B, Hkv, N', D) per page channel, folded into the query, and
+// value codes times value_scales (B, Hkv, N', P) per token, folded into the weights; int8 only); summaries
 // (B, Hkv, N', 2D) float32, [max | min], last dim contiguous; the first N = ceil(length / P) <= N'
 // pages hold the `length` tokens. Outputs: out (B, Hq, Dv), lse (B, Hq), pages (B, Hsel, n) int64,
 // bounds (B, Hkv, G, N) float32. Built by gatherlens/ops/native.py; fake kernel in fused_decode.py.
@@ -58,7 +61,6 @@ inline void prefetch_page(const T* page, int64_t values) {  // the next chosen p
   for (int64_t i = 0; i < values * static_cast<int64_t>(sizeof(T)); i += 64) __builtin_prefetch(p + i, 0, 3);
 }
 
-inline float page_scale(const float* scales, int64_t page) { return scales ? scales[page] : 1.f; }
 
 // ---- the page choice: page_choice.choose_pages's rule (tests/test_page_choice_rule.py holds them equal) ----
 
@@ -126,6 +128,55 @@ void choose(const float* score, int64_t N, int64_t n, int64_t first_recent, int6
   std::sort(pages, pages + k);
 }
 
+// ---- the auto budget: page_choice.mass_counts / choose_by_mass (tests/test_page_choice_rule.py) ----
+
+struct MassRule {                                 // mass > 0: the auto budget's share, floor, logit scale
+  float mass, scale;
+  int64_t min_pages, P, length;
+};
+
+// w (N,) = page_choice.estimated_mass of one head's scores: tokens * exp(scale * (rank - top rank)), in float32
+// (rank_value: nan weighs 0); false when every score is nan (no weight anywhere).
+bool estimated_mass(const float* score, int64_t N, const MassRule& r, std::vector<float>& w) {
+  w.resize(static_cast<size_t>(N));
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t p = 0; p < N; ++p) top = std::max(top, rank_value(score[p]));
+  if (!(top > -std::numeric_limits<float>::infinity())) return false;
+  for (int64_t p = 0; p < N; ++p)
+    w[p] = gl::exp_neg((rank_value(score[p]) - top) * r.scale) * static_cast<float>(gl::page_rows(p, r.P, r.length));
+  return true;
+}
+
+// pages[0:n] of one head under the auto budget: page 0 and pages fr.. (forced), then the others in rank
+// order until the weights summed in that order (float64) reach mass x their sum; at least max(min_pages,
+// forced), at most n pages; ascending, the rest -1. Returns the count. The others come off a max-heap of their
+// rank keys one at a time (the exact rank order, ties to the lower page): a head that stops early sorts nothing.
+int64_t choose_mass(const float* score, int64_t N, int64_t n, int64_t first_recent, const MassRule& r,
+                    int64_t* pages, std::vector<uint64_t>& cand, std::vector<float>& w) {
+  const int64_t fr = std::max<int64_t>(1, std::min(first_recent, N - 1));
+  const int64_t forced = std::min(n, 1 + (N - fr)), floor = std::min(n, std::max(r.min_pages, forced));
+  keys_from(score, 1, fr, -std::numeric_limits<float>::infinity(), cand);
+  std::make_heap(cand.begin(), cand.end());
+  const bool weighed = estimated_mass(score, N, r, w);
+  double total = 0.0, acc = weighed ? w[0] : 0.0;
+  for (int64_t p = 0; weighed && p < N; ++p) total += w[p];
+  for (int64_t p = fr; weighed && p < N; ++p) acc += w[p];
+  const double target = static_cast<double>(r.mass) * total;
+  int64_t k = 1;                                   // pages[0] = 0; the others from pages[1]
+  pages[0] = 0;
+  const int64_t others = std::min<int64_t>(n - forced, static_cast<int64_t>(cand.size()));
+  for (int64_t taken = 0; taken < others && ((weighed && acc < target) || forced + taken < floor); ++taken) {
+    std::pop_heap(cand.begin(), cand.end() - taken);
+    const int64_t page = 0xFFFFFFFFu - static_cast<uint32_t>(cand[cand.size() - 1 - taken]);
+    pages[k++] = page;
+    acc += weighed ? w[page] : 0.0;
+  }
+  for (int64_t p = fr; p < N && k < n; ++p) pages[k++] = p;
+  std::sort(pages, pages + k);
+  std::fill(pages + k, pages + n, -1);
+  return k;
+}
+
 // ---- attention over the chosen pages ----
 
 struct Dims {                                     // of one KV head's pages
@@ -136,7 +187,7 @@ template <typename T>
 struct HeadKV {                                   // one KV head's stored pages and (int8) their scales
   const T *K, *V;
   Strides kl, vl;
-  const float *ks, *vs;                           // (N',) or nullptr
+  const float *ks, *vs;                           // keys' channel scales (N', D), values' token scales (N', P); or nullptr
 };
 
 struct Partial {                                  // split-K partials of the G heads of a group
@@ -144,8 +195,19 @@ struct Partial {                                  // split-K partials of the G h
 };
 
 struct GroupScratch {
-  std::vector<float> w, buf;                      // logits (G, rows); one row widened (the plain loops)
+  std::vector<float> w, buf, q;                   // logits (G, rows); one row widened (the plain loops); scaled q
 };
+
+// The G queries as they meet an int8 key page's codes: q (G, D) times the page's channel scales (D,), so
+// q . (code * scale) is one dot of codes (kv_pages.h's widen_channels, the product regrouped); q itself
+// for float pages (scales nullptr).
+inline const float* scaled_queries(const float* q, int64_t G, int64_t D, const float* scales, std::vector<float>& out) {
+  if (!scales) return q;
+  out.resize(static_cast<size_t>(G * D));
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t d = 0; d < D; ++d) out[g * D + d] = q[g * D + d] * scales[d];
+  return out.data();
+}
 
 // The G heads qg (G, D) over the valid rows of pages ids[0:np] of one KV head, read in place (group_dots.h:
 // each row widened once for the G heads): per head the max logit, the sum of exp(l - max) and the
@@ -160,8 +222,8 @@ void group_partial(const float* qg, int64_t G, const HeadKV<T>& kv, const int64_
   for (int64_t i = 0; i < np; ++i) {
     const int64_t id = ids[i], valid = gl::page_rows(id, d.P, d.length);
     if (i + 1 < np) prefetch_page(kv.K + ids[i + 1] * kv.kl.n, d.P * d.D);
-    gl::group_dots(qg, G, kv.K + id * kv.kl.n, d.D, page_scale(kv.ks, id), valid, d.D, sc, s.w.data() + rows, cap,
-                   s.buf.data());
+    const float* q = scaled_queries(qg, G, d.D, kv.ks ? kv.ks + id * d.D : nullptr, s.q);
+    gl::group_dots(q, G, kv.K + id * kv.kl.n, d.D, 1.f, valid, d.D, sc, s.w.data() + rows, cap, s.buf.data());
     rows += valid;
   }
   for (int64_t g = 0; g < G; ++g) {
@@ -175,8 +237,10 @@ void group_partial(const float* qg, int64_t G, const HeadKV<T>& kv, const int64_
   for (int64_t i = 0; i < np; ++i) {
     const int64_t id = ids[i], valid = gl::page_rows(id, d.P, d.length);
     if (i + 1 < np) prefetch_page(kv.V + ids[i + 1] * kv.vl.n, d.P * d.Dv);
-    gl::group_weigh(s.w.data() + rows, cap, G, kv.V + id * kv.vl.n, d.Dv, page_scale(kv.vs, id), valid, d.Dv,
-                    part.acc, s.buf.data());
+    if (kv.vs)  // int8 values: each weight times its token's scale, then the codes weighed
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t j = 0; j < valid; ++j) s.w[g * cap + rows + j] *= kv.vs[id * d.P + j];
+    gl::group_weigh(s.w.data() + rows, cap, G, kv.V + id * kv.vl.n, d.Dv, 1.f, valid, d.Dv, part.acc, s.buf.data());
     rows += valid;
   }
 }
@@ -202,16 +266,18 @@ bool stored_type(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kChar;
 }
 
-// int8 pages need their scales (B, Hkv, N') float32 contiguous; float pages none.
+// int8 pages need their scales float32 contiguous: keys (B, Hkv, N', D) per page channel, values (B, Hkv, N', P)
+// per token; float pages none.
 void check_scales(const char* op, const at::Tensor& pk, const Scales& ks, const Scales& vs) {
   const bool int8 = pk.scalar_type() == at::kChar;
   TORCH_CHECK(int8 == ks.has_value() && int8 == vs.has_value(), op,
               ": key_scales / value_scales must be given for int8 pages, and only for them");
   if (!int8) return;
   for (const at::Tensor* t : {&*ks, &*vs})
-    TORCH_CHECK(t->dim() == 3 && t->is_contiguous() && t->scalar_type() == at::kFloat && t->size(0) == pk.size(0) &&
-                    t->size(1) == pk.size(1) && t->size(2) == pk.size(2),
-                op, ": scales must be (B, Hkv, N) float32 contiguous, like the pages");
+    TORCH_CHECK(t->dim() == 4 && t->is_contiguous() && t->scalar_type() == at::kFloat && t->size(0) == pk.size(0) &&
+                    t->size(1) == pk.size(1) && t->size(2) == pk.size(2) &&
+                    t->size(3) == (t == &*ks ? pk.size(4) : pk.size(3)),
+                op, ": scales must be float32 contiguous, keys (B, Hkv, N, D) and values (B, Hkv, N, P)");
 }
 
 void check_inputs(const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv, const at::Tensor& s,
@@ -282,27 +348,37 @@ const float* group_scores(const float* rows, int64_t G, int64_t N, bool sum, std
 }
 
 struct ChoiceScratch {
-  std::vector<float> score;
+  std::vector<float> score, w;
   std::vector<uint64_t> cand;
 };
 
-// pages (B, Hsel, nn) from the bounds: per query head, or per KV group (max / sum of its heads).
+// pages (B, Hsel, nn) from the bounds: per query head, or per KV group (max / sum of its heads); with
+// rule.mass > 0 (the auto budget) each head's own count of them, then -1.
 void choose_all(const Shape& s, const float* bp, int64_t nn, int64_t first_recent, bool per_head, bool group_sum,
-                int64_t* pg) {
+                const MassRule& rule, int64_t* pg) {
   gl::for_each_task<ChoiceScratch>(s.B * (per_head ? s.Hq : s.Hkv), [&](int64_t t, ChoiceScratch& c) {
     const float* row = per_head ? bp + t * s.N               // (b, hq) is row b*Hq + hq of (B*Hkv*G, N)
                                 : group_scores(bp + t * s.G * s.N, s.G, s.N, group_sum, c.score);
-    choose(row, s.N, nn, first_recent, pg + t * nn, c.cand);
+    if (rule.mass > 0.f && nn < s.N)
+      choose_mass(row, s.N, nn, first_recent, rule, pg + t * nn, c.cand, c.w);
+    else
+      choose(row, s.N, nn, first_recent, pg + t * nn, c.cand);
   });
+}
+
+inline int64_t pages_of(const int64_t* pg, int64_t nn) {  // a head's pages: those before the first -1
+  int64_t k = 0;
+  while (k < nn && pg[k] >= 0) ++k;
+  return k;
 }
 
 template <typename T>
 HeadKV<T> head_kv(const at::Tensor& pk, const at::Tensor& pv, const Scales& ks, const Scales& vs, int64_t b,
                   int64_t h) {
   const Strides kl = gl::strides_of(pk), vl = gl::strides_of(pv);
-  const int64_t row = (b * pk.size(1) + h) * pk.size(2);  // (b, h)'s scales in (B, Hkv, N')
+  const int64_t row = (b * pk.size(1) + h) * pk.size(2);  // (b, h)'s first page in (B, Hkv, N')
   return {pk.data_ptr<T>() + b * kl.b + h * kl.h, pv.data_ptr<T>() + b * vl.b + h * vl.h, kl, vl,
-          ks ? ks->data_ptr<float>() + row : nullptr, vs ? vs->data_ptr<float>() + row : nullptr};
+          ks ? ks->data_ptr<float>() + row * pk.size(4) : nullptr, vs ? vs->data_ptr<float>() + row * pk.size(3) : nullptr};
 }
 
 // Selection head `sel`'s query heads (G of them shared, else one) over part c of its nn pages (parts as even as
@@ -313,7 +389,7 @@ void attend_part(const Shape& s, const float* qp, const at::Tensor& pk, const at
                  int64_t c, int64_t parts, std::vector<float>* part, int64_t t, GroupScratch& sc) {
   const int64_t Hsel = per_head ? s.Hq : s.Hkv, b = sel / Hsel, hs = sel % Hsel, G = per_head ? 1 : s.G;
   const int64_t h = per_head ? hs / s.G : hs, first = per_head ? hs : hs * s.G;  // KV head, first query head
-  const int64_t a = c * nn / parts, e = (c + 1) * nn / parts;
+  const int64_t np = pages_of(pg + sel * nn, nn), a = c * np / parts, e = (c + 1) * np / parts;
   const Partial out{part[0].data() + t * G, part[1].data() + t * G, part[2].data() + t * G * s.Dv};
   group_partial(qp + (b * s.Hq + first) * s.D, G, head_kv<T>(pk, pv, ks, vs, b, h), pg + sel * nn + a, e - a,
                 Dims{s.P, s.D, s.Dv, s.length}, scale, out, sc);
@@ -355,7 +431,7 @@ void on_stored_type(at::ScalarType t, const F& f) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> paged_decode_cpu(
     const at::Tensor& q, const at::Tensor& pk, const at::Tensor& pv, const at::Tensor& s, int64_t length,
     int64_t n, int64_t first_recent, double scale, bool per_head, bool group_sum, const Scales& ks,
-    const Scales& vs) {
+    const Scales& vs, double mass, int64_t min_pages) {
   check_inputs(q, pk, pv, s, length, n, ks, vs);
   const int64_t Hq = q.size(1), Hkv = pk.size(1), P = pk.size(3);
   const Shape sh{q.size(0), Hq, Hkv, Hq / Hkv, q.size(2), pv.size(4), P, gl::page_count(length, P), length};
@@ -367,7 +443,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> paged_decode_cpu(
     using S = decltype(t);
     score_pages<S>(sh, q.data_ptr<float>(), s.data_ptr<S>(), gl::strides_of(s), bounds.data_ptr<float>());
   });
-  choose_all(sh, bounds.data_ptr<float>(), nn, first_recent, per_head, group_sum, pages.data_ptr<int64_t>());
+  TORCH_CHECK(mass <= 1.0 && min_pages >= 1, "paged_decode: mass ", mass, " must be <= 1 (<= 0: n pages) and min_pages ",
+              min_pages, " >= 1");
+  const MassRule rule{static_cast<float>(mass), static_cast<float>(scale), min_pages, P, length};
+  choose_all(sh, bounds.data_ptr<float>(), nn, first_recent, per_head, group_sum, rule, pages.data_ptr<int64_t>());
   on_stored_type(pk.scalar_type(), [&](auto t) {
     attend_all<decltype(t)>(sh, q.data_ptr<float>(), pk, pv, ks, vs, pages.data_ptr<int64_t>(), nn, per_head,
                             static_cast<float>(scale), out.data_ptr<float>(), lse.data_ptr<float>());
@@ -447,7 +526,8 @@ std::tuple<at::Tensor, at::Tensor> dense_decode_cpu(const at::Tensor& q, const a
 TORCH_LIBRARY_FRAGMENT(gatherlens, m) {
   m.def("paged_decode(Tensor q, Tensor page_keys, Tensor page_values, Tensor summaries, int length, int n, "
         "int first_recent, float scale, bool per_head, bool group_sum, Tensor? key_scales=None, "
-        "Tensor? value_scales=None) -> (Tensor out, Tensor lse, Tensor pages, Tensor bounds)");
+        "Tensor? value_scales=None, float mass=0., int min_pages=1) -> (Tensor out, Tensor lse, Tensor pages, "
+        "Tensor bounds)");
   m.def("dense_decode(Tensor q, Tensor page_keys, Tensor page_values, int length, float scale, "
         "Tensor? key_scales=None, Tensor? value_scales=None) -> (Tensor out, Tensor lse)");
 }

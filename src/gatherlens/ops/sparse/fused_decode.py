@@ -51,7 +51,7 @@ def fake_dense_decode(q, page_keys, page_values, length, scale, key_scales=None,
 
 
 def fake_paged_decode(q, page_keys, page_values, summaries, length, n, first_recent, scale, per_head, group_sum,
-                      key_scales=None, value_scales=None):
+                      key_scales=None, value_scales=None, mass=0.0, min_pages=1):
     B, Hq, D = q.shape
     Hkv, P = page_keys.shape[1], page_keys.shape[3]
     N = page_count(length, P)  # the pages in use (the operator's rule too)
@@ -100,17 +100,18 @@ def native_ready() -> str | None:
 
 def fused_select_attend(q: torch.Tensor, cache: PagedKVCache, n: int, first: int, choice, scale: float,
                         want_selection: bool = False):
-    """pages (B, Hsel, n) ascending, bounds (B, Hsel, N) float32 (None unless want_selection),
-    out (B, Hq, 1, Dv) float32, lse (B, Hq, 1) float32, for q (B, Hq, 1, D) in the cache's dtype;
-    n, first: `pages_to_read` of the step (fewer pages than the cache holds)."""
+    """pages (B, Hsel, n) ascending (the auto budget, choice.mass not None: each head's own, then -1),
+    bounds (B, Hsel, N) float32 (None unless want_selection), out (B, Hq, 1, Dv) float32, lse (B, Hq, 1)
+    float32, for q (B, Hq, 1, D) in the cache's dtype; n, first: `pages_to_read` of the step (fewer
+    pages than the cache holds)."""
     B, Hq, _, D = q.shape
     keys, values, summaries = cache.writable(0)  # the whole storage: the operator reads its first pages
-    key_scales, value_scales = cache.scale_storage()  # (B, Hkv, cap) float32 for int8 pages, else None
+    key_scales, value_scales = cache.scale_storage()  # (B, Hkv, cap, D | P) float32 for int8 pages, else None
     per_head = not choice.share_selection
     out, lse, pages, bounds = torch.ops.gatherlens.paged_decode(
         q.reshape(B, Hq, D).contiguous(), keys, values, summaries, cache.length, n,
-        first, scale, per_head, choice.group_score == "sum", key_scales,
-        value_scales)  # (B, Hq, Dv), (B, Hq), (B, Hsel, n), (B, Hkv, G, N)
+        first, scale, per_head, choice.group_score == "sum", key_scales, value_scales,
+        choice.mass or 0.0, choice.min_pages)  # (B, Hq, Dv), (B, Hq), (B, Hsel, n), (B, Hkv, G, N)
     out, lse = out.view(B, Hq, 1, -1), lse.view(B, Hq, 1)  # (B, Hq, 1, Dv), (B, Hq, 1)
     if not want_selection:
         return pages, None, out, lse
@@ -127,7 +128,7 @@ def fused_dense(q: torch.Tensor, cache: PagedKVCache, scale: float):
     the rows split in chunks over the threads (PyTorch's flash kernel splits by head only)."""
     B, Hq, _, D = q.shape
     keys, values, _ = cache.writable(0)  # the whole storage: rows are contiguous across its pages
-    key_scales, value_scales = cache.scale_storage()  # (B, Hkv, cap) float32 for int8 pages, else None
+    key_scales, value_scales = cache.scale_storage()  # (B, Hkv, cap, D | P) float32 for int8 pages, else None
     out, lse = torch.ops.gatherlens.dense_decode(q.reshape(B, Hq, D).contiguous(), keys, values, cache.length,
                                                  scale, key_scales, value_scales)  # (B, Hq, Dv), (B, Hq)
     return out.view(B, Hq, 1, -1), lse.view(B, Hq, 1)

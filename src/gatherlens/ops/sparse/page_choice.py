@@ -11,7 +11,11 @@ so the bounds of all pages are ONE matmul of [relu(q) | -relu(-q)] (2D) against 
 [max | min] summaries (2D per page): scoring reads 2/page_size of the bytes of K.
 
 Always read: page 0 (attention sinks) and the pages of the `recent` newest tokens (at least the
-last page). `choose="oracle"` ranks pages by their true share of the softmax instead (it reads
+last page). A fixed budget reads n pages (`pages_to_read`); the auto budget (`mass`) reads, per
+selection head, pages in the same order until their estimated share of the attention mass reaches
+`mass` (`mass_counts`: the softmax of the scaled bounds, each page weighted by its token count, as
+Twilight's top-p), at least `min_pages` and at most n; its pages come back padded with -1 after
+each head's own count (`sorted_pages`). `choose="oracle"` ranks pages by their true share of the softmax instead (it reads
 every key: an evaluation tool that shows how good a choice could be, not a fast path).
 """
 from __future__ import annotations
@@ -23,7 +27,8 @@ from gatherlens.ops.attention.select.ties import keep_ties
 from .config import CHOOSERS, GROUP_SCORES, OP, check_budget  # noqa: F401 (check_budget: its one home is config.py)
 from .geometry import last_page_tokens, page_count
 
-__all__ = ["page_bounds", "pages_for_budget", "pages_to_read", "select_pages", "choose_pages", "rankable", "page_mass", "first_recent_page",
+__all__ = ["page_bounds", "pages_for_budget", "pages_to_read", "select_pages", "choose_pages", "rankable", "page_mass",
+           "first_recent_page", "mass_counts", "choose_by_mass", "sorted_pages", "page_counts", "estimated_mass",
            "GROUP_SCORES", "CHOOSERS"]
 
 
@@ -79,6 +84,8 @@ def select_pages(
     recent: int = OP.recent,
     choose: str = OP.choose,
     scale: float | None = None,
+    mass: float | None = None,
+    min_pages: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The pages each (batch, selection head) reads, sorted ascending, and the score of every page.
 
@@ -89,8 +96,10 @@ def select_pages(
     recent: the newest `recent` tokens' pages are always read (they count against the budget).
     choose: "bound" (Quest's upper bound of q.k, from the summaries) or "oracle" (each page's
         true softmax mass under `scale`, from every key).
+    mass, min_pages: the auto budget (`choose_by_mass`): `budget` is its ceiling; None: a fixed budget.
     Always keeps page 0 (attention sinks) and the last page (the most recent tokens).
-    returns pages (B, Hsel, n) int64 ascending, scores (B, Hsel, num_pages) float32.
+    returns pages (B, Hsel, n) int64 ascending (with mass: each head's pages ascending, then -1),
+    scores (B, Hsel, num_pages) float32.
     """
     B, Hq, _, D = query.shape
     Hkv, N = cache.kv_heads, cache.num_pages
@@ -105,7 +114,11 @@ def select_pages(
         scores = scores.reshape(B, Hq, N)  # (B, Hq, N)
     scores = scores.float()  # (B, Hsel, N)
     n, first = pages_to_read(cache.length, cache.page_size, budget, recent)
-    return choose_pages(scores, n, first), scores
+    if mass is None or n >= N:
+        return choose_pages(scores, n, first), scores
+    sc = 1.0 / D ** 0.5 if scale is None else scale
+    return choose_by_mass(scores, n, first, mass, min_pages, sc, cache.length, cache.page_size,
+                          probabilities=choose == "oracle"), scores
 
 
 def pages_to_read(length: int, page_size: int, budget: int, recent: int) -> tuple[int, int]:
@@ -192,3 +205,77 @@ def choose_pages(bounds: torch.Tensor, n: int, first_recent: int | None = None) 
         return top.indices.sort(dim=-1).values  # (B, Hsel, n): the n best are unique
     keep = keep_ties(ranked > edge, ranked == edge, n)  # (B, Hsel, N) the lower pages of a tie
     return keep.to(torch.uint8).sort(dim=-1, descending=True, stable=True).indices[..., :n]  # (B, Hsel, n) ascending
+
+
+def estimated_mass(bounds: torch.Tensor, scale: float, length: int, page_size: int) -> torch.Tensor:
+    """(B, Hsel, N) bounds -> (B, Hsel, N) float32 weights w_p = tokens_p * exp(scale * (r_p - max r)),
+    r = `rankable(bounds)` (a nan bound weighs 0); all zero where every bound is nan. The auto budget's
+    estimate of each page's attention mass (up to the row's sum): every key of a page scores at most its
+    bound, so tokens_p * exp(scale * bound_p) bounds the page's unnormalised softmax mass.
+
+        >>> estimated_mass(torch.tensor([[[0., 0., float("nan")]]]), 1.0, 10, 4)
+        tensor([[[4., 4., 0.]]])
+    """
+    N = bounds.shape[-1]
+    r = rankable(bounds)  # (B, Hsel, N) nan -> -inf
+    top = r.amax(dim=-1, keepdim=True)  # (B, Hsel, 1)
+    tokens = torch.full((N,), float(page_size), device=bounds.device)  # (N,)
+    tokens[-1] = float(last_page_tokens(length, page_size))
+    w = torch.exp((r - top) * scale) * tokens  # (B, Hsel, N); -inf - -inf: nan
+    return torch.where(top > float("-inf"), w, 0.0)  # (B, Hsel, N)
+
+
+def mass_counts(bounds: torch.Tensor, n: int, first_recent: int, mass: float, min_pages: int, scale: float,
+                length: int, page_size: int, *, probabilities: bool = False) -> torch.Tensor:
+    """(B, Hsel) pages each selection head reads under the auto budget: the one rule of every path.
+
+        >>> b = torch.tensor([[[9., 0., 8., 0., 0., 0.]]])      # page 0 forced; page 2 holds most of the rest
+        >>> mass_counts(b, 6, 5, 0.9, 1, 1.0, 24, 4), mass_counts(b, 6, 5, 0.9, 4, 1.0, 24, 4)
+        (tensor([[3]]), tensor([[4]]))
+
+    The pages in the order `choose_pages` ranks them (the forced pages, then by `forced_ranking`, a
+    tie to the lower page) are taken until their weights (`estimated_mass`; with probabilities=True the
+    scores themselves, e.g. the oracle's true masses) summed in that order, in float64, reach `mass`
+    times the row's float64 sum; then at least max(min_pages, forced pages) and at most n pages. A row
+    whose weights are all 0 reads the floor.
+    """
+    N = bounds.shape[-1]
+    forced = min(n, 1 + N - max(1, min(first_recent, N - 1)))  # page 0 and pages first_recent..
+    w = bounds.float().clamp(min=0).nan_to_num(0.0) if probabilities else \
+        estimated_mass(bounds, scale, length, page_size)  # (B, Hsel, N)
+    w = w.double()
+    order = forced_ranking(bounds, first_recent).sort(dim=-1, descending=True, stable=True).indices  # (B, Hsel, N)
+    walked = w.gather(-1, order).cumsum(-1)  # (B, Hsel, N) mass of the first i + 1 pages in rank order
+    need = (walked < mass * w.sum(-1, keepdim=True)).sum(-1) + 1  # (B, Hsel) pages that reach the share
+    return need.clamp(min=max(min_pages, forced), max=n).clamp(max=N)  # (B, Hsel)
+
+
+def choose_by_mass(bounds: torch.Tensor, n: int, first_recent: int, mass: float, min_pages: int, scale: float,
+                   length: int, page_size: int, *, probabilities: bool = False) -> torch.Tensor:
+    """(B, Hsel, N) bounds -> pages (B, Hsel, n): each head's `mass_counts` pages (the same as
+    `choose_pages(bounds, count, first_recent)` for that head) ascending, then -1 up to n.
+
+        >>> choose_by_mass(torch.tensor([[[9., 0., 8., 0., 0., 0.]]]), 6, 5, 0.9, 1, 1.0, 24, 4)
+        tensor([[[ 0,  2,  5, -1, -1, -1]]])
+    """
+    counts = mass_counts(bounds, n, first_recent, mass, min_pages, scale, length, page_size,
+                         probabilities=probabilities)  # (B, Hsel)
+    order = forced_ranking(bounds, first_recent).sort(dim=-1, descending=True, stable=True).indices[..., :n]
+    keep = torch.arange(n, device=bounds.device) < counts[..., None]  # (B, Hsel, n)
+    return sorted_pages(torch.where(keep, order, -1))  # (B, Hsel, n)
+
+
+def sorted_pages(pages: torch.Tensor) -> torch.Tensor:
+    """Page ids (B, Hsel, n) with -1 for none -> each row's pages ascending, then its -1s.
+
+        >>> sorted_pages(torch.tensor([[[5, -1, 0, 2]]]))
+        tensor([[[ 0,  2,  5, -1]]])
+    """
+    big = torch.iinfo(pages.dtype).max
+    out = torch.where(pages < 0, big, pages).sort(dim=-1).values  # (B, Hsel, n)
+    return torch.where(out == big, -1, out)
+
+
+def page_counts(pages: torch.Tensor) -> torch.Tensor:
+    """(B, Hsel, n) pages (-1: none) -> (B, Hsel) int64: how many each selection head read."""
+    return (pages >= 0).sum(-1)

@@ -26,21 +26,28 @@ _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 
 def attend_pages(q: torch.Tensor, cache: PagedKVCache, pages: torch.Tensor, scale: float,
                  key_mask: torch.Tensor | None = None, *, variant: AttentionVariant = PLAIN):
-    """Attention of q (B, Hq, 1, D) over the pages (B, Hsel, n, ascending) of `cache`.
+    """Attention of q (B, Hq, 1, D) over the pages (B, Hsel, n, ascending) of `cache`; -1 entries (the
+    auto budget's padding after each head's own pages) read nothing.
 
     key_mask: optional (B, L) bool, True = attend (padded batches): masked keys inside the chosen
     pages get no weight. variant: see attend_gathered. Returns out (B, Hq, 1, Dv) in the compute
     dtype and lse (B, Hq, 1) float32 (with sinks: the compute dtype).
     """
     B, Hq, _, D = q.shape
-    Hsel = pages.shape[1]
+    Hsel, n = pages.shape[1], pages.shape[2]
+    read = pages >= 0  # (B, Hsel, n) False: the auto budget's -1 padding
+    padded = not bool(read.all())
+    pages = pages.clamp(min=0) if padded else pages  # (B, Hsel, n) a -1 gathered as page 0, then masked
     k, v = cache.gather_pages(pages)  # (B, Hsel, n*P, D), (B, Hsel, n*P, Dv)
-    valid = pages.shape[-1] * cache.page_size - (cache.num_pages * cache.page_size - cache.length)
+    valid = n * cache.page_size - (cache.num_pages * cache.page_size - cache.length)
     keep = None
-    if key_mask is not None:
+    if key_mask is not None or padded:
         pos = cache.page_positions(pages)  # (B, Hsel, n*P)
-        flags = key_mask.gather(-1, pos.clamp(max=cache.length - 1).reshape(B, -1)).view_as(pos)
-        keep = flags & (pos < cache.length)  # (B, Hsel, n*P)
+        keep, valid = pos < cache.length, n * cache.page_size  # (B, Hsel, n*P): the last page's tail dropped
+        if key_mask is not None:
+            keep &= key_mask.gather(-1, pos.clamp(max=cache.length - 1).reshape(B, -1)).view_as(pos)
+        if padded:
+            keep &= read.repeat_interleave(cache.page_size, dim=-1)  # (B, Hsel, n*P)
     qs = q.view(B, Hsel, Hq // Hsel, D)  # (B, Hsel, R, D)
     out, lse = attend_gathered(qs, k, v, valid, scale, keep, variant=variant)
     return out.reshape(B, Hq, 1, -1), lse.reshape(B, Hq, 1)  # (B, Hq, 1, Dv), (B, Hq, 1)

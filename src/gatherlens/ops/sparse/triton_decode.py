@@ -17,7 +17,8 @@ input_precision, masks, constexpr blocks; no runtime loop bounds, see NUM_BLOCKS
 The kernels read the cache through its public views (`summaries`, `page_keys`, `page_values`,
 `key_scales`, `value_scales`), whose strides are those of the paged storage; values may be
 Dv = cache.value_dim wide. Pages stored narrower than the query (float16 / bfloat16, or int8 codes
-times their page's scale in float32) are read as the cache's `read_pages` reads them. A softcap
+times their scales in float32: keys per page channel, values per token) are read as the cache's
+`read_pages` reads them. A softcap
 caps each scaled logit (softcap * tanh(s / softcap), tanh from exp: Triton 3.6 has no tanh)
 before the mask, as ops/attention/variants.py does. This module imports neither `decode.py` nor
 `torch_decode.py`: `decode.sparse_decode` imports it when the triton backend runs.
@@ -30,7 +31,7 @@ import triton.language as tl
 
 from .config import OP
 from .geometry import ceil_div
-from .page_choice import choose_pages, pages_to_read
+from .page_choice import choose_by_mass, choose_pages, pages_to_read
 
 __all__ = ["triton_page_bounds", "triton_select_pages", "triton_attend_pages"]
 
@@ -39,7 +40,8 @@ __all__ = ["triton_page_bounds", "triton_select_pages", "triton_attend_pages"]
 def _pages_attn_partial(
     Q, K, V, PAGES, OPART, LPART, KS, VS,
     length, sel_tokens, tokens_per_split, sm_scale, softcap,
-    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_pb, stride_ph, stride_sb, stride_sh,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_pb, stride_ph,
+    stride_ksb, stride_ksh, stride_vsb, stride_vsh,
     HSEL: tl.constexpr, HKV: tl.constexpr, R: tl.constexpr, NSPLIT: tl.constexpr,
     NUM_BLOCKS: tl.constexpr,
     P: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
@@ -63,7 +65,8 @@ def _pages_attn_partial(
     k_base = K + b * stride_kb + kvh * stride_kh
     v_base = V + b * stride_vb + kvh * stride_vh
     p_base = PAGES + b * stride_pb + hs * stride_ph
-    s_off = b * stride_sb + kvh * stride_sh  # this head's int8 page scales (QUANT)
+    ks_base = KS + b * stride_ksb + kvh * stride_ksh  # this head's int8 key channel scales (N, D) (QUANT)
+    vs_base = VS + b * stride_vsb + kvh * stride_vsh  # and its values' token scales (N, P)
 
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
@@ -75,13 +78,14 @@ def _pages_attn_partial(
     for i in range(NUM_BLOCKS):
         t = start + i * BLOCK_N + offs_n  # token slots of the selection this block covers
         tmask = (t < sel_tokens) & (i * BLOCK_N + offs_n < tokens_per_split)
-        page = tl.load(p_base + t // P, mask=tmask, other=0)  # page id of each slot
+        page = tl.load(p_base + t // P, mask=tmask, other=0)  # page id of each slot (-1: the auto budget's padding)
         tok = page * P + t % P  # key position in the cache
-        valid = tmask & (tok < length)
+        valid = tmask & (page >= 0) & (tok < length)
         k_off = tok[:, None] * D + offs_d[None, :]
         k = tl.load(k_base + k_off, mask=valid[:, None] & dmask[None, :], other=0.0)  # (BLOCK_N, BLOCK_D)
-        if QUANT:  # int8 codes times their page's scale, in float32 (cache.read_pages)
-            k = k.to(tl.float32) * tl.load(KS + s_off + page, mask=valid, other=0.0)[:, None]
+        if QUANT:  # int8 codes times their page's channel scales, in float32 (cache.read_pages)
+            k = k.to(tl.float32) * tl.load(ks_base + page[:, None] * D + offs_d[None, :],
+                                           mask=valid[:, None] & dmask[None, :], other=0.0)
         k = k.to(q.dtype)  # pages stored narrower than the query: read as it (exact)
         if UPCAST:  # Triton 3.6's CPU interpreter computes bf16 tl.dot wrongly: use fp32 there
             k = k.to(tl.float32)
@@ -103,8 +107,8 @@ def _pages_attn_partial(
         l_i = l_i * alpha + tl.sum(p, 1)
         v_off = tok[:, None] * DV + offs_dv[None, :]
         v = tl.load(v_base + v_off, mask=valid[:, None] & dvmask[None, :], other=0.0)  # (BLOCK_N, BLOCK_DV)
-        if QUANT:
-            v = v.to(tl.float32) * tl.load(VS + s_off + page, mask=valid, other=0.0)[:, None]
+        if QUANT:  # and values times their token's scale
+            v = v.to(tl.float32) * tl.load(vs_base + page * P + t % P, mask=valid, other=0.0)[:, None]
         v = v.to(q.dtype)
         if UPCAST:
             v = v.to(tl.float32)
@@ -216,12 +220,17 @@ def triton_page_bounds(q: torch.Tensor, cache, share_selection: bool = OP.share_
 
 
 def triton_select_pages(q: torch.Tensor, cache, budget: int, share_selection: bool = OP.share_selection,
-                        group_score: str = OP.group_score, recent: int = OP.recent):
+                        group_score: str = OP.group_score, recent: int = OP.recent, *, mass: float | None = None,
+                        min_pages: int = 1, scale: float | None = None):
     """Pages (B, Hsel, n) ascending and bounds (B, Hsel, N): the scoring kernel, then the one
-    page-choice rule (`page_choice.pages_to_read`, `page_choice.choose_pages`)."""
+    page-choice rule (`page_choice.pages_to_read`, `page_choice.choose_pages`; with mass, the auto
+    budget's `page_choice.choose_by_mass`: each head's pages, then -1)."""
     bounds = triton_page_bounds(q, cache, share_selection, group_score)  # (B, Hsel, N)
     n, first = pages_to_read(cache.length, cache.page_size, budget, recent)
-    return choose_pages(bounds, n, first), bounds
+    if mass is None or n >= cache.num_pages:
+        return choose_pages(bounds, n, first), bounds
+    scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
+    return choose_by_mass(bounds, n, first, mass, min_pages, scale, cache.length, cache.page_size), bounds
 
 
 def _next_pow2(x: int) -> int:
@@ -230,7 +239,8 @@ def _next_pow2(x: int) -> int:
 
 def triton_attend_pages(q: torch.Tensor, cache, pages: torch.Tensor, scale: float,
                         num_splits: int | None = None, block_n: int = 64, *, softcap: float | None = None):
-    """Attention of q (B, Hq, 1, D) over the chosen pages (B, Hsel, n) read in place from `cache`.
+    """Attention of q (B, Hq, 1, D) over the chosen pages (B, Hsel, n) read in place from `cache` (a -1
+    entry, the auto budget's padding, reads nothing).
 
     softcap: each scaled logit becomes softcap * tanh(logit / softcap) first (None: no cap).
     returns out (B, Hq, 1, Dv) in q.dtype and lse (B, Hq, 1) float32.
@@ -243,7 +253,7 @@ def triton_attend_pages(q: torch.Tensor, cache, pages: torch.Tensor, scale: floa
     qc = q.reshape(B, Hq, D).contiguous()  # (B, Hq, D)
     pg = pages.contiguous()  # (B, Hsel, n)
     K, V = cache.page_keys, cache.page_values  # (B, Hkv, N, P, D), (..., Dv) views with the storage's strides
-    KS, VS = cache.key_scales, cache.value_scales  # (B, Hkv, N) int8 page scales, or None
+    KS, VS = cache.key_scales, cache.value_scales  # (B, Hkv, N, D) / (B, Hkv, N, P) int8 scales, or None
     quant = KS is not None
     KS, VS = (KS, VS) if quant else (K, V)  # placeholders the kernel never reads
     sel_tokens = n * P
@@ -263,7 +273,8 @@ def triton_attend_pages(q: torch.Tensor, cache, pages: torch.Tensor, scale: floa
         qc, K, V, pg, opart, lpart, KS, VS,
         cache.length, sel_tokens, tokens_per_split, float(scale), float(softcap or 1.0),
         qc.stride(0), qc.stride(1), K.stride(0), K.stride(1), V.stride(0), V.stride(1), pg.stride(0), pg.stride(1),
-        KS.stride(0) if quant else 0, KS.stride(1) if quant else 0,
+        KS.stride(0) if quant else 0, KS.stride(1) if quant else 0, VS.stride(0) if quant else 0,
+        VS.stride(1) if quant else 0,
         HSEL=Hsel, HKV=Hkv, R=R, NSPLIT=NSPLIT, NUM_BLOCKS=num_blocks, P=P, D=D, DV=Dv,
         BLOCK_R=max(16, _next_pow2(R)), BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, BLOCK_DV=BLOCK_DV,
         IEEE=q.dtype == torch.float32, UPCAST=q.device.type != "cuda", SOFTCAP=softcap is not None, QUANT=quant,

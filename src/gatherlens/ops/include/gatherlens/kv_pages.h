@@ -4,11 +4,14 @@
 //   #include "gatherlens/kv_pages.h"
 //
 //   widen(x, n, scale, out)   n stored values as attention reads them, in float32: float as is, float16
-//                             (F16C) and bfloat16 (a shift) converted exactly, int8 codes times their
-//                             page's scale (one float32 product, as cache.read_pages);
+//                             (F16C) and bfloat16 (a shift) converted exactly, int8 codes times one
+//                             scale (a value token's: one float32 product, as cache.read_pages);
+//   widen_channels(x, n, scales, out)  n int8 key codes times their channels' scales (a key page's
+//                             per-channel scales, KIVI's layout; scales nullptr: widen(x, n, 1, out));
 //   narrow(x) -> T            a float32 value rounded to the storage type (to nearest, ties to even);
-//   grown_scale(amax, old)    an int8 page's scale after a write reaching amax: old when amax <= 127 old,
-//                             else max(amax / 127, 2 old) (a fresh page: old = 0);
+//   grown_scale(amax, old)    an int8 key page channel's scale after a write reaching amax: old when
+//                             amax <= 127 old, else max(amax / 127, 2 old) (a fresh page: old = 0; a value
+//                             token's scale: grown_scale(amax, 0) = amax / 127);
 //   quantize(x, scale)        round(x / scale) in [-127, 127], ties to even; 0 when the scale is not > 0.
 #pragma once
 
@@ -46,6 +49,14 @@ inline void widen(const int8_t* x, int64_t n, float scale, float* out) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(x[i]) * scale;
 }
+
+inline void widen_channels(const int8_t* x, int64_t n, const float* scales, float* out) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(x[i]) * scales[i];
+}
+
+template <typename T>
+inline void widen_channels(const T* x, int64_t n, const float*, float* out) { widen(x, n, 1.f, out); }
 
 template <typename T>
 inline T narrow(float x) { return static_cast<T>(x); }  // float, c10::Half, c10::BFloat16: to nearest even
