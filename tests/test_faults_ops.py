@@ -119,6 +119,7 @@ CASES = {
     "rms_norm_cast": {"w of another width": lambda: ops.rms_norm_cast(z(2, 8), z(4), 1e-5, False)},
     "add_rms_norm_cast": {"y of another shape": lambda: ops.add_rms_norm_cast(z(2, 8), z(2, 4), z(8), 1e-5, False)},
     "silu_mul_cast": {"an odd width": lambda: ops.silu_mul_cast(z(2, 7), False)},
+    "gelu_mul_cast": {"an odd width": lambda: ops.gelu_mul_cast(z(2, 7), False)},
     "q8act_linear": {"rows of another width": lambda: ops.q8act_linear(z(1, 64), z(4, 34, dtype=u8), 8),
                      "an unknown type": lambda: ops.q8act_linear(z(1, 64), z(4, 68, dtype=u8), 99)},
     "q8x8_linear": {"rows not whole panels": lambda: ops.q8x8_linear(z(1, 32), z(4, 34, dtype=u8), 8)},
@@ -214,7 +215,7 @@ from gatherlens.models import load
 from gatherlens.models.runtime.decoding import SparseKVCache, use_sparse_decoding
 torch.set_num_threads(int(sys.argv[1]))
 lm = load("smollm2", quantized=True)
-use_sparse_decoding(lm.model, 64)
+use_sparse_decoding(lm.model, budget=64)
 ids = lm.encode("It is a truth universally acknowledged, that a single man in possession of a good fortune, " * 8)
 cache = SparseKVCache(config=lm.model.config, page_size=8)
 logits = []

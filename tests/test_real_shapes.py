@@ -76,7 +76,7 @@ def test_prefill_logits_match_the_float_model(pair):
 
 def _forced(model, ids: torch.Tensor, budget: int | None) -> torch.Tensor:
     """Teacher-forced decode logits (STEPS, V): the prefix's last, then one token a step."""
-    use_sparse_decoding(model, budget or 1 << 20, page_size=4, dense_layers=0)
+    use_sparse_decoding(model, budget=budget or 1 << 20, page_size=4, dense_layers=0)
     s = sparse_settings(model)
     cache = SparseKVCache(config=model.config, page_size=s.page_size, kv_dtype=s.kv_dtype)
     cache.reserve(ids.shape[1])
