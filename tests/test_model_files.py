@@ -99,3 +99,29 @@ def test_llama3_rope_factors_become_the_configs_scaling(tmp_path):
         warnings.simplefilter("error")
         lm = load(path, quantized=True)
     assert torch.allclose(lm.model.model.rotary_emb.inv_freq, rope_inverse_frequencies(config))
+
+
+def test_a_sentencepiece_gemma_runs_on_the_native_runtime_as_in_transformers(tmp_path):
+    """A Gemma 3 file with its sentencepiece ("llama") vocabulary: the native runtime takes it (it refused
+    every tokenizer but byte-level BPE before), its ids are transformers' tokenizer's, and its greedy tokens
+    are the transformers runtime's."""
+    import torch
+
+    from gatherlens.models import load
+    from gatherlens.models.runtime.generation import GenerationEnd, generation_steps
+
+    spec = REAL_MODELS["gemma3-270m"]
+    config = hf_config(spec, num_hidden_layers=2, hidden_size=128, intermediate_size=256, vocab_size=1024)
+    path = write_model(spec, tmp_path / "g.Q8_0.gguf", config=config, dtype="Q8_0",
+                       vocab=model_vocab(spec, 1024, base=False))
+    native, hf = load(path, quantized=True, runtime="native"), load(path, quantized=True, runtime="transformers")
+    assert type(native.model).__name__ == "NativeModel"
+    text = "The cat sat on the mat. ünïcödé  two  spaces"
+    ids = native.encode(text)  # (1, S)
+    assert torch.equal(ids, hf.encode(text))
+
+    def greedy(lm):
+        events = list(generation_steps(lm, ids, budget=None, max_new_tokens=6))
+        return next(e for e in events if isinstance(e, GenerationEnd)).new_ids
+
+    assert greedy(native) == greedy(hf)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from gatherlens.models.gguf.arch import Arch
 from gatherlens.models.gguf.config import file_arch, metadata_value
+from gatherlens.models.gguf.tokenizer import builds
 from gatherlens.ops.layer.rope import SCALINGS, RopeScaling
 
 __all__ = ["ModelSpec", "model_spec"]
@@ -131,7 +132,7 @@ def _with_refusal(spec: ModelSpec, reader) -> ModelSpec:
         why = f"a rotary dimension {spec.rope_dim} other than the head size {spec.head_dim} (partial rotary)"
     elif spec.rope_scaling is not None and spec.rope_scaling.type not in SCALINGS:
         why = f"rope scaling {spec.rope_scaling.type!r} (the native runtime runs {', '.join(SCALINGS)})"
-    elif metadata_value(reader, "tokenizer.ggml.model") != "gpt2" or "tokenizer.ggml.merges" not in reader.fields:
+    elif builds(reader) is None:
         why = (f"tokenizer model {metadata_value(reader, 'tokenizer.ggml.model')!r} (the native runtime builds "
-               f"byte-level BPE tokenizers, 'gpt2' with merges)")
+               f"byte-level BPE tokenizers, 'gpt2' with merges, and sentencepiece ones, 'llama' with scores)")
     return spec if why is None else dataclasses.replace(spec, refusal=why)

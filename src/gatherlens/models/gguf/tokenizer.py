@@ -74,19 +74,31 @@ def gguf_tokenizer(reader):
     return tokenizer_over(backend, **settings)
 
 
+def builds(reader) -> str | None:
+    """The tokenizer model this module builds for the file ("gpt2": byte-level BPE with merges; "llama":
+    sentencepiece with scores, in a style `spm_style` knows), or None: the one rule `gguf_backend` and the
+    native runtime's refusal (models/gguf/spec.py) read."""
+    model = metadata_value(reader, "tokenizer.ggml.model")
+    if model == "gpt2" and "tokenizer.ggml.merges" in reader.fields:
+        return model
+    if model == "llama" and "tokenizer.ggml.scores" in reader.fields and spm_style(reader) is not None:
+        return model
+    return None
+
+
 def gguf_backend(reader):
     """(the file's `tokenizers.Tokenizer`, its settings: the special tokens by name, add_bos_token /
     add_eos_token where the file states them, the chat template), or None for a tokenizer model this
     module does not build (byte-level BPE, "gpt2", and sentencepiece, "llama"). The transformers wrapper
     (`gguf_tokenizer`) and the native runtime's (models/gguf/text.py) both take these."""
-    model = metadata_value(reader, "tokenizer.ggml.model")
+    model = builds(reader)
     tokens = metadata_value(reader, "tokenizer.ggml.tokens")
     types = metadata_value(reader, "tokenizer.ggml.token_type") or ()
-    if model == "gpt2" and "tokenizer.ggml.merges" in reader.fields:
+    if model == "gpt2":
         backend = _byte_level_bpe(tokens, metadata_value(reader, "tokenizer.ggml.merges"),
                                   metadata_value(reader, "tokenizer.ggml.pre"))
         _add_marked_tokens(backend, tokens, types)
-    elif model == "llama" and "tokenizer.ggml.scores" in reader.fields and spm_style(reader) is not None:
+    elif model == "llama":
         backend = sentencepiece_backend(tokens, reader)
         _add_marked_tokens(backend, tokens, types, byte_level=False)
     else:

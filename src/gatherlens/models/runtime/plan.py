@@ -194,4 +194,7 @@ def _embed_scale(embed) -> float | None:
 
 
 def _rope_type(rotary) -> str:
-    return str(getattr(rotary, "rope_type", "default"))
+    """The rotary module's kind of angles; a module with one kind per layer type (transformers 5's Gemma 3:
+    {"full_attention": ..., "sliding_attention": ...}) gives its kinds, comma-separated and sorted."""
+    kind = getattr(rotary, "rope_type", "default")
+    return ",".join(sorted(set(map(str, kind.values())))) if isinstance(kind, dict) else str(kind)

@@ -174,7 +174,7 @@ def _stack_declaration(plan: DecodePlan) -> str | None:
     if any((l.heads, l.kv_heads, l.head_dim, l.scaling, l.qkv_sizes, l.activation) != (first.heads, first.kv_heads,
            first.head_dim, first.scaling, first.qkv_sizes, first.activation) for l in plan.layers):
         return "its layers differ in heads, head size, scale or activation (the operator takes one of each)"
-    if plan.rope_type not in _STATIC_ROPE:
+    if any(kind not in _STATIC_ROPE for kind in plan.rope_type.split(",")):
         return f"rope_type {plan.rope_type!r} (the operator reads angles made {ANGLES} positions at a time)"
     return None
 
