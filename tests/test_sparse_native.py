@@ -74,6 +74,30 @@ def test_native_matches_torch_on_any_shape(B, Hkv, G, L, D, P, budget, share, re
     torch.testing.assert_close(lse, lse2, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("Hkv,G,D,L,budget,mass", [
+    (2, 7, 64, 1500, 1500, None),   # Qwen2.5 0.5B's group: every head reads every page (their union, once)
+    (2, 7, 64, 1500, 96, None),     # small per-head choices, mostly apart (each head its own pages)
+    (1, 4, 256, 700, 512, 0.998),   # Gemma 3's one KV head, head_dim 256, the auto budget (their union)
+    (8, 4, 128, 900, 512, 0.3),     # Llama 3's group of 4 at head_dim 128, the auto budget stopping early:
+    (2, 4, 16, 900, 512, 0.6),      # heads with their own counts, read together (above) or apart (here)
+], ids=str)
+def test_wide_groups_with_per_head_choices_equal_the_reference(Hkv, G, D, L, budget, mass):
+    """Per-head choices in a wide KV group: read once for the group over the union of its heads' pages
+    (each head's logits masked to its own: fused_decode.cpp's group_union) or head by head, whichever
+    reads less; either way exactly the attention of each head's own pages."""
+    q, k, v, cache = make(B=1, Hkv=Hkv, G=G, L=L, D=D, P=8, seed=G + L)
+    q = q * 4  # peaked scores: heads of a group choose differently
+    kw = dict(share_selection=False, recent=16, mass=mass, min_pages=2) if mass else dict(share_selection=False,
+                                                                                          recent=16)
+    (o, lse, sel), (o2, lse2, sel2) = both(q, cache, budget, **kw)
+    assert torch.equal(sel.pages, sel2.pages)
+    torch.testing.assert_close(o, o2, atol=1e-5, rtol=1e-5)
+    ref, ref_lse = sparse_attention_reference(q, k, v, sel.pages, 8) if mass is None else (None, None)
+    if mass is None:  # fixed budgets: every row of pages is a full choice (no -1 padding)
+        torch.testing.assert_close(o, ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+
+
 def test_auto_takes_native_on_a_float32_cpu_cache(monkeypatch):
     q, _, _, cache = make(L=300, D=16, P=8)
     calls = []

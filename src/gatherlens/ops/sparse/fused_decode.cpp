@@ -16,7 +16,9 @@
 //      mass > 0 (the auto budget: page_choice.choose_by_mass) each head reads pages in that order until
 //      their estimated mass reaches `mass` (at least min_pages, at most n), its pages then -1 up to n;
 //   3. exact softmax attention of each query head over the rows of its chosen pages that hold one of
-//      the `length` tokens, reading K and V where they lie in the cache (no copy).
+//      the `length` tokens, reading K and V where they lie in the cache (no copy); a KV group's heads
+//      together (each row read once for them): its shared pages, or, with per-head choices, the union of
+//      its heads' pages with each head's logits masked to its own where that reads less (group_union).
 // Inputs: q (B, Hq, D) float32 contiguous; page_keys (B, Hkv, N', P, D), page_values (B, Hkv, N', P, Dv)
 // float32, float16, bfloat16 or int8 (one dtype; a template on it), each page's block contiguous (the
 // cache's storage or views of it), each page read as float32 as the cache reads it (kv_pages.h's
@@ -70,12 +72,10 @@ inline float rank_value(float v) {  // page_choice.rankable: nan lowest, -inf ab
   return v;
 }
 
-// One integer per candidate page that orders as the rule ranks (select/ties.py: on equal ranks the lower
-// page wins): the rank's float bits made order-preserving (+0 and -0 one value) above the page's complement.
-inline uint64_t rank_key(float rank, int64_t page) {
+// The order-preserving bits of a rank (+0 and -0 one value): larger ranks, larger bits.
+inline uint32_t ordered_bits(float rank) {
   const uint32_t bits = __builtin_bit_cast(uint32_t, rank);
-  const uint32_t ordered = bits & 0x80000000u ? ~bits : bits | 0x80000000u;
-  return (static_cast<uint64_t>(ordered) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(page));
+  return bits & 0x80000000u ? ~bits : bits | 0x80000000u;
 }
 
 inline float canonical_rank(float v) {  // rank_value, with -0 as +0 (one rank)
@@ -83,49 +83,85 @@ inline float canonical_rank(float v) {  // rank_value, with -0 as +0 (one rank)
   return r == 0.f ? 0.f : r;
 }
 
-// The keys of the candidate pages p0 .. p1-1 whose rank is at least `floor` (-inf: every one).
-void keys_from(const float* score, int64_t p0, int64_t p1, float floor, std::vector<uint64_t>& cand) {
-  cand.clear();
+struct RankScratch {                              // one choosing thread's buffers
+  std::vector<uint32_t> key, id, key2, id2;       // candidates' complemented rank bits and pages, sorted in place
+  std::vector<uint32_t> sample;
+  std::vector<uint8_t> mark;                      // (N,) the chosen pages, read out ascending
+};
+
+// r.id[0:m] = the candidate pages p0 .. p1-1 whose rank is at least `floor` (-inf: every one), in rank order:
+// best first, equal ranks the lower page first (select/ties.py). A stable LSD radix sort of the complemented
+// rank bits (4 passes of 8 bits, a pass skipped where every key has one digit) over the pages taken ascending:
+// a few microseconds for 512 pages, where a comparison sort or heap of them takes 25-40 (mispredicted branches).
+int64_t rank_order(const float* score, int64_t p0, int64_t p1, float floor, RankScratch& r) {
+  r.key.clear();
+  r.id.clear();
   for (int64_t p = p0; p < p1; ++p) {
-    const float r = canonical_rank(score[p]);
-    if (r >= floor) cand.push_back(rank_key(r, p));
+    const float v = canonical_rank(score[p]);
+    if (v >= floor) {
+      r.key.push_back(~ordered_bits(v));
+      r.id.push_back(static_cast<uint32_t>(p));
+    }
   }
+  const int64_t m = static_cast<int64_t>(r.key.size());
+  r.key2.resize(m);
+  r.id2.resize(m);
+  for (int shift = 0; shift < 32 && m > 1; shift += 8) {
+    uint32_t count[257] = {0};
+    for (int64_t i = 0; i < m; ++i) ++count[((r.key[i] >> shift) & 255u) + 1];
+    if (count[((r.key[0] >> shift) & 255u) + 1] == m) continue;  // one digit: this pass keeps the order
+    for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
+    for (int64_t i = 0; i < m; ++i) {
+      const uint32_t at = count[(r.key[i] >> shift) & 255u]++;
+      r.key2[at] = r.key[i];
+      r.id2[at] = r.id[i];
+    }
+    std::swap(r.key, r.key2);
+    std::swap(r.id, r.id2);
+  }
+  return m;
 }
 
 // A rank the `take` best candidates of p0 .. p1-1 likely reach, from a strided sample of 256 of them (at
-// twice `take`'s share of the sample, plus 2): the keys at or above it hold the best `take` whenever
-// there are at least `take` of them (choose checks, and takes every key when not); -inf: no sample.
-float sampled_floor(const float* score, int64_t p0, int64_t p1, int64_t take, std::vector<uint64_t>& sample) {
+// twice `take`'s share of the sample, plus 2): the ranks at or above it hold the best `take` whenever
+// there are at least `take` of them (choose checks, and takes every candidate when not); -inf: no sample.
+float sampled_floor(const float* score, int64_t p0, int64_t p1, int64_t take, std::vector<uint32_t>& sample) {
   constexpr int64_t kSample = 256;
   const int64_t m = p1 - p0;
   if (m < 4 * kSample || take * 8 > m) return -std::numeric_limits<float>::infinity();
   sample.clear();
-  for (int64_t i = 0; i < kSample; ++i) sample.push_back(rank_key(canonical_rank(score[p0 + i * m / kSample]), 0));
+  for (int64_t i = 0; i < kSample; ++i) sample.push_back(ordered_bits(canonical_rank(score[p0 + i * m / kSample])));
   const int64_t at = std::min<int64_t>(kSample - 1, 2 * take * kSample / m + 2);
-  std::nth_element(sample.begin(), sample.begin() + at, sample.end(), std::greater<uint64_t>());
-  const uint32_t ordered = static_cast<uint32_t>(sample[at] >> 32);
+  std::nth_element(sample.begin(), sample.begin() + at, sample.end(), std::greater<uint32_t>());
+  const uint32_t ordered = sample[at];
   return __builtin_bit_cast(float, ordered & 0x80000000u ? ordered & 0x7FFFFFFFu : ~ordered);
 }
 
+// pages[0:k] ascending: page 0, the first `taken` of r.id, then pages fr.. while fewer than n. Returns k.
+int64_t emit(int64_t N, int64_t n, int64_t fr, int64_t taken, RankScratch& r, int64_t* pages) {
+  r.mark.assign(static_cast<size_t>(N), 0);
+  r.mark[0] = 1;
+  int64_t k = 1;
+  for (int64_t i = 0; i < taken; ++i, ++k) r.mark[r.id[i]] = 1;
+  for (int64_t p = fr; p < N && k < n; ++p, ++k) r.mark[p] = 1;
+  int64_t j = 0;
+  for (int64_t p = 0; p < N; ++p)
+    if (r.mark[p]) pages[j++] = p;
+  return j;
+}
+
 // pages[0:n] of one selection head from its scores (N,): forced pages, then the best others.
-void choose(const float* score, int64_t N, int64_t n, int64_t first_recent, int64_t* pages,
-            std::vector<uint64_t>& cand) {
+void choose(const float* score, int64_t N, int64_t n, int64_t first_recent, int64_t* pages, RankScratch& r) {
   if (n >= N) {
     for (int64_t p = 0; p < N; ++p) pages[p] = p;
     return;
   }
   const int64_t fr = std::max<int64_t>(1, std::min(first_recent, N - 1));
-  int64_t k = 0;
-  pages[k++] = 0;
   const int64_t forced = 1 + (N - fr);
   const int64_t take = std::min<int64_t>(std::max<int64_t>(0, n - forced), fr - 1);
-  keys_from(score, 1, fr, sampled_floor(score, 1, fr, take, cand), cand);
-  if (static_cast<int64_t>(cand.size()) < take) keys_from(score, 1, fr, -std::numeric_limits<float>::infinity(), cand);
-  if (take > 0 && take < static_cast<int64_t>(cand.size()))
-    std::nth_element(cand.begin(), cand.begin() + take, cand.end(), std::greater<uint64_t>());
-  for (int64_t i = 0; i < take; ++i) pages[k++] = 0xFFFFFFFFu - static_cast<uint32_t>(cand[i]);
-  for (int64_t p = fr; p < N && k < n; ++p) pages[k++] = p;
-  std::sort(pages, pages + k);
+  int64_t m = rank_order(score, 1, fr, sampled_floor(score, 1, fr, take, r.sample), r);
+  if (m < take) m = rank_order(score, 1, fr, -std::numeric_limits<float>::infinity(), r);
+  emit(N, n, fr, take, r, pages);
 }
 
 // ---- the auto budget: page_choice.mass_counts / choose_by_mass (tests/test_page_choice_rule.py) ----
@@ -149,30 +185,22 @@ bool estimated_mass(const float* score, int64_t N, const MassRule& r, std::vecto
 
 // pages[0:n] of one head under the auto budget: page 0 and pages fr.. (forced), then the others in rank
 // order until the weights summed in that order (float64) reach mass x their sum; at least max(min_pages,
-// forced), at most n pages; ascending, the rest -1. Returns the count. The others come off a max-heap of their
-// rank keys one at a time (the exact rank order, ties to the lower page): a head that stops early sorts nothing.
-int64_t choose_mass(const float* score, int64_t N, int64_t n, int64_t first_recent, const MassRule& r,
-                    int64_t* pages, std::vector<uint64_t>& cand, std::vector<float>& w) {
+// forced), at most n pages; ascending, the rest -1. Returns the count.
+int64_t choose_mass(const float* score, int64_t N, int64_t n, int64_t first_recent, const MassRule& rule,
+                    int64_t* pages, RankScratch& r, std::vector<float>& w) {
   const int64_t fr = std::max<int64_t>(1, std::min(first_recent, N - 1));
-  const int64_t forced = std::min(n, 1 + (N - fr)), floor = std::min(n, std::max(r.min_pages, forced));
-  keys_from(score, 1, fr, -std::numeric_limits<float>::infinity(), cand);
-  std::make_heap(cand.begin(), cand.end());
-  const bool weighed = estimated_mass(score, N, r, w);
+  const int64_t forced = std::min(n, 1 + (N - fr)), floor = std::min(n, std::max(rule.min_pages, forced));
+  const int64_t m = rank_order(score, 1, fr, -std::numeric_limits<float>::infinity(), r);
+  const bool weighed = estimated_mass(score, N, rule, w);
   double total = 0.0, acc = weighed ? w[0] : 0.0;
   for (int64_t p = 0; weighed && p < N; ++p) total += w[p];
   for (int64_t p = fr; weighed && p < N; ++p) acc += w[p];
-  const double target = static_cast<double>(r.mass) * total;
-  int64_t k = 1;                                   // pages[0] = 0; the others from pages[1]
-  pages[0] = 0;
-  const int64_t others = std::min<int64_t>(n - forced, static_cast<int64_t>(cand.size()));
-  for (int64_t taken = 0; taken < others && ((weighed && acc < target) || forced + taken < floor); ++taken) {
-    std::pop_heap(cand.begin(), cand.end() - taken);
-    const int64_t page = 0xFFFFFFFFu - static_cast<uint32_t>(cand[cand.size() - 1 - taken]);
-    pages[k++] = page;
-    acc += weighed ? w[page] : 0.0;
-  }
-  for (int64_t p = fr; p < N && k < n; ++p) pages[k++] = p;
-  std::sort(pages, pages + k);
+  const double target = static_cast<double>(rule.mass) * total;
+  const int64_t others = std::min<int64_t>(n - forced, m);
+  int64_t taken = 0;
+  for (; taken < others && ((weighed && acc < target) || forced + taken < floor); ++taken)
+    acc += weighed ? w[r.id[taken]] : 0.0;
+  const int64_t k = emit(N, n, fr, taken, r, pages);
   std::fill(pages + k, pages + n, -1);
   return k;
 }
@@ -212,9 +240,19 @@ inline const float* scaled_queries(const float* q, int64_t G, int64_t D, const f
 // The G heads qg (G, D) over the valid rows of pages ids[0:np] of one KV head, read in place (group_dots.h:
 // each row widened once for the G heads): per head the max logit, the sum of exp(l - max) and the
 // exp-weighted value rows. Every logit -inf or nan: m is not > -inf (the caller's case).
+// Rows of the pages ids[0:np] whose head g lacks in heads[i] (bit g) set to `value` in w (G, cap); heads
+// nullptr: every head reads every page (nothing set).
+void unread_rows(float* w, int64_t cap, int64_t G, const uint64_t* heads, const int64_t* ids, int64_t np,
+                 const Dims& d, float value) {
+  if (!heads) return;
+  for (int64_t i = 0, rows = 0; i < np; rows += gl::page_rows(ids[i], d.P, d.length), ++i)
+    for (int64_t g = 0; g < G; ++g)
+      if (!((heads[i] >> g) & 1u)) std::fill_n(w + g * cap + rows, gl::page_rows(ids[i], d.P, d.length), value);
+}
+
 template <typename T>
 void group_partial(const float* qg, int64_t G, const HeadKV<T>& kv, const int64_t* ids, int64_t np, const Dims& d,
-                   float sc, Partial part, GroupScratch& s) {
+                   float sc, Partial part, GroupScratch& s, const uint64_t* heads = nullptr) {
   const int64_t cap = np * d.P;
   s.w.resize(static_cast<size_t>(G * cap));
   s.buf.resize(static_cast<size_t>(std::max(d.D, d.Dv)));
@@ -226,12 +264,14 @@ void group_partial(const float* qg, int64_t G, const HeadKV<T>& kv, const int64_
     gl::group_dots(q, G, kv.K + id * kv.kl.n, d.D, 1.f, valid, d.D, sc, s.w.data() + rows, cap, s.buf.data());
     rows += valid;
   }
+  unread_rows(s.w.data(), cap, G, heads, ids, np, d, -std::numeric_limits<float>::infinity());
   for (int64_t g = 0; g < G; ++g) {
     float* w = s.w.data() + g * cap;
     part.m[g] = gl::row_max(w, rows);
     part.sum[g] = part.m[g] > -std::numeric_limits<float>::infinity()
                       ? static_cast<float>(gl::exp_sum(w, rows, part.m[g], w)) : 0.f;
   }
+  unread_rows(s.w.data(), cap, G, heads, ids, np, d, 0.f);  // weigh nothing there, even where m is -inf
   std::fill(part.acc, part.acc + G * d.Dv, 0.f);
   rows = 0;
   for (int64_t i = 0; i < np; ++i) {
@@ -349,7 +389,7 @@ const float* group_scores(const float* rows, int64_t G, int64_t N, bool sum, std
 
 struct ChoiceScratch {
   std::vector<float> score, w;
-  std::vector<uint64_t> cand;
+  RankScratch rank;
 };
 
 // pages (B, Hsel, nn) from the bounds: per query head, or per KV group (max / sum of its heads); with
@@ -360,9 +400,9 @@ void choose_all(const Shape& s, const float* bp, int64_t nn, int64_t first_recen
     const float* row = per_head ? bp + t * s.N               // (b, hq) is row b*Hq + hq of (B*Hkv*G, N)
                                 : group_scores(bp + t * s.G * s.N, s.G, s.N, group_sum, c.score);
     if (rule.mass > 0.f && nn < s.N)
-      choose_mass(row, s.N, nn, first_recent, rule, pg + t * nn, c.cand, c.w);
+      choose_mass(row, s.N, nn, first_recent, rule, pg + t * nn, c.rank, c.w);
     else
-      choose(row, s.N, nn, first_recent, pg + t * nn, c.cand);
+      choose(row, s.N, nn, first_recent, pg + t * nn, c.rank);
   });
 }
 
@@ -385,28 +425,75 @@ HeadKV<T> head_kv(const at::Tensor& pk, const at::Tensor& pv, const Scales& ks, 
 // whole pages allow): their partials in part[] at task t.
 template <typename T>
 void attend_part(const Shape& s, const float* qp, const at::Tensor& pk, const at::Tensor& pv, const Scales& ks,
-                 const Scales& vs, const int64_t* pg, int64_t nn, bool per_head, float scale, int64_t sel,
-                 int64_t c, int64_t parts, std::vector<float>* part, int64_t t, GroupScratch& sc) {
+                 const Scales& vs, const int64_t* pg, const uint64_t* heads, int64_t nn, bool per_head, float scale,
+                 int64_t sel, int64_t c, int64_t parts, std::vector<float>* part, int64_t t, GroupScratch& sc) {
   const int64_t Hsel = per_head ? s.Hq : s.Hkv, b = sel / Hsel, hs = sel % Hsel, G = per_head ? 1 : s.G;
   const int64_t h = per_head ? hs / s.G : hs, first = per_head ? hs : hs * s.G;  // KV head, first query head
   const int64_t np = pages_of(pg + sel * nn, nn), a = c * np / parts, e = (c + 1) * np / parts;
   const Partial out{part[0].data() + t * G, part[1].data() + t * G, part[2].data() + t * G * s.Dv};
   group_partial(qp + (b * s.Hq + first) * s.D, G, head_kv<T>(pk, pv, ks, vs, b, h), pg + sel * nn + a, e - a,
-                Dims{s.P, s.D, s.Dv, s.length}, scale, out, sc);
+                Dims{s.P, s.D, s.Dv, s.length}, scale, out, sc, heads ? heads + sel * nn + a : nullptr);
 }
 
 // out (B, Hq, Dv), lse (B, Hq): each query head over its selection head's pages, a KV group's heads together
 // (each page read once for them), split in parts when there are fewer selection heads than twice the threads.
+// ---- per-head choices read once per KV group: the union of the group's pages, each page's heads ----
+
+struct GroupUnion {                               // (B * Hkv, nn) rows: ascending pages then -1, and per page
+  std::vector<int64_t> pages;                     // the bits of the group's query heads that chose it
+  std::vector<uint64_t> heads;
+  int64_t nn = 0;                                 // the widest union
+};
+
+// Each KV group's query heads' own pages (per-head rows of pg, (b, hq) = row (b * Hkv + h) * G + g) merged, when
+// reading the union once for all G heads costs less than each head reading its own: a row read and widened costs
+// about two dots, so |union| (2 + G) against sum(pages) (2 + 1). Empty (nn 0) when not, or G is 1 or above 64.
+GroupUnion group_union(const Shape& s, const int64_t* pg, int64_t nn) {
+  GroupUnion u;
+  if (s.G < 2 || s.G > 64) return u;
+  const int64_t groups = s.B * s.Hkv;
+  std::vector<uint64_t> marks(static_cast<size_t>(groups * s.N), 0);
+  int64_t own = 0, merged = 0, widest = 0;
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    uint64_t* m = marks.data() + grp * s.N;
+    for (int64_t g = 0; g < s.G; ++g) {
+      const int64_t* row = pg + (grp * s.G + g) * nn;
+      const int64_t k = pages_of(row, nn);
+      own += k;
+      for (int64_t i = 0; i < k; ++i) m[row[i]] |= uint64_t{1} << g;
+    }
+    const int64_t count = s.N - std::count(m, m + s.N, uint64_t{0});
+    merged += count;
+    widest = std::max(widest, count);
+  }
+  if (merged * (2 + s.G) > own * 3) return u;
+  u.nn = widest;
+  u.pages.assign(static_cast<size_t>(groups * widest), -1);
+  u.heads.assign(static_cast<size_t>(groups * widest), 0);
+  for (int64_t grp = 0; grp < groups; ++grp)
+    for (int64_t p = 0, k = 0; p < s.N; ++p)
+      if (const uint64_t bits = marks[grp * s.N + p]) {
+        u.pages[grp * widest + k] = p;
+        u.heads[grp * widest + k++] = bits;
+      }
+  return u;
+}
+
 template <typename T>
 void attend_all(const Shape& s, const float* qp, const at::Tensor& pk, const at::Tensor& pv, const Scales& ks,
-                const Scales& vs, const int64_t* pg, int64_t nn, bool per_head, float scale, float* op, float* lp) {
+                const Scales& vs, const int64_t* pg, int64_t nn, bool per_head, float scale, float* op, float* lp,
+                const uint64_t* heads = nullptr) {
+  if (per_head) {                                  // a group's heads over their union, where that reads less
+    const GroupUnion u = group_union(s, pg, nn);
+    if (u.nn > 0) return attend_all<T>(s, qp, pk, pv, ks, vs, u.pages.data(), u.nn, false, scale, op, lp, u.heads.data());
+  }
   const int64_t sels = s.B * (per_head ? s.Hq : s.Hkv), G = per_head ? 1 : s.G;
   // parts from the sizes alone (as if 16 threads), never the thread count: the same sums whatever runs them
   const int64_t parts = std::max<int64_t>(1, std::min(nn / 8, gl::ceil_div(kSplitTasks, sels)));
   std::vector<float> part[3] = {std::vector<float>(sels * parts * G), std::vector<float>(sels * parts * G),
                                 std::vector<float>(sels * parts * G * s.Dv)};  // max, sum, weighted values
   gl::for_each_task<GroupScratch>(sels * parts, [&](int64_t t, GroupScratch& sc) {
-    attend_part<T>(s, qp, pk, pv, ks, vs, pg, nn, per_head, scale, t / parts, t % parts, parts, part, t, sc);
+    attend_part<T>(s, qp, pk, pv, ks, vs, pg, heads, nn, per_head, scale, t / parts, t % parts, parts, part, t, sc);
   });
   for (int64_t sel = 0; sel < sels; ++sel)
     for (int64_t g = 0; g < G; ++g) {
