@@ -47,7 +47,7 @@ from gatherlens.ops.quant.products.matmul import pick_route
 from gatherlens.ops.quant.products.x8 import after_packing
 
 __all__ = ["load_quantized", "PREFILL_ROWS", "ROUTE", "HEAD_ROUTE", "linear_from", "quantized_modules", "weight_rows",
-           "packed_weight", "head_weight"]
+           "packed_weight", "head_weight", "let_go"]
 
 PREFILL_ROWS = 128  # rows from which a call dequantizes to float32 (ops/quant/products/linear.py)
 ROUTE = "auto"  # the linears: "q8act" where it builds (llama.cpp's integer dot products), else "int4"
@@ -77,7 +77,7 @@ def load_quantized(source: ModelSource, attn_implementation: str | None, say) ->
     release_memory()  # the tokenizer's temporaries (a 262K vocabulary's merges) back to the system
     arch = _arch(reader)
     say(f"mapping the blocks of {source.path.name}")
-    with readable(source.path), after_packing(lambda rows: _let_go(rows, reader)):
+    with readable(source.path), after_packing(lambda rows: let_go(rows, reader)):
         tables = {t.name: t for t in reader.tensors}
         model = _build(config, reader, tables, attn_implementation, arch)
         watch_model(model, watch, reader.data)  # it reads the mapping in place (models/files/watch.py)
@@ -134,7 +134,7 @@ def _build(config, reader, tables: dict, attn_implementation: str | None, arch: 
     return model.eval()
 
 
-def _let_go(rows: torch.Tensor, reader) -> None:
+def let_go(rows: torch.Tensor, reader) -> None:
     """The file's pages of rows a route has just copied (panels: ops/quant/products/x8.py) let go at once: loading
     never holds a weight's pages and its copy together (a 262K-row head would be 178 MB twice)."""
     if rows.is_contiguous():
@@ -160,7 +160,7 @@ def weight_rows(reader, name: str, config, arch: Arch) -> torch.Tensor:
     if heads is None:
         return raw
     moved = unpermute_rows(raw, heads)  # (N, row_bytes): whole rows move, exact
-    _let_go(raw, reader)  # the copy is what runs: the file's pages need not stay
+    let_go(raw, reader)  # the copy is what runs: the file's pages need not stay
     return moved
 
 
@@ -189,7 +189,7 @@ def _joined(reader, raws: list[torch.Tensor]) -> torch.Tensor:
     if not adjacent or start < 0 or start + rows * width > base.size:
         joined = torch.cat(raws)  # (sum N, row_bytes): q and k rows un-permuted, or apart in the file
         for r in raws:  # llama.cpp's quantizer orders a block's tensors by name: q, k, v are never adjacent
-            _let_go(r, reader)
+            let_go(r, reader)
         return joined
     return torch.from_numpy(base[start:start + rows * width].reshape(rows, width))  # (sum N, row_bytes), no copy
 
