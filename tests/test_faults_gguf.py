@@ -254,6 +254,30 @@ def test_a_non_finite_block_scale_is_one_error_naming_tensor_block_and_field(tmp
     assert re.search(said, str(caught.value)) and str(caught.value).startswith(f"model file {str(path)!r}")
 
 
+def test_a_passed_scan_is_remembered_for_the_file_as_it_is_and_a_write_undoes_it(tmp_path, monkeypatch):
+    """The values scan reads every block (the whole file): a warm load of an unchanged file skips it (the
+    cache's memo by path, size and mtime_ns); the same path written with a NaN scale is scanned again."""
+    import os
+
+    import gatherlens.models.gguf.check as check
+
+    monkeypatch.setenv("GATHERLENS_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(smollm2_path(), path)
+    check.open_checked(path, quantized=True)  # scanned, and remembered
+    scans = []
+    real = check._check_values
+    monkeypatch.setattr(check, "_check_values", lambda *a: scans.append(1) or real(*a))
+    check.open_checked(path, quantized=True)
+    assert scans == []  # remembered: not scanned again
+    before = os.stat(path).st_mtime_ns
+    _patched_gguf(smollm2_path(), path, SMOLLM2_FAULTS["A: NaN scale in an attn_q block"][0])
+    os.utime(path, ns=(before + 1_000_000, before + 1_000_000))  # a later write, whatever the clock's grain
+    with pytest.raises(GatherValueError, match="is damaged: blk.10.attn_q.weight row 7"):
+        check.open_checked(path, quantized=True)
+    assert scans == [1]
+
+
 def test_the_shipped_gguf_passes_the_check_in_milliseconds():
     """Must hold: the check runs on every load, so it costs milliseconds: SmolLM2's 98 MB, 272 tensors,
     every fp16 scale of its 4.9 million blocks (about 25 ms here; the bound leaves room for a loaded machine)."""

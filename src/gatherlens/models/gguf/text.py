@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from gatherlens.models.gguf.tokenizer import gguf_backend
+from gatherlens.models.gguf.tokenizer import kept_backend
 
 __all__ = ["TextTokenizer", "text_tokenizer"]
 
@@ -78,9 +78,10 @@ class TextTokenizer:
         return f"TextTokenizer(vocab={len(self)}, bos={self.bos_token!r}, eos={self.eos_token!r})"
 
 
-def text_tokenizer(reader) -> TextTokenizer | None:
-    """The file's TextTokenizer, or None for a tokenizer model models/gguf/tokenizer.py does not build."""
-    built = gguf_backend(reader)
+def text_tokenizer(reader, path=None) -> TextTokenizer | None:
+    """The file's TextTokenizer, or None for a tokenizer model models/gguf/tokenizer.py does not build;
+    `path`: the file's (its built tokenizer kept in the cache, `kept_backend`)."""
+    built = kept_backend(reader, path)
     if built is None:
         return None
     backend, settings = built

@@ -30,7 +30,7 @@ from gatherlens.models.gguf.config import metadata_value
 from gatherlens.models.gguf.spm import sentencepiece_backend, spm_style
 from gatherlens.models.hf_adapter import tokenizer_over
 
-__all__ = ["gguf_tokenizer", "gguf_backend", "load_gguf_tokenizer", "PRE_TOKENIZER_SPLITS", "SPECIAL_TOKENS"]
+__all__ = ["gguf_tokenizer", "gguf_backend", "kept_backend", "load_gguf_tokenizer", "PRE_TOKENIZER_SPLITS", "SPECIAL_TOKENS"]
 
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
 
@@ -65,9 +65,10 @@ PRE_TOKENIZER_SPLITS = {
 }
 
 
-def gguf_tokenizer(reader):
-    """The file's tokenizer as a transformers.PreTrainedTokenizerFast (see module doc), or None."""
-    built = gguf_backend(reader)
+def gguf_tokenizer(reader, path=None):
+    """The file's tokenizer as a transformers.PreTrainedTokenizerFast (see module doc), or None; `path`:
+    the file's (its built tokenizer kept in the cache: `kept_backend`)."""
+    built = kept_backend(reader, path)
     if built is None:
         return None
     backend, settings = built
@@ -112,10 +113,49 @@ def gguf_backend(reader):
     return backend, {"chat_template": metadata_value(reader, "tokenizer.chat_template"), **specials, **extra}
 
 
+TOKENIZER_KEPT = "tokenizer-1"  # the cache's memo of a file's built tokenizer (-1: what gguf_backend builds now)
+
+
+def kept_backend(reader, path=None):
+    """gguf_backend(reader), built once per file: the built `tokenizers.Tokenizer` (its JSON) and settings are
+    kept in the cache under a memo of the file as it is (files/cache.py's `file_memo`: path, size, mtime_ns),
+    so a warm load reads them back (Llama 3's 128K vocabulary and merges: about half the build's time) and
+    a write to the file rebuilds them. path None: built, not kept."""
+    from gatherlens.models.files.cache import cache_root, file_memo, remember
+
+    memo = file_memo(path, TOKENIZER_KEPT) if path is not None else None
+    if isinstance(memo, dict) and Path(memo.get("json", "")).is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            return Tokenizer.from_file(memo["json"]), memo["settings"]
+        except Exception:  # noqa: BLE001 - a damaged kept copy is built again
+            pass
+    built = gguf_backend(reader)
+    if built is not None and path is not None:
+        import json
+        import os
+
+        import xxhash
+
+        folder = cache_root() / "tokenizers"
+        target = folder / f"{xxhash.xxh3_64_hexdigest(str(Path(path).resolve()).encode())}.json"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            temporary = target.with_suffix(f".{os.getpid()}.tmp")  # one writer's own: replaced whole
+            temporary.write_text(built[0].to_str())
+            temporary.replace(target)
+            json.dumps(built[1])  # settings that JSON cannot hold are not kept
+        except (OSError, TypeError, ValueError):
+            return built
+        remember(path, TOKENIZER_KEPT, {"json": str(target), "settings": built[1]})
+    return built
+
+
 def load_gguf_tokenizer(path, reader):
     """gguf_tokenizer(reader), else transformers' `AutoTokenizer.from_pretrained(folder, gguf_file=)` on `path`,
     handed the metadata `reader` already parsed (`hf_adapter.gguf_tokenizer_from_metadata`): one parse a load."""
-    tokenizer = gguf_tokenizer(reader)
+    tokenizer = gguf_tokenizer(reader, path)
     if tokenizer is None:
         from gatherlens.models.hf_adapter import gguf_tokenizer_from_metadata
 
