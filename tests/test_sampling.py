@@ -224,3 +224,25 @@ def test_the_sampler_keeps_a_bounded_history():
     for _ in range(100):
         sampler(torch.zeros(60))
     assert len(sampler.history) <= 16
+
+
+@pytest.mark.parametrize("case", ["random", "ties", "nan", "all -inf", "float16", "a view"])
+def test_greedy_is_torch_argmax(case):
+    """greedy() (numpy's argmax for a CPU float32 row) picks what int(logits.argmax()) picks: the first of
+    equal maxima, a NaN before any number, on a 262K vocabulary and on other dtypes (torch's own)."""
+    from gatherlens.ops.sampling import greedy
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(262_144, generator=g)  # (V,)
+    if case == "ties":
+        x = x.round().clamp(-2, 2)  # many equal maxima
+    elif case == "nan":
+        x[70_000] = float("nan")
+        x[90_000] = float("nan")
+    elif case == "all -inf":
+        x = torch.full((1000,), float("-inf"))
+    elif case == "float16":
+        x = x.half()
+    elif case == "a view":
+        x = torch.randn(3, 2, 4099, generator=g)[1, :, ::2][0]  # strided
+    assert greedy(x) == int(x.argmax())

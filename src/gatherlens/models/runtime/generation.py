@@ -44,7 +44,7 @@ from gatherlens.models.runtime.detokenize import CONTEXT_TOKENS, Detokenizer
 from gatherlens.models.runtime.native import is_native, native_cache, native_config, use_native_decoding, \
     use_native_dense
 from gatherlens.models.runtime.threads import ThreadControl
-from gatherlens.ops.sampling import Sampler, SamplingConfig
+from gatherlens.ops.sampling import Sampler, SamplingConfig, greedy
 from gatherlens.ops.sparse.config import DEFAULT
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ def next_tokens(model, cache, ids: torch.Tensor, choose: Callable[[torch.Tensor]
         while True:
             threads.before_step()
             logits = last_logits(model, cache, ids, between=threads.follow)  # (V,)
-            token = int(logits.argmax()) if choose is None else int(choose(logits))
+            token = greedy(logits) if choose is None else int(choose(logits))
             threads.after_step()
             yield token
             ids = torch.tensor([[token]], device=ids.device)  # (1, 1)

@@ -38,6 +38,7 @@ from gatherlens.models.runtime.decoding import SparseKVCache, use_dense_decoding
 from gatherlens.models.runtime.detokenize import CONTEXT_TOKENS, Detokenizer
 from gatherlens.models.runtime.generation import chooser, stop_ids
 from gatherlens.models.runtime.prefix import PrefixCache, holds_exactly
+from gatherlens.ops.sampling import greedy
 from gatherlens.ops.sparse.config import DEFAULT, SparseConfig
 
 __all__ = ["Ask", "Slot", "SlotRunner"]
@@ -171,7 +172,7 @@ class SlotRunner:
 
     def _take(self, slot: Slot, logits: torch.Tensor) -> tuple[Slot, int, str]:
         """Choose the slot's next token from logits (V,), detokenize it, mark the slot done at a stop."""
-        token = int(logits.argmax()) if slot.choose is None else int(slot.choose(logits))
+        token = greedy(logits) if slot.choose is None else int(slot.choose(logits))
         slot.new.append(token)
         if slot.first_token is None:
             slot.first_token = time.perf_counter()

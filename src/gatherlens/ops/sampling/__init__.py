@@ -17,11 +17,11 @@ from __future__ import annotations
 from gatherlens.lazy import lazy_exports
 
 _EXPORTS = {
-    "SamplingConfig": "config", "GREEDY": "config", "LLAMA_CPP": "config", "OPENAI": "config", "sample": "fast",
+    "SamplingConfig": "config", "GREEDY": "config", "LLAMA_CPP": "config", "OPENAI": "config", "sample": "fast", "greedy": "fast",
     "naive_sample": "naive", "SampleRecord": "record", "Cut": "record", "STAGES": "record", "Sampler": "sampler",
 }
 
-__all__ = ["SamplingConfig", "GREEDY", "LLAMA_CPP", "OPENAI", "sample", "naive_sample", "SampleRecord", "Cut",
+__all__ = ["SamplingConfig", "GREEDY", "LLAMA_CPP", "OPENAI", "sample", "greedy", "naive_sample", "SampleRecord", "Cut",
            "STAGES", "Sampler"]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

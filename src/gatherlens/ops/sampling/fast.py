@@ -24,7 +24,7 @@ from gatherlens.ops.sampling.config import SamplingConfig
 from gatherlens.ops.sampling.naive import penalty_window
 from gatherlens.ops.sampling.record import Cut, SampleRecord
 
-__all__ = ["sample", "PREFIX"]
+__all__ = ["sample", "greedy", "PREFIX"]
 
 PREFIX = 64  # candidates looked at first when no top-k bounds them (see _choose)
 
@@ -111,6 +111,21 @@ def _choose(x: torch.Tensor, config: SamplingConfig, candidates: int, uniform: f
         m = min(m * 16, candidates)
 
 
+def greedy(logits: torch.Tensor) -> int:
+    """The id of the largest of logits (V,): `int(logits.argmax())` (the first of equal maxima, a NaN before
+    any number), read by numpy's vectorized argmax for a CPU float32 row: torch's CPU argmax walks a 262K
+    vocabulary in ~1.5 ms, numpy's in ~0.06 (tests/test_sampling.py holds them equal).
+
+        >>> greedy(torch.tensor([0.5, 2.0, 2.0, -1.0]))
+        1
+    """
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 1:
+        import numpy as np
+
+        return int(np.argmax(logits.detach().numpy()))
+    return int(logits.argmax())
+
+
 def sample(logits: torch.Tensor, config: SamplingConfig, history=None,
            generator: torch.Generator | None = None, *, record: bool = False):
     """The next token id from logits (V,) under `config` (naive.naive_sample's chain and signature);
@@ -122,7 +137,7 @@ def sample(logits: torch.Tensor, config: SamplingConfig, history=None,
         if window.numel():
             x, changed = _penalize(x, window, config)
     if config.greedy:
-        token = int(x.argmax())  # the first of equal maxima: the lower id
+        token = greedy(x)  # the first of equal maxima: the lower id
         if not record:
             return token
         return token, _record(x, changed, [], torch.tensor([token]), torch.ones(1, dtype=torch.float64), None,
