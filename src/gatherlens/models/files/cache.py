@@ -33,7 +33,7 @@ import xxhash
 from gatherlens.paths import cache_root
 from gatherlens.models.files import locks
 
-__all__ = ["cache_root", "models_dir", "file_sha256", "file_memo", "remember", "entry_dir", "problem", "is_valid",
+__all__ = ["cache_root", "models_dir", "file_sha256", "file_memo", "remember", "kept_path", "entry_dir", "problem", "is_valid",
            "read_manifest", "manifest_says", "build_atomically", "refresh_manifest", "discard", "sweep", "checkpoint",
            "MANIFEST", "FORMAT"]
 
@@ -90,6 +90,12 @@ def file_memo(path: Path, what: str):
         >>> file_memo(gguf_path, "values-finite")   # True once check_gguf's scan of this file passed
     """
     return _read_json_dict(cache_root() / _SIDECAR).get(_memo_key(path, what))
+
+
+def kept_path(path: Path, what: str, suffix: str) -> Path:
+    """Where something made from this file as it is now is kept: $cache/<what>/<xxh3 of the memo key><suffix>,
+    so each version of the file (path, size, mtime_ns) has its own, never another version's."""
+    return cache_root() / what / f"{xxhash.xxh3_64_hexdigest(_memo_key(path, what).encode())}{suffix}"
 
 
 def remember(path: Path, what: str, value) -> None:

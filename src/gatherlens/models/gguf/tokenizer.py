@@ -117,39 +117,47 @@ TOKENIZER_KEPT = "tokenizer-1"  # the cache's memo of a file's built tokenizer (
 
 
 def kept_backend(reader, path=None):
-    """gguf_backend(reader), built once per file: the built `tokenizers.Tokenizer` (its JSON) and settings are
-    kept in the cache under a memo of the file as it is (files/cache.py's `file_memo`: path, size, mtime_ns),
-    so a warm load reads them back (Llama 3's 128K vocabulary and merges: about half the build's time) and
-    a write to the file rebuilds them. path None: built, not kept."""
-    from gatherlens.models.files.cache import cache_root, file_memo, remember
+    """gguf_backend(reader), built once per file: the built `tokenizers.Tokenizer` (its JSON, with its xxh3)
+    and settings are kept in the cache for the file as it is (files/cache.py's `file_memo` / `kept_path`: path,
+    size, mtime_ns), so a warm load reads them back (Llama 3's 128K vocabulary and merges: about half the
+    build's time); a write to the file, or a kept copy that no longer matches its hash, builds it again.
+    path None: built, not kept."""
+    from gatherlens.models.files.cache import content_hash, file_memo
 
     memo = file_memo(path, TOKENIZER_KEPT) if path is not None else None
     if isinstance(memo, dict) and Path(memo.get("json", "")).is_file():
-        from tokenizers import Tokenizer
-
         try:
-            return Tokenizer.from_file(memo["json"]), memo["settings"]
+            if content_hash(Path(memo["json"])) == memo.get("xxh3"):
+                from tokenizers import Tokenizer
+
+                return Tokenizer.from_file(memo["json"]), memo["settings"]
         except Exception:  # noqa: BLE001 - a damaged kept copy is built again
             pass
     built = gguf_backend(reader)
     if built is not None and path is not None:
-        import json
-        import os
-
-        import xxhash
-
-        folder = cache_root() / "tokenizers"
-        target = folder / f"{xxhash.xxh3_64_hexdigest(str(Path(path).resolve()).encode())}.json"
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            temporary = target.with_suffix(f".{os.getpid()}.tmp")  # one writer's own: replaced whole
-            temporary.write_text(built[0].to_str())
-            temporary.replace(target)
-            json.dumps(built[1])  # settings that JSON cannot hold are not kept
-        except (OSError, TypeError, ValueError):
-            return built
-        remember(path, TOKENIZER_KEPT, {"json": str(target), "settings": built[1]})
+        _keep(path, built)
     return built
+
+
+def _keep(path, built) -> None:
+    """Write the built tokenizer's JSON where the cache keeps it for this file (a temporary of this process's,
+    replaced whole) and remember it with its hash and settings; best effort (an unwritable cache only costs
+    a build next time)."""
+    import json
+    import os
+
+    from gatherlens.models.files.cache import content_hash, kept_path, remember
+
+    target = kept_path(path, TOKENIZER_KEPT, ".json")
+    try:
+        json.dumps(built[1])  # settings that JSON cannot hold are not kept
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(built[0].to_str())
+        temporary.replace(target)
+        remember(path, TOKENIZER_KEPT, {"json": str(target), "xxh3": content_hash(target), "settings": built[1]})
+    except (OSError, TypeError, ValueError):
+        pass
 
 
 def load_gguf_tokenizer(path, reader):
