@@ -158,10 +158,10 @@ def test_the_plan_reads_the_file(files):
 def test_loading_lets_each_packed_weights_pages_go_as_it_packs(files, monkeypatch):
     """The native load never holds a weight's file pages and its packed copy together: each piece of rows
     pack_x8 moves is let go (models/gguf/quantized.py's `let_go`) while the plan is made, the head's too."""
-    import gatherlens.models.gguf.native as native
+    import gatherlens.models.gguf.quantized as quantized
 
-    let_go, seen = native.let_go, []
-    monkeypatch.setattr(native, "let_go", lambda rows, reader: seen.append(rows.shape[0]) or let_go(rows, reader))
+    let_go, seen = quantized.let_go, []
+    monkeypatch.setattr(quantized, "let_go", lambda rows, reader: seen.append(rows.shape[0]) or let_go(rows, reader))
     model = load(str(files("qwen2")), quantized=True, runtime="native").model
     vocab = model.plan.embed.table.raw.shape[0]
     assert seen and vocab in seen  # the tied head's rows among them (one piece at this size)

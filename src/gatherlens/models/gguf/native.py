@@ -37,14 +37,13 @@ from gatherlens.models.files.integrity import readable
 from gatherlens.models.files.loaded import LoadedModel
 from gatherlens.models.files.registry import ModelSource, check_quantizable
 from gatherlens.models.gguf.layers import QuantizedEmbedding
-from gatherlens.models.gguf.quantized import head_weight, let_go, packed_weight, weight_rows
+from gatherlens.models.gguf.quantized import head_weight, letting_go, packed_weight, weight_rows
 from gatherlens.models.gguf.spec import ModelSpec, model_spec
 from gatherlens.ops.attention.variants import PLAIN, AttentionVariant
 from gatherlens.ops.layer.plan import DecodePlan, LayerHandle, LayerPlan, Product
 from gatherlens.ops.layer.rope import Rope, inverse_frequencies
 from gatherlens.ops.quant import QuantizedTable
 from gatherlens.ops.quant.formats.floats import float_values
-from gatherlens.ops.quant.products.x8 import after_packing
 from gatherlens.ops.sparse.cache import PagedKVCache
 from gatherlens.ops.sparse.ring import WindowRing
 
@@ -145,7 +144,7 @@ def load_native(source: ModelSource, say) -> LoadedModel:
     with readable(source.path):
         tokenizer = text_tokenizer(reader, source.path)
         release_memory()  # the tokenizer's temporaries (a 262K vocabulary's merges) back to the system
-        with after_packing(lambda rows: let_go(rows, reader)):  # each weight's file pages go once it is packed
+        with letting_go(reader):  # each weight's file pages go once it is packed
             model = NativeModel(plan_gguf(reader, spec), spec)
         watch_model(model, watch, reader.data)  # it reads the mapping in place (models/files/watch.py)
     forget_kept()  # the model holds the mapping; the parsed header can go

@@ -47,7 +47,7 @@ from gatherlens.ops.quant.products.matmul import pick_route
 from gatherlens.ops.quant.products.x8 import after_packing
 
 __all__ = ["load_quantized", "PREFILL_ROWS", "ROUTE", "HEAD_ROUTE", "linear_from", "quantized_modules", "weight_rows",
-           "packed_weight", "head_weight", "let_go"]
+           "packed_weight", "head_weight", "let_go", "letting_go"]
 
 PREFILL_ROWS = 128  # rows from which a call dequantizes to float32 (ops/quant/products/linear.py)
 ROUTE = "auto"  # the linears: "q8act" where it builds (llama.cpp's integer dot products), else "int4"
@@ -77,7 +77,7 @@ def load_quantized(source: ModelSource, attn_implementation: str | None, say) ->
     release_memory()  # the tokenizer's temporaries (a 262K vocabulary's merges) back to the system
     arch = _arch(reader)
     say(f"mapping the blocks of {source.path.name}")
-    with readable(source.path), after_packing(lambda rows: let_go(rows, reader)):
+    with readable(source.path), letting_go(reader):
         tables = {t.name: t for t in reader.tensors}
         model = _build(config, reader, tables, attn_implementation, arch)
         watch_model(model, watch, reader.data)  # it reads the mapping in place (models/files/watch.py)
@@ -132,6 +132,12 @@ def _build(config, reader, tables: dict, attn_implementation: str | None, arch: 
     if left:
         raise GatherValueError(f"{len(left)} tensors of the model have no data in the file (first: {left[0]})")
     return model.eval()
+
+
+def letting_go(reader):
+    """Inside the block, each weight's file pages go once pack_x8 has moved them (`let_go`): every loader's
+    packing, the transformers runtime's and the native one's."""
+    return after_packing(lambda rows: let_go(rows, reader))
 
 
 def let_go(rows: torch.Tensor, reader) -> None:
