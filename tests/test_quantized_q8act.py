@@ -213,6 +213,11 @@ def test_the_largest_integer_sums_stay_exact(qtype, byte):
     y, ref = q8act.q8act_matmul(x, raw, qtype), q8act.kernel_of(qtype).reference(x, raw, qtype)
     torch.testing.assert_close(y, ref, rtol=1e-6, atol=1e-4)
     torch.testing.assert_close(y[:1], q8act.q8act_matmul(x[:1], raw, qtype), rtol=1e-6, atol=1e-4)
+    if qtype in X8_QTYPES:  # the panels' loops: one row, and a few rows sharing each step's codes
+        raw = _extreme_blocks(qtype, 16, K, byte)
+        packed, ref = pack_x8(raw, qtype), q8act.kernel_of(qtype).reference(x, raw, qtype)
+        torch.testing.assert_close(x8_matmul(x, packed, qtype), ref, rtol=1e-6, atol=1e-4)
+        torch.testing.assert_close(x8_matmul(x[:1], packed, qtype), ref[:1], rtol=1e-6, atol=1e-4)
 
 
 def test_the_blocked_gemm_under_compile():
@@ -351,7 +356,7 @@ from pathlib import Path
 from torch.utils import cpp_extension
 from gatherlens.ops import native
 src = Path(native.__file__).with_name("quant") / "products" / "q8act.cpp"
-cpp_extension.load("gatherlens_q8act_twin", [str(src)], extra_cflags=[*native.FLAGS, sys.argv[3]],
+cpp_extension.load("gatherlens_q8act_twin", [str(src)], extra_cflags=[*native.FLAGS, *sys.argv[3].split()],
                    extra_ldflags=list(native.LDFLAGS), extra_include_paths=[str(src.parent), str(native.INCLUDE)],
                    is_python_module=False, build_directory=sys.argv[1])
 sys.path.insert(0, sys.argv[2])
@@ -374,22 +379,33 @@ print("twin ok")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flag,simd", [("-DGATHERLENS_Q8ACT_PLAIN", 0), ("-DGATHERLENS_Q8ACT_VNNI_EMULATED", 2)],
-                         ids=["plain", "vnni"])
-def test_the_scalar_twins_and_the_vnni_loop_equal_the_reference_and_the_simd_loops(tmp_path, flag, simd):
+@pytest.mark.parametrize("flag,simd,on", [("-DGATHERLENS_Q8ACT_PLAIN", 0, "avx2"),
+                                          ("-DGATHERLENS_Q8ACT_VNNI_EMULATED", 2, "avx2"),
+                                          ("-mno-avx512f -mno-avxvnni", 1, "vnni"),
+                                          ("-mno-avx512bitalg", 2, "vnni")],
+                         ids=["plain", "vnni", "avx2-on-vnni", "vnni-without-bitalg"])
+def test_the_scalar_twins_and_the_vnni_loop_equal_the_reference_and_the_simd_loops(tmp_path, flag, simd, on):
     """q8act.cpp built again (a fresh build, ~20 s; the process loads no other build: GATHERLENS_NATIVE=0)
     with its scalar twins (the fallback for CPUs without AVX2), or with its VNNI loop, vpdpbusd emulated
-    exactly in AVX2 (for CPUs with AVX512-VNNI or AVX-VNNI): every 32-weight format, one row and
-    several (the blocked loop), against the reference and this process's SIMD build; the formats with
-    panels (x8.py) through q8x8_linear too."""
-    if q8act.blocked_simd() != "avx2":
-        pytest.skip(f"compares with the AVX2 build; this one's blocked loop is {q8act.blocked_simd()}")
+    exactly in AVX2 (for CPUs with AVX512-VNNI or AVX-VNNI), both beside an AVX2 build; or, beside a VNNI
+    build, without AVX-512 (the AVX2 loops, as a CPU with AVX2 only runs them) or without AVX512-BITALG
+    (a 5-bit panel's fifth bits spread by byte shuffles, as on CPUs with VNNI but no BITALG): every
+    32-weight format, one row and several (the blocked loop), against the reference and this process's
+    SIMD build; the formats with panels (x8.py) through q8x8_linear too."""
+    if q8act.blocked_simd() != on:
+        pytest.skip(f"compares with the {on} build; this one's blocked loop is {q8act.blocked_simd()}")
     cases = []
     for i, qtype in enumerate(BLOCKS):
         for M, N, K in [(1, 37, 96), (6, 29, 160), (13, 8, 576), (1, 40, 96)]:
             raw, x = random_blocks(qtype, N, K, seed=i + M), torch.randn(M, K, generator=torch.Generator().manual_seed(M))
             panels = x8_matmul(x, pack_x8(raw, qtype), qtype) if qtype in X8_QTYPES and N % 8 == 0 else None
             cases.append((qtype, x, raw, q8act.q8act_matmul(x, raw, qtype), panels))
+        for byte in (0xFF, 0x88):  # the largest codes against x at +-127: int16 pair sums at their bound
+            raw, x = _extreme_blocks(qtype, 16, 256, byte), torch.ones(4, 256)
+            x[1::2] = -1
+            panels = x8_matmul(x, pack_x8(raw, qtype), qtype) if qtype in X8_QTYPES else None
+            cases.append((qtype, x, raw, q8act.q8act_matmul(x, raw, qtype), panels))
+            cases.append((qtype, x[:1], raw, q8act.q8act_matmul(x[:1], raw, qtype), None if panels is None else panels[:1]))
     torch.save(cases, tmp_path / "cases.pt")
     done = subprocess.run([sys.executable, "-c", _TWIN, str(tmp_path), str(Path(__file__).parent), flag,
                            str(tmp_path / "cases.pt")], capture_output=True, text=True, timeout=600,

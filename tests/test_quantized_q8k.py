@@ -190,14 +190,14 @@ from pathlib import Path
 from torch.utils import cpp_extension
 from gatherlens.ops import native
 src = Path(native.__file__).with_name("quant") / "products" / "q8k.cpp"
-cpp_extension.load("gatherlens_q8k_plain", [str(src)], extra_cflags=[*native.FLAGS, "-DGATHERLENS_Q8K_PLAIN"],
+cpp_extension.load("gatherlens_q8k_twin", [str(src)], extra_cflags=[*native.FLAGS, *sys.argv[3].split()],
                    extra_ldflags=list(native.LDFLAGS), extra_include_paths=[str(src.parent), str(native.INCLUDE)],
                    is_python_module=False, build_directory=sys.argv[1])
 sys.path.insert(0, sys.argv[2])
 from test_quantized_q8k import QTYPES, blocks, float_weights
 from gatherlens.ops.quant.formats.layout import LAYOUTS
 from gatherlens.ops.quant.products.q8k_naive import q8k_reference
-assert torch.ops.gatherlens.q8k_simd() == 0
+assert torch.ops.gatherlens.q8k_simd() == int(sys.argv[4])
 for qtype in QTYPES:
     for M in (1, 6):  # one row; several: the blocked loop's twin
         raw, x = blocks(qtype, 37, 768, seed=5), torch.randn(M, 768)
@@ -209,9 +209,13 @@ print("plain ok")
 
 
 @pytest.mark.slow
-def test_the_plain_loops_equal_the_reference(tmp_path):
-    """The fallback for CPUs without AVX2, built here with GATHERLENS_Q8K_PLAIN (a fresh build, ~15 s; the
-    process loads no other build of q8k.cpp: GATHERLENS_NATIVE=0)."""
-    done = subprocess.run([sys.executable, "-c", _PLAIN, str(tmp_path), str(Path(__file__).parent)],
+@pytest.mark.parametrize("flags,simd", [("-DGATHERLENS_Q8K_PLAIN", 0), ("-mno-avx512f", 1)], ids=["plain", "avx2"])
+def test_the_plain_loops_equal_the_reference(tmp_path, flags, simd):
+    """The fallback for CPUs without AVX2, built here with GATHERLENS_Q8K_PLAIN; and, where this build runs
+    the AVX-512 one-row loop, the AVX2 loops a CPU without AVX-512 runs (a fresh build, ~15 s; the process
+    loads no other build of q8k.cpp: GATHERLENS_NATIVE=0)."""
+    if simd == 1 and q8k.row_simd() != "avx512":
+        pytest.skip(f"this build's one-row loop is already {q8k.row_simd()}")
+    done = subprocess.run([sys.executable, "-c", _PLAIN, str(tmp_path), str(Path(__file__).parent), flags, str(simd)],
                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", "GATHERLENS_NATIVE": "0"}, timeout=600)
     assert done.returncode == 0 and "plain ok" in done.stdout, done.stderr[-3000:]

@@ -166,7 +166,7 @@ def test_every_record_is_complete(qtype):
     assert not fmt.codebook or (len(fmt.codebook) == 2 ** fmt.bits and list(fmt.codebook) == sorted(fmt.codebook))
     assert fmt.formula and set(fmt.routes) <= set(ROUTES)
     assert fmt.kernel in ("", *KERNEL_OPS) and fmt.gemm_rows >= 0 and (fmt.gemm_rows == 0 or fmt.kernel)
-    assert not fmt.panels or (fmt.kernel, fmt.weights, fmt.bits in (4, 8)) == ("q8act_linear", 32, True)
+    assert not fmt.panels or (fmt.kernel, fmt.weights, fmt.bits in (4, 5, 8)) == ("q8act_linear", 32, True)
     raw = torch.from_numpy(random_blocks(np.random.default_rng(0), qtype, 1, 2 * fmt.weights))  # (1, 2 blocks)
     assert tuple(fmt.dequantize(raw).flatten(1).shape) == (1, 2 * fmt.weights)
     assert len(fmt.naive(raw[0, :fmt.block_bytes].tolist())) == fmt.weights

@@ -171,13 +171,13 @@ struct IQ4_XS {
 #define GATHERLENS_Q8ACT_LINEAR_FORMATS(X) X(Q8_0) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(IQ4_NL)
 #define GATHERLENS_Q8K_LINEAR_FORMATS(X) X(Q4_K) X(Q6_K) X(Q2_K) X(Q3_K) X(Q5_K) X(IQ4_XS)
 #define GATHERLENS_FLOATDOT_LINEAR_FORMATS(X) X(F32) X(F16) X(BF16)
-#define GATHERLENS_Q8X8_LINEAR_FORMATS(X) X(Q8_0) X(Q4_0) X(Q4_1) X(IQ4_NL)
+#define GATHERLENS_Q8X8_LINEAR_FORMATS(X) X(Q8_0) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(IQ4_NL)
 
 namespace gatherlens_quant {
 
 inline constexpr char q8act_linear_formats[] = "8 (Q8_0), 2 (Q4_0), 3 (Q4_1), 6 (Q5_0), 7 (Q5_1) or 20 (IQ4_NL)";
 inline constexpr char q8k_linear_formats[] = "12 (Q4_K), 14 (Q6_K), 10 (Q2_K), 11 (Q3_K), 13 (Q5_K) or 23 (IQ4_XS)";
 inline constexpr char floatdot_linear_formats[] = "0 (F32), 1 (F16) or 30 (BF16)";
-inline constexpr char q8x8_linear_formats[] = "8 (Q8_0), 2 (Q4_0), 3 (Q4_1) or 20 (IQ4_NL)";
+inline constexpr char q8x8_linear_formats[] = "8 (Q8_0), 2 (Q4_0), 3 (Q4_1), 6 (Q5_0), 7 (Q5_1) or 20 (IQ4_NL)";
 
 }  // namespace gatherlens_quant

@@ -432,9 +432,11 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& raw) {
 // ---- weights repacked in panels of 8 rows (q8x8_linear): the same blocks, the rows interleaved ----
 //
 // A panel block is block b of 8 consecutive weight rows (PANEL * F::bytes bytes, as raw holds them):
-// their 8 fp16 scales d, then (formats with a min) their 8 fp16 mins m, then the codes laid out for 8
-// int32 lanes, lane j for row j: 4-bit codes (Q4_0, Q4_1, IQ4_NL) in 4 chunks of 32 bytes, chunk c
-// holding bytes 4c .. 4c+3 of each row's 16 (low nibbles: weights 4c .. 4c+3, high: 16+4c .. 16+4c+3);
+// their 8 fp16 scales d, then (formats with a min) their 8 fp16 mins m, then (5-bit codes) their 8
+// 4-byte words of fifth bits, then the codes laid out for 8 int32 lanes, lane j for row j: 4- and 5-bit
+// codes (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) in 4 chunks of 32 bytes, chunk c holding bytes 4c .. 4c+3 of
+// each row's 16 (low nibbles: weights 4c .. 4c+3, high: 16+4c .. 16+4c+3; a 5-bit code's fifth bit is
+// bit 4c+i, or 16+4c+i, of its row's word, spread to the chunk's bytes in registers: fifth_bits);
 // Q8_0's int8 values in 8 steps of 32 bytes (step s: weights 4s .. 4s+3 of each row). ops/quant/products/x8.py
 // packs raw into it (`pack_x8`: a byte shuffle, N a multiple of 8). One row of x meets a panel in
 // registers: x's 4 codes of a step broadcast to every lane, one maddubs gives 4 products a lane, and
@@ -442,20 +444,70 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& raw) {
 // The sums are row_dot's (the same integers; the float sums over blocks run in another order).
 template <class F>
 constexpr int64_t X8_SCALES = (F::has_m ? 2 : 1) * PANEL * 2;  // bytes of the panel block's fp16 d (and m)
+template <class F>
+constexpr int64_t X8_CODES = X8_SCALES<F> + (F::bits == 5 ? 4 * PANEL : 0);  // where its codes start
+
+inline uint32_t panel_word(const uint8_t* qh, int j) {  // row j's fifth bits in a panel block
+  return high_word(qh + 4 * j);
+}
+
+#ifdef Q8ACT_SIMD
+template <int half>  // 0x10 in byte 4j+i of chunk c's low (half 0) or high (half 1) nibbles where bit 16 half + 4c + i
+inline __m256i fifth_bits(__m256i words, int c) {  // of row j's word (lane j of words) is set
+#if defined(__AVX512BITALG__) && defined(__AVX512VL__)  // one bit shuffle: byte b picks bit 32 ((b / 4) % 2) +
+  const __m256i row = _mm256_setr_epi8(0, 1, 2, 3, 32, 33, 34, 35, 0, 1, 2, 3, 32, 33, 34, 35,  // 16 half + 4c + b % 4
+                                       0, 1, 2, 3, 32, 33, 34, 35, 0, 1, 2, 3, 32, 33, 34, 35);  // of its qword
+  const __m256i pick = _mm256_add_epi8(row, _mm256_set1_epi8(static_cast<char>(16 * half + 4 * c)));
+  return _mm256_maskz_mov_epi8(_mm256_bitshuffle_epi64_mask(words, pick), _mm256_set1_epi8(0x10));
+#else  // each lane's 4 bits to its 4 bytes, then one compare a bit
+  const __m256i low = _mm256_srl_epi32(words, _mm_cvtsi32_si128(16 * half + 4 * c));
+  const __m256i spread = _mm256_shuffle_epi8(low, _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
+                                                                    0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12));
+  const __m256i bit = _mm256_set1_epi32(0x08040201);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+#endif
+}
+#endif
 
 template <class F>  // the panel block's codes as the Panel of the blocked GEMM holds them (STEPS, PANEL, STEP)
-inline void x8_codes(const uint8_t* codes, int8_t* dst) {
+inline void x8_codes(const uint8_t* blk, int8_t* dst) {
+  const uint8_t* codes = blk + X8_CODES<F>;
   if constexpr (F::bits == 8) {
     std::memcpy(dst, codes, QK * PANEL);
   } else {
+#ifdef Q8ACT_SIMD
+    __m256i words = _mm256_setzero_si256();
+    if constexpr (F::bits == 5) words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + X8_SCALES<F>));
+    for (int c = 0; c < 4; ++c) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + c * PANEL * STEP));
+      __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+      if constexpr (has_book<F>::value) {
+        const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(F::book)));
+        lo = _mm256_shuffle_epi8(book, lo), hi = _mm256_shuffle_epi8(book, hi);
+      }
+      if constexpr (F::bits == 5) {
+        lo = _mm256_or_si256(lo, fifth_bits<0>(words, c));
+        hi = _mm256_or_si256(hi, fifth_bits<1>(words, c));
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c * PANEL * STEP), lo);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (c + 4) * PANEL * STEP), hi);
+    }
+#else
     for (int c = 0; c < 4; ++c)
-      for (int k = 0; k < PANEL * STEP; ++k) {
+      for (int k = 0; k < PANEL * STEP; ++k) {  // byte k: row k / 4, weights 4c + k % 4 and 16 + 4c + k % 4
         const uint8_t byte = codes[c * PANEL * STEP + k];
         int8_t lo = static_cast<int8_t>(byte & 0x0F), hi = static_cast<int8_t>(byte >> 4);
         if constexpr (has_book<F>::value) lo = F::book[lo], hi = F::book[hi];
+        if constexpr (F::bits == 5) {
+          const uint32_t h = panel_word(blk + X8_SCALES<F>, k / 4);
+          lo = static_cast<int8_t>(lo | (((h >> (4 * c + k % 4)) & 1u) << 4));
+          hi = static_cast<int8_t>(hi | (((h >> (16 + 4 * c + k % 4)) & 1u) << 4));
+        }
         dst[c * PANEL * STEP + k] = lo;
         dst[(c + 4) * PANEL * STEP + k] = hi;
       }
+#endif
   }
 }
 
@@ -471,18 +523,19 @@ void decode_x8(const uint8_t* pb, int64_t rows, int64_t nb, Panel& p) {
       p.d[b * PANEL + j] = d;
       p.m[b * PANEL + j] = m;
     }
-    x8_codes<F>(blk + X8_SCALES<F>, p.q.data() + b * STEPS * PANEL * STEP);
+    x8_codes<F>(blk, p.q.data() + b * STEPS * PANEL * STEP);
   }
 }
 
 #ifdef Q8ACT_SIMD
 template <class F, int R>  // lane j of sums[r]: sum_i code(j, i) qx_i over one panel block (int32) for R rows of
                            // x (row r at qx + r * K): each step's codes unpacked once for all of them
-inline void x8_sums_rows(const uint8_t* codes, const int8_t* qx, int64_t K, __m256i* sums) {
+inline void x8_sums_rows(const uint8_t* blk, const int8_t* qx, int64_t K, __m256i* sums) {
   using gatherlens_q8::x_step;
-  const __m256i ones = _mm256_set1_epi16(1);
+  const uint8_t* codes = blk + X8_CODES<F>;
+  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
+  for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
   if constexpr (signed_codes<F>) {
-    for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
     for (int s = 0; s < STEPS; ++s) {
       __m256i v;
       if constexpr (F::bits == 8) {
@@ -493,29 +546,52 @@ inline void x8_sums_rows(const uint8_t* codes, const int8_t* qx, int64_t K, __m2
         v = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(F::book))), q);
       }
       const __m256i av = _mm256_sign_epi8(v, v);
-      for (int r = 0; r < R; ++r)
-        sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(x_step(qx + r * K + STEP * s), v)), ones));
+      for (int r = 0; r < R; ++r) {
+        const __m256i xs = _mm256_sign_epi8(x_step(qx + r * K + STEP * s), v);
+#ifdef Q8ACT_VNNI
+        sums[r] = vnni_dot(sums[r], av, xs);
+#else
+        sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(_mm256_maddubs_epi16(av, xs), ones));
+#endif
+      }
     }
-  } else {
-    __m256i pairs[R];
+  } else {  // unsigned codes 0..15 (or 0..31): without VNNI their int16 pair sums flushed every G chunks
+    constexpr int G = F::bits == 4 ? 4 : 2;  // 2 * 127 * max code per maddubs, 2 per chunk: within int16
+    __m256i words = _mm256_setzero_si256();
+    if constexpr (F::bits == 5) words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + X8_SCALES<F>));
+    [[maybe_unused]] __m256i pairs[R];
     for (int r = 0; r < R; ++r) pairs[r] = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + c * PANEL * STEP));
-      const __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+      __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+      if constexpr (F::bits == 5) {
+        lo = _mm256_or_si256(lo, fifth_bits<0>(words, c));
+        hi = _mm256_or_si256(hi, fifth_bits<1>(words, c));
+      }
       for (int r = 0; r < R; ++r) {
+#ifdef Q8ACT_VNNI
+        sums[r] = vnni_dot(vnni_dot(sums[r], lo, x_step(qx + r * K + STEP * c)), hi, x_step(qx + r * K + STEP * (c + 4)));
+#else
         pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(lo, x_step(qx + r * K + STEP * c)));
         pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(hi, x_step(qx + r * K + STEP * (c + 4))));
+#endif
       }
+#ifndef Q8ACT_VNNI
+      if ((c + 1) % G == 0)
+        for (int r = 0; r < R; ++r) {
+          sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs[r], ones));
+          pairs[r] = _mm256_setzero_si256();
+        }
+#endif
     }
-    for (int r = 0; r < R; ++r) sums[r] = _mm256_madd_epi16(pairs[r], ones);
   }
 }
 
 template <class F>  // lane j: sum_i code(j, i) qx_i over one panel block (int32), one row of x
-inline __m256i x8_sums(const uint8_t* codes, const int8_t* qx) {
+inline __m256i x8_sums(const uint8_t* blk, const int8_t* qx) {
   __m256i sum;
-  x8_sums_rows<F, 1>(codes, qx, 0, &sum);
+  x8_sums_rows<F, 1>(blk, qx, 0, &sum);
   return sum;
 }
 
@@ -528,7 +604,7 @@ void x8_row(const uint8_t* pb, int64_t nb, const Act& a, int64_t r, int64_t K, f
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = pb + b * PANEL * F::bytes;
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
-    const __m256i sum = x8_sums<F>(blk + X8_SCALES<F>, qx + b * QK);
+    const __m256i sum = x8_sums<F>(blk, qx + b * QK);
     acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(dx[b])), acc[b & 1]);
     if constexpr (F::has_m)
       mins = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 * PANEL))),
@@ -548,7 +624,7 @@ void x8_rows(const uint8_t* pb, int64_t nb, const Act& a, int64_t r0, int64_t K,
     const uint8_t* blk = pb + b * PANEL * F::bytes;
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
     __m256i sums[R];
-    x8_sums_rows<F, R>(blk + X8_SCALES<F>, qx + b * QK, K, sums);
+    x8_sums_rows<F, R>(blk, qx + b * QK, K, sums);
     for (int r = 0; r < R; ++r) {
       const float dx = a.d[(r0 + r) * nb + b], sx = a.s[(r0 + r) * nb + b];
       acc[r][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc[r][b & 1]);

@@ -23,7 +23,7 @@ import torch
 from gatherlens.ops.native import load_library
 from gatherlens.ops.quant.formats.layout import LAYOUTS, formats_run_by
 
-__all__ = ["Q8K_QTYPES", "kernel_loaded", "q8k_matmul", "KERNEL", "blocked_simd"]
+__all__ = ["Q8K_QTYPES", "kernel_loaded", "q8k_matmul", "KERNEL", "blocked_simd", "row_simd"]
 
 KERNEL = Path(__file__).with_name("q8k.cpp")
 # the super-block formats (codes in blocks of 256 with sub-block scales): the records naming this kernel
@@ -35,11 +35,22 @@ def kernel_loaded() -> bool:
     return load_library(KERNEL, on_load=register_fakes)
 
 
+SIMD = ("scalar", "avx2", "avx2")  # q8k.cpp's blocked loop, by `gatherlens::q8k_simd()` (2: its one-row loop
+ROW_SIMD = ("scalar", "avx2", "avx512")  # of Q4_K and Q6_K in AVX-512BW; the blocked loop AVX2)
+
+
 @cache
 def blocked_simd() -> str | None:
     """The instructions of q8k.cpp's blocked loop (x of several rows) in this build: "avx2", or "scalar"
     (its plain twin); None where the operator did not build."""
-    return ("scalar", "avx2")[torch.ops.gatherlens.q8k_simd()] if kernel_loaded() else None
+    return SIMD[torch.ops.gatherlens.q8k_simd()] if kernel_loaded() else None
+
+
+@cache
+def row_simd() -> str | None:
+    """The instructions of q8k.cpp's one-row loop (decode) for Q4_K and Q6_K in this build: "avx512"
+    (AVX-512BW), "avx2", or "scalar"; None where the operator did not build."""
+    return ROW_SIMD[torch.ops.gatherlens.q8k_simd()] if kernel_loaded() else None
 
 
 def register_fakes() -> None:

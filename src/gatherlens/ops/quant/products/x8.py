@@ -12,14 +12,16 @@ together, the codes interleaved so that one 32-byte load holds 4 codes of each o
 int32 lane a row): x's 4 codes broadcast meet all 8 rows in one multiply-add, and the 8 scales are
 one fp16 load and one conversion. The bytes are the blocks' own, moved (the same size as raw):
 
-    panel block (8 rows, block b):  d[8] fp16 | m[8] fp16 (formats with a min) | codes
-    codes, 4-bit (Q4_0, Q4_1, IQ4_NL): 4 chunks of 32 bytes, chunk c = bytes 4c .. 4c+3 of each row's 16
-        (a byte holds weight 4c+i in its low nibble and 16+4c+i in its high one, as stored)
+    panel block (8 rows, block b):  d[8] fp16 | m[8] fp16 (formats with a min) | qh[8] (5-bit) | codes
+    qh, 5-bit (Q5_0, Q5_1): each row's 4 bytes of fifth bits, a row an int32 lane (bit i: weight i's)
+    codes, 4- and 5-bit (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL): 4 chunks of 32 bytes, chunk c = bytes 4c .. 4c+3
+        of each row's 16 (a byte holds weight 4c+i in its low nibble and 16+4c+i in its high one, as stored)
     codes, Q8_0: 8 steps of 32 bytes, step s = int8 values 4s .. 4s+3 of each row
 
-`X8_QTYPES` are the formats whose records have `panels` (the 4- and 8-bit 32-weight blocks; 5-bit
-formats keep row_dot: their fifth bits would need spreading per lane). The product's integer sums equal row_dot's; its float sums over blocks run
-in another order (float32 rounding). `unpack_x8` is the exact inverse (the tests hold them so).
+`X8_QTYPES` are the formats whose records have `panels` (the 4-, 5- and 8-bit 32-weight blocks; a
+5-bit chunk's fifth bits are spread to its 32 bytes in registers: one bit shuffle with AVX512-BITALG,
+a byte shuffle and compare without). The product's integer sums equal row_dot's; its float sums over
+blocks run in another order (float32 rounding). `unpack_x8` is the exact inverse (the tests hold them so).
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ PACK_ROWS = 8192  # rows pack_x8 moves at a time (a multiple of PANEL)
 PACKED_ROWS: contextvars.ContextVar = contextvars.ContextVar("gatherlens_packed_rows", default=None)
 X8_OP = PANEL_OP  # its operator, torch.ops.gatherlens.<X8_OP>(x, packed, ggml type), in q8act.cpp
 X8_QTYPES = formats_run_by(PANEL_OP)  # the records with panels
-assert all(LAYOUTS[q].weights == QK and LAYOUTS[q].bits in (4, 8) for q in X8_QTYPES), "panels: 4/8-bit blocks of 32"
+assert all(LAYOUTS[q].weights == QK and LAYOUTS[q].bits in (4, 5, 8) for q in X8_QTYPES), "panels: 4/5/8-bit blocks of 32"
 
 
 def x8_fits(raw: torch.Tensor, qtype: str) -> bool:
@@ -47,10 +49,11 @@ def x8_fits(raw: torch.Tensor, qtype: str) -> bool:
 
 
 def _parts(qtype: str) -> tuple[list[str], int]:
-    """The scale fields in panel order (d, then m where the format has one) and the codes' step width."""
+    """The fields before the codes in panel order (d, then m where the format has one, then qh for 5-bit
+    codes) and the codes' step width."""
     lay = LAYOUTS[qtype]
-    scales = [f.name for f in lay.fields if f.kind == "fp16"]  # "d" (, "m")
-    return scales, (16 if lay.bits == 4 else 32) // 4  # a 4-bit row's 16 code bytes: 4 chunks; Q8_0's 32: 8 steps
+    heads = [f.name for f in lay.fields if f.kind == "fp16"] + [f.name for f in lay.fields if f.kind == "high"]
+    return heads, (32 if lay.bits == 8 else 16) // 4  # a 4/5-bit row's 16 code bytes: 4 chunks; Q8_0's 32: 8 steps
 
 
 def pack_x8(raw: torch.Tensor, qtype: str) -> torch.Tensor:
@@ -92,8 +95,8 @@ def _panels(raw: torch.Tensor, qtype: str) -> torch.Tensor:
     lay = LAYOUTS[qtype]
     N, nb = raw.shape[0], raw.shape[1] // lay.block_bytes
     blocks = raw.reshape(N // PANEL, PANEL, nb, lay.block_bytes)  # (P, 8, nb, bytes)
-    scales, steps = _parts(qtype)
-    pieces = [blocks[..., lay.field(n).offset:lay.field(n).end].permute(0, 2, 1, 3) for n in scales]  # (P, nb, 8, 2)
+    heads, steps = _parts(qtype)
+    pieces = [blocks[..., lay.field(n).offset:lay.field(n).end].permute(0, 2, 1, 3) for n in heads]  # (P, nb, 8, size)
     qs = lay.field("qs")
     codes = blocks[..., qs.offset:qs.end].reshape(N // PANEL, PANEL, nb, steps, 4)  # (P, 8, nb, steps, 4)
     pieces.append(codes.permute(0, 2, 3, 1, 4))  # (P, nb, steps, 8, 4)
@@ -106,10 +109,10 @@ def unpack_x8(packed: torch.Tensor, qtype: str) -> torch.Tensor:
     lay = LAYOUTS[qtype]
     N, nb = packed.shape[0], packed.shape[1] // lay.block_bytes
     panel = packed.reshape(N // PANEL, nb, PANEL * lay.block_bytes)  # (P, nb, 8 * bytes)
-    scales, steps = _parts(qtype)
+    heads, steps = _parts(qtype)
     out = torch.empty(N // PANEL, PANEL, nb, lay.block_bytes, dtype=torch.uint8)  # (P, 8, nb, bytes)
     at = 0
-    for name in scales:
+    for name in heads:
         f = lay.field(name)
         out[..., f.offset:f.end] = panel[..., at:at + PANEL * f.size].reshape(N // PANEL, nb, PANEL, f.size).permute(0, 2, 1, 3)
         at += PANEL * f.size
