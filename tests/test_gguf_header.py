@@ -61,6 +61,44 @@ def test_fast_reader_reads_what_gguf_reader_reads(tmp_path):
     assert str(fast.data.filename) == path  # the memmap again after parsing
 
 
+def test_a_large_string_arrays_end_is_remembered_and_a_warm_open_walks_it_only_when_asked(tmp_path, monkeypatch):
+    """The pass over a large string array's lengths is made once per version of the file: a warm open steps
+    over it (the cache's memo of where it ends) and walks it on the first contents() call, reading what
+    gguf's reader reads; a rewritten file is walked afresh; a memo that no longer holds is an error."""
+    import os
+
+    import gatherlens.models.gguf.reader as reader
+    from gguf import GGUFReader
+
+    monkeypatch.setenv("GATHERLENS_CACHE", str(tmp_path / "cache"))
+    words = [f"w{i}" * (i % 5) for i in range(reader.KEEP_FROM + 7)]
+    path = _write(tmp_path / "vocab.gguf", "llama", lambda w: (w.add_array("t.words", words), _every_array(w)))
+    walks = []
+    real = reader._walk
+    monkeypatch.setattr(reader, "_walk", lambda *a: walks.append(a[2]) or real(*a))
+    FastReader(path)  # cold: every string array walked, the large one's end remembered
+    assert sorted(walks) == [6, len(words)]
+    walks.clear()
+    warm = FastReader(path)
+    assert walks == [6]  # the small array only: the large one stepped over
+    assert warm.fields["t.text"].contents() == "hello" and walks == [6]
+    assert warm.fields["t.words"].contents() == GGUFReader(path).fields["t.words"].contents() == words
+    assert warm.fields["t.words"].contents(3) == words[3] and walks == [6, len(words)]  # walked once, when asked
+    before = os.stat(path).st_mtime_ns
+    longer = [w + "z" for w in words]
+    _write(tmp_path / "vocab.gguf", "llama", lambda w: (w.add_array("t.words", longer), _every_array(w)))
+    os.utime(path, ns=(before + 1_000_000, before + 1_000_000))
+    assert FastReader(path).fields["t.words"].contents() == longer  # a new version: walked afresh
+    from gatherlens.models.files.cache import file_memo, remember
+
+    (key, end), = file_memo(path, reader.STRINGS_KEPT).items()
+    remember(path, reader.STRINGS_KEPT, {key: end - 1})  # a memo that does not hold: parsed afresh
+    assert FastReader(path).fields["t.words"].contents() == longer
+    lazy = reader._Strings(memoryview(b"\x01" + b"\0" * 7 + b"a"), None, 0, 1, 8, True)  # one string, 9 bytes
+    with pytest.raises(ValueError, match="no longer ends at byte 8"):  # a lazy walk ending elsewhere
+        lazy.get(0)
+
+
 def test_a_header_cut_inside_a_string_array_is_a_value_error(tmp_path):
     path = _write(tmp_path / "arrays.gguf", "llama", _every_array)
     data = open(path, "rb").read()

@@ -173,6 +173,29 @@ def test_fused_projection_is_the_separate_ones_side_by_side():
     assert torch.equal(fused, torch.cat(alone, dim=-1))
 
 
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q8_0", "Q4_1"])
+def test_a_weight_held_only_by_its_panels_gives_what_its_blocks_give(qtype):
+    """`without_raw` (a loader's copy of the blocks let go once the panels hold them): the products, the
+    prefill's tiles, the dequantized weight, the blocks read back and the parts a split cuts (inside a
+    panel too) equal the weight's with its blocks; the raw copy is gone (meta)."""
+    from gatherlens.ops.quant.products.linear import split_linear
+    from gatherlens.ops.quant.products.tiled import tiled_dequant_matmul
+    raw = blocks(qtype, 40, 96)
+    full = pack_linear(raw, qtype, LinearConfig("q8act", 16))
+    bare = full.without_raw()
+    assert bare.raw.is_meta and bare.device == full.device and bare.shape == full.shape
+    assert torch.equal(bare.blocks(), raw) and torch.equal(bare.blocks(3, 21), raw[3:21])
+    torch.testing.assert_close(bare.dequantize(), full.dequantize(), rtol=0, atol=0)
+    for M in (1, 5, 33):  # decode, a few rows, the prefill row
+        x = torch.randn(M, 96)
+        assert torch.equal(quantized_linear(x, bare), quantized_linear(x, full)), M
+    x = torch.randn(7, 96)
+    assert torch.equal(tiled_dequant_matmul(x, bare, rows=12), tiled_dequant_matmul(x, full, rows=12))
+    for sizes in ((16, 24), (13, 27)):  # whole panels (views), then cut inside one (their blocks unpacked)
+        for a, b in zip(split_linear(bare, sizes), split_linear(full, sizes)):
+            assert torch.equal(a.blocks(), b.blocks()) and torch.equal(quantized_linear(x, a), quantized_linear(x, b))
+
+
 def test_packed_bytes():
     w = weight("Q4_1", 48, "int4")  # (48, 96): codes K/2 bytes per row, (K/32, N, 2) bf16 scales
     assert w.nbytes() == 48 * 48 + 3 * 48 * 2 * 2

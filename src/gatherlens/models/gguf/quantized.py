@@ -202,8 +202,19 @@ def _joined(reader, raws: list[torch.Tensor]) -> torch.Tensor:
 
 def packed_weight(reader, raws: list[torch.Tensor], qtype: str):
     """One QuantizedWeight of several projections' rows of one format (a view of the file where they lie side
-    by side, `_joined`), its route picked here as every linear's."""
-    return pack_linear(raws[0] if len(raws) == 1 else _joined(reader, raws), qtype, _config(qtype))
+    by side, `_joined`), its route picked here as every linear's. Where the blocks are a copy (rows joined
+    from apart, q and k un-permuted) and the route's panels hold them all, the copy is not kept
+    (`without_raw`): it would double the weight's memory."""
+    raw = raws[0] if len(raws) == 1 else _joined(reader, raws)  # (sum N, row_bytes)
+    weight = pack_linear(raw, qtype, _config(qtype))
+    return weight if _mapped(reader, raw) else weight.without_raw()
+
+
+def _mapped(reader, raw: torch.Tensor) -> bool:
+    """True where raw's bytes lie in the file's mapping (a view), False for a copy."""
+    base = reader.data  # (file bytes,) uint8
+    start = raw.data_ptr() - base.ctypes.data
+    return 0 <= start and start + raw.numel() <= base.size
 
 
 def head_weight(table: QuantizedTable):

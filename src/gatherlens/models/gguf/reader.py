@@ -15,6 +15,12 @@ alignment, errors) is gguf's own code, so the reader is a GGUFReader in every ot
 keep their order, names and types; `field.data` has one index per element (its len is the count);
 `contents()` returns the same Python values. It parses from a plain ndarray view of its memmap (numpy's
 memmap subclass costs a Python call per slice); afterwards `.data` is the memmap again.
+
+The pass over a string array's lengths (~0.25 s for Qwen's tokens and merges) is made once per version
+of a file: where each large string array ends is remembered in the cache (files/cache.py's `file_memo`:
+path, size, mtime_ns), so a warm open steps over it and walks its lengths only if `contents()` asks
+(a kept tokenizer never does); that walk must end where the memo said, else the header is reported
+changed (and a header that does not parse with the memo's ends is parsed afresh without them).
 """
 from __future__ import annotations
 
@@ -27,18 +33,51 @@ from gguf.gguf_reader import ReaderField
 __all__ = ["FastReader"]
 
 
-class _Strings:
-    """The strings of one array, as (start, end) byte offsets into the file; decoded on request."""
+STRINGS_KEPT = "gguf-strings-1"  # the cache's memo of where a file's large string arrays end
+KEEP_FROM = 4096  # string arrays of at least this many strings are remembered (the vocabulary, the merges)
 
-    def __init__(self, buffer: memoryview, starts: list[int], ends: list[int]):
-        self.buffer, self.starts, self.ends = buffer, starts, ends
-        self.nbytes = ends[-1] - starts[0] + 8 if starts else 0
+
+class _Strings:
+    """The strings of one array, as (start, end) byte offsets into the file; decoded on request. Made
+    from a known end (`walked` None), the offsets are found on the first request."""
+
+    def __init__(self, buffer: memoryview, walked, offs: int, count: int, end: int, little: bool):
+        self.buffer, self.offs, self.count, self.end, self.little = buffer, offs, count, end, little
+        self._walked = walked  # (starts, ends), or None until asked
+        self.nbytes = end - offs
+
+    def _offsets(self) -> tuple[list[int], list[int]]:
+        if self._walked is None:
+            self._walked = _walk(self.buffer, self.offs, self.count, self.little)
+            if (self._walked[1][-1] if self.count else self.offs) != self.end:
+                raise ValueError(f"the GGUF header changed: a string array at byte {self.offs} no longer ends at "
+                                 f"byte {self.end} as the cache recorded")
+        return self._walked
 
     def get(self, index_or_slice):
+        starts, ends = self._offsets()
         if isinstance(index_or_slice, slice):
             buffer = self.buffer
-            return [str(buffer[a:b], "utf-8") for a, b in zip(self.starts[index_or_slice], self.ends[index_or_slice])]
-        return str(self.buffer[self.starts[index_or_slice]:self.ends[index_or_slice]], "utf-8")
+            return [str(buffer[a:b], "utf-8") for a, b in zip(starts[index_or_slice], ends[index_or_slice])]
+        return str(self.buffer[starts[index_or_slice]:ends[index_or_slice]], "utf-8")
+
+
+def _walk(buffer: memoryview, offs: int, count: int, little: bool) -> tuple[list[int], list[int]]:
+    """The (start, end) of `count` length-prefixed strings from `offs`: one pass over their lengths."""
+    unpack = struct.Struct("<Q" if little else ">Q").unpack_from
+    starts, ends = [], []
+    try:
+        for _ in range(count):
+            (n,) = unpack(buffer, offs)
+            offs += 8
+            starts.append(offs)
+            offs += n
+            ends.append(offs)
+    except struct.error:
+        raise IndexError(f"the header ends inside an array of {count} strings at byte {offs}") from None
+    if offs > len(buffer):
+        raise IndexError(f"the header ends inside an array of {count} strings (byte {offs})")
+    return starts, ends
 
 
 class _Numbers:
@@ -64,8 +103,20 @@ class FastReader(GGUFReader):
     """GGUFReader with arrays parsed in one pass (see module doc); `.data` is the memmap after parsing."""
 
     def __init__(self, path, mode: str = "r"):
-        super().__init__(path, mode=mode)
+        from gatherlens.models.files.cache import file_memo, remember
+
+        known = file_memo(path, STRINGS_KEPT)
+        self._known, self._ends = known if isinstance(known, dict) else {}, {}
+        try:
+            super().__init__(path, mode=mode)
+        except (IndexError, ValueError):  # UnicodeDecodeError is a ValueError
+            if not self._known:
+                raise
+            self._known, self._ends = {}, {}  # a memo that does not hold for this header: parsed afresh
+            super().__init__(path, mode=mode)
         self._gguf_view = self._gguf_map  # parsed: callers get the memmap (its .filename) back
+        if self._ends and self._ends != self._known:
+            remember(path, STRINGS_KEPT, self._ends)
 
     @property
     def data(self):
@@ -117,20 +168,16 @@ class FastReader(GGUFReader):
         return parts + [raw_itype, alen, values], count, types, 12 + values.nbytes
 
     def _strings(self, offs: int, count: int) -> _Strings:
-        """The (start, end) of `count` length-prefixed strings from `offs`: one pass over their lengths."""
+        """`count` length-prefixed strings from `offs`: stepped over where the cache knows their end (a
+        file's large arrays, as it is now), else found in one pass over their lengths."""
         buffer = memoryview(self.data)
         little = (self.byte_order == "I") == np.little_endian  # the file's order: the host's, or swapped
-        unpack = struct.Struct("<Q" if little else ">Q").unpack_from
-        starts, ends = [], []
-        try:
-            for _ in range(count):
-                (n,) = unpack(buffer, offs)
-                offs += 8
-                starts.append(offs)
-                offs += n
-                ends.append(offs)
-        except struct.error:
-            raise IndexError(f"the header ends inside an array of {count} strings at byte {offs}") from None
-        if offs > len(buffer):
-            raise IndexError(f"the header ends inside an array of {count} strings (byte {offs})")
-        return _Strings(buffer, starts, ends)
+        end = self._known.get(str(offs)) if count >= KEEP_FROM else None
+        if isinstance(end, int) and offs <= end <= len(buffer):
+            self._ends[str(offs)] = end
+            return _Strings(buffer, None, offs, count, end, little)
+        walked = _walk(buffer, offs, count, little)
+        end = walked[1][-1] if count else offs
+        if count >= KEEP_FROM:
+            self._ends[str(offs)] = end
+        return _Strings(buffer, walked, offs, count, end, little)

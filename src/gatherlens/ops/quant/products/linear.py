@@ -31,7 +31,8 @@ from gatherlens.ops.quant.products.matmul import ROUTES
 from gatherlens.ops.quant.formats.registry import dequantize_rows, format_of
 from gatherlens.ops.quant.formats.sizes import SIZES
 from gatherlens.ops.quant.products.tiled import tiled_dequant_matmul
-from gatherlens.ops.quant.products.x8 import PANEL
+from gatherlens.ops.quant.products.x8 import PANEL, unpack_x8
+from gatherlens.ops.sparse.geometry import ceil_div
 
 __all__ = ["LinearConfig", "QuantizedWeight", "pack_linear", "quantized_linear", "split_linear", "LINEAR_ROUTES",
            "linear_product", "LINEAR_PRODUCT", "q8act_ready", "integer_gemm_faster"]
@@ -60,7 +61,8 @@ class QuantizedWeight:
 
     qtype: str
     shape: tuple[int, int]  # (N, K): F.linear's weight shape
-    raw: torch.Tensor  # (N, nb * block_bytes) uint8: the blocks as stored (the reference reads these)
+    raw: torch.Tensor  # (N, nb * block_bytes) uint8: the blocks as stored (the reference reads these), or
+    # their shape on the meta device where only the route's panels hold them (`without_raw`): `blocks()` reads either
     tensors: tuple[torch.Tensor, ...]  # the route's packed weight
     planes: int  # int4 routes: 2 when codes over 4 bits are split into two 4-bit planes
     config: LinearConfig
@@ -71,7 +73,24 @@ class QuantizedWeight:
 
     @property
     def device(self) -> torch.device:
-        return self.raw.device
+        return self.tensors[0].device if self.raw.is_meta else self.raw.device
+
+    def blocks(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Rows start:stop of the blocks as stored, (n, nb * block_bytes) uint8: a view of `raw`, or unpacked
+        from the route's panels (whole panels of 8 rows unpacked, then cut) where only they hold them."""
+        stop = self.shape[0] if stop is None else min(stop, self.shape[0])
+        if not self.raw.is_meta:
+            return self.raw[start:stop]
+        first, last = start // PANEL * PANEL, ceil_div(stop, PANEL) * PANEL  # the panels covering the rows
+        return unpack_x8(self.tensors[0][first:last], self.qtype)[start - first:stop - first]  # (n, row_bytes)
+
+    def without_raw(self) -> "QuantizedWeight":
+        """The same weight with `raw` reduced to its shape (meta device) where the route's panels hold every
+        row: a loader's copy of the blocks (rows joined, or un-permuted) need not stay beside its panels."""
+        if self.route != "q8act" or not self.tensors or self.raw.is_meta:
+            return self
+        meta = torch.empty(self.raw.shape, dtype=torch.uint8, device="meta")  # (N, row_bytes)
+        return QuantizedWeight(self.qtype, self.shape, meta, self.tensors, self.planes, self.config)
 
     @property
     def activation_dtype(self) -> torch.dtype:
@@ -87,7 +106,7 @@ class QuantizedWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The weight as float32 (N, K), bit-equal to gguf's `dequantize`."""
-        return dequantize_rows(self.raw, self.qtype)  # (N, K)
+        return dequantize_rows(self.blocks(), self.qtype)  # (N, K)
 
 
 def _check_raw(raw, qtype: str, config: LinearConfig) -> None:
@@ -120,7 +139,7 @@ _SHARED_ROWS = 64  # the int4 packing interleaves rows within blocks of at most 
 
 def _part(weight: QuantizedWeight, start: int, stop: int) -> QuantizedWeight:
     """Rows start:stop of a packed weight, sharing its packed rows where the layout allows."""
-    raw = weight.raw[start:stop]  # (n, row_bytes): a view
+    raw = weight.raw[start:stop]  # (n, row_bytes): a view (of the meta shape where only panels hold the blocks)
     shape = (stop - start, weight.shape[1])
     route = weight.route
     if route in ("int4", "int4_f32", "int4_requant") and start % _SHARED_ROWS == 0 and stop % _SHARED_ROWS == 0:
@@ -132,6 +151,7 @@ def _part(weight: QuantizedWeight, start: int, stop: int) -> QuantizedWeight:
         tensors = (weight.tensors[0][start:stop],)  # whole panels of 8 rows: a view
     elif route in ("dequant", "q8act"):
         tensors = ()  # rows cut inside a panel read their blocks as stored
+        raw = weight.blocks(start, stop) if raw.is_meta else raw  # (n, row_bytes): unpacked from the panels
     else:
         return pack_linear(raw, weight.qtype, weight.config)  # packed again for these rows
     return QuantizedWeight(weight.qtype, shape, raw, tensors, weight.planes, weight.config)

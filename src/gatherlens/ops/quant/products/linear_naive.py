@@ -18,5 +18,5 @@ __all__ = ["naive_quantized_linear"]
 
 def naive_quantized_linear(x: torch.Tensor, weight: QuantizedWeight) -> torch.Tensor:
     """F.linear(x, W) with W = the blocks as float32 (bit-equal to gguf's dequantize), in float32."""
-    w = dequantize_rows(weight.raw, weight.qtype)  # (N, K) float32
+    w = dequantize_rows(weight.blocks(), weight.qtype)  # (N, K) float32
     return F.linear(x.float(), w).to(x.dtype)  # (..., N)

@@ -73,7 +73,7 @@ def _dense_mm(x, weight):
 
 
 def _dequant_mm(x, weight):
-    w = dequantize_rows(weight.raw, weight.qtype)  # (N, K) float32, this call only
+    w = dequantize_rows(weight.blocks(), weight.qtype)  # (N, K) float32, this call only
     return F.linear(x.to(w.dtype), w).to(x.dtype)  # (M, N)
 
 

@@ -31,10 +31,10 @@ def tiled_dequant_matmul(x: torch.Tensor, weight, rows: int | None = None) -> to
     rows = rows or max(1, TILE_BYTES // (4 * K))
     xf = x if x.dtype == torch.float32 else x.float()  # (M, K)
     if N <= rows:
-        out = F.linear(xf, dequantize_rows(weight.raw, weight.qtype))  # (M, N)
+        out = F.linear(xf, dequantize_rows(weight.blocks(), weight.qtype))  # (M, N)
     else:
         out = torch.empty(x.shape[0], N, dtype=torch.float32, device=x.device)  # (M, N)
         for n0 in range(0, N, rows):
-            w = dequantize_rows(weight.raw[n0:n0 + rows], weight.qtype)  # (n, K) float32, this tile only
+            w = dequantize_rows(weight.blocks(n0, n0 + rows), weight.qtype)  # (n, K) float32, this tile only
             out[:, n0:n0 + rows] = F.linear(xf, w)  # (M, n)
     return out if x.dtype == torch.float32 else out.to(x.dtype)
