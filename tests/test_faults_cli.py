@@ -170,3 +170,26 @@ def test_a_signal_at_any_phase_ends_cleanly(tiny_dir, tmp_path, command, delay, 
         assert {"index.html", "story.json"} <= {p.name for p in (work / "report").iterdir()}
     if (work / "q.json").exists():
         json.loads((work / "q.json").read_text())
+
+
+def test_a_failure_after_a_stop_signal_reads_as_the_stop_not_an_internal_error(tmp_path, monkeypatch):
+    """Must hold (issue 40): a library that a stop signal cut short can fail afterwards with an unrelated
+    error (a CI run: Ctrl-C inside transformers' lazy import, swallowed there, then numpy's import looping
+    into a RecursionError). Once a stop signal was received, that failure ends the command as the stop
+    does ("Aborted!", exit 1), never as an internal error; without one it stays an internal error."""
+    from click.testing import CliRunner
+
+    import gatherlens.cli as cli
+    import gatherlens.commands.params as params
+
+    (tmp_path / "boom_command.py").write_text(
+        "import click\n@click.command()\ndef boom():\n    raise RecursionError('maximum recursion depth exceeded')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(cli.COMMANDS, "boom", "boom_command:boom")
+    monkeypatch.setattr(params, "RECEIVED", [])
+    plain = CliRunner().invoke(cli.main, ["boom"])
+    assert plain.exit_code == 1 and "internal error" in plain.output
+    monkeypatch.setattr(params, "RECEIVED", ["SIGINT"])
+    stopped = CliRunner().invoke(cli.main, ["boom"])
+    assert stopped.exit_code == 1 and "Aborted" in stopped.output and "internal error" not in stopped.output
+    assert "Traceback" not in stopped.output

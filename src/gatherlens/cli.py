@@ -75,6 +75,11 @@ class LazyGroup(click.Group):
         """The command line's entry; run from a shell (no `args`), a stop signal once the command has
         returned is ignored: it would only interrupt the interpreter's own shutdown, which then prints
         "Exception ignored in ... KeyboardInterrupt" with a traceback."""
+        if args is None:  # Ctrl-C recorded as it stops (commands/params.py's stop_received)
+            from gatherlens.commands.params import stop_received
+
+            with contextlib.suppress(ValueError, OSError, AttributeError):
+                signal.signal(signal.SIGINT, stop_received)
         try:
             return super().main(args, *rest, **kw)
         finally:
@@ -95,6 +100,10 @@ class LazyGroup(click.Group):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise click.exceptions.Exit(1) from None
         except Exception as e:  # noqa: BLE001 - the one place every failure becomes one line
+            from gatherlens.commands.params import RECEIVED
+
+            if RECEIVED:  # a stop signal cut a library's work short and it failed afterwards: the stop, not a fault
+                raise click.exceptions.Abort() from None
             raise click.ClickException(shorten_long(one_line(e))) from None
 
 

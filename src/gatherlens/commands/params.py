@@ -142,6 +142,16 @@ def require_causal(model: str, what: str) -> None:
 
 
 STOP_SIGNALS = ("SIGTERM", "SIGHUP")   # stop a command like Ctrl-C does (what `kill` and a closed terminal send)
+RECEIVED: list[str] = []  # the stop signals (SIGINT too, cli.py) that reached this process, in order
+
+
+def stop_received(signum, frame=None):
+    """A stop signal's handler: recorded in RECEIVED, then KeyboardInterrupt (Ctrl-C's own effect), so
+    a failure it causes inside a library (an import it cut short, then retried) still reads as the stop."""
+    import signal
+
+    RECEIVED.append(signal.Signals(signum).name)
+    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
@@ -157,7 +167,7 @@ def signals_as_ctrl_c():
     def interrupt(signum, frame):
         signal.signal(signum, signal.SIG_DFL)
         stop["signal"] = signal.Signals(signum).name
-        raise KeyboardInterrupt
+        stop_received(signum, frame)
 
     before = {}
     for name in STOP_SIGNALS:
