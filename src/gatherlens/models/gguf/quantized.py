@@ -192,7 +192,7 @@ def _joined(reader, raws: list[torch.Tensor]) -> torch.Tensor:
     adjacent = all(r.is_contiguous() and r.shape[1] == width for r in raws) and all(
         a.data_ptr() + a.numel() == b.data_ptr() for a, b in zip(raws, raws[1:]))
     rows = sum(r.shape[0] for r in raws)
-    if not adjacent or start < 0 or start + rows * width > base.size:
+    if not adjacent or not _mapped(reader, raws[0].data_ptr(), rows * width):
         joined = torch.cat(raws)  # (sum N, row_bytes): q and k rows un-permuted, or apart in the file
         for r in raws:  # llama.cpp's quantizer orders a block's tensors by name: q, k, v are never adjacent
             let_go(r, reader)
@@ -207,14 +207,14 @@ def packed_weight(reader, raws: list[torch.Tensor], qtype: str):
     (`without_raw`): it would double the weight's memory."""
     raw = raws[0] if len(raws) == 1 else _joined(reader, raws)  # (sum N, row_bytes)
     weight = pack_linear(raw, qtype, _config(qtype))
-    return weight if _mapped(reader, raw) else weight.without_raw()
+    return weight if _mapped(reader, raw.data_ptr(), raw.numel()) else weight.without_raw()
 
 
-def _mapped(reader, raw: torch.Tensor) -> bool:
-    """True where raw's bytes lie in the file's mapping (a view), False for a copy."""
+def _mapped(reader, address: int, nbytes: int) -> bool:
+    """True where the bytes [address, address + nbytes) lie in the file's mapping (a view), False for a copy."""
     base = reader.data  # (file bytes,) uint8
-    start = raw.data_ptr() - base.ctypes.data
-    return 0 <= start and start + raw.numel() <= base.size
+    start = address - base.ctypes.data
+    return 0 <= start and start + nbytes <= base.size
 
 
 def head_weight(table: QuantizedTable):
