@@ -368,6 +368,12 @@ inline __m512i scales_for(__m256i sc16, __m512i pick) {  // 32 int16 lanes: sc16
   return _mm512_permutexvar_epi16(pick, _mm512_castsi256_si512(sc16));
 }
 
+inline __m512i runs_of_16(int first) {  // int16 index first + i / 8 in lane i: 16-weight sub-blocks, 4 a register
+  const __m512i lane = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                        15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  return _mm512_add_epi16(_mm512_srli_epi16(lane, 3), _mm512_set1_epi16(static_cast<short>(first)));
+}
+
 inline __m512i lanes_of(int a, int b) {  // int16 index a in lanes 0..15, b in 16..31
   return _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(a)), _mm256_set1_epi16(static_cast<short>(b)), 1);
 }
@@ -413,15 +419,8 @@ inline void q6_k_block512(const uint8_t* blk, const int8_t* qx, const int16_t* b
     const __m512i lo = _mm512_or_si512(_mm512_and_si512(q, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, up), m30));
     const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q, 4), m4),
                                        _mm512_and_si512(_mm512_srlv_epi16(qh, down), m30));  // codes 0..63
-    const __m512i sl = _mm512_permutexvar_epi16(  // sub-blocks 8h + i / 8 (low), 8h + 4 + i / 8 (high)
-        _mm512_add_epi16(_mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
-                                                            15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3),
-                         _mm512_set1_epi16(static_cast<short>(8 * h))), _mm512_castsi256_si512(sc16));
-    const __m512i sh = _mm512_permutexvar_epi16(
-        _mm512_add_epi16(_mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
-                                                            15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3),
-                         _mm512_set1_epi16(static_cast<short>(8 * h + 4))), _mm512_castsi256_si512(sc16));
-    sum = _mm512_add_epi32(sum, _mm512_madd_epi16(_mm512_maddubs_epi16(lo, load64(qx + 128 * h)), sl));
+    const __m512i sl = scales_for(sc16, runs_of_16(8 * h)), sh = scales_for(sc16, runs_of_16(8 * h + 4));
+    sum = _mm512_add_epi32(sum, _mm512_madd_epi16(_mm512_maddubs_epi16(lo, load64(qx + 128 * h)), sl));  // sub-blocks 8h + i / 8
     sum = _mm512_add_epi32(sum, _mm512_madd_epi16(_mm512_maddubs_epi16(hi, load64(qx + 128 * h + 64)), sh));
   }
   const __m256i offs = _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs)));  // 8 int32
