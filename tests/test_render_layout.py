@@ -90,3 +90,19 @@ def test_the_page_script_draws_with_the_same_palette():
         out = subprocess.run([node, str(Path(__file__).with_name("palette_js.js")), json.dumps(list(PALETTE)), str(n)],
                              capture_output=True, text=True, check=True, timeout=60).stdout
         assert json.loads(out) == palette(n)
+
+
+def test_as_many_picked_rows_as_the_window_holds_all_stay():
+    """24 distinct ids of a 30-row table (hypothesis found it): the window's 24 rows are the picked ones, the
+    table's last row giving way; with one fewer picked, the last row is shown too."""
+    import torch
+
+    from gatherlens.render.layout import Limits, layout
+    from gatherlens.trace.builders import record_embedding
+
+    for ids, last_shown in ((list(range(24)), False), (list(range(23)), True)):
+        fig = layout(record_embedding(torch.tensor([ids]), torch.randn(30, 5)), limits=Limits(rows=10, cols=7))
+        src = next(p for p in fig.panels if p.role == "src")
+        shown = {r for sl in src.slices if sl for r in sl.rows if r is not None}
+        assert set(ids) <= shown and (29 in shown) == last_shown
+    assert visible(30, set(range(5)), 5, most=5) == [0, 1, 2, 3, 4, None]

@@ -94,8 +94,9 @@ def visible(n: int, keep, budget: int, most: int = 0) -> list[int | None]:
     if n <= budget:
         return list(range(n))
     chosen: set[int] = set()
+    room = budget if len(keep) >= budget else max(budget - 1, 1)  # the last position too, where the kept allow
     for i in sorted(keep):
-        if len(chosen) >= max(budget - 1, 1):
+        if len(chosen) >= room:
             break
         chosen.add(i)
     if len(chosen) < budget:
@@ -285,10 +286,10 @@ def _sources(rec: GatherRecord, out_vis: list) -> dict:
 
 
 def _fits(shape, keep: set, most: int) -> bool:
-    """True when the distinct rows and columns of `keep` each fit within `most` (one left for an edge)."""
+    """True when the distinct rows and columns of `keep` each fit within `most` (the last row shown where room is left)."""
     ndim = len(tuple(shape))
     parts = [_split(c, ndim) for c in keep]
-    return len({p[1] for p in parts}) < most and len({p[2] for p in parts}) < most
+    return len({p[1] for p in parts}) <= most and len({p[2] for p in parts}) <= most
 
 
 def _index_window(rec: GatherRecord, lim: Limits, out_win: _Window, idx_of) -> _Window | None:
