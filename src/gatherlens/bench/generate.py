@@ -59,6 +59,7 @@ from gatherlens.params import budget_list as budgets_of  # make_plan takes a `bu
 CONTEXTS = ("2K", "4K", "8K", "16K", "32K")
 BUDGETS = (512, 1024, 2048)
 PREFIX = 256
+PREFIX_CHARS = 16 * PREFIX  # characters encoded for the PREFIX tokens (real_prefix)
 TARGETS = {4096: 1.3, 8192: 2.0, 32768: 3.0}  # sparse over HF dense, issue 10
 LLAMA_TARGETS = {4096: 1 / 1.3, 8192: 1.0, 32768: 2.5}  # quantized sparse over llama.cpp, issue 18
 CLI_TARGETS = {512: 1.0, 2048: 1.0, 4096: 1.5, 8192: 2.0, 32768: 4.5}  # the cli row over llama.cpp, issue 27
@@ -174,10 +175,14 @@ def profile_step(model, m: Method, ids, hf_cache, paged_cache, L: int, steps: in
 
 
 def real_prefix(lm):
-    """The first PREFIX tokens of the default corpus, (1, PREFIX): what every cache is filled from."""
+    """The first PREFIX tokens of the default corpus, (1, PREFIX): what every cache is filled from. Only the
+    corpus's first PREFIX_CHARS characters are encoded (prose: ~4 per token), not all of it: the whole
+    corpus's encoding raised a case's peak RSS by ~100 MB, the bench's own cost, not the model's."""
     from gatherlens.eval.corpus import load_text
 
-    return lm.encode(load_text("default"), truncation=False)[:, :PREFIX]  # (1, 256)
+    ids = lm.encode(load_text("default")[:PREFIX_CHARS], truncation=False)[:, :PREFIX]  # (1, 256)
+    assert ids.shape[1] == PREFIX, f"the default corpus's first {PREFIX_CHARS} characters make {ids.shape[1]} tokens"
+    return ids
 
 
 def prompt_tokens(lm, L: int) -> list[int]:

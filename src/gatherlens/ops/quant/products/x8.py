@@ -64,7 +64,8 @@ def pack_x8(raw: torch.Tensor, qtype: str) -> torch.Tensor:
     order, done = _panel_order(qtype, row_bytes), PACKED_ROWS.get()
     for start in range(0, N, PACK_ROWS):
         rows = raw[start:start + PACK_ROWS]  # (n, row_bytes), n a multiple of 8
-        out[start:start + PACK_ROWS] = rows.reshape(-1, PANEL * row_bytes).index_select(1, order).view(rows.shape)
+        pairs = rows.view(torch.int16).reshape(-1, PANEL * row_bytes // 2)  # (n / 8, 4 * row_bytes) 2-byte units
+        out[start:start + PACK_ROWS] = pairs[:, order].view(torch.uint8).view(rows.shape)  # indexing: ~3x index_select
         if done is not None:
             done(rows)
     return out
@@ -72,10 +73,13 @@ def pack_x8(raw: torch.Tensor, qtype: str) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=64)
 def _panel_order(qtype: str, row_bytes: int) -> torch.Tensor:
-    """Where each byte of a packed panel comes from in its 8 stored rows, (8 * row_bytes,) int64: `_panels`
-    (the layout, in permutes) applied once to the bytes' own positions, then one gather a chunk."""
+    """Where each 2-byte unit of a packed panel comes from in its 8 stored rows, (4 * row_bytes,) int64:
+    `_panels` (the layout, in permutes) applied once to the bytes' own positions, then one gather a chunk.
+    Every field of a panel format starts at an even byte and is a whole number of units (checked here)."""
     where = torch.arange(PANEL * row_bytes, dtype=torch.int32).reshape(PANEL, row_bytes)  # (8, row_bytes)
-    return _panels(where, qtype).reshape(-1).long()  # (8 * row_bytes,)
+    order = _panels(where, qtype).reshape(-1, 2)  # (4 * row_bytes, 2) the source of each byte pair
+    assert bool((order[:, 0] % 2 == 0).all()) and torch.equal(order[:, 1], order[:, 0] + 1), f"{qtype}: odd fields"
+    return (order[:, 0] // 2).long()  # (4 * row_bytes,)
 
 
 @contextlib.contextmanager
