@@ -27,7 +27,7 @@ from gatherlens.ops.quant.formats.layout import QK
 from gatherlens.ops.quant.products.linear import (LINEAR_PRODUCT, LinearConfig, pack_linear, quantized_linear,
                                                   split_linear)
 from gatherlens.ops.quant.products.linear_naive import naive_quantized_linear
-from gatherlens.ops.quant.products.x8 import X8_QTYPES, pack_x8, unpack_x8, x8_matmul
+from gatherlens.ops.quant.products.x8 import X8_QTYPES, pack_x8, pack_x8_reference, unpack_x8, x8_matmul
 
 pytestmark = needs_native(q8act)
 QTYPES = q8act.Q8ACT_QTYPES  # the formats whose records name the q8act route
@@ -444,7 +444,7 @@ def test_panels_equal_the_reference_on_any_shape(qtype, panels, blocks_, M, seed
     K, N = QK * blocks_, 8 * panels
     raw = random_blocks(qtype, N, K, seed)
     packed = pack_x8(raw, qtype)
-    assert torch.equal(unpack_x8(packed, qtype), raw)
+    assert torch.equal(unpack_x8(packed, qtype), raw) and torch.equal(packed, pack_x8_reference(raw, qtype))
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(seed))
     y = x8_matmul(x, packed, qtype)
     slack = 1e-5 + 1e-6 * (x.double().abs() @ float_weight(raw, qtype).abs().t())  # float32 sums against float64
@@ -454,3 +454,20 @@ def test_panels_equal_the_reference_on_any_shape(qtype, panels, blocks_, M, seed
     wide = torch.randn(12, K, generator=torch.Generator().manual_seed(seed))  # (12, K): past FEW_ROWS
     assert torch.equal(x8_matmul(wide, packed, qtype), q8act.q8act_matmul(wide, raw, qtype))  # the blocked GEMM:
     # the same panels, the same sums
+
+
+def test_the_panel_move_refuses_an_order_it_cannot_follow():
+    """q8act.cpp's x8_pack (pack_x8's move) checks its order: a unit outside the panel is an error naming it."""
+    if q8act.ready("Q8_0") is not None:
+        pytest.skip("q8act.cpp did not build")
+    from gatherlens.ops.quant.products.x8 import _panel_order
+
+    raw = torch.randint(0, 256, (16, 34), dtype=torch.uint8)  # two panels of one Q8_0 block
+    order = _panel_order("Q8_0", 34).clone()
+    torch.library.opcheck(torch.ops.gatherlens.x8_pack.default, (raw, order, torch.empty_like(raw)))
+    raw = raw[:8]
+    order[5] = 136  # a panel holds 136 units: 0..135
+    with pytest.raises(RuntimeError, match=r"order\[5\] = 136 is outside 0..135"):
+        torch.ops.gatherlens.x8_pack(raw, order, torch.empty_like(raw))
+    with pytest.raises(RuntimeError, match="N a multiple of 8"):
+        torch.ops.gatherlens.x8_pack(raw[:7], order, torch.empty_like(raw[:7]))

@@ -691,6 +691,36 @@ at::Tensor linear_x8(const at::Tensor& x, const at::Tensor& packed) {
   return y;
 }
 
+// pack_x8's move (ops/quant/products/x8.py; its plain twin there: pack_x8_reference): unit i (2 bytes) of each
+// panel of out = unit order[i] of the same panel of raw, order (4 * row_bytes,) int64 one panel's layout
+// (x8.py's _panel_order: every panel field starts at an even byte), panels split over the threads.
+void x8_pack_cpu(const at::Tensor& raw, const at::Tensor& order, const at::Tensor& out) {
+  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == at::kByte && raw.is_contiguous() && raw.size(0) % PANEL == 0 &&
+                  raw.size(1) % 2 == 0, "x8_pack: raw must be (N, row_bytes) uint8 contiguous, N a multiple of 8 and "
+              "row_bytes even, got ", raw.sizes());
+  TORCH_CHECK(out.sizes() == raw.sizes() && out.scalar_type() == at::kByte && out.is_contiguous(),
+              "x8_pack: out must be uint8 contiguous of raw's shape ", raw.sizes(), ", got ", out.sizes());
+  const int64_t units = PANEL * raw.size(1) / 2;
+  TORCH_CHECK(order.dim() == 1 && order.scalar_type() == at::kLong && order.is_contiguous() && order.size(0) == units,
+              "x8_pack: order must be (", units, ",) int64 contiguous, got ", order.sizes());
+  const int64_t* o = order.data_ptr<int64_t>();
+  std::vector<int64_t> from(static_cast<size_t>(units));
+  for (int64_t i = 0; i < units; ++i) {
+    TORCH_CHECK(o[i] >= 0 && o[i] < units, "x8_pack: order[", i, "] = ", o[i], " is outside 0..", units - 1);
+    from[i] = 2 * o[i];
+  }
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  const int64_t panel = 2 * units;  // bytes a panel
+  gatherlens::parallel_chunks(raw.size(0) / PANEL, 16, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint8_t* s = src + p * panel;
+      uint8_t* d = dst + p * panel;
+      for (int64_t i = 0; i < units; ++i) std::memcpy(d + 2 * i, s + from[i], 2);
+    }
+  });
+}
+
 at::Tensor q8x8_linear_cpu(const at::Tensor& x, const at::Tensor& packed, int64_t qtype) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be (M, K) float32 contiguous");
 #define GATHERLENS_CASE(F) \
@@ -730,10 +760,12 @@ int64_t q8act_simd() {  // the blocked loop this build runs: 0 the scalar twin, 
 TORCH_LIBRARY_FRAGMENT(gatherlens, m) {
   m.def("q8act_linear(Tensor x, Tensor raw, int qtype) -> Tensor");
   m.def("q8x8_linear(Tensor x, Tensor packed, int qtype) -> Tensor");
+  m.def("x8_pack(Tensor raw, Tensor order, Tensor(a!) out) -> ()");
   m.def("q8act_simd() -> int", &q8act_simd);
 }
 
 TORCH_LIBRARY_IMPL(gatherlens, CPU, m) {
   m.impl("q8act_linear", &q8act_linear_cpu);
   m.impl("q8x8_linear", &q8x8_linear_cpu);
+  m.impl("x8_pack", &x8_pack_cpu);
 }

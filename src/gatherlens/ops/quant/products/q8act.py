@@ -67,10 +67,15 @@ def blocked_simd() -> str | None:
 
 def register_fakes() -> None:
     torch.library.register_fake("gatherlens::q8act_linear", fake_q8act_linear)
+    torch.library.register_fake("gatherlens::x8_pack", fake_x8_pack)
 
 
 def fake_q8act_linear(x, raw, qtype):
     return x.new_empty(x.shape[0], raw.shape[0])
+
+
+def fake_x8_pack(raw, order, out):
+    return None  # writes out in place (x8.py's pack_x8)
 
 
 def block_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor:

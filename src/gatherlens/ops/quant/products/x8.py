@@ -31,9 +31,12 @@ import functools
 
 import torch
 
+from gatherlens.errors import GatherValueError
 from gatherlens.ops.quant.formats.layout import LAYOUTS, PANEL_OP, QK, formats_run_by
+from gatherlens.ops.quant.products.q8act import kernel_loaded
 
-__all__ = ["X8_QTYPES", "PANEL", "X8_OP", "pack_x8", "unpack_x8", "x8_fits", "x8_matmul", "after_packing"]
+__all__ = ["X8_QTYPES", "PANEL", "X8_OP", "pack_x8", "pack_x8_reference", "unpack_x8", "x8_fits", "x8_matmul",
+           "after_packing"]
 
 PANEL = 8  # weight rows a panel (one per int32 lane of a 256-bit register)
 PACK_ROWS = 8192  # rows pack_x8 moves at a time (a multiple of PANEL)
@@ -57,15 +60,32 @@ def _parts(qtype: str) -> tuple[list[str], int]:
 
 
 def pack_x8(raw: torch.Tensor, qtype: str) -> torch.Tensor:
-    """raw (N, nb * block_bytes) uint8 blocks -> the same bytes in panels (N, nb * block_bytes), contiguous.
-    Written PACK_ROWS rows at a time into the output: no whole-weight temporaries (a 262K-row head is 178 MB)."""
+    """raw (N, nb * block_bytes) uint8 blocks -> the same bytes in panels (N, nb * block_bytes), contiguous, by
+    q8act.cpp's `x8_pack` (the panels' own kernel: without it there are no panels to read; `pack_x8_reference`
+    is its plain twin, equal byte for byte). Written PACK_ROWS rows at a time into the output: no whole-weight
+    temporaries (a 262K-row head is 178 MB), each piece handed to `after_packing`'s callback once moved."""
+    if not kernel_loaded():
+        raise GatherValueError(f"pack_x8({qtype}): panels are read by q8act.cpp's operators, which did not build "
+                               f"here (see the warning); the blocks are read as stored instead")
+    return _pack(raw, qtype, lambda rows, order, out: torch.ops.gatherlens.x8_pack(rows, order, out))
+
+
+def pack_x8_reference(raw: torch.Tensor, qtype: str) -> torch.Tensor:
+    """pack_x8 in torch: each panel's 2-byte units gathered by indexing (the same bytes, ~10x slower)."""
+    def move(rows, order, out):
+        pairs = rows.view(torch.int16).reshape(-1, PANEL * rows.shape[1] // 2)  # (n / 8, 4 * row_bytes) units
+        out.copy_(pairs[:, order].view(torch.uint8).view(rows.shape))  # (n, row_bytes)
+    return _pack(raw, qtype, move)
+
+
+def _pack(raw: torch.Tensor, qtype: str, move) -> torch.Tensor:
+    """out (N, row_bytes) from raw a piece of PACK_ROWS rows at a time: move(rows, order, out piece)."""
     N, row_bytes = raw.shape
     out = torch.empty(raw.shape, dtype=torch.uint8)  # (N, row_bytes)
     order, done = _panel_order(qtype, row_bytes), PACKED_ROWS.get()
     for start in range(0, N, PACK_ROWS):
         rows = raw[start:start + PACK_ROWS]  # (n, row_bytes), n a multiple of 8
-        pairs = rows.view(torch.int16).reshape(-1, PANEL * row_bytes // 2)  # (n / 8, 4 * row_bytes) 2-byte units
-        out[start:start + PACK_ROWS] = pairs[:, order].view(torch.uint8).view(rows.shape)  # indexing: ~3x index_select
+        move(rows if rows.is_contiguous() else rows.contiguous(), order, out[start:start + PACK_ROWS])
         if done is not None:
             done(rows)
     return out
