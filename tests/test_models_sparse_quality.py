@@ -69,6 +69,12 @@ def test_agreement_and_pages_beside_perplexity(model):
         assert small.greedy_prefix == 6 or small.greedy_margin >= 0  # dense's own token leads at its divergence
         assert small.pages_mean == 2.0 and 2.0 <= auto.pages_mean <= 4.0  # budget 16: 2 pages of 8
         assert (small.recall is not None) == recall
+    assert r.meta["share_selection"] is True and r.meta["dense_layers"] == 0  # the setups' own (Quest's here)
+    mixed = [SparseSetup(16, page_size=8, share_selection=False, dense_layers=2), SparseSetup(32, page_size=8)]
+    meta = evaluate_sparse_quality(model, ids, setups=mixed, page_size=8, decode_tokens=4, recall=False).meta
+    assert meta["share_selection"] == meta["dense_layers"] == "per row"  # not the function's own defaults
+    one = evaluate_sparse_quality(model, ids, setups=mixed[:1], page_size=8, decode_tokens=4, recall=False).meta
+    assert one["share_selection"] is False and one["dense_layers"] == 2
 
 
 def test_quality_bad_input(model):

@@ -323,6 +323,16 @@ def _measure_setting(model, cache0, logits0, targets, setup: SparseSetup, dense,
     return row, (nll, tops, made, kept)
 
 
+def _common(setups: list[SparseSetup], name: str):
+    """The setting `name` the setups share (what the meta records), or "per row" where they differ.
+
+        >>> _common([SparseSetup(512, share_selection=False), SparseSetup(256, share_selection=False)], "share_selection")
+        False
+    """
+    values = {getattr(s, name) for s in setups}
+    return values.pop() if len(values) == 1 else "per row"
+
+
 @torch.no_grad()
 def evaluate_sparse_quality(model, ids: torch.Tensor, budgets=(256, 512, 1024, 2048), *, page_size: int = QUEST.page_size,
                             decode_tokens: int = 256, share_selection: bool = QUEST.share_selection,
@@ -363,7 +373,7 @@ def evaluate_sparse_quality(model, ids: torch.Tensor, budgets=(256, 512, 1024, 2
     finally:
         use_dense_decoding(model)
     meta = {"context": S, "prefix_tokens": S - N, "decode_tokens": N, "page_size": page_size,
-            "share_selection": share_selection, "group_score": group_score, "dense_layers": dense_layers,
+            **{name: _common(setups, name) for name in ("share_selection", "group_score", "dense_layers")},
             "model_type": model.config.model_type, "protocol": "dense prefill, teacher-forced sparse decode",
             "ppl_ratio_ci": "95% interval from the paired per-token log-likelihood differences", "greedy": greedy,
             "top1_agree": "share of the teacher-forced steps whose top-1 token is dense's",
