@@ -211,8 +211,8 @@ def test_the_models_decode_step_is_sparse_decode(budget, share):
 @pytest.mark.parametrize("share", [False, True], ids=["per-head", "shared"])
 @pytest.mark.parametrize("ties", ["integer-keys", "random"])
 def test_long_caches_choose_the_torch_paths_pages(share, ties):
-    """Past 1,024 candidate pages the operator first filters by a rank sampled from the candidates
-    (fused_decode.cpp's sampled_floor): still exactly the pages of the rule, ties at the cut included."""
+    """Past 1,024 candidate pages (fused_decode.cpp's `choose`: the budget's best by a radix select of their
+    ranks, then one scan): still exactly the pages of the rule, ties at the cut included."""
     g = torch.Generator().manual_seed(7)
     L = 12_000
     k = torch.randn(1, 2, L, 16, generator=g)  # (B, Hkv, L, D)
