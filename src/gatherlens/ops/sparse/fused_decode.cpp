@@ -98,20 +98,20 @@ inline void digit_counts(const uint32_t* keys, int64_t m, int shift, uint32_t* c
   for (int b = 0; b < 256; ++b) count[b] = part[0][b] + part[1][b] + part[2][b] + part[3][b];
 }
 
-// r.id[0:m] = the candidate pages p0 .. p1-1 whose rank is at least `floor` (-inf: every one), in rank order:
-// best first, equal ranks the lower page first (select/ties.py). A stable LSD radix sort of the complemented
-// rank bits (4 passes of 8 bits, a pass skipped where every key has one digit) over the pages taken ascending:
-// a few microseconds for 512 pages, where a comparison sort or heap of them takes 25-40 (mispredicted branches).
-int64_t rank_order(const float* score, int64_t p0, int64_t p1, float floor, RankScratch& r) {
-  r.key.clear();
-  r.id.clear();
-  for (int64_t p = p0; p < p1; ++p) {
-    const float v = canonical_rank(score[p]);
-    if (v >= floor) {
-      r.key.push_back(~ordered_bits(v));
-      r.id.push_back(static_cast<uint32_t>(p));
-    }
+// r.key / r.id = the candidate pages 1 .. fr-1, ascending, with their complemented rank bits (smaller: better).
+void candidates(const float* score, int64_t fr, RankScratch& r) {
+  r.key.resize(static_cast<size_t>(fr - 1));
+  r.id.resize(static_cast<size_t>(fr - 1));
+  for (int64_t p = 1; p < fr; ++p) {
+    r.key[p - 1] = ~ordered_bits(canonical_rank(score[p]));
+    r.id[p - 1] = static_cast<uint32_t>(p);
   }
+}
+
+// r.id (in rank order: best first, equal ranks the lower page first, select/ties.py): a stable LSD radix sort of
+// r.key (4 passes of 8 bits, a pass skipped where every key has one digit) over the pages taken ascending: a few
+// microseconds for 512 pages, where a comparison sort or heap of them takes 25-40 (mispredicted branches).
+void sort_by_rank(RankScratch& r) {
   const int64_t m = static_cast<int64_t>(r.key.size());
   r.key2.resize(m);
   r.id2.resize(m);
@@ -129,7 +129,6 @@ int64_t rank_order(const float* score, int64_t p0, int64_t p1, float floor, Rank
     std::swap(r.key, r.key2);
     std::swap(r.id, r.id2);
   }
-  return m;
 }
 
 // pages[0:k] ascending: page 0, the first `taken` of r.id, then pages fr.. while fewer than n. Returns k.
@@ -170,10 +169,32 @@ uint32_t kth_smallest(const std::vector<uint32_t>& keys, int64_t take, std::vect
   }
 }
 
-// pages[0:n] of one selection head from its scores (N,): forced pages, then the best others. The best `take`
-// of the candidates 1 .. fr-1 need no order among themselves: their keys' take-th smallest (kth_smallest), then
-// one ascending scan takes the keys below it and, of those equal to it, the lower pages first (the rule's ties):
-// about a fifth of a radix sort's time on 1,000 pages.
+// r's candidates (ascending pages) cut to their best `keep` (0 <= keep), still ascending: the keys below the
+// keep-th smallest (kth_smallest) and, of those equal to it, the lower pages first (the rule's ties). No order
+// among them: about a fifth of a radix sort's time on 1,000 pages.
+void keep_best(int64_t keep, RankScratch& r) {
+  const int64_t m = static_cast<int64_t>(r.key.size());
+  if (keep >= m) return;
+  if (keep <= 0) {
+    r.key.clear();
+    r.id.clear();
+    return;
+  }
+  const uint32_t edge = kth_smallest(r.key, keep, r.key2);  // the keep-th best key
+  int64_t ties = keep - std::count_if(r.key.begin(), r.key.end(), [edge](uint32_t k) { return k < edge; });
+  int64_t j = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const uint32_t k = r.key[i];
+    if (k < edge || (k == edge && ties-- > 0)) {
+      r.key[j] = k;
+      r.id[j++] = r.id[i];
+    }
+  }
+  r.key.resize(j);
+  r.id.resize(j);
+}
+
+// pages[0:n] of one selection head from its scores (N,): forced pages, then the best others (a set: no sort).
 void choose(const float* score, int64_t N, int64_t n, int64_t first_recent, int64_t* pages, RankScratch& r) {
   if (n >= N) {
     for (int64_t p = 0; p < N; ++p) pages[p] = p;
@@ -182,17 +203,8 @@ void choose(const float* score, int64_t N, int64_t n, int64_t first_recent, int6
   const int64_t fr = std::max<int64_t>(1, std::min(first_recent, N - 1));
   const int64_t forced = 1 + (N - fr);
   const int64_t take = std::min<int64_t>(std::max<int64_t>(0, n - forced), fr - 1);
-  r.key.resize(static_cast<size_t>(fr - 1));
-  for (int64_t p = 1; p < fr; ++p) r.key[p - 1] = ~ordered_bits(canonical_rank(score[p]));  // smaller: better
-  r.id.clear();
-  if (take > 0) {
-    const uint32_t edge = kth_smallest(r.key, take, r.key2);  // the take-th best key
-    int64_t ties = take - std::count_if(r.key.begin(), r.key.end(), [edge](uint32_t k) { return k < edge; });
-    for (int64_t p = 1; p < fr; ++p) {
-      const uint32_t k = r.key[p - 1];
-      if (k < edge || (k == edge && ties-- > 0)) r.id.push_back(static_cast<uint32_t>(p));
-    }
-  }
+  candidates(score, fr, r);
+  keep_best(take, r);
   emit(N, n, fr, take, r, pages);
 }
 
@@ -222,7 +234,10 @@ int64_t choose_mass(const float* score, int64_t N, int64_t n, int64_t first_rece
                     int64_t* pages, RankScratch& r, std::vector<float>& w) {
   const int64_t fr = std::max<int64_t>(1, std::min(first_recent, N - 1));
   const int64_t forced = std::min(n, 1 + (N - fr)), floor = std::min(n, std::max(rule.min_pages, forced));
-  const int64_t m = rank_order(score, 1, fr, -std::numeric_limits<float>::infinity(), r);
+  candidates(score, fr, r);
+  const int64_t m = static_cast<int64_t>(r.key.size());
+  keep_best(n - forced, r);  // no more than these can be read: only they need an order
+  sort_by_rank(r);
   const bool weighed = estimated_mass(score, N, rule, w);
   double total = 0.0, acc = weighed ? w[0] : 0.0;
   for (int64_t p = 0; weighed && p < N; ++p) total += w[p];
