@@ -33,6 +33,27 @@ def test_agreement_splits_at_the_window(monkeypatch, tmp_path):
     assert "agree_before" not in agree_cells(tmp_path / "f.gguf", reference, spec, window=None, python=None)
 
 
+def test_load_is_one_cold_run_then_the_median_of_warm_ones(monkeypatch, tmp_path):
+    """Cold: the file evicted before each side's run; warm: WARM_RUNS runs alternating ours and llama.cpp's,
+    each side's median reported (one slow start does not make the figure), ours kept beside."""
+    import gatherlens.bench.models as bm
+
+    log, ours_s, theirs_s = [], iter([3.0, 2.5, 1.5, 1.6]), iter([0.9, 0.7, 0.5, 0.6])
+    monkeypatch.setattr(bm, "evict", lambda path: log.append("evict"))
+    monkeypatch.setattr(bm, "_ours", lambda case, **spec: log.append("ours") or
+                        {"loaded_s": (t := next(ours_s)), "first_token_s": t + 0.1, "load_s": t / 2, "prompt": [1]})
+    monkeypatch.setattr(bm, "_theirs", lambda python, **spec: log.append("theirs") or
+                        {"loaded_s": (t := next(theirs_s)), "first_token_s": t + 0.1})
+    row = bm.load_cells(tmp_path / "f.gguf", 2, "py")
+    assert bm.WARM_RUNS == 3 and log == ["evict", "ours", "evict", "theirs"] + ["ours", "theirs"] * 3
+    assert row["load_cold_s"] == 3.0 and row["llama_load_cold_s"] == 0.9
+    assert row["load_warm_s"] == 1.6 and row["load_warm_runs_s"] == [2.5, 1.5, 1.6]  # the median, not the first
+    assert row["llama_load_warm_s"] == 0.6 and row["load_call_warm_s"] == 0.8
+    ours_s = iter([1.0] * 4)  # without llama.cpp: ours alone, no llama.cpp columns
+    alone = bm.load_cells(tmp_path / "f.gguf", 2, None)
+    assert alone["load_warm_s"] == 1.0 and not any(k.startswith("llama_") for k in alone)
+
+
 def test_markdown_table_has_one_line_a_file():
     row = {"file": "m.Q4_K_M.gguf", "ms_512": 10.0, "llama_ms_512": 15.0, "x_decode_512": 1.5, "prefill_s_512": 1.0,
            "llama_prefill_s_512": 2.0, "x_prefill_512": 2.0, "load_warm_s": 1.5, "load_cold_s": 4.0,

@@ -8,8 +8,9 @@ Every case is a fresh process (ours: bench/models_case.py under this interpreter
 bench/llamacpp_case.py under llama-cpp-python's), one after the other, ours first each time:
 
 - load, cold and warm: the file's pages dropped from the page cache first (posix_fadvise DONTNEED:
-  nothing else may map it), then again right after; the seconds from starting the process to the
-  model loaded and to the first token of a short prompt, and `load()`'s (or `Llama()`'s) own.
+  nothing else may map it), then WARM_RUNS times right after (the median kept); the seconds from starting
+  the process to the model loaded and to the first token of a short prompt, and `load()`'s (or `Llama()`'s)
+  own.
 - decode at each --context (default 512, 4K, 8K): the real prefill of that many prompt tokens (the
   same ids for both), then --tokens greedy tokens: ms per token (ours: the loop of `gatherlens
   generate --quantized`, sparse at --budget; llama.cpp: the median step), prefill seconds, the
@@ -27,6 +28,7 @@ Timings from a busy machine are noise: run it alone (OpenMP collapses beside ano
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -65,23 +67,36 @@ def _theirs(python: str, **spec) -> dict:
     return run_script(python, str(SCRIPT), spec)
 
 
+WARM_RUNS = 3  # warm loads a file takes, ours and llama.cpp's alternating: the median of each is reported
+
+
 def load_cells(path: Path, threads: int, python: str | None) -> dict:
-    """Cold then warm load, ours then llama.cpp's each time (the llama.cpp prompt: our short prompt's ids)."""
-    row, prompt = {}, None
-    for kind in ("cold", "warm"):
+    """A cold load (the file evicted first), ours then llama.cpp's, then WARM_RUNS warm ones alternating: the
+    cold figures and the warm medians (one warm start moves by ~0.5 s on a busy host; ours kept beside)."""
+    ours, theirs = {"cold": [], "warm": []}, {"cold": [], "warm": []}
+    prompt = None
+    for kind in ("cold",) + ("warm",) * WARM_RUNS:
         if kind == "cold":
             evict(path)
-        ours = _ours("load", gguf=str(path), threads=threads, spawn=time.time())
-        prompt = prompt or ours["prompt"]
-        row.update({f"load_{kind}_s": ours["loaded_s"], f"first_token_{kind}_s": ours["first_token_s"],
-                    f"load_call_{kind}_s": ours["load_s"]})
+        ours[kind].append(_ours("load", gguf=str(path), threads=threads, spawn=time.time()))
+        prompt = prompt or ours[kind][-1]["prompt"]
         if python is not None:
             if kind == "cold":
                 evict(path)
-            theirs = _theirs(python, gguf=str(path), threads=threads, prompt=prompt, spawn=time.time())
-            row.update({f"llama_load_{kind}_s": theirs["loaded_s"],
-                        f"llama_first_token_{kind}_s": theirs["first_token_s"]})
+            theirs[kind].append(_theirs(python, gguf=str(path), threads=threads, prompt=prompt, spawn=time.time()))
+    row = {"load_warm_runs_s": [r["loaded_s"] for r in ours["warm"]]}
+    for kind in ("cold", "warm"):
+        row.update({f"load_{kind}_s": _median(ours[kind], "loaded_s"),
+                    f"first_token_{kind}_s": _median(ours[kind], "first_token_s"),
+                    f"load_call_{kind}_s": _median(ours[kind], "load_s")})
+        if theirs[kind]:
+            row.update({f"llama_load_{kind}_s": _median(theirs[kind], "loaded_s"),
+                        f"llama_first_token_{kind}_s": _median(theirs[kind], "first_token_s")})
     return row
+
+
+def _median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
 
 
 def decode_cells(path: Path, L: int, tokens: int, budget: int, threads: int, python: str | None) -> dict:
