@@ -362,7 +362,7 @@ cpp_extension.load("gatherlens_q8act_twin", [str(src)], extra_cflags=[*native.FL
 sys.path.insert(0, sys.argv[2])
 from gatherlens.ops.quant.formats.layout import LAYOUTS
 from gatherlens.ops.quant.products.q8act import kernel_of
-from gatherlens.ops.quant.products.x8 import pack_x8
+from gatherlens.ops.quant.products.x8 import _panel_order, pack_x8_reference
 from test_quantized_q8act import float_weight
 print("simd", torch.ops.gatherlens.q8act_simd())
 for (qtype, x, raw, simd, simd_x8) in torch.load(sys.argv[4]):
@@ -371,7 +371,10 @@ for (qtype, x, raw, simd, simd_x8) in torch.load(sys.argv[4]):
     assert ((y - kernel_of(qtype).reference(x, raw, qtype)).double().abs() <= slack).all(), qtype
     assert ((y - simd).double().abs() <= 2 * slack).all(), qtype  # this build's loops against the SIMD ones
     if simd_x8 is not None:  # the panels' loops (q8x8_linear) too
-        y8 = torch.ops.gatherlens.q8x8_linear(x, pack_x8(raw, qtype), LAYOUTS[qtype].ggml_type)
+        packed = torch.empty_like(raw)  # this build's x8_pack (the process loads no other: GATHERLENS_NATIVE=0)
+        torch.ops.gatherlens.x8_pack(raw, _panel_order(qtype, raw.shape[1]), packed)
+        assert torch.equal(packed, pack_x8_reference(raw, qtype)), qtype
+        y8 = torch.ops.gatherlens.q8x8_linear(x, packed, LAYOUTS[qtype].ggml_type)
         assert ((y8 - kernel_of(qtype).reference(x, raw, qtype)).double().abs() <= slack).all(), qtype
         assert ((y8 - simd_x8).double().abs() <= 2 * slack).all(), qtype
 print("twin ok")
