@@ -193,3 +193,35 @@ def test_a_failure_after_a_stop_signal_reads_as_the_stop_not_an_internal_error(t
     stopped = CliRunner().invoke(cli.main, ["boom"])
     assert stopped.exit_code == 1 and "Aborted" in stopped.output and "internal error" not in stopped.output
     assert "Traceback" not in stopped.output
+
+
+_FINALIZER_STOP = """
+import os, signal, sys, time
+from gatherlens.commands.params import redeliver_swallowed_stop, stop_received
+signal.signal(signal.SIGINT, stop_received)
+if sys.argv[1] == "hook":
+    sys.unraisablehook = redeliver_swallowed_stop
+class Finalized:
+    def __del__(self):  # the signal lands while a finalizer runs (as it did in a library's __del__ in CI)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+try:
+    Finalized()
+    for _ in range(200):
+        time.sleep(0.01)
+    print("finished")
+except KeyboardInterrupt:
+    print("stopped")
+"""
+
+
+@pytest.mark.parametrize("hook", ["hook", "none"])
+def test_a_stop_raised_inside_a_finalizer_is_delivered_again(hook):
+    """Must hold (issue 40): Ctrl-C that lands while a library's __del__ runs is not lost there (Python prints it
+    as "Exception ignored" and goes on); the command's hook delivers it again outside the finalizer, so the
+    command stops, without a traceback. Without the hook (the control) the stop is lost."""
+    done = subprocess.run([sys.executable, "-c", _FINALIZER_STOP, hook], capture_output=True, text=True, timeout=60)
+    if hook == "hook":
+        assert done.stdout.strip() == "stopped" and "Traceback" not in done.stderr, done.stderr
+    else:
+        assert done.stdout.strip() == "finished" and "Exception ignored" in done.stderr

@@ -75,11 +75,12 @@ class LazyGroup(click.Group):
         """The command line's entry; run from a shell (no `args`), a stop signal once the command has
         returned is ignored: it would only interrupt the interpreter's own shutdown, which then prints
         "Exception ignored in ... KeyboardInterrupt" with a traceback."""
-        if args is None:  # Ctrl-C recorded as it stops (commands/params.py's stop_received)
-            from gatherlens.commands.params import stop_received
+        if args is None:  # Ctrl-C recorded as it stops (commands/params.py's stop_received), never lost in a finalizer
+            from gatherlens.commands.params import redeliver_swallowed_stop, stop_received
 
             with contextlib.suppress(ValueError, OSError, AttributeError):
                 signal.signal(signal.SIGINT, stop_received)
+                sys.unraisablehook = redeliver_swallowed_stop
         try:
             return super().main(args, *rest, **kw)
         finally:

@@ -154,6 +154,24 @@ def stop_received(signum, frame=None):
     raise KeyboardInterrupt
 
 
+def redeliver_swallowed_stop(unraisable) -> None:
+    """`sys.unraisablehook` while a command runs: a stop signal's KeyboardInterrupt raised inside a finalizer (a
+    library's `__del__` run by the garbage collector) cannot stop the command there, and Python would print it
+    as "Exception ignored in ..." with a traceback and go on (one CI run of eval: the stop lost, the command
+    finished). The stop is delivered again instead, from a thread a moment later (`_thread.interrupt_main`: the
+    SIGINT handler runs anew in the main thread, by then outside the finalizer and this hook, where a signal
+    handled at once would be swallowed again); anything else goes to Python's own hook."""
+    import _thread
+    import signal
+    import sys
+    import threading
+
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and RECEIVED:
+        threading.Timer(0.01, _thread.interrupt_main, args=(signal.SIGINT,)).start()
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 @contextlib.contextmanager
 def signals_as_ctrl_c():
     """`with signals_as_ctrl_c() as stop:` SIGTERM and SIGHUP raise KeyboardInterrupt inside the
