@@ -76,15 +76,16 @@ def test_native_matches_torch_on_any_shape(B, Hkv, G, L, D, P, budget, share, re
 
 @pytest.mark.parametrize("Hkv,G,D,L,budget,mass", [
     (2, 7, 64, 1500, 1500, None),   # Qwen2.5 0.5B's group: every head reads every page (their union, once)
-    (2, 7, 64, 1500, 96, None),     # small per-head choices, mostly apart (each head its own pages)
+    (2, 7, 64, 1500, 96, None),     # small per-head choices, mostly apart (a page summed for its own heads)
     (1, 4, 256, 700, 512, 0.998),   # Gemma 3's one KV head, head_dim 256, the auto budget (their union)
     (8, 4, 128, 900, 512, 0.3),     # Llama 3's group of 4 at head_dim 128, the auto budget stopping early:
     (2, 4, 16, 900, 512, 0.6),      # heads with their own counts, read together (above) or apart (here)
 ], ids=str)
 def test_wide_groups_with_per_head_choices_equal_the_reference(Hkv, G, D, L, budget, mass):
-    """Per-head choices in a wide KV group: read once for the group over the union of its heads' pages
-    (each head's logits masked to its own: fused_decode.cpp's group_union) or head by head, whichever
-    reads less; either way exactly the attention of each head's own pages."""
+    """Per-head choices in a wide KV group: read once for the group over the union of its heads' pages (in
+    groups above 4, each page's logits and values summed for the heads that chose it: fused_decode.cpp's
+    group_union, page_logits, page_values; in smaller ones every head's, the others masked) or head by head,
+    whichever costs less: either way exactly the attention of each head's own pages."""
     q, k, v, cache = make(B=1, Hkv=Hkv, G=G, L=L, D=D, P=8, seed=G + L)
     q = q * 4  # peaked scores: heads of a group choose differently
     kw = dict(share_selection=False, recent=16, mass=mass, min_pages=2) if mass else dict(share_selection=False,
