@@ -167,6 +167,22 @@ def test_loading_lets_each_packed_weights_pages_go_as_it_packs(files, monkeypatc
     assert seen and vocab in seen  # the tied head's rows among them (one piece at this size)
 
 
+@pytest.mark.parametrize("runtime", ["native", "transformers"])
+def test_a_tied_embedding_reads_its_rows_from_the_heads_panels(files, runtime):
+    """Qwen2's tied Q8_0 table is packed whole for the head: the embedding picks its rows there (x8_rows), the
+    same bytes as the mapped file's, so a prompt's rows do not bring the table's file pages back beside them."""
+    from gatherlens.ops.quant import QuantizedTable
+
+    model = load(str(files("qwen2")), quantized=True, runtime=runtime).model
+    embed = model.plan.embed if runtime == "native" else model.model.embed_tokens
+    table = embed.table
+    assert table.pick is not None  # read from the panels
+    plain = QuantizedTable(table.raw, table.qtype)  # the same blocks, read in the mapped file
+    ids = torch.tensor([[0, 5, 316, 5, 17, 8, 9, 311]])  # (1, 8): repeats, either end, across panels
+    for picked in (ids, ids[:, :1]):  # a prompt's rows, a decode step's one
+        assert torch.equal(table.lookup(picked), plain.lookup(picked))
+
+
 def test_the_loading_table_says_why(files, tmp_path):
     """runtime="auto" takes the native runtime where it runs the file and transformers' modules otherwise,
     saying why (Gemma 2's soft-capping, top-k attention); runtime="native" where it cannot is an error."""

@@ -27,7 +27,7 @@ from gatherlens.ops.quant.formats.layout import QK
 from gatherlens.ops.quant.products.linear import (LINEAR_PRODUCT, LinearConfig, pack_linear, quantized_linear,
                                                   split_linear)
 from gatherlens.ops.quant.products.linear_naive import naive_quantized_linear
-from gatherlens.ops.quant.products.x8 import X8_QTYPES, pack_x8, pack_x8_reference, unpack_x8, x8_matmul
+from gatherlens.ops.quant.products.x8 import X8_QTYPES, pack_x8, pack_x8_reference, unpack_x8, x8_matmul, x8_rows
 
 pytestmark = needs_native(q8act)
 QTYPES = q8act.Q8ACT_QTYPES  # the formats whose records name the q8act route
@@ -157,10 +157,11 @@ def test_prefill_rows_take_the_integer_gemm_where_it_is_faster_else_the_exact_ro
     assert LINEAR_PRODUCT.select(x, half).name == "prefill"
     assert torch.equal(quantized_linear(x, half), naive_quantized_linear(x, half))
     q4_k = pack_linear(blocks("Q4_K", 16, 256), "Q4_K", LinearConfig("q8act", 4))  # q8k.cpp's blocked loop
-    wide = torch.randn(300, 256)  # (300, K): past Q8_0's 256 rows, the K-quants' at any
+    wide = torch.randn(300, 256)  # (300, K): the K-quants take the integer GEMM at any rows
     expect = "q8act" if q8act.kernel_of("Q4_K").blocked() != "scalar" else "prefill"
     assert LINEAR_PRODUCT.select(wide, q4_k).name == expect
-    assert LINEAR_PRODUCT.select(torch.randn(300, 64), w).name == "prefill"  # Q8_0: 256 rows at most
+    monkeypatch.setitem(FORMATS, "Q8_0", dataclasses.replace(FORMATS["Q8_0"], gemm_rows=256))  # a crossover at 256
+    assert LINEAR_PRODUCT.select(torch.randn(300, 64), w).name == "prefill"  # past it: the exact route
     monkeypatch.setitem(FORMATS, "Q8_0", dataclasses.replace(FORMATS["Q8_0"], gemm_rows=4))  # faster only up to 4 rows: x has 12
     assert LINEAR_PRODUCT.select(x, w).name == "prefill" and LINEAR_PRODUCT.select(x[:4], w).name == "q8act"
     assert torch.equal(quantized_linear(x, w), naive_quantized_linear(x, w))
@@ -448,6 +449,8 @@ def test_panels_equal_the_reference_on_any_shape(qtype, panels, blocks_, M, seed
     raw = random_blocks(qtype, N, K, seed)
     packed = pack_x8(raw, qtype)
     assert torch.equal(unpack_x8(packed, qtype), raw) and torch.equal(packed, pack_x8_reference(raw, qtype))
+    ids = torch.randint(0, N, (M + 3,), generator=torch.Generator().manual_seed(seed))  # (M + 3,) repeats allowed
+    assert torch.equal(x8_rows(packed, ids, qtype), raw[ids])  # rows gathered from the panels, as stored
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(seed))
     y = x8_matmul(x, packed, qtype)
     slack = 1e-5 + 1e-6 * (x.double().abs() @ float_weight(raw, qtype).abs().t())  # float32 sums against float64

@@ -37,7 +37,7 @@ from gatherlens.models.files.integrity import readable
 from gatherlens.models.files.loaded import LoadedModel
 from gatherlens.models.files.registry import ModelSource, check_quantizable
 from gatherlens.models.gguf.layers import QuantizedEmbedding
-from gatherlens.models.gguf.quantized import head_weight, letting_go, packed_weight, weight_rows
+from gatherlens.models.gguf.quantized import head_weight, letting_go, packed_weight, panel_rows, weight_rows
 from gatherlens.models.gguf.spec import ModelSpec, model_spec
 from gatherlens.ops.attention.variants import PLAIN, AttentionVariant
 from gatherlens.ops.layer.plan import DecodePlan, LayerHandle, LayerPlan, Product
@@ -162,14 +162,16 @@ def plan_gguf(reader, spec: ModelSpec) -> DecodePlan:
     tensors = {t.name: t for t in reader.tensors}
     arch = spec.arch
     table = QuantizedTable.from_reader(reader, "token_embd.weight")
-    embed = QuantizedEmbedding(table, spec.hidden_size ** 0.5 if arch.embed_scale else None)
-    head = QuantizedTable.from_reader(reader, "output.weight") if "output.weight" in tensors else table
+    tied = "output.weight" not in tensors
+    head = head_weight(table if tied else QuantizedTable.from_reader(reader, "output.weight"))
+    scale = spec.hidden_size ** 0.5 if arch.embed_scale else None
+    embed = QuantizedEmbedding(panel_rows(table, head) if tied else table, scale)
     angles = _angles(reader, tensors, spec)
     ranks = [sum(1 for w in spec.windows[:i] if w is None) for i in range(spec.num_hidden_layers)]
     layers = tuple(_trimmed(_layer(reader, tensors, spec, i, ranks[i], angles)) for i in range(spec.num_hidden_layers))
     variants = frozenset().union(*(layer.variant.used for layer in layers))
     return DecodePlan(layers, _vector(tensors, "output_norm.weight"), spec.rms_norm_eps,
-                      Product.of_weight("the head", head_weight(head)), embed, angles,
+                      Product.of_weight("the head", head), embed, angles,
                       None if embed.scale is None else float(embed.scale), _rope_type(spec), None, None, "auto", variants, origin="gguf")
 
 

@@ -98,8 +98,8 @@ class Product:
             functools.partial(_biased, weight, bias)
         blocks = None
         if weight.route == "q8act":
-            blocks = Blocks(weight.tensors[0], weight.qtype, panels=True) if weight.tensors else \
-                Blocks(weight.raw, weight.qtype)
+            blocks = Blocks(weight.raw, weight.qtype) if weight.panels is None else \
+                Blocks(weight.panels, weight.qtype, panels=True)
         return cls(name, run, blocks, weight.activation_dtype, bias)
 
 

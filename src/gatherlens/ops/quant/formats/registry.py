@@ -96,7 +96,7 @@ def format_of(qtype: str, needs: str | None = None) -> QuantFormat:
     function empty, is a GatherValueError naming it: never a silent default.
 
         >>> format_of("Q8_0").gemm_rows, format_of("Q4_K", needs="integers").weights
-        (256, 256)
+        (inf, 256)
     """
     fmt = FORMATS.get(qtype) if isinstance(qtype, str) else None
     if fmt is None:

@@ -10,11 +10,16 @@
 the tensor's bytes with `torch.from_numpy`: no copy, no float32 anywhere until rows are picked. Every
 format of registry.py's `FORMATS` is read so, the plain F32 / F16 / BF16 matrices too (as their bytes).
 `embedding_lookup(ids, table)` checks ids exactly as for a dense table and then calls `lookup`.
+
+`reading_rows_from(pick)`: the same table whose lookups take the rows' blocks from `pick(ids)` instead of
+`raw`: the same bytes held elsewhere (a tied head's panels), so a prompt's lookups do not pull the mapped
+file's pages back in beside them (models/gguf/quantized.py's `panel_rows`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -34,6 +39,8 @@ class QuantizedTable:
     raw: torch.Tensor
     qtype: str
     name: str = ""
+    pick: Callable[[torch.Tensor], torch.Tensor] | None = None  # ids (U,) -> their rows of `raw`'s bytes, held
+    # elsewhere (`reading_rows_from`); None: lookups index `raw`
 
     def __post_init__(self):
         check_qtype(self.qtype)
@@ -114,8 +121,13 @@ class QuantizedTable:
         return self
 
     def to(self, device) -> "QuantizedTable":
-        """The same blocks on `device`."""
+        """The same blocks on `device` (read from `raw` there)."""
         return QuantizedTable(self.raw.to(device), self.qtype, self.name)
+
+    def reading_rows_from(self, pick: Callable[[torch.Tensor], torch.Tensor]) -> "QuantizedTable":
+        """This table, its lookups reading row blocks from `pick(ids)` ((U,) int64 -> (U, row_bytes) uint8, equal
+        to `raw[ids]`) rather than from `raw`."""
+        return replace(self, pick=pick)
 
     # -- reading it ---------------------------------------------------------------------------
     def dequantize(self) -> torch.Tensor:
@@ -132,7 +144,8 @@ class QuantizedTable:
         unique, inverse = flat, None  # one id: its row
         if flat.numel() > 1:
             unique, inverse = torch.unique(flat, return_inverse=True)  # (U,), (N,)
-        blocks = self.raw.index_select(0, unique)  # (U, row_bytes): the only bytes read
+        blocks = self.raw.index_select(0, unique) if self.pick is None else self.pick(unique)  # (U, row_bytes): the
+        # only bytes read
         decode = dequantize_rows if method == "fast" else naive_dequantize_rows
         rows = decode(blocks, self.qtype)  # (U, d) float32
         if inverse is not None:

@@ -75,6 +75,12 @@ class QuantizedWeight:
     def device(self) -> torch.device:
         return self.tensors[0].device if self.raw.is_meta else self.raw.device
 
+    @property
+    def panels(self) -> torch.Tensor | None:
+        """The blocks repacked in panels of 8 rows (N, row_bytes) uint8 (x8.py), or None: the q8act route's one
+        tensor, where it made them (a panel format, N a multiple of 8, the kernel built)."""
+        return self.tensors[0] if self.route == "q8act" and self.tensors else None
+
     def blocks(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Rows start:stop of the blocks as stored, (n, nb * block_bytes) uint8: a view of `raw`, or unpacked
         from the route's panels (whole panels of 8 rows unpacked, then cut) where only they hold them."""

@@ -4,6 +4,8 @@
     >>> torch.equal(unpack_x8(packed, "Q4_1"), raw)
     True
     >>> y = x8_matmul(x, packed, "Q4_1")         # x (M, K) float32 -> (M, N), as q8act_matmul(x, raw, ...)
+    >>> torch.equal(x8_rows(packed, ids, "Q4_1"), raw[ids])   # rows gathered from the panels, as stored
+    True
 
 A decode step multiplies one row of x by every weight row. Row by row (q8act.cpp's row_dot) each
 32-weight block costs ~20 instructions: its nibbles, one multiply-add, and its scale and min turned
@@ -35,8 +37,8 @@ from gatherlens.errors import GatherValueError
 from gatherlens.ops.quant.formats.layout import LAYOUTS, PANEL_OP, QK, formats_run_by
 from gatherlens.ops.quant.products.q8act import kernel_loaded
 
-__all__ = ["X8_QTYPES", "PANEL", "X8_OP", "pack_x8", "pack_x8_reference", "unpack_x8", "x8_fits", "x8_matmul",
-           "after_packing"]
+__all__ = ["X8_QTYPES", "PANEL", "X8_OP", "pack_x8", "pack_x8_reference", "unpack_x8", "x8_rows", "x8_fits",
+           "x8_matmul", "after_packing"]
 
 PANEL = 8  # weight rows a panel (one per int32 lane of a 256-bit register)
 PACK_ROWS = 8192  # rows pack_x8 moves at a time (a multiple of PANEL)
@@ -100,6 +102,25 @@ def _panel_order(qtype: str, row_bytes: int) -> torch.Tensor:
     order = _panels(where, qtype).reshape(-1, 2)  # (4 * row_bytes, 2) the source of each byte pair
     assert bool((order[:, 0] % 2 == 0).all()) and torch.equal(order[:, 1], order[:, 0] + 1), f"{qtype}: odd fields"
     return (order[:, 0] // 2).long()  # (4 * row_bytes,)
+
+
+def x8_rows(packed: torch.Tensor, ids: torch.Tensor, qtype: str) -> torch.Tensor:
+    """Rows `ids` (U,) int64 of the blocks as stored, (U, row_bytes) uint8, gathered from their panels: each row's
+    2-byte units picked where its panel holds them (`unpack_x8(packed)[ids]` without unpacking whole panels; a
+    tied embedding reads its rows so from the head's panels: models/gguf/quantized.py's `panel_rows`). Unchecked."""
+    row_bytes = packed.shape[1]
+    units = packed.view(torch.int16).reshape(-1)  # (N * row_bytes / 2,) the panels' units
+    where = _row_units(qtype, row_bytes)  # (8, row_bytes / 2): where in its panel each unit of a lane's row lies
+    ids = ids.long()  # (U,)
+    first = (ids // PANEL * (PANEL * row_bytes // 2)).unsqueeze(1)  # (U, 1) each row's panel's first unit
+    return units[first + where[ids % PANEL]].view(torch.uint8)  # (U, row_bytes)
+
+
+@functools.lru_cache(maxsize=64)
+def _row_units(qtype: str, row_bytes: int) -> torch.Tensor:
+    """`_panel_order` inverted, (8, row_bytes / 2) int64: [lane, unit] = that unit's place in the packed panel."""
+    order = _panel_order(qtype, row_bytes)  # (4 * row_bytes,) source unit of each packed unit
+    return torch.argsort(order).reshape(PANEL, row_bytes // 2)  # (8, row_bytes / 2)
 
 
 @contextlib.contextmanager
