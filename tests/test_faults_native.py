@@ -193,3 +193,17 @@ def test_a_native_build_hash_covers_the_local_headers_it_includes(tmp_path):
     assert native._key(source) == before
     (tmp_path / "b.h").write_text("int b(int);\n")
     assert native._key(source) != before
+
+
+def test_extra_compiler_flags_from_the_environment_make_another_build(tmp_path, monkeypatch):
+    """$GATHERLENS_NATIVE_CFLAGS (the AVX2 loops on an AVX-512 machine: `-mno-avx512f`) come after FLAGS and
+    enter the build's hash: a build with them never stands in for one without."""
+    from gatherlens.ops import native
+
+    source = tmp_path / "k.cpp"
+    source.write_text("int k() { return 1; }\n")
+    monkeypatch.delenv("GATHERLENS_NATIVE_CFLAGS", raising=False)
+    plain = native._key(source)
+    assert native.cflags() == native.FLAGS
+    monkeypatch.setenv("GATHERLENS_NATIVE_CFLAGS", "-mno-avx512f  -mno-avxvnni")
+    assert native.cflags() == (*native.FLAGS, "-mno-avx512f", "-mno-avxvnni") and native._key(source) != plain

@@ -167,6 +167,33 @@ def test_loading_lets_each_packed_weights_pages_go_as_it_packs(files, monkeypatc
     assert seen and vocab in seen  # the tied head's rows among them (one piece at this size)
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_a_chunk_attends_in_query_blocks_with_the_values_of_one_call(files, arch, monkeypatch):
+    """The chunk's queries go to SDPA QUERY_BLOCK at a time (a smaller float mask): each query's row is its own,
+    so a layer's attention output is one call's within SDPA's own rounding (its kernel splits a short run of
+    queries differently: ~1e-6 at Gemma 3's 256-wide heads), over a global layer's pages and a local layer's
+    ring (Gemma 3's window of 8: its second chunk reads the first's last keys)."""
+    from gatherlens.models.runtime import chunk
+
+    model = _native(files(arch))
+    plan = model.plan
+    torch.manual_seed(0)
+    chunks = [torch.randn(20, plan.layers[0].norms[0].shape[0]), torch.randn(25, plan.layers[0].norms[0].shape[0])]
+    outs = {}
+    for block in (512, 7):  # one call; blocks of 7 (the last of 6 and of 4)
+        monkeypatch.setattr(chunk, "QUERY_BLOCK", block)
+        kvs, start, got = native_cache(model, 64).layers, 0, []
+        for h in chunks:  # (T, d) each
+            positions = torch.arange(start, start + h.shape[0])[None]  # (1, T)
+            for layer in plan.layers[:6]:  # local layers and the first global one (gemma3: layer 5)
+                cos, sin = (t[0].float() for t in plan.angles[layer.angles](positions))  # (T, D) x2
+                got.append(chunk._chunk_attention(layer, h, cos, sin, kvs[layer.index], start))  # (T, Hq*Dv)
+            start += h.shape[0]
+        outs[block] = got
+    for a, b in zip(outs[512], outs[7]):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("runtime", ["native", "transformers"])
 def test_a_tied_embedding_reads_its_rows_from_the_heads_panels(files, runtime):
     """Qwen2's tied Q8_0 table is packed whole for the head: the embedding picks its rows there (x8_rows), the

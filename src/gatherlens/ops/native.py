@@ -13,7 +13,9 @@ C++ compiler: $CXX, else `c++`; `#include "x.h"` is looked up beside the source 
 into $GATHERLENS_CACHE/native/<stem>-<hash> (else $XDG_CACHE_HOME/gatherlens/native, else
 ~/.cache/gatherlens/native); the hash covers the source and every local header it includes, the
 flags, the compiler, torch's version and the CPU (the build uses -march=native), so later
-processes find it built. Setup copies each sound build into the environment's own folder
+processes find it built. $GATHERLENS_NATIVE_CFLAGS adds flags after those (`-mno-avx512f -mno-avxvnni`:
+the AVX2 loops on an AVX-512 machine, to measure them or check them against the reference): another
+hash, another build. Setup copies each sound build into the environment's own folder
 (`installed_dir()`: <sys.prefix>/share/gatherlens/native, `python -m gatherlens.ops.kernels --install`),
 which is looked in first: an empty or new cache ($GATHERLENS_CACHE) then needs no build.
 
@@ -132,9 +134,14 @@ def _build(source: Path) -> bool:
         return False
 
 
+def cflags() -> tuple[str, ...]:
+    """The compiler flags of a build: FLAGS, then any of $GATHERLENS_NATIVE_CFLAGS (split on spaces)."""
+    return FLAGS + tuple(os.environ.get("GATHERLENS_NATIVE_CFLAGS", "").split())
+
+
 def _key(source: Path) -> str:
     """What a build depends on besides the compiler: source and local headers, flags, torch, the CPU."""
-    parts = [source.read_text(), *_headers(source), " ".join(FLAGS + LDFLAGS), torch.__version__,
+    parts = [source.read_text(), *_headers(source), " ".join(cflags() + LDFLAGS), torch.__version__,
              platform.machine(), _cpu_flags()]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
@@ -303,7 +310,7 @@ def _cpp_load(source: Path, folder: Path) -> str:
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)            # its compiler notes: folded into our one line
     try:
-        return cpp_extension.load(f"gatherlens_{source.stem}", [str(source)], extra_cflags=list(FLAGS),
+        return cpp_extension.load(f"gatherlens_{source.stem}", [str(source)], extra_cflags=list(cflags()),
                                   extra_ldflags=list(LDFLAGS), extra_include_paths=[str(d) for d in _include_dirs(source)],
                                   build_directory=str(folder), is_python_module=False, verbose=False)
     finally:
