@@ -82,3 +82,17 @@ def test_bench_models_runs_on_tiny_files(tmp_path, monkeypatch):
     assert row["file"] == "g.Q8_0.gguf" and row["ms_64"] > 0 and row["load_warm_s"] > 0
     assert 0 <= row["agree"] <= 1 and "agree_before" in row  # the window splits the steps
     assert "| g.Q8_0.gguf |" in result.output
+
+
+def test_the_bench_says_when_a_narrower_path_was_asked_for(monkeypatch):
+    """The meta's cpu names the CPU's widest path, and the AVX2 loops where they were built on purpose on an
+    AVX-512 machine (GATHERLENS_NATIVE_CFLAGS) or torch was held to AVX2 (ATEN_CPU_CAPABILITY)."""
+    from gatherlens.bench import models
+
+    monkeypatch.delenv("GATHERLENS_NATIVE_CFLAGS", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    plain = models._cpu()
+    assert "GATHERLENS_NATIVE_CFLAGS" not in plain
+    monkeypatch.setenv("GATHERLENS_NATIVE_CFLAGS", "-mno-avx512f")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert models._cpu() == f"{plain}; GATHERLENS_NATIVE_CFLAGS=-mno-avx512f, ATEN_CPU_CAPABILITY=avx2"

@@ -259,4 +259,7 @@ def _cpu() -> str:
     except OSError:
         return "unknown"
     name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
-    return f"{name}; {'AVX-512 VNNI' if 'avx512_vnni' in info else 'AVX2' if 'avx2' in info else 'no AVX2'}"
+    said = f"{name}; {'AVX-512 VNNI' if 'avx512_vnni' in info else 'AVX2' if 'avx2' in info else 'no AVX2'}"
+    chosen = [f"{key}={os.environ[key]}" for key in ("GATHERLENS_NATIVE_CFLAGS", "ATEN_CPU_CAPABILITY")
+              if os.environ.get(key)]  # a narrower path asked for (the AVX2 loops on an AVX-512 machine)
+    return f"{said}; {', '.join(chosen)}" if chosen else said
