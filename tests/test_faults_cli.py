@@ -225,3 +225,31 @@ def test_a_stop_raised_inside_a_finalizer_is_delivered_again(hook):
         assert done.stdout.strip() == "stopped" and "Traceback" not in done.stderr, done.stderr
     else:
         assert done.stdout.strip() == "finished" and "Exception ignored" in done.stderr
+
+
+_IMPORT_STOP = """
+import os, signal, sys, time
+from gatherlens.commands import params
+signal.signal(signal.SIGINT, params.stop_received)
+sys.path.insert(0, sys.argv[1])
+try:
+    import slow_module  # its body gets the signal and sleeps: a stop raised there would cut the import short
+    print("imported", slow_module.DONE)
+    for _ in range(200):
+        time.sleep(0.01)
+    print("finished")
+except KeyboardInterrupt:
+    print("stopped", params.RECEIVED)
+"""
+
+
+def test_a_stop_during_an_import_is_held_until_the_import_is_done(tmp_path):
+    """Must hold (issue 40): a stop signal that lands inside an import (a C extension's initialization calling
+    back into Python: one CI run's SIGTERM 0.3 s into `generate` aborted the process from torch's C++) is held,
+    then delivered once the import is done: the module is whole, the command stops, the signal is recorded once."""
+    (tmp_path / "slow_module.py").write_text(
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.3)\nDONE = True\n")
+    done = subprocess.run([sys.executable, "-c", _IMPORT_STOP, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.split("\n")[:2] == ["imported True", "stopped ['SIGINT']"], (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr

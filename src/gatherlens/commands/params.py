@@ -145,13 +145,43 @@ STOP_SIGNALS = ("SIGTERM", "SIGHUP")   # stop a command like Ctrl-C does (what `
 RECEIVED: list[str] = []  # the stop signals (SIGINT too, cli.py) that reached this process, in order
 
 
+HELD: list[str] = []  # a stop signal held while an import ran, until it is delivered again (`stop_received`)
+REDELIVER_S = 0.05  # how soon a held stop is delivered again
+
+
 def stop_received(signum, frame=None):
     """A stop signal's handler: recorded in RECEIVED, then KeyboardInterrupt (Ctrl-C's own effect), so
-    a failure it causes inside a library (an import it cut short, then retried) still reads as the stop."""
+    a failure it causes inside a library (an import it cut short, then retried) still reads as the stop.
+    Inside an import it is held instead and delivered again REDELIVER_S later (`_thread.interrupt_main`,
+    again until the import is done): an import runs a C extension's initialization, which may call back
+    into Python, and a KeyboardInterrupt raised there crosses C++ code that cannot pass it on (one CI run:
+    SIGTERM 0.3 s into `generate`, "terminate called after throwing an instance of
+    'pybind11::error_already_set'", the process aborted)."""
     import signal
 
-    RECEIVED.append(signal.Signals(signum).name)
+    if HELD:
+        HELD.clear()  # the held stop, delivered again: recorded already
+    else:
+        RECEIVED.append(signal.Signals(signum).name)
+    if _importing(frame):
+        import _thread
+        import threading
+
+        HELD.append(signal.Signals(signum).name)
+        later = threading.Timer(REDELIVER_S, _thread.interrupt_main, args=(signal.SIGINT,))
+        later.daemon = True
+        later.start()
+        return
     raise KeyboardInterrupt
+
+
+def _importing(frame) -> bool:
+    """True when `frame` (where a signal handler interrupted the main thread) runs inside an import."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def redeliver_swallowed_stop(unraisable) -> None:
