@@ -164,15 +164,22 @@ def stop_received(signum, frame=None):
     else:
         RECEIVED.append(signal.Signals(signum).name)
     if _importing(frame):
-        import _thread
-        import threading
-
         HELD.append(signal.Signals(signum).name)
-        later = threading.Timer(REDELIVER_S, _thread.interrupt_main, args=(signal.SIGINT,))
-        later.daemon = True
-        later.start()
+        _deliver_again(REDELIVER_S)
         return
     raise KeyboardInterrupt
+
+
+def _deliver_again(seconds: float) -> None:
+    """Ctrl-C again from a thread `seconds` later (`_thread.interrupt_main`): the SIGINT handler then runs anew in
+    the main thread, outside whatever could not take the stop where it landed."""
+    import _thread
+    import signal
+    import threading
+
+    later = threading.Timer(seconds, _thread.interrupt_main, args=(signal.SIGINT,))
+    later.daemon = True
+    later.start()
 
 
 def _importing(frame) -> bool:
@@ -191,13 +198,10 @@ def redeliver_swallowed_stop(unraisable) -> None:
     finished). The stop is delivered again instead, from a thread a moment later (`_thread.interrupt_main`: the
     SIGINT handler runs anew in the main thread, by then outside the finalizer and this hook, where a signal
     handled at once would be swallowed again); anything else goes to Python's own hook."""
-    import _thread
-    import signal
     import sys
-    import threading
 
     if isinstance(unraisable.exc_value, KeyboardInterrupt) and RECEIVED:
-        threading.Timer(0.01, _thread.interrupt_main, args=(signal.SIGINT,)).start()
+        _deliver_again(0.01)
         return
     sys.__unraisablehook__(unraisable)
 

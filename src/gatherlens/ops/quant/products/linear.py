@@ -88,7 +88,7 @@ class QuantizedWeight:
         if not self.raw.is_meta:
             return self.raw[start:stop]
         first, last = start // PANEL * PANEL, ceil_div(stop, PANEL) * PANEL  # the panels covering the rows
-        return unpack_x8(self.tensors[0][first:last], self.qtype)[start - first:stop - first]  # (n, row_bytes)
+        return unpack_x8(self.panels[first:last], self.qtype)[start - first:stop - first]  # (n, row_bytes)
 
     def without_raw(self) -> "QuantizedWeight":
         """The same weight with `raw` reduced to its shape (meta device) where the route's panels hold every
