@@ -113,8 +113,9 @@ struct Silu {
   static float apply(float g) { return g * gl::sigmoid(g); }
 };
 
-struct GeluTanh {  // gelu's tanh approximation, as torch's gelu(approximate="tanh")
-  static float apply(float g) { return 0.5f * g * (1.f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g))); }
+struct GeluTanh {  // gelu's tanh approximation, as torch's gelu(approximate="tanh"): 0.5 g (1 + tanh(z)) is
+                  // g sigmoid(2 z), whose exp vectorizes (std::tanh did not: 130 us for Gemma 3 1B's 6,912)
+  static float apply(float g) { return g * gl::sigmoid(1.5957691216057308f * (g + 0.044715f * g * g * g)); }
 };
 
 template <typename Act, typename T, typename O>

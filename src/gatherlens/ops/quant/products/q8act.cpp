@@ -224,6 +224,7 @@ float row_dot(const uint8_t* row, int64_t nb, const Act& a, int64_t r, int64_t K
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // two chains: the FMA's latency overlaps
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + b * F::bytes;
+    gatherlens::stream_ahead(blk, F::bytes);
     const float d = half_to_float(blk + F::d_at);
     acc[b & 1] = _mm256_fmadd_ps(dot_avx2<F>(blk, qx + b * QK), _mm256_set1_ps(d * dx[b]), acc[b & 1]);
     if constexpr (!signed_values<F>) mins += block_min<F>(blk, d) * sx[b];
@@ -535,6 +536,10 @@ inline void x8_sums_rows(const uint8_t* blk, const int8_t* qx, int64_t K, __m256
   const uint8_t* codes = blk + X8_CODES<F>;
   [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
   for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
+#ifdef Q8ACT_VNNI  // a second chain of sums: vpdpbusd's latency, not its throughput, bounds one chain of 8 a block
+  __m256i odd[R];
+  for (int r = 0; r < R; ++r) odd[r] = _mm256_setzero_si256();
+#endif
   if constexpr (signed_codes<F>) {
     for (int s = 0; s < STEPS; ++s) {
       __m256i v;
@@ -549,7 +554,8 @@ inline void x8_sums_rows(const uint8_t* blk, const int8_t* qx, int64_t K, __m256
       for (int r = 0; r < R; ++r) {
         const __m256i xs = _mm256_sign_epi8(x_step(qx + r * K + STEP * s), v);
 #ifdef Q8ACT_VNNI
-        sums[r] = vnni_dot(sums[r], av, xs);
+        if (s % 2) odd[r] = vnni_dot(odd[r], av, xs);
+        else sums[r] = vnni_dot(sums[r], av, xs);
 #else
         sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(_mm256_maddubs_epi16(av, xs), ones));
 #endif
@@ -571,7 +577,8 @@ inline void x8_sums_rows(const uint8_t* blk, const int8_t* qx, int64_t K, __m256
       }
       for (int r = 0; r < R; ++r) {
 #ifdef Q8ACT_VNNI
-        sums[r] = vnni_dot(vnni_dot(sums[r], lo, x_step(qx + r * K + STEP * c)), hi, x_step(qx + r * K + STEP * (c + 4)));
+        sums[r] = vnni_dot(sums[r], lo, x_step(qx + r * K + STEP * c));
+        odd[r] = vnni_dot(odd[r], hi, x_step(qx + r * K + STEP * (c + 4)));
 #else
         pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(lo, x_step(qx + r * K + STEP * c)));
         pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(hi, x_step(qx + r * K + STEP * (c + 4))));
@@ -586,6 +593,9 @@ inline void x8_sums_rows(const uint8_t* blk, const int8_t* qx, int64_t K, __m256
 #endif
     }
   }
+#ifdef Q8ACT_VNNI
+  for (int r = 0; r < R; ++r) sums[r] = _mm256_add_epi32(sums[r], odd[r]);
+#endif
 }
 
 template <class F>  // lane j: sum_i code(j, i) qx_i over one panel block (int32), one row of x
@@ -603,6 +613,7 @@ void x8_row(const uint8_t* pb, int64_t nb, const Act& a, int64_t r, int64_t K, f
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, mins = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = pb + b * PANEL * F::bytes;
+    gatherlens::stream_ahead(blk, PANEL * F::bytes);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
     const __m256i sum = x8_sums<F>(blk, qx + b * QK);
     acc[b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(dx[b])), acc[b & 1]);
@@ -622,6 +633,7 @@ void x8_rows(const uint8_t* pb, int64_t nb, const Act& a, int64_t r0, int64_t K,
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = mins[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = pb + b * PANEL * F::bytes;
+    gatherlens::stream_ahead(blk, PANEL * F::bytes);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
     __m256i sums[R];
     x8_sums_rows<F, R>(blk, qx + b * QK, K, sums);

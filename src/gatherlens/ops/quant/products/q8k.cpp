@@ -468,6 +468,7 @@ float row_dot(const uint8_t* row, int64_t nb, const Act& a, int64_t r) {
   if constexpr (row512<F>) {
     Row512 acc;
     for (int64_t b = 0; b < nb; ++b) {
+      gatherlens::stream_ahead(row + b * F::bytes, F::bytes);
       if constexpr (F::type == Q4_K::type) k4_block512(row + b * F::bytes, a.paired.data() + (r * nb + b) * QK_K, bs + b * SUMS, dx[b], acc);
       else q6_k_block512(row + b * F::bytes, qx + b * QK_K, bs + b * SUMS, dx[b], acc);
     }
@@ -477,6 +478,7 @@ float row_dot(const uint8_t* row, int64_t nb, const Act& a, int64_t r) {
   float acc = 0.f, mins = 0.f;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + b * F::bytes;
+    gatherlens::stream_ahead(blk, F::bytes);
     const Dot s = block_dot<F>(blk, qx + b * QK_K, bs + b * SUMS);
     acc += half_at(blk + F::d_at) * dx[b] * static_cast<float>(s.q);
     if constexpr (F::has_dmin) mins += half_at(blk + F::dmin_at) * dx[b] * static_cast<float>(s.m);
