@@ -468,6 +468,17 @@ inline __m256i fifth_bits(__m256i words, int c) {  // of row j's word (lane j of
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
 #endif
 }
+
+template <class F>  // chunk c of a panel block's unsigned codes: lo (steps c) and hi (steps c + 4), fifth bits or'd in
+inline void unsigned_chunk(const uint8_t* codes, __m256i words, int c, __m256i& lo, __m256i& hi) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + c * PANEL * STEP));
+  lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
+  hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+  if constexpr (F::bits == 5) {
+    lo = _mm256_or_si256(lo, fifth_bits<0>(words, c));
+    hi = _mm256_or_si256(hi, fifth_bits<1>(words, c));
+  }
+}
 #endif
 
 template <class F>  // the panel block's codes as the Panel of the blocked GEMM holds them (STEPS, PANEL, STEP)
@@ -480,16 +491,11 @@ inline void x8_codes(const uint8_t* blk, int8_t* dst) {
     __m256i words = _mm256_setzero_si256();
     if constexpr (F::bits == 5) words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + X8_SCALES<F>));
     for (int c = 0; c < 4; ++c) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + c * PANEL * STEP));
-      __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
-      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+      __m256i lo, hi;
+      unsigned_chunk<F>(codes, words, c, lo, hi);
       if constexpr (has_book<F>::value) {
         const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(F::book)));
         lo = _mm256_shuffle_epi8(book, lo), hi = _mm256_shuffle_epi8(book, hi);
-      }
-      if constexpr (F::bits == 5) {
-        lo = _mm256_or_si256(lo, fifth_bits<0>(words, c));
-        hi = _mm256_or_si256(hi, fifth_bits<1>(words, c));
       }
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c * PANEL * STEP), lo);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (c + 4) * PANEL * STEP), hi);
@@ -529,6 +535,17 @@ void decode_x8(const uint8_t* pb, int64_t rows, int64_t nb, Panel& p) {
 }
 
 #ifdef Q8ACT_SIMD
+template <class F>  // step s of a panel block's signed values (Q8_0's int8 codes, IQ4_NL's book values), 4 a lane
+inline __m256i signed_step(const uint8_t* codes, int s) {
+  if constexpr (F::bits == 8) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + s * PANEL * STEP));
+  } else {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (s % 4) * PANEL * STEP));
+    const __m256i q = _mm256_and_si256(s < 4 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(F::book))), q);
+  }
+}
+
 template <class F, int R>  // lane j of sums[r]: sum_i code(j, i) qx_i over one panel block (int32) for R rows of
                            // x (row r at qx + r * K): each step's codes unpacked once for all of them
 inline void x8_sums_rows(const uint8_t* blk, const int8_t* qx, int64_t K, __m256i* sums) {
@@ -542,14 +559,7 @@ inline void x8_sums_rows(const uint8_t* blk, const int8_t* qx, int64_t K, __m256
 #endif
   if constexpr (signed_codes<F>) {
     for (int s = 0; s < STEPS; ++s) {
-      __m256i v;
-      if constexpr (F::bits == 8) {
-        v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + s * PANEL * STEP));
-      } else {
-        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (s % 4) * PANEL * STEP));
-        const __m256i q = _mm256_and_si256(s < 4 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
-        v = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(F::book))), q);
-      }
+      const __m256i v = signed_step<F>(codes, s);
       const __m256i av = _mm256_sign_epi8(v, v);
       for (int r = 0; r < R; ++r) {
         const __m256i xs = _mm256_sign_epi8(x_step(qx + r * K + STEP * s), v);
@@ -568,13 +578,8 @@ inline void x8_sums_rows(const uint8_t* blk, const int8_t* qx, int64_t K, __m256
     [[maybe_unused]] __m256i pairs[R];
     for (int r = 0; r < R; ++r) pairs[r] = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + c * PANEL * STEP));
-      __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
-      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
-      if constexpr (F::bits == 5) {
-        lo = _mm256_or_si256(lo, fifth_bits<0>(words, c));
-        hi = _mm256_or_si256(hi, fifth_bits<1>(words, c));
-      }
+      __m256i lo, hi;
+      unsigned_chunk<F>(codes, words, c, lo, hi);
       for (int r = 0; r < R; ++r) {
 #ifdef Q8ACT_VNNI
         sums[r] = vnni_dot(sums[r], lo, x_step(qx + r * K + STEP * c));
