@@ -59,8 +59,7 @@ inline void split_query(const float* q, int64_t D, float* qq) {  // page_choice.
 
 template <typename T>
 inline void prefetch_page(const T* page, int64_t values) {  // the next chosen page, while this one runs
-  const char* p = reinterpret_cast<const char*>(page);
-  for (int64_t i = 0; i < values * static_cast<int64_t>(sizeof(T)); i += 64) __builtin_prefetch(p + i, 0, 3);
+  gl::prefetch_lines(page, values * static_cast<int64_t>(sizeof(T)));
 }
 
 

@@ -15,7 +15,8 @@
 //   thread split   parallel_chunks / for_each_task: independent tasks over torch's threads, handed out
 //                  from a shared counter (or, GATHERLENS_SCHEDULE=static, at::parallel_for's even
 //                  split); a thread makes its scratch once; results never depend on the thread count;
-//   streaming      stream_ahead: a one-row product's loop over a weight it reads once from memory asks
+//   prefetching    prefetch_lines: a range's cache lines asked for (attention's next chosen page);
+//                  stream_ahead: a one-row product's loop over a weight it reads once from memory asks
 //                  for the bytes STREAM_AHEAD past the block it is at;
 //   input checks   check_heads: query and KV head counts every attention operator checks before it
 //                  divides by them (each operator checks its own inputs: a bad shape is a RuntimeError
@@ -53,8 +54,13 @@ inline void check_heads(const char* op, int64_t Hq, int64_t Hkv) {
 // is harmless.
 constexpr int64_t STREAM_AHEAD = 8192;
 
+inline void prefetch_lines(const void* at, int64_t bytes) {  // the cache lines of [at, at + bytes), asked for
+  const char* p = static_cast<const char*>(at);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
 inline void stream_ahead(const uint8_t* at, int64_t bytes) {  // the cache lines of [at, at + bytes) + STREAM_AHEAD
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(at + STREAM_AHEAD + o, 0, 3);
+  prefetch_lines(at + STREAM_AHEAD, bytes);
 }
 
 // ---- page geometry (ops/sparse/geometry.py) ----
