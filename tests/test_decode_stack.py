@@ -87,20 +87,14 @@ def _rows(model, cache, tokens, row, metered: list | None = None) -> list[torch.
     return out
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
-@pytest.mark.parametrize("kv_dtype", ["float32", "float16", "int8"])
-@pytest.mark.parametrize("budget", [8, 12, "auto", None], ids=["sparse", "sparse-wider", "auto", "dense"])
-def test_the_stack_equals_the_planned_loop(models, qtype, kv_dtype, budget):
-    """The same tokens through both rows of one plan: bit-equal logits, the caches bit-equal after every
-    step (the planned loop is the C++ stack's reference: the same operators in the same order), and the
-    same pages read by each head of each layer (the stack's counts against the planned loop's selections)."""
-    model = models("llama", qtype)
-    use_sparse_decoding(model, budget=budget, page_size=4, dense_layers=1, recent=4, kv_dtype=kv_dtype, **AUTO)
+def _both_rows(model, kv_dtype, seed: int) -> list:
+    """STEPS tokens through the stack and the planned loop from one prefilled cache (use_sparse_decoding already
+    on): asserts both give bit-equal logits and caches and the same pages per head; returns the stack's metered
+    (layer, pages each selection head read, chose) of every layer's step."""
     try:
-        assert step.step_declarations(model) == {"stack": None, "planned": None, "hf": None, "chunk": step.row_refusal(step.installed_plan(model), "chunk")}
         native_cache = _prefilled(model, kv_dtype)
         planned_cache = copy.deepcopy(native_cache)
-        tokens = torch.randint(0, 317, (STEPS,), generator=torch.Generator().manual_seed(5)).tolist()
+        tokens = torch.randint(0, 317, (STEPS,), generator=torch.Generator().manual_seed(seed)).tolist()
         counts = {"stack": [], "planned": []}
         native = _rows(model, native_cache, tokens, "stack", counts["stack"])
         planned = _rows(model, planned_cache, tokens, "planned", counts["planned"])
@@ -109,9 +103,44 @@ def test_the_stack_equals_the_planned_loop(models, qtype, kv_dtype, budget):
     assert _same_cache(native_cache, planned_cache)
     assert all(torch.equal(a, b) for a, b in zip(native, planned))
     assert counts["stack"] == counts["planned"] and len(counts["stack"]) == 2 * STEPS
-    assert all(not chose for layer, _, chose in counts["stack"] if layer == 0)  # layer 0 dense: every page
+    return counts["stack"]
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16", "int8"])
+@pytest.mark.parametrize("budget", [8, 12, "auto", None], ids=["sparse", "sparse-wider", "auto", "dense"])
+def test_the_stack_equals_the_planned_loop(models, qtype, kv_dtype, budget):
+    """The same tokens through both rows of one plan: bit-equal logits, the caches bit-equal after every
+    step (the planned loop is the C++ stack's reference: the same operators in the same order), and the
+    same pages read by each head of each layer (the stack's counts against the planned loop's selections)."""
+    model = models("llama", qtype)
+    use_sparse_decoding(model, budget=budget, page_size=4, dense_layers=1, recent=4, kv_dtype=kv_dtype, dense_cover=None,
+                        **AUTO)
+    assert step.step_declarations(model) == {"stack": None, "planned": None, "hf": None,
+                                             "chunk": step.row_refusal(step.installed_plan(model), "chunk")}
+    counts = _both_rows(model, kv_dtype, seed=5)
+    assert all(not chose for layer, _, chose in counts if layer == 0)  # layer 0 dense: every page
     if budget == "auto":  # the second layer chooses per head, within [min_pages, max_pages]
-        assert all(chose and all(2 <= c <= 8 for c in row) for layer, row, chose in counts["stack"] if layer == 1)
+        assert all(chose and all(2 <= c <= 8 for c in row) for layer, row, chose in counts if layer == 1)
+
+
+@pytest.mark.parametrize("kv_dtype", ["float16", "int8"])
+@pytest.mark.parametrize("cover", [0.05, 1.0], ids=["every-step", "never-all"])
+def test_dense_runs_are_the_same_steps_on_both_rows(models, kv_dtype, cover):
+    """A layer whose sparse step needed at least dense_cover of its pages reads every page for its next
+    dense_steps steps, then chooses again (ops/sparse/dense_runs.py). The stack (the pages its KV groups needed
+    counted in C++) and the planned loop (counted in torch) run the same steps densely: bit-equal logits and
+    caches, the same pages per head. Cover 0.05: every sparse step starts a run of 2; cover 1.0 on an auto
+    budget whose ceiling is below the cache: no step needs every page, none starts one."""
+    model = models("llama", "Q8_0")
+    use_sparse_decoding(model, budget="auto", page_size=4, dense_layers=1, recent=4, kv_dtype=kv_dtype,
+                        dense_cover=cover, dense_steps=2, **AUTO)
+    counts = _both_rows(model, kv_dtype, seed=7)
+    chose = [chose for layer, _, chose in counts if layer == 1]  # (STEPS,): layer 1 chose its pages
+    assert chose == ([True, False, False] * 2 if cover < 1 else [True] * STEPS)
+    rows = [row for layer, row, _ in counts if layer == 1]  # (STEPS, Hsel)
+    for i, (row, c) in enumerate(zip(rows, chose)):  # a dense step reads every page of its PROMPT + i + 1 tokens
+        assert c or row == [-(-(PROMPT.shape[1] + i + 1) // 4)] * len(row)
 
 
 @pytest.mark.parametrize("arch", sweep(["qwen2", "qwen3", "phi3"], fast="qwen3"))

@@ -38,6 +38,7 @@ from gatherlens.ops.backends import EVERY_VARIANT, Impl, Operator
 from gatherlens.ops.sparse.cache import STORAGE, PagedKVCache
 from gatherlens.ops.sparse.config import SparseConfig
 from gatherlens.ops.sparse.decode import decode_pages, sparse_decode
+from gatherlens.ops.sparse.dense_runs import note_step, step_budget
 
 __all__ = ["SPARSE_ATTN_NAME", "CONFIG_ATTR", "SparseSettings", "SparseCall", "sparse_settings", "decode_attention",
            "observed", "meter_pages", "metered", "metering", "DECODE_ATTENTION",
@@ -118,9 +119,10 @@ def _pages_run(module, query, paged, mask, scale, variant):
     config = sparse_settings(module) or _DENSE
     stored_as_configured(config, paged)  # pages in the config's kv_dtype
     key_mask = None if mask is None else mask[:, 0, 0]  # (B, L)
-    budget = config.budget_for(paged.length, global_rank(module))
+    budget = step_budget(config, paged, paged.length, global_rank(module))  # dense during a dense run
     q = query if query.dtype == paged.dtype else query.to(paged.dtype)  # (B, Hq, 1, D)
     pages, _, out, _ = decode_pages(q, paged, budget, config.choice, scale, variant, key_mask)
+    note_step(config, paged, budget, pages)  # a sparse step: dense next when it needed nearly every page
     if _meters:
         _meter(module, pages, paged, query.shape[1] if not config.share_selection else paged.kv_heads)
     return out if out.dtype == query.dtype else out.to(query.dtype)  # (B, Hq, 1, Dv)
@@ -135,9 +137,10 @@ def _selection_run(module, query, paged, mask, scale, variant):
     config = sparse_settings(module) or _DENSE
     stored_as_configured(config, paged)  # pages in the config's kv_dtype
     key_mask = None if mask is None else mask[:, 0, 0]  # (B, L)
-    out, lse, sel = sparse_decode(query, paged, config.budget_for(paged.length, global_rank(module)),
-                                  return_lse=True, return_selection=True, scale=scale, key_mask=key_mask,
-                                  config=config, variant=variant)
+    budget = step_budget(config, paged, paged.length, global_rank(module))  # dense during a dense run
+    out, lse, sel = sparse_decode(query, paged, budget, return_lse=True, return_selection=True, scale=scale,
+                                  key_mask=key_mask, config=config, variant=variant)
+    note_step(config, paged, budget, sel.pages)
     if _meters:
         _meter(module, sel.pages, paged, sel.pages.shape[1])
     if mask is not None:

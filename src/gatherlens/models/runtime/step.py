@@ -57,6 +57,7 @@ from gatherlens.ops.layer.stack import StackCaches, decode_stack, kernel_loaded,
 from gatherlens.ops.quant.products.linear import LINEAR_PRODUCT
 from gatherlens.ops.sparse.cache import PagedKVCache
 from gatherlens.ops.sparse.config import DEFAULT
+from gatherlens.ops.sparse.dense_runs import note_cover, step_budget
 from gatherlens.ops.sparse.decode import SPARSE_DECODE, decode_pages
 from gatherlens.ops.sparse.fused_decode import native_cache_fits
 from gatherlens.ops.sparse.ring import WindowRing
@@ -284,10 +285,14 @@ def _stack_run(plan: DecodePlan, model, args: tuple, kwargs: dict):
     position = view.length
     x = plan.embed(ids)  # (1, 1, d)
     angles = _angles(plan, position)
-    budgets = _budgets(plan, config, position + 1)
+    budgets = _budgets(plan, config, position + 1, view.caches)
     counts = _counts(plan, config) if metered() else None  # (layers, Hsel): the pages each head read
+    covered = _covered(plan)  # (layers,): the pages each paged layer's KV groups needed, -1 when dense
     logits = decode_stack(x.view(1, -1).float(), [angles[layer.angles] for layer in plan.layers], plan, view,
-                          budgets, config.choice, plan.layers[0].scaling, counts)  # (1, V)
+                          budgets, config.choice, plan.layers[0].scaling, counts, covered)  # (1, V)
+    for cache, pages in zip(view.caches, covered.tolist()):
+        if pages >= 0:  # a sparse step: the layer's next steps dense when it needed nearly every page
+            note_cover(config, cache, pages)
     for i, row in enumerate(counts if counts is not None else ()):  # (Hsel,) per layer; a ring is no global layer
         if not isinstance(view.caches[i], WindowRing):
             metering(plan.layers[i].index, row, budgets[i] < position + 1)
@@ -306,14 +311,22 @@ def _output(model, logits: torch.Tensor, cache):
     return own(logits, cache) if own is not None else causal_lm_output(logits, cache)
 
 
-def _budgets(plan: DecodePlan, config, length: int) -> list:
+def _budgets(plan: DecodePlan, config, length: int, caches: list) -> list:
     """Each layer's budget for a step over `length` tokens: every one (dense) for the first dense_layers
-    ranks, else config.budget_for's (a local layer's ring reads every token it holds whatever its budget)."""
+    ranks, else dense_runs.step_budget's (config.budget_for's, or dense during the layer's dense run; a
+    local layer's ring reads every token it holds whatever its budget)."""
     dense = plan.state.get("dense")
     if dense is None or dense[0] is not config:
         dense = plan.state["dense"] = (config, tuple(config.dense_at(layer.rank) for layer in plan.layers))
-    budget = config.budget_for(length)  # a layer not among the dense ones
-    return [length if d else budget for d in dense[1]]
+    return [length if d else step_budget(config, cache, length) for d, cache in zip(dense[1], caches)]
+
+
+def _covered(plan: DecodePlan) -> torch.Tensor:
+    """(layers,) int64 for the operator to fill with the pages each paged layer's KV groups needed (made once)."""
+    covered = plan.state.get("covered")
+    if covered is None or covered.shape[0] != len(plan.layers):
+        covered = plan.state["covered"] = torch.empty(len(plan.layers), dtype=torch.long)
+    return covered
 
 
 def _counts(plan: DecodePlan, config) -> torch.Tensor:

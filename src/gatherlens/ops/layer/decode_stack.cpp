@@ -3,7 +3,8 @@
 //   torch.ops.gatherlens.decode_stack(x, cos, sin, heads, norms, eps, raws, kernels, qtypes, biases, keys,
 //                                     values, summaries, key_scales, value_scales, writes, lengths, pages,
 //                                     firsts, scale, per_head, group_sum, activation, final_norm, final_eps,
-//                                     head_raw, head_kernel, head_qtype, mass, min_pages, counts) -> logits
+//                                     head_raw, head_kernel, head_qtype, mass, min_pages, counts, covered)
+//                                     -> logits
 //
 // A step of one token through L layers is ~12 operators a layer; called from Python each costs its
 // dispatch plus the Python around it (~150 us a layer, 30 layers: several ms a token). This
@@ -19,7 +20,9 @@
 //   out = paged_decode(q, ..., lengths[l], pages[l], firsts[l], ..., mass, min_pages) if pages[l] >= 0
 //         else dense_decode(q, ...)
 //   (mass > 0: the auto budget, pages[l] its ceiling; counts (L, Hsel) int64, when given, gets the pages each
-//   selection head of each layer read: every page for a dense layer)
+//   selection head of each layer read: every page for a dense layer; covered (L,) int64, when given, gets the
+//   pages a paged layer's KV groups needed, each group the union of its heads' pages, summed (-1: read
+//   densely), for ops/sparse/dense_runs.py's rule)
 //   y = out Wo;   y = rms_norm_cast(y, post_attention) where given (Gemma's sandwich)
 //   s, h = add_rms_norm_cast(x, y, pre_mlp);   a = act(h Wg) * h Wu  (activation: 0 SiLU, 1 GELU-tanh)
 //   y = a Wd;   y = rms_norm_cast(y, post_mlp) where given;   x = s + y
@@ -37,6 +40,7 @@
 // read densely (pages[l] = -1); the caller counts the token (advance(1), WindowRing.written). cos[l],
 // sin[l]: the angles of layer l's RoPE (Gemma 3: another base for its local layers).
 // Batch 1, float32 activations. Built by gatherlens/ops/native.py; fake kernel in ops/layer/stack.py.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -143,6 +147,7 @@ struct LayerArgs {  // what layer l reads: its norms, products, angles and cache
   const Opt *ks, *vs;
   int64_t write, length, pages, first;
   int64_t* counts;  // (Hsel,) pages each selection head read, or nullptr
+  int64_t* covered;  // the pages its KV groups needed (-1: dense), or nullptr
 };
 
 struct StepArgs {  // what every layer shares
@@ -167,6 +172,26 @@ void count_pages(const at::Tensor& pages, int64_t* counts) {  // pages (1, Hsel,
   }
 }
 
+// The pages the Hkv KV groups needed, summed: each group the union of its selection heads' pages (pages (1, Hsel,
+// n), -1 padding not counted; N pages in use). dense_runs.covered_pages is the rule's home (tested equal).
+int64_t covered_pages(const at::Tensor& pages, int64_t Hkv, int64_t N) {
+  const int64_t Hsel = pages.size(1), n = pages.size(2), G = Hsel / Hkv;
+  const int64_t* pg = pages.data_ptr<int64_t>();
+  std::vector<uint8_t> mark(static_cast<size_t>(N));
+  int64_t covered = 0;
+  for (int64_t h = 0; h < Hkv; ++h) {
+    std::fill(mark.begin(), mark.end(), 0);
+    for (int64_t i = 0; i < G * n; ++i) {
+      const int64_t p = pg[h * G * n + i];
+      if (p >= 0 && p < N && !mark[p]) {
+        mark[p] = 1;
+        ++covered;
+      }
+    }
+  }
+  return covered;
+}
+
 at::Tensor attend(const at::Tensor& q, const LayerArgs& a, const StepArgs& s) {  // q (1, Hq, D) -> (1, Hq*Dv)
   at::Tensor out;
   if (a.pages >= 0) {
@@ -174,7 +199,9 @@ at::Tensor attend(const at::Tensor& q, const LayerArgs& a, const StepArgs& s) { 
                                     s.per_head, s.group_sum, *a.ks, *a.vs, s.mass, s.min_pages);
     out = std::get<0>(r);
     if (a.counts) count_pages(std::get<2>(r), a.counts);
+    if (a.covered) *a.covered = covered_pages(std::get<2>(r), a.keys->size(1), std::get<3>(r).size(3));
   } else {
+    if (a.covered) *a.covered = -1;
     out = std::get<0>(ops().dense.redispatch(CPU_ONLY, q, *a.keys, *a.values, a.length, s.scale, *a.ks, *a.vs));
     const int64_t every = (a.length + a.keys->size(3) - 1) / a.keys->size(3);
     if (a.counts) std::fill(a.counts, a.counts + (s.per_head ? s.Hq : a.keys->size(1)), every);
@@ -291,6 +318,7 @@ LayerArgs layer_args(int64_t l, at::TensorList norms, c10::ArrayRef<double> eps,
   a.pages = pages[l];
   a.first = firsts[l];
   a.counts = nullptr;
+  a.covered = nullptr;
   return a;
 }
 
@@ -302,6 +330,14 @@ int64_t* counts_of(const Opt& counts, int64_t L, int64_t Hsel) {
   return counts ? counts->data_ptr<int64_t>() : nullptr;
 }
 
+// covered's first element (checked (L,) int64 contiguous), or nullptr when none is given.
+int64_t* covered_of(const Opt& covered, int64_t L) {
+  TORCH_CHECK(!covered || (covered->dim() == 1 && covered->size(0) == L && covered->scalar_type() == at::kLong &&
+                           covered->is_contiguous()),
+              "covered must be (layers,) = (", L, ",) int64 contiguous");
+  return covered ? covered->data_ptr<int64_t>() : nullptr;
+}
+
 at::Tensor decode_stack_cpu(const at::Tensor& x, at::TensorList cos, at::TensorList sin, int64_t heads,
                             at::TensorList norms, c10::ArrayRef<double> eps, at::TensorList raws,
                             const c10::List<std::string>& kernel_list, c10::IntArrayRef qtypes, at::TensorList biases,
@@ -310,7 +346,7 @@ at::Tensor decode_stack_cpu(const at::Tensor& x, at::TensorList cos, at::TensorL
                             c10::IntArrayRef pages, c10::IntArrayRef firsts, double scale, bool per_head,
                             bool group_sum, int64_t activation, const at::Tensor& final_norm, double final_eps,
                             const at::Tensor& head_raw, const std::string& head_kernel, int64_t head_qtype,
-                            double mass, int64_t min_pages, const Opt& counts) {
+                            double mass, int64_t min_pages, const Opt& counts, const Opt& covered) {
   const std::vector<std::string> kernels(kernel_list.begin(), kernel_list.end());
   check_stack(x, cos, sin, norms, eps, raws, kernels, qtypes, biases, keys, values, sums, ks, vs, writes, lengths,
               pages, firsts, activation);
@@ -322,12 +358,14 @@ at::Tensor decode_stack_cpu(const at::Tensor& x, at::TensorList cos, at::TensorL
   const StepArgs s{heads, D, scale, per_head, group_sum, activation, mass, min_pages};
   const int64_t Hsel = L ? (per_head ? heads : keys[0].size(1)) : 0;
   int64_t* cp = counts_of(counts, L, Hsel);
+  int64_t* vp = covered_of(covered, L);
   Storage st{keys, values, sums, std::vector<Opt>(ks.begin(), ks.end()), std::vector<Opt>(vs.begin(), vs.end())};
   at::Tensor h = x;
   for (int64_t l = 0; l < L; ++l) {
     LayerArgs a = layer_args(l, norms, eps, products_of(raws, kernels, qtypes, biases, l), cos, sin, st, writes,
                              lengths, pages, firsts);
     a.counts = cp ? cp + l * Hsel : nullptr;
+    a.covered = vp ? vp + l : nullptr;
     h = layer_step(h, a, s);
   }
   if (head_kernel.empty()) return h;                                      // (1, d): the last layer's output
@@ -344,7 +382,7 @@ TORCH_LIBRARY_FRAGMENT(gatherlens, m) {
         "Tensor?[] key_scales, Tensor?[] value_scales, int[] writes, int[] lengths, int[] pages, int[] firsts, "
         "float scale, bool per_head, bool group_sum, int activation, Tensor final_norm, float final_eps, "
         "Tensor head_raw, str head_kernel, int head_qtype, float mass=0., int min_pages=1, "
-        "Tensor(d!)? counts=None) -> Tensor");
+        "Tensor(d!)? counts=None, Tensor(e!)? covered=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gatherlens, CPU, m) { m.impl("decode_stack", &decode_stack_cpu); }

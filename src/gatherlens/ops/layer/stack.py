@@ -62,7 +62,7 @@ def register_fakes() -> None:
 
 def _fake_stack(x, cos, sin, heads, norms, eps, raws, kernels, qtypes, biases, keys, values, summaries, key_scales,
                 value_scales, writes, lengths, pages, firsts, scale, per_head, group_sum, activation, final_norm,
-                final_eps, head_raw, head_kernel, head_qtype, mass=0.0, min_pages=1, counts=None):
+                final_eps, head_raw, head_kernel, head_qtype, mass=0.0, min_pages=1, counts=None, covered=None):
     return x.new_empty(1, head_raw.shape[0]) if head_kernel else x.new_empty(x.shape)
 
 
@@ -158,14 +158,16 @@ def _reads(view: StackCaches, budgets: list, recent: int) -> tuple[list[int], li
 
 
 def decode_stack(x: torch.Tensor, angles: list, plan: DecodePlan, view: StackCaches, budgets: list,
-                 choice: PageChoice, scale: float, counts: torch.Tensor | None = None) -> torch.Tensor:
+                 choice: PageChoice, scale: float, counts: torch.Tensor | None = None,
+                 covered: torch.Tensor | None = None) -> torch.Tensor:
     """x (1, d) float32 -> logits (1, V), the token appended to every layer's cache. angles: per layer, the
     (cos, sin) (1, D) of its RoPE at the token's position. plan: the model's DecodePlan; view: the layers'
     caches (StackCaches.of, with room for the token); budgets: per layer (None: dense; with choice.mass, the
     auto budget's ceiling); choice: the page-choice rule (SparseConfig.choice); scale: the logit scale.
     counts: (layers, selection heads) int64, filled with the pages each head of each layer read (every page
-    for a dense layer or a ring), or None. A plan the operator cannot run is an error naming why
-    (`stack_refusal`)."""
+    for a dense layer or a ring), or None. covered: (layers,) int64, filled with the pages each paged layer's
+    KV groups needed (dense_runs.covered_pages; -1 for a layer read densely), or None. A plan the operator
+    cannot run is an error naming why (`stack_refusal`)."""
     why = plan.state.get("stack_refusal", "")
     if why == "":
         why = plan.state["stack_refusal"] = stack_refusal(plan)
@@ -184,6 +186,6 @@ def decode_stack(x: torch.Tensor, angles: list, plan: DecodePlan, view: StackCac
         x, [c for c, _ in angles], [s for _, s in angles], plan.layers[0].heads, *norms, raws, kernels, qtypes, biases,
         *view.storage, writes, lengths, pages, firsts, scale, not choice.share_selection, choice.group_score == "sum",
         ACTIVATION_CODES[plan.layers[0].activation], plan.final_norm, plan.final_eps, head.raw, head.kernel,
-        head.ggml_type, choice.mass or 0.0, choice.min_pages, counts)  # (1, V)
+        head.ggml_type, choice.mass or 0.0, choice.min_pages, counts, covered)  # (1, V)
     view.advance()
     return out

@@ -128,6 +128,8 @@ class PagedKVCache:
             ``summaries`` is ``[key_max | key_min]``, the layout scoring reads.
         storage_version (int): counts the times the storage was made anew (grown, re-stored): a caller
             holding `writable` / `scale_storage`'s tensors holds the current ones while it is unchanged.
+        dense_left (int): decode steps this layer still reads densely because its last sparse step
+            needed nearly every page (ops/sparse/dense_runs.py's rule; 0 after `truncate`).
 
     Methods:
         append(keys, values): add ``T`` tokens; updates only the touched pages' summaries.
@@ -190,6 +192,7 @@ class PagedKVCache:
             raise GatherTypeError(f"summary_dtype must be a floating torch.dtype, got {summary_dtype!r}")
         self.summary_dtype = summary_dtype
         self.length = 0
+        self.dense_left = 0  # dense_runs: steps read densely before the layer chooses pages again
         self._work: tuple[torch.Tensor, torch.Tensor] | None = None
         self._raw: tuple[torch.Tensor, torch.Tensor] | None = None  # gathered stored pages, before reading
         self._rows, self._rows_key = None, None  # gather_pages' row offsets, see _first_rows
@@ -367,7 +370,7 @@ class PagedKVCache:
         """
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.length:
             raise GatherValueError(f"truncate({length!r}): length must be an int in [0, {self.length}]")
-        self.length = length
+        self.length, self.dense_left = length, 0
         page, slot = divmod(length, self.page_size)
         if slot:  # the partial last page: its box over its remaining tokens
             self._summarize(page, page + 1)

@@ -162,6 +162,11 @@ class SparseConfig:
     dense_share: a budget of at least this share of the cache decodes densely, in place (scoring
         and gathering would cost more than they save); 1.0: only a budget that covers the cache.
     dense_layers: the first this many decoder layers decode densely (Quest keeps two).
+    dense_cover, dense_steps: a layer whose sparse step needed at least dense_cover of its pages (its KV
+        groups' pages, each group the union of its heads' choices) reads every page for its next
+        dense_steps steps, then chooses again (`dense_run`; ops/sparse/dense_runs.py): where attention
+        is flat, scoring and choosing nearly every page costs more than reading them all, and dense is
+        exact. dense_cover None: never.
     kv_dtype: how the paged cache stores keys and values: "float16" by default (half of float32's
         bytes; F16C reads it at full speed), None (the keys' own dtype: float32 for a float32 model),
         or one of KV_DTYPES ("float16", "bfloat16": half the bytes; "int8": about
@@ -181,6 +186,8 @@ class SparseConfig:
     choose: str = "bound"
     dense_share: float = 1 / 3
     dense_layers: int = 2
+    dense_cover: float | None = 0.75
+    dense_steps: int = 16
     kv_dtype: str | None = "float16"
     mass: float = 0.998
     min_pages: int = 32
@@ -218,6 +225,15 @@ class SparseConfig:
     def dense_at(self, layer: int | None) -> bool:
         """True when decoder layer `layer` decodes densely (budget None, or one of the first dense_layers)."""
         return self.budget is None or (_is_int(layer) and layer < self.dense_layers)
+
+    def dense_run(self, covered: int, total: int) -> int:
+        """Steps a layer reads densely after a sparse step that needed `covered` of `total` pages (KV groups
+        times pages): dense_steps when covered >= dense_cover * total, else 0.
+
+            >>> SparseConfig().dense_run(900, 1000), SparseConfig().dense_run(500, 1000)
+            (16, 0)
+        """
+        return self.dense_steps if self.dense_cover is not None and covered >= self.dense_cover * total else 0
 
     def budget_for(self, length: int, layer: int | None = None) -> int:
         """The budget a step over `length` cached tokens of `layer` runs with: `length` (dense) or the
@@ -258,6 +274,11 @@ def _check(c: SparseConfig) -> None:
     if not isinstance(share, (int, float)) or isinstance(share, bool) or not share > 0:
         raise GatherValueError(f"dense_share = {share!r} must be a number > 0 (share of the cache)")
     _check_count("dense_layers", c.dense_layers, 0, "leading layers kept dense")
+    cover = c.dense_cover
+    if cover is not None and (isinstance(cover, bool) or not isinstance(cover, (int, float)) or not 0 < cover <= 1):
+        raise GatherValueError(f"dense_cover = {cover!r} must be None (never) or a number in (0, 1] (the share of "
+                               f"a layer's pages a sparse step needed that makes its next steps dense)")
+    _check_count("dense_steps", c.dense_steps, 1, "steps a layer then reads densely")
     check_kv_dtype(c.kv_dtype)
 
 
