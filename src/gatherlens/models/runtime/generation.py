@@ -57,10 +57,10 @@ __all__ = ["GenerationStart", "GenerationStep", "GenerationEnd", "LayerPages", "
 # activations (the MLP's (chunk, intermediate) float32 rows, attention's) are a chunk's, not the
 # prompt's (~250 MB at 8K tokens for SmolLM2 in one pass); llama.cpp's n_batch is 512. At 8K tokens
 # (SmolLM2 quantized) chunks of 512 peaked at 821 MB RSS against 892 MB with 1,024, at the same speed
-# (14-15 s for a 4K prompt either way). Chunks of 256 (stop 48, an AVX-512 machine with AMX): Gemma 3 270M's
-# 4K generation peaked at 692 MB against 717, Qwen2.5 1.5B's at 1,518-1,523 against 1,549-1,553 MB, and its
-# 4K prefill took 42.5 s against 44.4-44.8 (the products' panels of a smaller chunk stay in the L2)
-PREFILL_CHUNK = 256
+# (14-15 s for a 4K prompt either way). Chunks of 256 (stop 48) peaked lower (Gemma 3 270M at 4K: 692 MB
+# against 717) but took more of a prompt through the 8-bit-activation GEMM (a format's gemm_rows): SmolLM2's
+# teacher-forced agreement with its float model fell from 0.984 to 0.945, so 512 stays
+PREFILL_CHUNK = 512
 
 
 @dataclass(frozen=True)
