@@ -286,10 +286,11 @@ SETTINGS = tuple(f.name for f in dataclasses.fields(SparseConfig) if f.init)  # 
 
 DEFAULT = SparseConfig()
 # sparse_decode's own keyword defaults (one call, no model): one choice per KV group, no window,
-# dense only when the budget covers the cache, pages in the keys' own dtype; also the paged caches'
+# dense only when the budget covers the cache (no dense runs: every step chooses, as the explorer shows and
+# Quest's row measures), pages in the keys' own dtype; also the paged caches'
 # default page size. The presets below (Quest's plain setting, the explorer's, dist's) follow it.
 OP = SparseConfig(budget=2048, page_size=16, share_selection=True, recent=0, dense_share=1.0, dense_layers=0,
-                  kv_dtype=None)
+                  kv_dtype=None, dense_cover=None)
 # Quest's plain setting: the baseline row of `gatherlens eval-sparse`.
 QUEST = OP.replace(budget=1024)
 # use_sharded_decoding's defaults: the plain setting (sparse_decode_sharded has no recent window).
