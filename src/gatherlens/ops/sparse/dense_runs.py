@@ -58,6 +58,8 @@ def note_cover(config: SparseConfig, cache, covered: int) -> None:
 
 def note_step(config: SparseConfig, cache, budget: int, pages: torch.Tensor | None) -> None:
     """After a step of cache's layer that ran with `budget` and read `pages` (B, Hsel, n; None: not
-    returned): note_cover when it chose pages (a budget that bought every page chose none)."""
-    if pages is not None and not reads_every_page(cache, budget, config.choice.recent):
+    returned): note_cover when it chose pages (a budget that bought every page chose none); nothing to count
+    where the config has no dense runs."""
+    if config.dense_cover is not None and pages is not None and not reads_every_page(cache, budget,
+                                                                                        config.choice.recent):
         note_cover(config, cache, covered_pages(pages, cache.kv_heads, cache.num_pages))
