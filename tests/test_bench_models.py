@@ -28,8 +28,11 @@ def test_agreement_splits_at_the_window(monkeypatch, tmp_path):
     reference = {"ids": list(range(10)), "top1": [1, 2, 3, 4]}
     spec = dict(prefix=6, steps=4, threads=1, budget=8)
     row = agree_cells(tmp_path / "f.gguf", reference, spec, window=8, python="py")  # steps 0, 1 before 8
-    assert row == {"agree": 0.75, "agree_before": 1.0, "agree_after": 0.5,
+    gap, half = row.pop("agree_gap"), row.pop("agree_gap_half")
+    assert row == {"agree_steps": 4, "agree": 0.75, "agree_before": 1.0, "agree_after": 0.5,
                    "llama_agree": 0.75, "llama_agree_before": 0.5, "llama_agree_after": 1.0}
+    # per step (ours right) - (theirs right): 0, +1, 0, -1: mean 0, sample sd sqrt(2/3), half-width 1.96 sd / 2
+    assert gap == 0.0 and half == pytest.approx(1.96 * (2 / 3) ** 0.5 / 2)
     assert "agree_before" not in agree_cells(tmp_path / "f.gguf", reference, spec, window=None, python=None)
 
 
@@ -59,7 +62,9 @@ def test_markdown_table_has_one_line_a_file():
            "llama_prefill_s_512": 2.0, "x_prefill_512": 2.0, "load_warm_s": 1.5, "load_cold_s": 4.0,
            "rss_mb_512": 500.0, "llama_rss_mb_512": 400.0, "agree": 0.95, "llama_agree": 0.97}
     lines = markdown([row], [512])
-    assert len(lines) == 3 and "10.0 (15.0, 1.50x)" in lines[2] and "0.95 (0.97)" in lines[2]
+    assert len(lines) == 3 and "10.0 (15.0, 1.50x)" in lines[2] and "0.950 (0.970) |" in lines[2]
+    lines = markdown([{**row, "agree_gap": -0.02, "agree_gap_half": 0.035}], [512])
+    assert "0.950 (0.970) -0.020 ±0.035 |" in lines[2]
     assert "1.5 / 4.0 (- / -)" in lines[2]
 
 

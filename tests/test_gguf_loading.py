@@ -144,15 +144,15 @@ def test_the_built_tokenizer_is_kept_per_file_and_a_write_builds_it_again(tmp_pa
     assert builds == [] and kept[1] == built[1]
     assert json.loads(kept[0].to_str()) == json.loads(built[0].to_str())
     assert kept[0].encode(ODD_TEXT).ids == built[0].encode(ODD_TEXT).ids
-    kept_json = mcache.file_memo(path, tok.TOKENIZER_KEPT)["json"]
-    with open(kept_json, "a") as f:
-        f.write(" ")  # the kept copy altered: it no longer matches its hash
+    kept_file = mcache.file_memo(path, tok.TOKENIZER_KEPT)["kept"]
+    with open(kept_file, "ab") as f:
+        f.write(b" ")  # the kept copy altered: it no longer matches its hash
     tok.kept_backend(open_gguf(path), path)
     assert builds == [1]
     later = os.stat(path).st_mtime_ns + 1_000_000
     os.utime(path, ns=(later, later))
     rebuilt = tok.kept_backend(open_gguf(path), path)
-    assert builds == [1, 1] and mcache.file_memo(path, tok.TOKENIZER_KEPT)["json"] != kept_json  # its own copy
+    assert builds == [1, 1] and mcache.file_memo(path, tok.TOKENIZER_KEPT)["kept"] != kept_file  # its own copy
     assert rebuilt[0].encode(ODD_TEXT).ids == built[0].encode(ODD_TEXT).ids
     assert tok.kept_backend(open_gguf(path), None) is not None and builds == [1, 1, 1]  # no path: built, not kept
 

@@ -21,7 +21,7 @@ import ctypes
 import functools
 import mmap
 
-__all__ = ["release_memory", "release_mapping", "release_pages"]
+__all__ = ["release_memory", "release_mapping", "release_pages", "keep_private"]
 
 
 @functools.cache
@@ -78,3 +78,31 @@ def release_mapping(array) -> bool:
         return False
     mapping.madvise(mmap.MADV_DONTNEED)
     return True
+
+
+MADV_POPULATE_WRITE = 23  # Linux >= 5.14: prefault a range writable (a private mapping's pages copied)
+
+
+def keep_private(tensor) -> int:
+    """Make the OS pages a tensor's bytes span in a private (copy-on-write) file mapping the process's own
+    (madvise MADV_POPULATE_WRITE: each page copied by the kernel as if written, none read first). Reading
+    them then never faults the file's pages in again, nor the file pages beside them: a kernel that maps
+    a file's large folios on a read fault (6.18 on ext4 here: one byte read maps 2 MiB) brings a packed
+    neighbour's let-go pages back with them. The bytes are the same. The tensor must be a contiguous view
+    of a writable private mapping (np.memmap mode "c"). Returns the bytes made private (0 where there is
+    no such madvise: nothing is done).
+
+        >>> keep_private(torch.from_numpy(reader.data[start:end]))   # models/gguf/quantized.py
+    """
+    nbytes = tensor.numel() * tensor.element_size()
+    if not tensor.is_contiguous() or nbytes == 0:
+        return 0
+    page = mmap.PAGESIZE
+    start = tensor.data_ptr() // page * page  # the pages the bytes span, whole
+    end = (tensor.data_ptr() + nbytes + page - 1) // page * page
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        done = libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_POPULATE_WRITE) == 0
+    except (OSError, AttributeError):
+        return 0
+    return end - start if done else 0

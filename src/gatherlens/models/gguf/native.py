@@ -18,7 +18,7 @@ applied as llama.cpp applies them; Gemma 3's local layers their own base); the e
 product over `output.weight` or the tied table's blocks. No float or bf16 copy of any weight is
 made (the panels of a panel format are the same bytes moved); the file is mapped once, and its
 pages are let go once the weights are packed (`release_mapping`): what is read in place comes back
-as it is read.
+as it is read (made the process's own where it is a small share of the file: `keep_in_place`).
 
 `NativeModel` holds the plan and the spec (`.config`: transformers' config names). It has no forward
 of its own until the runtime installs the decode-step table (models/runtime/native.py, through
@@ -37,7 +37,8 @@ from gatherlens.models.files.integrity import readable
 from gatherlens.models.files.loaded import LoadedModel
 from gatherlens.models.files.registry import ModelSource, check_quantizable
 from gatherlens.models.gguf.layers import QuantizedEmbedding
-from gatherlens.models.gguf.quantized import head_weight, letting_go, packed_weight, panel_rows, weight_rows
+from gatherlens.models.gguf.quantized import (head_weight, keep_in_place, letting_go, packed_weight, panel_rows,
+                                              weight_rows)
 from gatherlens.models.gguf.spec import ModelSpec, model_spec
 from gatherlens.ops.attention.variants import PLAIN, AttentionVariant
 from gatherlens.ops.layer.plan import DecodePlan, LayerHandle, LayerPlan, Product
@@ -150,6 +151,8 @@ def load_native(source: ModelSource, say) -> LoadedModel:
     forget_kept()  # the model holds the mapping; the parsed header can go
     release_mapping(reader.data)  # packing read every page: resident now only what is read
     release_memory()  # the head's packing temporaries too
+    table = model.plan.embed.table
+    keep_in_place(reader, [*model.plan.stored_blocks(), table.raw if table.pick is None else None])
     return LoadedModel(source.name, model, tokenizer, source.path, info={"quantized": True, "runtime": "native"})
 
 

@@ -219,6 +219,11 @@ class DecodePlan:
                                   [p.bias if p is not None and p.bias is not None else _EMPTY_F for p in products])
         return self.state["flat"]
 
+    def stored_blocks(self) -> list[torch.Tensor]:
+        """The blocks its products read as stored (no panels): every layer's and the head's raw rows."""
+        products = [p for layer in self.layers for p in layer.products()] + [self.head]
+        return [p.blocks.raw for p in products if p is not None and p.blocks is not None and not p.blocks.panels]
+
 
 _EMPTY = torch.empty(0, dtype=torch.uint8)  # a slot a packed product covers
 _EMPTY_F = torch.empty(0)  # an absent norm or bias

@@ -708,6 +708,70 @@ at::Tensor linear_x8(const at::Tensor& x, const at::Tensor& packed) {
   return y;
 }
 
+// One panel's units as runs: units whose sources are consecutive too, moved as one copy (a panel's fields
+// move 2 or 4 bytes at a time). A panel is its blocks one after another, each the same layout of the 8 rows'
+// block (x8.py's _panels), so the runs of its first block serve every block, shifted: the table stays in L1.
+struct PackRun {
+  int32_t to, from, bytes;
+};
+
+std::vector<PackRun> pack_runs(const int64_t* order, int64_t units) {
+  std::vector<PackRun> runs;
+  for (int64_t i = 0; i < units; ++i) {
+    if (!runs.empty() && runs.back().from + runs.back().bytes == 2 * order[i] &&
+        runs.back().to + runs.back().bytes == 2 * i) {
+      runs.back().bytes += 2;  // its source follows the last run's: the same copy
+    } else {
+      runs.push_back({static_cast<int32_t>(2 * i), static_cast<int32_t>(2 * order[i]), 2});
+    }
+  }
+  return runs;
+}
+
+// The first block's runs where every block b repeats them (destination + b * 8 * block_bytes, source + b *
+// block_bytes), else none: the whole panel's runs serve.
+std::vector<PackRun> block_runs(const int64_t* order, int64_t units, int64_t blocks) {
+  if (blocks < 2 || units % blocks != 0) return {};
+  const int64_t per = units / blocks, shift = per / PANEL;  // units a panel block, units a row's block
+  for (int64_t b = 1; b < blocks; ++b)
+    for (int64_t i = 0; i < per; ++i)
+      if (order[b * per + i] != order[i] + b * shift) return {};
+  return pack_runs(order, per);
+}
+
+// The most blocks a panel's order repeats over (dividing a row's bytes evenly), and their runs (1 block: the whole
+// panel's): any count that repeats moves the same bytes, the most keeps the table smallest.
+std::pair<int64_t, std::vector<PackRun>> panel_runs(const int64_t* order, int64_t units, int64_t row_bytes) {
+  for (int64_t blocks = row_bytes / 2; blocks > 1; --blocks) {
+    if (row_bytes % (2 * blocks) != 0) continue;
+    std::vector<PackRun> runs = block_runs(order, units, blocks);
+    if (!runs.empty()) return {blocks, std::move(runs)};
+  }
+  return {1, pack_runs(order, units)};
+}
+
+// The runs split by size: the 4- and 2-byte ones (nearly all) moved in loops of fixed-size copies, no branch.
+struct SizedRuns {
+  std::vector<std::pair<int32_t, int32_t>> four, two;  // (to, from)
+  std::vector<PackRun> other;
+};
+
+SizedRuns sized(const std::vector<PackRun>& runs) {
+  SizedRuns out;
+  for (const PackRun& r : runs) {
+    if (r.bytes == 4) out.four.emplace_back(r.to, r.from);
+    else if (r.bytes == 2) out.two.emplace_back(r.to, r.from);
+    else out.other.push_back(r);
+  }
+  return out;
+}
+
+inline void move_runs(const SizedRuns& runs, const uint8_t* __restrict s, uint8_t* __restrict d) {
+  for (const auto& [to, from] : runs.four) std::memcpy(d + to, s + from, 4);
+  for (const auto& [to, from] : runs.two) std::memcpy(d + to, s + from, 2);
+  for (const PackRun& r : runs.other) std::memcpy(d + r.to, s + r.from, static_cast<size_t>(r.bytes));
+}
+
 // pack_x8's move (ops/quant/products/x8.py; its plain twin there: pack_x8_reference): unit i (2 bytes) of each
 // panel of out = unit order[i] of the same panel of raw, order (4 * row_bytes,) int64 one panel's layout
 // (x8.py's _panel_order: every panel field starts at an even byte), panels split over the threads.
@@ -721,20 +785,17 @@ void x8_pack_cpu(const at::Tensor& raw, const at::Tensor& order, const at::Tenso
   TORCH_CHECK(order.dim() == 1 && order.scalar_type() == at::kLong && order.is_contiguous() && order.size(0) == units,
               "x8_pack: order must be (", units, ",) int64 contiguous, got ", order.sizes());
   const int64_t* o = order.data_ptr<int64_t>();
-  std::vector<int64_t> from(static_cast<size_t>(units));
-  for (int64_t i = 0; i < units; ++i) {
+  for (int64_t i = 0; i < units; ++i)
     TORCH_CHECK(o[i] >= 0 && o[i] < units, "x8_pack: order[", i, "] = ", o[i], " is outside 0..", units - 1);
-    from[i] = 2 * o[i];
-  }
+  const auto [steps, found] = panel_runs(o, units, raw.size(1));
+  const SizedRuns runs = sized(found);
+  const int64_t row_step = raw.size(1) / steps;  // a block's bytes in a row
   const uint8_t* src = raw.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   const int64_t panel = 2 * units;  // bytes a panel
   gatherlens::parallel_chunks(raw.size(0) / PANEL, 16, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const uint8_t* s = src + p * panel;
-      uint8_t* d = dst + p * panel;
-      for (int64_t i = 0; i < units; ++i) std::memcpy(d + 2 * i, s + from[i], 2);
-    }
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t b = 0; b < steps; ++b) move_runs(runs, src + p * panel + b * row_step, dst + p * panel + b * PANEL * row_step);
   });
 }
 
