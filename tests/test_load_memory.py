@@ -96,3 +96,24 @@ def test_keep_in_place_only_where_a_small_share_of_the_file_is_read_in_place(tmp
     much = [torch.from_numpy(mapped[: pages // 2 * mmap.PAGESIZE])]
     assert keep_in_place(reader, much) == 0  # half the file read in place: the mapping stays shared
     assert np.array_equal(mapped, data)
+
+
+@pytest.mark.parametrize("qtype", x8.X8_QTYPES)
+def test_weights_packed_apart_equal_their_joined_copy_packed(qtype):
+    """pack_apart: q, k and v whose rows lie apart packed into one panel tensor without their joined copy, the
+    same panels and the same product as pack_linear of the joined rows; rows not in whole panels: the copy."""
+    from gatherlens.ops.quant import LinearConfig, pack_linear, quantized_linear
+    from gatherlens.ops.quant.formats.layout import LAYOUTS
+    from gatherlens.ops.quant.products.linear import pack_apart
+
+    from test_quantized_q8act import random_blocks
+
+    parts = [random_blocks(qtype, n, 2 * LAYOUTS[qtype].weights, seed=n) for n in (24, 8, 16)]  # (N_i, 2 blocks)
+    config = LinearConfig(route="q8act")
+    apart, joined = pack_apart(parts, qtype, config), pack_linear(torch.cat(parts), qtype, config)
+    assert apart.raw.is_meta and apart.shape == joined.shape and torch.equal(apart.panels, joined.panels)
+    x = torch.randn(3, apart.shape[1])  # (3, K)
+    assert torch.equal(quantized_linear(x, apart), quantized_linear(x, joined))
+    odd = [parts[0][:12], parts[1]]  # 12 rows: not whole panels
+    kept = pack_apart(odd, qtype, config)
+    assert not kept.raw.is_meta and torch.equal(kept.raw, torch.cat(odd))

@@ -44,6 +44,7 @@ from gatherlens.models.files.loaded import LoadedModel
 from gatherlens.models.gguf.layers import QuantizedEmbedding, QuantizedLinear
 from gatherlens.models.files.registry import ModelSource, check_quantizable
 from gatherlens.ops.quant import LinearConfig, QuantizedTable, pack_linear, split_linear
+from gatherlens.ops.quant.products.linear import pack_apart
 from gatherlens.ops.quant.formats.floats import float_values
 from gatherlens.ops.quant.products.matmul import pick_route
 from gatherlens.ops.quant.products.x8 import after_packing, x8_rows
@@ -199,19 +200,19 @@ def _parts(row: Row, i: int, reader, tables: dict, config, arch: Arch) -> tuple:
     return weight_rows(reader, f"{stem}.weight", config, arch), qtype, bias
 
 
+def _adjacent(reader, raws: list[torch.Tensor]) -> bool:
+    """True where several projections' rows lie in the mapped file one after another (llama.cpp writes ffn_gate
+    then ffn_up), so their joined weight is a view of it."""
+    width, rows = raws[0].shape[1], sum(r.shape[0] for r in raws)
+    return all(r.is_contiguous() and r.shape[1] == width for r in raws) and all(
+        a.data_ptr() + a.numel() == b.data_ptr() for a, b in zip(raws, raws[1:])) and \
+        _mapped(reader, raws[0].data_ptr(), rows * width)
+
+
 def _joined(reader, raws: list[torch.Tensor]) -> torch.Tensor:
-    """Several projections' rows as one (sum N, row_bytes) weight: a view of the mapped file where they
-    lie there one after another (llama.cpp writes ffn_gate then ffn_up), else a copy."""
+    """Several adjacent projections' rows (`_adjacent`) as one (sum N, row_bytes) weight: a view of the file."""
     base = reader.data  # (file bytes,) uint8: the mapping
-    start, width = raws[0].data_ptr() - base.ctypes.data, raws[0].shape[1]
-    adjacent = all(r.is_contiguous() and r.shape[1] == width for r in raws) and all(
-        a.data_ptr() + a.numel() == b.data_ptr() for a, b in zip(raws, raws[1:]))
-    rows = sum(r.shape[0] for r in raws)
-    if not adjacent or not _mapped(reader, raws[0].data_ptr(), rows * width):
-        joined = torch.cat(raws)  # (sum N, row_bytes): q and k rows un-permuted, or apart in the file
-        for r in raws:  # llama.cpp's quantizer orders a block's tensors by name: q, k, v are never adjacent
-            let_go(r, reader)
-        return joined
+    start, width, rows = raws[0].data_ptr() - base.ctypes.data, raws[0].shape[1], sum(r.shape[0] for r in raws)
     return torch.from_numpy(base[start:start + rows * width].reshape(rows, width))  # (sum N, row_bytes), no copy
 
 
@@ -222,6 +223,11 @@ def packed_weight(reader, raws: list[torch.Tensor], qtype: str):
     would double the weight's memory, and a view of the mapping would bring the file's pages back in when
     a prefill dequantizes the weight (Gemma 3 270M's 4K prompt: 45 MB of them resident again beside their
     panels); a dequantizing product unpacks its tile from the panels instead (`QuantizedWeight.blocks`)."""
+    if len(raws) > 1 and not _adjacent(reader, raws):  # apart in the file: no joined copy where panels hold them
+        weight = pack_apart(raws, qtype, _config(qtype))
+        for r in raws:  # llama.cpp's quantizer orders a block's tensors by name: q, k, v are never adjacent
+            let_go(r, reader)
+        return weight.without_raw()
     raw = raws[0] if len(raws) == 1 else _joined(reader, raws)  # (sum N, row_bytes)
     return pack_linear(raw, qtype, _config(qtype)).without_raw()
 

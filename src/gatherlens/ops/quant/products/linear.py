@@ -27,14 +27,14 @@ from gatherlens.errors import GatherTypeError, GatherValueError
 from gatherlens.ops.quant.formats.checks import check_blocks, check_qtype
 from gatherlens.ops.backends import Impl, Operator
 from gatherlens.ops.quant.products import q8act as _q8act
-from gatherlens.ops.quant.products.matmul import ROUTES
+from gatherlens.ops.quant.products.matmul import ROUTES, makes_panels
 from gatherlens.ops.quant.formats.registry import dequantize_rows, format_of
 from gatherlens.ops.quant.formats.sizes import SIZES
 from gatherlens.ops.quant.products.tiled import tiled_dequant_matmul
-from gatherlens.ops.quant.products.x8 import PANEL, unpack_x8
+from gatherlens.ops.quant.products.x8 import PANEL, pack_x8_parts, unpack_x8
 from gatherlens.ops.sparse.geometry import ceil_div
 
-__all__ = ["LinearConfig", "QuantizedWeight", "pack_linear", "quantized_linear", "split_linear", "LINEAR_ROUTES",
+__all__ = ["LinearConfig", "QuantizedWeight", "pack_linear", "pack_apart", "quantized_linear", "split_linear", "LINEAR_ROUTES",
            "linear_product", "LINEAR_PRODUCT", "q8act_ready", "integer_gemm_faster"]
 
 LINEAR_ROUTES = tuple(ROUTES)  # the route names, in matmul.py's order
@@ -138,6 +138,21 @@ def pack_linear(raw: torch.Tensor, qtype: str, config: LinearConfig = LinearConf
     shape = (raw.shape[0], raw.shape[1] // nbytes * elems)  # (N, K)
     tensors, planes = ROUTES[config.route].pack(raw, qtype)
     return QuantizedWeight(qtype, shape, raw, tuple(tensors), planes, config)
+
+
+def pack_apart(raws: list[torch.Tensor], qtype: str, config: LinearConfig = LinearConfig()) -> QuantizedWeight:
+    """pack_linear(torch.cat(raws), qtype, config) for the rows of weights that lie apart (q, k and v in a GGUF file),
+    without their joined copy where the route packs them in panels (each part's N a multiple of 8): every part
+    packed into its rows of one panel tensor (x8.py's `pack_x8_parts`), `raw` the joined shape on the meta device
+    (as `without_raw` leaves it). Else the joined copy, packed. Gemma 3 1B's load: 41 joined copies of 0.08 s."""
+    if config.route == "q8act" and len({r.shape[1] for r in raws}) == 1 and all(makes_panels(r, qtype) for r in raws):
+        for r in raws:
+            _check_raw(r, qtype, config)
+        elems, nbytes = SIZES[qtype]
+        rows, width = sum(r.shape[0] for r in raws), raws[0].shape[1]
+        meta = torch.empty((rows, width), dtype=torch.uint8, device="meta")  # (sum N, row_bytes)
+        return QuantizedWeight(qtype, (rows, width // nbytes * elems), meta, (pack_x8_parts(raws, qtype),), 1, config)
+    return pack_linear(torch.cat(raws), qtype, config)
 
 
 _SHARED_ROWS = 64  # the int4 packing interleaves rows within blocks of at most 64 (AVX512's BLOCK_N)

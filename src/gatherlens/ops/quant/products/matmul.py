@@ -36,7 +36,7 @@ from gatherlens.ops.quant.products.x8 import pack_x8, x8_fits, x8_matmul
 from gatherlens.ops.quant.formats.registry import dequantize_rows, format_of
 from gatherlens.ops.quant.formats.sizes import QTYPES
 
-__all__ = ["Route", "ROUTES", "pick_route"]
+__all__ = ["Route", "ROUTES", "pick_route", "makes_panels"]
 
 
 @dataclass(frozen=True)
@@ -77,10 +77,16 @@ def _dequant_mm(x, weight):
     return F.linear(x.to(w.dtype), w).to(x.dtype)  # (M, N)
 
 
+def makes_panels(raw, qtype: str) -> bool:
+    """True where the q8act route repacks raw (N, row_bytes) of `qtype` in panels of 8 rows: the format has a
+    panel layout, N is a multiple of 8 and the format's kernel built here."""
+    return x8_fits(raw, qtype) and q8act_ready(qtype) is None
+
+
 def _q8act_pack(raw, qtype):
-    """The blocks repacked in panels of 8 rows (x8.py) where the format has a panel layout and its
-    kernel built, else nothing beyond the blocks: ((panels,) or (), 1)."""
-    return ((pack_x8(raw, qtype),) if x8_fits(raw, qtype) and q8act_ready(qtype) is None else ()), 1
+    """The blocks repacked in panels of 8 rows (x8.py) where `makes_panels`, else nothing beyond the blocks:
+    ((panels,) or (), 1)."""
+    return ((pack_x8(raw, qtype),) if makes_panels(raw, qtype) else ()), 1
 
 
 def _q8act_mm(x, weight):

@@ -37,7 +37,7 @@ from gatherlens.errors import GatherValueError
 from gatherlens.ops.quant.formats.layout import LAYOUTS, PANEL_OP, QK, formats_run_by
 from gatherlens.ops.quant.products.q8act import kernel_loaded
 
-__all__ = ["X8_QTYPES", "PANEL", "X8_OP", "pack_x8", "pack_x8_reference", "unpack_x8", "x8_rows", "x8_fits",
+__all__ = ["pack_x8_parts", "X8_QTYPES", "PANEL", "X8_OP", "pack_x8", "pack_x8_reference", "unpack_x8", "x8_rows", "x8_fits",
            "x8_matmul", "after_packing"]
 
 PANEL = 8  # weight rows a panel (one per int32 lane of a 256-bit register)
@@ -66,10 +66,17 @@ def pack_x8(raw: torch.Tensor, qtype: str) -> torch.Tensor:
     q8act.cpp's `x8_pack` (the panels' own kernel: without it there are no panels to read; `pack_x8_reference`
     is its plain twin, equal byte for byte). Written PACK_ROWS rows at a time into the output: no whole-weight
     temporaries (a 262K-row head is 178 MB), each piece handed to `after_packing`'s callback once moved."""
+    return pack_x8_parts([raw], qtype)
+
+
+def pack_x8_parts(parts: list[torch.Tensor], qtype: str) -> torch.Tensor:
+    """pack_x8(torch.cat(parts)) without the joined copy: parts (N_i, row_bytes) of one width, each N_i a multiple
+    of 8 (a panel never spans two), packed one after another into one (sum N_i, row_bytes) output (a layer's q|k|v
+    or gate|up whose rows lie apart in the file: models/gguf/quantized.py's `packed_weight`)."""
     if not kernel_loaded():
         raise GatherValueError(f"pack_x8({qtype}): panels are read by q8act.cpp's operators, which did not build "
                                f"here (see the warning); the blocks are read as stored instead")
-    return _pack(raw, qtype, lambda rows, order, out: torch.ops.gatherlens.x8_pack(rows, order, out))
+    return _pack(parts, qtype, lambda rows, order, out: torch.ops.gatherlens.x8_pack(rows, order, out))
 
 
 def pack_x8_reference(raw: torch.Tensor, qtype: str) -> torch.Tensor:
@@ -77,19 +84,22 @@ def pack_x8_reference(raw: torch.Tensor, qtype: str) -> torch.Tensor:
     def move(rows, order, out):
         pairs = rows.view(torch.int16).reshape(-1, PANEL * rows.shape[1] // 2)  # (n / 8, 4 * row_bytes) units
         out.copy_(pairs[:, order].view(torch.uint8).view(rows.shape))  # (n, row_bytes)
-    return _pack(raw, qtype, move)
+    return _pack([raw], qtype, move)
 
 
-def _pack(raw: torch.Tensor, qtype: str, move) -> torch.Tensor:
-    """out (N, row_bytes) from raw a piece of PACK_ROWS rows at a time: move(rows, order, out piece)."""
-    N, row_bytes = raw.shape
-    out = torch.empty(raw.shape, dtype=torch.uint8)  # (N, row_bytes)
-    order, done = _panel_order(qtype, row_bytes), PACKED_ROWS.get()
-    for start in range(0, N, PACK_ROWS):
-        rows = raw[start:start + PACK_ROWS]  # (n, row_bytes), n a multiple of 8
-        move(rows if rows.is_contiguous() else rows.contiguous(), order, out[start:start + PACK_ROWS])
-        if done is not None:
-            done(rows)
+def _pack(parts: list[torch.Tensor], qtype: str, move) -> torch.Tensor:
+    """out (sum N, row_bytes) from the parts one after another, a piece of PACK_ROWS rows at a time: move(rows,
+    order, out piece)."""
+    row_bytes = parts[0].shape[1]
+    out = torch.empty(sum(p.shape[0] for p in parts), row_bytes, dtype=torch.uint8)  # (sum N, row_bytes)
+    order, done, at = _panel_order(qtype, row_bytes), PACKED_ROWS.get(), 0
+    for raw in parts:
+        for start in range(0, raw.shape[0], PACK_ROWS):
+            rows = raw[start:start + PACK_ROWS]  # (n, row_bytes), n a multiple of 8
+            move(rows if rows.is_contiguous() else rows.contiguous(), order, out[at + start:at + start + rows.shape[0]])
+            if done is not None:
+                done(rows)
+        at += raw.shape[0]
     return out
 
 
