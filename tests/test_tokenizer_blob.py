@@ -71,3 +71,14 @@ def test_damaged_bytes_raise_rather_than_give_another_tokenizer():
         from_blob(blob[: len(blob) // 2])
     with pytest.raises((ValueError, EOFError, TypeError)):
         from_blob(b"not a tokenizer")
+
+
+def test_a_bpe_that_would_read_back_otherwise_is_kept_as_its_json(monkeypatch):
+    """to_blob checks the BPE form reads back as the same tokenizer; where it would not (here: added tokens
+    made to come back without their flags), the JSON is kept whole."""
+    import gatherlens.models.gguf.tokenizer_blob as tb
+
+    tok = _spm_like()
+    monkeypatch.setattr(tb, "ADDED_FLAGS", ())  # the flags dropped on the way back: <user> loses lstrip
+    kind, whole = marshal.loads(to_blob(tok))
+    assert kind == "json" and json.loads(whole) == json.loads(tok.to_str())
