@@ -33,6 +33,7 @@ def test_agreement_splits_at_the_window(monkeypatch, tmp_path):
                    "llama_agree": 0.75, "llama_agree_before": 0.5, "llama_agree_after": 1.0}
     # per step (ours right) - (theirs right): 0, +1, 0, -1: mean 0, sample sd sqrt(2/3), half-width 1.96 sd / 2
     assert gap == 0.0 and half == pytest.approx(1.96 * (2 / 3) ** 0.5 / 2)
+    assert bm._paired_gap([1], [1], [], 4) == (None, None)  # no step to compare: no gap, no error
     assert "agree_before" not in agree_cells(tmp_path / "f.gguf", reference, spec, window=None, python=None)
 
 

@@ -100,9 +100,16 @@ def keep_private(tensor) -> int:
     page = mmap.PAGESIZE
     start = tensor.data_ptr() // page * page  # the pages the bytes span, whole
     end = (tensor.data_ptr() + nbytes + page - 1) // page * page
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        done = libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_POPULATE_WRITE) == 0
-    except (OSError, AttributeError):
+    madvise = _madvise()
+    if madvise is None:
         return 0
-    return end - start if done else 0
+    return end - start if madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_POPULATE_WRITE) == 0 else 0
+
+
+@functools.cache
+def _madvise():
+    """The C library's madvise (it takes any advice number, where Python's mmap knows only some), or None."""
+    try:
+        return getattr(ctypes.CDLL(None, use_errno=True), "madvise", None)
+    except OSError:
+        return None
