@@ -290,7 +290,7 @@ def _stack_run(plan: DecodePlan, model, args: tuple, kwargs: dict):
     covered = _covered(plan) if config.dense_cover is not None else None  # (layers,): pages needed, -1 dense
     logits = decode_stack(x.view(1, -1).float(), [angles[layer.angles] for layer in plan.layers], plan, view,
                           budgets, config.choice, plan.layers[0].scaling, counts, covered)  # (1, V)
-    for cache, pages in zip(view.caches, covered.tolist() if covered is not None else ()):
+    for cache, pages in zip(view.caches, [] if covered is None else covered.tolist()):
         if pages >= 0:  # a sparse step: the layer's next steps dense when it needed nearly every page
             note_cover(config, cache, pages)
     for i, row in enumerate(counts if counts is not None else ()):  # (Hsel,) per layer; a ring is no global layer

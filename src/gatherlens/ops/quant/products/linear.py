@@ -34,8 +34,8 @@ from gatherlens.ops.quant.products.tiled import tiled_dequant_matmul
 from gatherlens.ops.quant.products.x8 import PANEL, pack_x8_parts, unpack_x8
 from gatherlens.ops.sparse.geometry import ceil_div
 
-__all__ = ["LinearConfig", "QuantizedWeight", "pack_linear", "pack_apart", "quantized_linear", "split_linear", "LINEAR_ROUTES",
-           "linear_product", "LINEAR_PRODUCT", "q8act_ready", "integer_gemm_faster"]
+__all__ = ["LinearConfig", "QuantizedWeight", "pack_linear", "pack_apart", "quantized_linear", "split_linear",
+           "LINEAR_ROUTES", "linear_product", "LINEAR_PRODUCT", "q8act_ready", "integer_gemm_faster"]
 
 LINEAR_ROUTES = tuple(ROUTES)  # the route names, in matmul.py's order
 

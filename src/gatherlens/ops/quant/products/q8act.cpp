@@ -795,7 +795,8 @@ void x8_pack_cpu(const at::Tensor& raw, const at::Tensor& order, const at::Tenso
   const int64_t panel = 2 * units;  // bytes a panel
   gatherlens::parallel_chunks(raw.size(0) / PANEL, 16, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p)
-      for (int64_t b = 0; b < steps; ++b) move_runs(runs, src + p * panel + b * row_step, dst + p * panel + b * PANEL * row_step);
+      for (int64_t b = 0; b < steps; ++b)  // block b of the panel: source b * row_step on, destination 8x that
+        move_runs(runs, src + p * panel + b * row_step, dst + p * panel + b * PANEL * row_step);
   });
 }
 

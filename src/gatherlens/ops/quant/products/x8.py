@@ -37,8 +37,8 @@ from gatherlens.errors import GatherValueError
 from gatherlens.ops.quant.formats.layout import LAYOUTS, PANEL_OP, QK, formats_run_by
 from gatherlens.ops.quant.products.q8act import kernel_loaded
 
-__all__ = ["pack_x8_parts", "X8_QTYPES", "PANEL", "X8_OP", "pack_x8", "pack_x8_reference", "unpack_x8", "x8_rows", "x8_fits",
-           "x8_matmul", "after_packing"]
+__all__ = ["X8_QTYPES", "PANEL", "X8_OP", "pack_x8", "pack_x8_parts", "pack_x8_reference", "unpack_x8", "x8_rows",
+           "x8_fits", "x8_matmul", "after_packing"]
 
 PANEL = 8  # weight rows a panel (one per int32 lane of a 256-bit register)
 PACK_ROWS = 8192  # rows pack_x8 moves at a time (a multiple of PANEL)
